@@ -1,0 +1,62 @@
+# ranksight: `make demo` and `make test` do all set-up on a fresh machine.
+#  - a virtual environment in .venv
+#  - torch 2.13.0 (the CPU build on disk) only when no torch is importable
+#  - the package with its dev extra (editable)
+#  - Debian packages the tests use (prometheus, prometheus-alertmanager) when missing and root
+#  - the simulated NVML library (probes/simnvml) when gcc is present
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.ranksight-installed
+SIMNVML_SRC := probes/simnvml/simnvml.c
+SIMNVML_LIB := probes/simnvml/libnvidia-ml.so.1
+DEBS   := prometheus prometheus-alertmanager
+
+.PHONY: setup venv debs simnvml test demo clean
+
+setup: $(STAMP) debs simnvml
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	@# torch: take the CPU build on disk unless a torch is already importable.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+# Debian packages for the integration tests. Installed only when missing and we are root;
+# otherwise the tests that need them say so.
+debs:
+	@missing=""; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian packages:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBS) >/dev/null) \
+	      || echo "WARNING: could not install$$missing; tests that need them will fail"; \
+	  else \
+	    echo "NOTE: missing$$missing and not root: install them to run the Prometheus/Alertmanager tests"; \
+	  fi; \
+	fi
+
+simnvml: $(if $(wildcard $(SIMNVML_SRC)),$(SIMNVML_LIB))
+
+$(SIMNVML_LIB): $(SIMNVML_SRC)
+	@if command -v gcc >/dev/null 2>&1; then \
+	  gcc -O2 -shared -fPIC -Wall -o $@ $< && echo "built $@ (simulated NVML)"; \
+	else echo "NOTE: no gcc: the agent will use the pure-Python GPU simulator"; fi
+
+# pytest exits 5 when it collected no tests: that is a failure of the suite, say so.
+test: setup
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+demo: setup
+	$(PY) -m ranksight.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info $(SIMNVML_LIB) runs/demo-*

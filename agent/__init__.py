@@ -1,0 +1,1 @@
+"""Long-running processes: the node agent and the head service."""

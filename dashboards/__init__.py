@@ -1,0 +1,1 @@
+"""Grafana dashboards, Prometheus alert rules, and their provisioning."""

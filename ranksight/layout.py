@@ -1,0 +1,93 @@
+"""The run directory: the file contract between the trainer, the agent and the head.
+
+Files are the interface between a training rank and its node agent: a rank only
+ever appends to files it owns and never waits on the agent. Everything a run
+writes lives under ``<store>/<run-id>/``:
+
+    run.json                       the manifest (ranksight.schema.Manifest)
+    spool/rank-<R>.jsonl           step / collective / event records of rank R, one JSON object per line
+    nccl/<host>.<pid>.log          NCCL_DEBUG_FILE of each rank (NCCL backend only)
+    traces/rank-<R>.<tag>.json[.gz] PyTorch profiler (Kineto) traces
+    simgpu/node-<N>/gpu-<I>.state  simulated GPU state (CPU machines), read by the simulated NVML library
+    control/requests/<id>.json     control requests for the trainer (checkpoint, profile, evict)
+    control/acks/<id>.json         the trainer's acknowledgement (step at which it acted)
+    checkpoints/step-<S>/          torch.distributed.checkpoint directories; ``latest`` names the newest complete one
+    agent/node-<N>.state           the node agent's saved offsets
+    <table>/part-*.parquet         the head's run store tables (see ranksight.schema.STORE_TABLES)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_STORE = Path("./runs")
+
+
+class RunDir:
+    """Paths inside one run directory. Pure path arithmetic: creates nothing unless asked."""
+
+    def __init__(self, store: str | os.PathLike, run_id: str):
+        if not run_id or "/" in run_id or run_id.startswith("."):
+            raise ValueError(f"invalid run id {run_id!r}: use letters, digits, '-', '_' and '.'")
+        self.store = Path(store)
+        self.run_id = run_id
+        self.root = self.store / run_id
+
+    # -- written by the trainer -------------------------------------------
+    @property
+    def manifest(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.root / "spool"
+
+    def spool(self, rank: int) -> Path:
+        return self.spool_dir / f"rank-{rank}.jsonl"
+
+    @property
+    def nccl_dir(self) -> Path:
+        return self.root / "nccl"
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.root / "traces"
+
+    @property
+    def simgpu_dir(self) -> Path:
+        return self.root / "simgpu"
+
+    def simgpu_node_dir(self, node: int) -> Path:
+        return self.simgpu_dir / f"node-{node}"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    # -- control channel -----------------------------------------------------
+    @property
+    def control_requests(self) -> Path:
+        return self.root / "control" / "requests"
+
+    @property
+    def control_acks(self) -> Path:
+        return self.root / "control" / "acks"
+
+    # -- agent and head -------------------------------------------------------
+    def agent_state(self, node: int) -> Path:
+        return self.root / "agent" / f"node-{node}.state"
+
+    def table(self, name: str) -> Path:
+        return self.root / name
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

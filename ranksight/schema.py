@@ -1,0 +1,388 @@
+"""Every record type ranksight writes, ships or stores, in one place.
+
+Data flows one way: trainer -> probes -> agent -> store -> analyzers -> surfaces.
+Each hop speaks these types, so a field added here is visible end to end.
+
+Records are msgspec Structs: typed, fast to encode/decode as JSON lines (the
+trainer's spool) and cheap to turn into dicts for pandas/Parquet (the store).
+
+Conventions
+- Wall-clock times are Unix seconds (float, ``time.time()``), durations are
+  milliseconds and named ``*_ms``; sizes are bytes.
+- ``run_id`` + ``rank`` + ``step`` + ``kind`` (+ ``seq`` for collectives) is the
+  natural key the head deduplicates on.
+- ``simulated`` is True for anything that did not come from real hardware
+  (GPU telemetry on a CPU machine, a peak-FLOPs estimate); every surface prints it.
+- msgspec encodes NaN/inf floats as JSON null, so non-finite values carry a flag
+  (``loss_nonfinite``) instead of relying on the number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+# Bumped when a stored table changes incompatibly; readers refuse newer stores.
+SCHEMA_VERSION = 1
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+
+# Kinds of fault the trainer can inject (ground truth for every analyzer).
+FAULT_KINDS = (
+    "slow_rank",  # compute x factor on one rank
+    "slow_link",  # extra delay_ms on one rank's collectives / p2p
+    "throttle",  # compute slowdown + simulated GPU clocks and throttle reasons
+    "fp16_overflow",  # forces inf gradients
+    "nan_loss",  # NaN loss on a rank
+    "hang",  # a rank stops at a collective
+    "data_stall",  # extra data-loader wait on a rank
+    "xid",  # an XID event on a node's simulated GPU
+    "few_microbatches",  # pipeline run with too few micro-batches (config fault)
+)
+
+# Finding kinds are a public contract (diagnose --json): add, never rename.
+FINDING_KINDS = (
+    "straggler",
+    "comm_bottleneck",
+    "pipeline_bubble",
+    "mfu_drop",
+    "fp16_overflow",
+    "hang",
+    "gpu_health",
+    "data_stall",
+    "memory_pressure",
+)
+
+# Store tables: each is a directory of Parquet files under <store>/<run-id>/.
+STORE_TABLES = (
+    "steps",
+    "collectives",
+    "events",
+    "gpu",
+    "host",
+    "nccl_events",
+    "trace_summaries",
+    "findings",
+    "actions",
+)
+
+
+class Record(msgspec.Struct, kw_only=True, tag_field="kind", forbid_unknown_fields=False):
+    """Base of every record that travels through the spool/OTLP path."""
+
+
+# --------------------------------------------------------------------------
+# Written by the trainer (one spool file per rank)
+# --------------------------------------------------------------------------
+
+
+class StepRecord(Record, tag="step", kw_only=True):
+    """One training step on one rank. Timings come from the rank itself."""
+
+    run_id: str
+    rank: int
+    step: int
+    node: int
+    host: str
+    attempt: int = 0  # torchrun restart count (TORCHELASTIC_RESTART_COUNT)
+    world_size: int
+    pp_stage: int = 0
+    dp_rank: int = 0
+    tp_rank: int = 0
+    t_start: float
+    t_end: float
+    step_ms: float
+    data_ms: float = 0.0  # waiting for the next batch
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+    optimizer_ms: float = 0.0
+    comm_ms: float = 0.0  # time blocked in collectives (exposed communication)
+    pipeline_wait_ms: float = 0.0  # time blocked in pipeline p2p (bubble)
+    compute_ms: float = 0.0  # step_ms - data - comm - pipeline wait: the rank's own work
+    sync_arrival: float | None = None  # wall time this rank reached the step's gradient sync
+    sync_wait_ms: float | None = None  # how long it then waited for the slowest peer
+    tokens: int = 0
+    loss: float | None = None
+    loss_nonfinite: bool = False
+    grad_norm: float | None = None
+    loss_scale: float | None = None  # GradScaler scale after the step (fp16 only)
+    overflow: bool = False  # GradScaler found inf/nan gradients
+    skipped: bool = False  # optimizer step skipped
+    lr: float = 0.0
+    mem_bytes: int = 0  # peak memory this step (CUDA max allocated, or RSS on CPU)
+    flops: float = 0.0  # model FLOPs this rank did this step (PaLM convention)
+    profiling: bool = False  # the profiler was active during this step
+    microbatches: int = 1
+
+
+class CollectiveRecord(Record, tag="collective", kw_only=True):
+    """One collective (or p2p op) as one rank saw it: when it arrived, how long it took."""
+
+    run_id: str
+    rank: int
+    step: int
+    seq: int  # per-rank, per-group sequence number
+    op: str  # all_reduce, reduce_scatter, all_gather, send, recv, ...
+    group: str  # dp, tp, pp, world
+    group_ranks: list[int] = []
+    nbytes: int = 0
+    t_arrive: float  # wall time the rank entered the collective
+    t_done: float | None = None  # None: never completed (hang)
+    duration_ms: float | None = None
+
+
+class EventRecord(Record, tag="event", kw_only=True):
+    """Something that happened on a rank: fault injected, checkpoint saved, control request applied, ..."""
+
+    run_id: str
+    rank: int
+    step: int
+    t: float
+    event: str  # fault_start, fault_end, checkpoint, resume, control, evicted, overflow, profile_start, profile_stop, exit
+    detail: dict[str, Any] = {}
+
+
+SpoolRecord = Union[StepRecord, CollectiveRecord, EventRecord]
+
+# --------------------------------------------------------------------------
+# Written by probes in the node agent
+# --------------------------------------------------------------------------
+
+
+class GpuSample(Record, tag="gpu", kw_only=True):
+    """One GPU at one instant, from NVML, DCGM or the simulator (``source``)."""
+
+    node: int
+    host: str
+    gpu: int
+    t: float
+    source: str  # nvml | dcgm | simulated-nvml | python-sim
+    simulated: bool
+    name: str = ""
+    uuid: str = ""
+    util_pct: float | None = None
+    mem_util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    throttle_reasons: int = 0  # NVML clocksThrottleReasons bitmask
+    throttle_names: list[str] = []
+    ecc_sbe: int | None = None  # volatile single-bit ECC errors
+    ecc_dbe: int | None = None  # volatile double-bit ECC errors
+    retired_pages: int | None = None
+    remapped_rows: int | None = None
+    pcie_tx_bytes_s: float | None = None
+    pcie_rx_bytes_s: float | None = None
+    nvlink_tx_bytes_s: float | None = None
+    nvlink_rx_bytes_s: float | None = None
+    xid_total: int = 0  # XID events counted by the probe since it started
+
+
+class XidEvent(Record, tag="xid", kw_only=True):
+    node: int
+    host: str
+    gpu: int
+    t: float
+    code: int
+    source: str
+    simulated: bool
+
+
+class HostSample(Record, tag="host", kw_only=True):
+    node: int
+    host: str
+    t: float
+    cpu_pct: float
+    load1: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    net_rx_bytes: int
+    net_tx_bytes: int
+    disk_read_bytes: int
+    disk_write_bytes: int
+
+
+class NcclEvent(Record, tag="nccl", kw_only=True):
+    """One meaningful line (or group of lines) from an NCCL_DEBUG log."""
+
+    host: str
+    pid: int
+    t: float | None  # NCCL lines carry no date; None when unknown
+    category: str  # version, init, transport, channel, ring, tree, plugin, warn, error, watchdog, unclassified
+    rank: int | None = None
+    nranks: int | None = None
+    peer: int | None = None
+    comm_id: str = ""
+    transport: str = ""  # P2P/IPC, P2P/CUMEM, SHM, NET/IB, NET/Socket, NVLS, CollNet, PXN
+    error_class: str = ""  # ib_completion, ibv_failure, socket, cuda, system, timeout, abort, ...
+    message: str = ""
+    fields: dict[str, Any] = {}
+    source_file: str = ""
+    line_no: int = 0
+
+
+class TraceSummary(Record, tag="trace_summary", kw_only=True):
+    """What the profiler probe made of one rank's Kineto trace."""
+
+    run_id: str
+    rank: int
+    step_start: int
+    step_end: int
+    trace_file: str
+    wall_ms: float
+    compute_ms: float
+    comm_ms: float
+    overlap_ms: float  # communication hidden under compute
+    idle_ms: float
+    top_ops: list[dict[str, Any]] = []  # [{"name", "total_ms", "count"}]
+    collectives: list[dict[str, Any]] = []  # [{"name", "ts", "dur_ms", "bytes"}]
+    device: str = "cpu"
+
+
+# --------------------------------------------------------------------------
+# Produced by analyzers and the action policy
+# --------------------------------------------------------------------------
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """What an analyzer concluded. Same shape on every surface (diagnose --json, API, TUI, alerts)."""
+
+    analyzer: str
+    kind: str  # one of FINDING_KINDS
+    severity: Severity
+    ranks: list[int] = []
+    nodes: list[int] = []
+    step_start: int | None = None
+    step_end: int | None = None
+    evidence: dict[str, Any] = {}  # numbers, not adjectives
+    recommendation: str = ""
+    confidence: float = 1.0
+    summary: str = ""  # one line a person reads first
+    run_id: str = ""
+    t: float = 0.0
+    simulated: bool = False  # rests on simulated telemetry or a simulated peak
+
+
+class Action(msgspec.Struct, kw_only=True):
+    """A request the head sent (or would send, in dry-run) to the job, and its fate."""
+
+    run_id: str
+    id: str
+    t: float
+    action: Literal["checkpoint", "profile", "evict"]
+    node: int | None = None
+    ranks: list[int] = []
+    steps: int = 0  # for profile: how many steps
+    reason: str = ""
+    finding_kind: str = ""
+    dry_run: bool = False
+    status: str = "requested"  # requested, applied, refused, failed
+    applied_step: int | None = None
+    requested_by: str = ""
+
+
+# --------------------------------------------------------------------------
+# The control channel: agent -> trainer, read by rank 0 at step boundaries
+# --------------------------------------------------------------------------
+
+
+class ControlRequest(msgspec.Struct, kw_only=True):
+    id: str
+    action: Literal["checkpoint", "profile", "evict"]
+    t: float
+    steps: int = 0  # profile: number of steps to trace
+    node: int | None = None  # evict: the node whose ranks leave the job
+    reason: str = ""
+
+
+class ControlAck(msgspec.Struct, kw_only=True):
+    id: str
+    action: str
+    applied_step: int
+    t: float
+    status: str = "applied"  # applied | refused
+    detail: str = ""
+
+
+# --------------------------------------------------------------------------
+# The run manifest (run.json)
+# --------------------------------------------------------------------------
+
+
+class FaultSpec(msgspec.Struct, kw_only=True):
+    """One injected fault, as given with ``--inject KIND:key=value,...``."""
+
+    kind: str
+    rank: int | None = None
+    node: int | None = None
+    factor: float | None = None
+    delay_ms: float | None = None
+    code: int | None = None
+    start: int = 0
+    end: int | None = None  # inclusive last step; None = until the end
+    onset_t: float | None = None  # wall time the fault first took effect (filled in by the trainer)
+
+
+class RankPlacement(msgspec.Struct, kw_only=True):
+    rank: int
+    node: int
+    host: str
+    local_rank: int
+    pp_stage: int
+    dp_rank: int
+    tp_rank: int
+    gpu: int | None = None
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    run_id: str
+    schema_version: int = SCHEMA_VERSION
+    ranksight_version: str = ""
+    created: float
+    start_time: float
+    config: dict[str, Any] = {}
+    layout: dict[str, Any] = {}  # {"dp", "tp", "pp", "world", "pp_schedule", "microbatches", "virtual_stages"}
+    nodes: int = 1
+    ranks: list[RankPlacement] = []
+    backend: str = "gloo"
+    device: str = "cpu"
+    flops_per_token: float = 0.0
+    params: int = 0
+    peak_flops: float = 0.0  # per device
+    peak_source: str = ""  # e.g. "device table: H100 SXM bf16" or "measured fp32 matmul on this CPU"
+    peak_simulated: bool = False
+    faults: list[FaultSpec] = []
+    attempts: list[dict[str, Any]] = []  # one entry per (re)start: {"attempt", "t", "world_size", "resumed_step"}
+    finished: float | None = None
+
+
+# --------------------------------------------------------------------------
+# Encoding helpers
+# --------------------------------------------------------------------------
+
+_spool_decoder = msgspec.json.Decoder(SpoolRecord)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode_spool_line(line: bytes) -> SpoolRecord:
+    """Decode one spool line; raises msgspec.DecodeError on garbage."""
+    return _spool_decoder.decode(line)
+
+
+def to_dict(obj: msgspec.Struct) -> dict[str, Any]:
+    return msgspec.to_builtins(obj)
+
+
+def severity_at_least(sev: str, floor: str) -> bool:
+    return SEVERITY_ORDER[sev] >= SEVERITY_ORDER[floor]

@@ -1,0 +1,1 @@
+"""The live Textual TUI; talks to the head over HTTP only."""
