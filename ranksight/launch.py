@@ -1,0 +1,186 @@
+"""``ranksight launch``: a local multi-node training run on this host, watched live.
+
+One torchrun per simulated node (see ranksight.local_cluster), all on 127.0.0.1,
+with elastic c10d rendezvous so a node can leave (evict) and the job re-forms
+without it. Options the launcher does not know are passed to the trainer as is
+(``ranksight launch ... -- --d-model 128``).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from ranksight import schema
+from ranksight.layout import DEFAULT_STORE, RunDir
+from ranksight.local_cluster import LocalCluster
+
+console = Console(stderr=True)
+
+launch_command = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def default_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("run-%Y%m%d-%H%M%S")
+
+
+def last_step_record(spool: Path, window: int = 16384) -> schema.StepRecord | None:
+    """The newest complete step record of a spool file (reads only its tail)."""
+    try:
+        with open(spool, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - window))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.split(b"\n")):
+        if not line.strip():
+            continue
+        try:
+            rec = schema.decode_spool_line(line)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue  # a partial first/last line of the window
+        if isinstance(rec, schema.StepRecord):
+            return rec
+    return None
+
+
+def progress_table(run: RunDir, cluster: LocalCluster, steps: int) -> Table:
+    table = Table(title=f"run {run.run_id}: live progress (from the ranks' spool files)", expand=False)
+    for col in ("rank", "node", "step", "loss", "step ms", "compute ms", "comm ms", "tokens/s"):
+        table.add_column(col, justify="right")
+    spools = sorted(run.spool_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    now = time.time()
+    for spool in spools:
+        rec = last_step_record(spool)
+        if rec is None:
+            continue
+        stale = now - rec.t_end > 30
+        loss = "nan/inf" if rec.loss_nonfinite else (f"{rec.loss:.4f}" if rec.loss is not None else "-")
+        tps = rec.tokens / (rec.step_ms / 1000) if rec.step_ms > 0 else 0.0
+        table.add_row(
+            str(rec.rank), str(rec.node), f"{rec.step}/{steps}" + (" (stale)" if stale else ""), loss,
+            f"{rec.step_ms:.0f}", f"{rec.compute_ms:.0f}", f"{rec.comm_ms:.0f}", f"{tps:,.0f}",
+        )
+    states = []
+    for n in cluster.nodes:
+        code = n.proc.poll()
+        states.append(f"node{n.node}: " + ("evicted" if n.evicted else "running" if code is None else f"exit {code}"))
+    table.caption = " | ".join(states)
+    return table
+
+
+@launch_command.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    nnodes: int = typer.Option(2, help="Simulated nodes (one torchrun each)."),
+    nproc_per_node: int = typer.Option(2, help="Ranks per node."),
+    dp: int = typer.Option(0, help="Data-parallel degree (0: world / (tp*pp))."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, help="Pipeline-parallel degree."),
+    pp_schedule: str = typer.Option("1f1b", help="1f1b | gpipe | interleaved."),
+    microbatches: int = typer.Option(0, help="Pipeline micro-batches (0: trainer default)."),
+    precision: str = typer.Option("fp32", help="fp32 | bf16 | fp16."),
+    steps: int = typer.Option(20, help="Training steps."),
+    inject: list[str] = typer.Option([], help="Fault to inject, e.g. slow_rank:rank=3,factor=1.3,start=15 (repeatable)."),
+    run_id: str = typer.Option("", help="Run id (default: run-<UTC time>)."),
+    store: Path = typer.Option(DEFAULT_STORE, help="Run store directory; the run lives in <store>/<run-id>/."),
+    min_nodes: int = typer.Option(1, help="Fewest nodes the elastic job may shrink to."),
+    max_restarts: int = typer.Option(3, help="torchrun worker-group restarts allowed per node."),
+    last_call_timeout: int = typer.Option(5, help="Seconds the rendezvous waits for late nodes."),
+    timeout: float = typer.Option(0, help="Give up after this many seconds (0: no limit)."),
+    live: bool = typer.Option(True, help="Show live progress on the terminal."),
+) -> None:
+    """Start a local multi-node run on this host (one torchrun per node on 127.0.0.1) and wait for it."""
+    world = nnodes * nproc_per_node
+    dp = dp or world // (tp * pp)
+    if dp * tp * pp != world:
+        raise typer.BadParameter(f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but nnodes*nproc_per_node = {world}")
+    if not 1 <= min_nodes <= nnodes:
+        raise typer.BadParameter(f"--min-nodes must be between 1 and --nnodes ({nnodes})")
+    run = RunDir(store, run_id or default_run_id())
+    run.root.mkdir(parents=True, exist_ok=True)
+
+    trainer_args = [
+        "--run-id", run.run_id, "--store", str(store), "--dp", str(dp), "--tp", str(tp), "--pp", str(pp),
+        "--pp-schedule", pp_schedule, "--precision", precision, "--steps", str(steps),
+        "--min-nodes", str(min_nodes),
+    ]
+    if microbatches:
+        trainer_args += ["--microbatches", str(microbatches)]
+    for spec in inject:
+        trainer_args += ["--inject", spec]
+    trainer_args += list(ctx.args)
+
+    cluster = LocalCluster(run_dir=run.root, nnodes=nnodes, nproc_per_node=nproc_per_node,
+                           trainer_args=trainer_args, min_nodes=min_nodes, max_restarts=max_restarts,
+                           last_call_timeout=last_call_timeout)
+    console.print(f"[bold]ranksight launch[/]: run [cyan]{run.run_id}[/] in {run.root} — {nnodes} nodes × "
+                  f"{nproc_per_node} ranks, dp={dp} tp={tp} pp={pp}, {precision}, {steps} steps"
+                  + (f", inject {', '.join(inject)}" if inject else ""))
+    rc = run_cluster(cluster, run, steps, timeout=timeout, live=live)
+    raise typer.Exit(rc)
+
+
+def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float = 0, live: bool = True) -> int:
+    """Start the cluster, show progress until every non-evicted node has exited, return an exit code."""
+    start = time.monotonic()
+    interrupted = False
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        cluster.start()
+        with Live(progress_table(run, cluster, steps), console=console, refresh_per_second=2,
+                  transient=False, auto_refresh=False) if live else _NoLive() as view:
+            while not cluster.done:
+                cluster.poll()
+                if timeout and time.monotonic() - start > timeout:
+                    console.print(f"[red]timeout after {timeout:.0f} s[/]: stopping the run")
+                    interrupted = True
+                    break
+                view.update(progress_table(run, cluster, steps), refresh=True)
+                time.sleep(0.5)
+            cluster.poll()
+            view.update(progress_table(run, cluster, steps), refresh=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted[/]: stopping every node")
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+    codes = cluster.exit_codes()
+    evicted = cluster.evicted_nodes()
+    failed = {n: c for n, c in codes.items() if n not in evicted and c != 0}
+    for n, c in sorted(codes.items()):
+        what = "evicted (left the job on request)" if n in evicted else f"exit code {c}"
+        console.print(f"  node{n}: {what}; log {run.root / 'logs' / f'node-{n}.log'}")
+    if interrupted or failed:
+        console.print(f"[red]run {run.run_id} did not finish cleanly[/]")
+        return 1
+    console.print(f"[green]run {run.run_id} finished[/]; its files are in {run.root}")
+    return 0
+
+
+def _raise_interrupt(*_args) -> None:
+    # SIGTERM to the launcher stops the run the same way Ctrl-C does: every node is torn down.
+    raise KeyboardInterrupt
+
+
+class _NoLive:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, *_args, **_kwargs) -> None:
+        pass
