@@ -17,7 +17,7 @@ Everything read from these files is labelled ``simulated`` downstream.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ranksight.layout import atomic_write
@@ -51,6 +51,13 @@ THROTTLE_HARMFUL = (
 )
 
 
+# Optional integer keys of a state file (see SimGpuState); readers treat a missing key as "not supported".
+OPTIONAL_KEYS = (
+    "pcie_tx_kbs", "pcie_rx_kbs", "nvlink_tx_kib", "nvlink_rx_kib",
+    "remapped_corr", "remapped_unc", "remapped_pending", "remapped_failure",
+)
+
+
 def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_NAMES.items() if mask & bit]
 
@@ -77,6 +84,16 @@ class SimGpuState:
     ecc_dbe: int = 0
     retired_pages: int = 0
     xids: list[tuple[int, int]] = field(default_factory=list)  # (code, unix_ms)
+    # Optional keys (written only when set). Absent -> the simulated NVML answers
+    # NVML_ERROR_NOT_SUPPORTED for that query, like a device without the feature.
+    pcie_tx_kbs: int | None = None  # PCIe throughput, KB/s (nvmlDeviceGetPcieThroughput)
+    pcie_rx_kbs: int | None = None
+    nvlink_tx_kib: int | None = None  # cumulative NVLink data KiB over all links (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)
+    nvlink_rx_kib: int | None = None
+    remapped_corr: int | None = None  # rows remapped for correctable / uncorrectable errors (nvmlDeviceGetRemappedRows)
+    remapped_unc: int | None = None
+    remapped_pending: int | None = None  # 0/1
+    remapped_failure: int | None = None  # 0/1
 
     def to_text(self) -> str:
         lines = [f"name={self.name}", f"uuid={self.uuid}"]
@@ -86,6 +103,10 @@ class SimGpuState:
             "ecc_sbe", "ecc_dbe", "retired_pages",
         ):
             lines.append(f"{key}={int(getattr(self, key))}")
+        for key in OPTIONAL_KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                lines.append(f"{key}={int(value)}")
         lines.extend(f"xid={code}:{ms}" for code, ms in self.xids)
         return "\n".join(lines) + "\n"
 
@@ -105,12 +126,15 @@ class SimGpuState:
                     state.xids.append((int(code), int(ms or 0)))
                 except ValueError:
                     continue
-            elif hasattr(state, key):
-                try:
+            elif key in _INT_KEYS:
+                # Non-negative integers only, as the C reader (probes/simnvml) accepts them;
+                # anything else keeps the default.
+                if value.isdigit():
                     setattr(state, key, int(value))
-                except ValueError:
-                    continue
         return state
+
+
+_INT_KEYS = frozenset(f.name for f in fields(SimGpuState)) - {"name", "uuid", "xids"}
 
 
 def state_path(node_dir: Path, gpu: int) -> Path:
