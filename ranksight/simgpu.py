@@ -129,7 +129,7 @@ class SimGpuState:
             elif key in _INT_KEYS:
                 # Non-negative integers only, as the C reader (probes/simnvml) accepts them;
                 # anything else keeps the default.
-                if value.isdigit():
+                if value.isascii() and value.isdigit():
                     setattr(state, key, int(value))
         return state
 
