@@ -32,6 +32,8 @@ THROTTLE_SW_THERMAL = 0x20
 THROTTLE_HW_THERMAL = 0x40
 THROTTLE_HW_POWER_BRAKE = 0x80
 THROTTLE_DISPLAY_CLOCKS = 0x100
+THROTTLE_BOARD_LIMIT = 0x200
+THROTTLE_RELIABILITY = 0x400
 
 THROTTLE_NAMES = {
     THROTTLE_GPU_IDLE: "gpu_idle",
@@ -43,6 +45,8 @@ THROTTLE_NAMES = {
     THROTTLE_HW_THERMAL: "hw_thermal_slowdown",
     THROTTLE_HW_POWER_BRAKE: "hw_power_brake_slowdown",
     THROTTLE_DISPLAY_CLOCKS: "display_clock_setting",
+    THROTTLE_BOARD_LIMIT: "board_limit",
+    THROTTLE_RELIABILITY: "reliability",
 }
 
 # Reasons that mean "the GPU is slower than it should be" (idle and app clocks are benign).
@@ -59,7 +63,16 @@ OPTIONAL_KEYS = (
 
 
 def throttle_names(mask: int) -> list[str]:
-    return [name for bit, name in THROTTLE_NAMES.items() if mask & bit]
+    """Names of the set reason bits, in bit order; bits NVML has not named here appear as ``0x...``."""
+    names = [name for bit, name in THROTTLE_NAMES.items() if mask & bit]
+    unknown = mask & ~sum(THROTTLE_NAMES)
+    bit = 1
+    while unknown:
+        if unknown & bit:
+            names.append(hex(bit))
+            unknown &= ~bit
+        bit <<= 1
+    return names
 
 
 @dataclass
