@@ -1,0 +1,103 @@
+"""The host probe: CPU, load, memory, network bytes and disk I/O of this machine (psutil over /proc).
+
+``HostProbe(node, host).sample() -> HostSample``. Network and disk figures are cumulative byte
+counters since boot (rates are a downstream subtraction, like Prometheus counters).
+``cpu_pct`` is busy CPU over all cores since this probe's previous sample (or since it was
+created, for the first one), computed from the probe's own ``cpu_times`` snapshots so several
+probes in one process do not disturb each other (``psutil.cpu_percent(None)`` shares one global
+baseline).
+
+Counters the machine does not expose (a container without /proc/diskstats, say) read as 0 and
+are named in ``probe.gaps``; ``sample()`` never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from ranksight.schema import HostSample
+
+
+def _busy_idle(ct) -> tuple[float, float]:
+    idle = ct.idle + getattr(ct, "iowait", 0.0)
+    total = sum(ct)  # psutil's fields partition the CPU time (guest is already inside user on Linux)
+    total -= getattr(ct, "guest", 0.0) + getattr(ct, "guest_nice", 0.0)
+    return total - idle, idle
+
+
+class HostProbe:
+    def __init__(self, node: int, host: str, *, net_exclude_loopback: bool = False):
+        self.node = int(node)
+        self.host = str(host)
+        self.net_exclude_loopback = net_exclude_loopback
+        self.gaps: dict[str, str] = {}
+        self.status = "ok"
+        self._last_cpu = self._cpu_times()
+        self._last_pct = 0.0
+
+    def _cpu_times(self):
+        try:
+            return _busy_idle(psutil.cpu_times())
+        except Exception as e:  # pragma: no cover - /proc/stat unreadable
+            self.gaps["cpu_pct"] = f"{type(e).__name__}: {e}"
+            return None
+
+    def _cpu_pct(self) -> float:
+        now = self._cpu_times()
+        prev, self._last_cpu = self._last_cpu, now
+        if now is None or prev is None:
+            return self._last_pct
+        d_busy, d_idle = now[0] - prev[0], now[1] - prev[1]
+        if d_busy + d_idle <= 0:  # two samples within one clock tick: nothing new to say
+            return self._last_pct
+        self._last_pct = max(0.0, min(100.0, 100.0 * d_busy / (d_busy + d_idle)))
+        return self._last_pct
+
+    def _guard(self, field: str, fn, default):
+        try:
+            value = fn()
+        except Exception as e:
+            self.gaps[field] = f"{type(e).__name__}: {e}"
+            return default
+        if value is None:
+            self.gaps[field] = "not available on this machine"
+            return default
+        self.gaps.pop(field, None)
+        return value
+
+    def _net(self) -> tuple[int, int]:
+        counters = psutil.net_io_counters(pernic=True)
+        if not counters:
+            return None  # type: ignore[return-value]
+        rx = tx = 0
+        for nic, c in counters.items():
+            if self.net_exclude_loopback and nic == "lo":
+                continue
+            rx += c.bytes_recv
+            tx += c.bytes_sent
+        return rx, tx
+
+    def _disk(self) -> tuple[int, int]:
+        c = psutil.disk_io_counters(perdisk=False)
+        if c is None:
+            return None  # type: ignore[return-value]
+        return c.read_bytes, c.write_bytes
+
+    def sample(self) -> HostSample:
+        t = time.time()
+        cpu = self._guard("cpu_pct", self._cpu_pct, 0.0)
+        load1 = self._guard("load1", lambda: os.getloadavg()[0], 0.0)
+        mem = self._guard("memory", psutil.virtual_memory, None)
+        rx, tx = self._guard("net", self._net, (0, 0))
+        rd, wr = self._guard("disk", self._disk, (0, 0))
+        self.status = "ok" if not self.gaps else "partial: " + ", ".join(f"{k}: {v}" for k, v in self.gaps.items())
+        return HostSample(
+            node=self.node, host=self.host, t=t, cpu_pct=float(cpu), load1=float(load1),
+            mem_used_bytes=int(mem.total - mem.available) if mem is not None else 0,
+            mem_total_bytes=int(mem.total) if mem is not None else 0,
+            net_rx_bytes=int(rx), net_tx_bytes=int(tx),
+            disk_read_bytes=int(rd), disk_write_bytes=int(wr),
+        )
