@@ -1,1 +1,47 @@
-"""Detectors over a run's data, the findings they produce, and the diagnose report."""
+"""Detectors over a run's data, the findings they produce, and the diagnose report.
+
+One module per analyzer, each ``analyze(data: RunData, cfg) -> list[Finding]`` with its
+thresholds in a config dataclass. The same code runs post-mortem (``diagnose``) and live on
+the head's sliding window: build a :class:`~analyzers.loader.RunData` (``RunData.from_records``,
+``now=time.time()``) and call :func:`run_all`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import traceback
+from typing import Any
+
+ANALYZERS = ("stragglers", "comm", "pipeline", "mfu", "fp16", "hang", "gpu_health", "data_stall", "memory_pressure")
+
+
+def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None,
+            errors: list[str] | None = None) -> list:
+    """Run every analyzer on ``data`` (a RunData); findings sorted by severity, then onset.
+
+    ``configs`` maps an analyzer name to its config object. An analyzer that raises is skipped;
+    its error goes to ``errors`` (when given) so one broken check never hides the others.
+    """
+    from ranksight.schema import SEVERITY_ORDER
+
+    configs = configs or {}
+    findings = []
+    now = data.now if getattr(data, "now", None) is not None else time.time()
+    for name in only or ANALYZERS:
+        mod = importlib.import_module(f"analyzers.{name}")
+        try:
+            got = mod.analyze(data, configs.get(name))
+        except Exception as e:  # noqa: BLE001 - keep the other analyzers' findings
+            if errors is not None:
+                errors.append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+            continue
+        for f in got:
+            f.run_id = f.run_id or data.run_id
+            f.t = f.t or now
+        findings.extend(got)
+    findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], f.step_start if f.step_start is not None else -1, f.kind))
+    return findings
+
+
+__all__ = ["ANALYZERS", "run_all"]

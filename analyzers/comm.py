@@ -1,0 +1,323 @@
+"""Communication bottlenecks: exposed communication, bus bandwidth against a baseline, slow links, transport anomalies.
+
+- Exposed communication: a rank's ``comm_ms`` is time blocked in collectives, which includes
+  waiting for the slowest peer. The *transfer* part is ``comm_ms - sync_wait_ms``; its share
+  of step time is the exposed (non-overlapped) communication. Reported as info, a warning when
+  very high or when it grew against the run's own baseline.
+- Slow link / node: a rank whose transfer time is persistently above its peers' (leave-one-out
+  median) while its compute is normal. All ranks of a node -> a node finding.
+- Bus bandwidth: per collective (group, seq) the true duration is the *shortest* one among its
+  ranks (the last arriver does not wait); busbw = bytes / time x nccl-tests' factor (all_reduce
+  2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce, send/recv 1),
+  compared with the nccl_tests baseline at the nearest message size.
+- Transport anomalies from parsed NCCL logs: socket fallback where IB was expected, P2P disabled,
+  IB errors, other NCCL warnings/errors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzers._common import confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, temporal_sigma
+from analyzers.loader import RunData
+from ranksight.schema import Finding
+
+NAME = "comm"
+
+
+@dataclass
+class CommConfig:
+    exposed_info: float = 0.15  # exposed comm share of step time reported (info)
+    exposed_warn: float = 0.60  # ... and a warning above this
+    growth_factor: float = 1.5  # exposed comm grew this much against the run's baseline ...
+    growth_min_share: float = 0.10  # ... and now costs at least this share of step time
+    rank_ratio: float = 1.3  # a rank's transfer time / peers' median
+    min_extra_ms: float = 2.0  # ... and at least this many ms more
+    mad_k: float = 4.0
+    persist: int = 3
+    window: int = 5
+    warmup_steps: int = 1
+    baseline_steps: int = 5
+    busbw_warn_frac: float = 0.5  # achieved busbw below this fraction of the nccl-tests baseline
+    size_match: float = 4.0  # baseline row within this factor of the message size
+    expect_ib: bool | None = None  # None: expected when any host uses NET/IB
+
+
+BUSBW_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
+
+
+def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float | None:
+    f = BUSBW_FACTOR.get(op.lower().replace("nccl:", ""))
+    if f is None or duration_ms <= 0 or nbytes <= 0 or nranks < 1:
+        return None
+    algbw = nbytes / (duration_ms / 1000.0) / 1e9
+    return algbw * (f(nranks) if nranks > 1 else 1.0)
+
+
+def _transfer(st: pd.DataFrame) -> pd.Series:
+    wait = st["sync_wait_ms"].fillna(0.0)
+    return (st["comm_ms"] - wait).clip(lower=0.0)
+
+
+def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
+    out: list[Finding] = []
+    st = st.assign(transfer=_transfer(st))
+    per_step = st.groupby("step").agg(transfer=("transfer", "mean"), step_ms=("step_ms", "mean"))
+    per_step = per_step[per_step["step_ms"] > 0]
+    if per_step.empty:
+        return out
+    share = per_step["transfer"] / per_step["step_ms"]
+    med = float(share.median())
+    ranks = sorted(int(r) for r in st["rank"].unique())
+    nodes = data.nodes_of(ranks)
+    growth_found = False
+    if len(share) >= cfg.baseline_steps + cfg.persist:
+        base = float(share.iloc[: cfg.baseline_steps].median())
+        flags = (share >= max(base * cfg.growth_factor, cfg.growth_min_share)) & (share >= cfg.growth_min_share)
+        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            if s0 <= share.index[cfg.baseline_steps - 1]:
+                continue
+            now = float(share.loc[s0:s1].median())
+            growth_found = True
+            out.append(Finding(
+                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes, step_start=s0, step_end=s1,
+                evidence=dict(scope="world", cause="comm_growth", exposed_share_baseline=fnum(base, 3), exposed_share=fnum(now, 3),
+                              growth=fnum(now / base if base > 0 else None, 2), steps_affected=n, onset_step=s0,
+                              detected_at_step=confirmation_step(flags, s0, cfg.persist),
+                              transfer_ms_median=fnum(per_step.loc[s0:s1, "transfer"].median(), 1)),
+                confidence=0.7,
+                summary=f"exposed communication grew from {base:.0%} to {now:.0%} of step time since step {s0}",
+                recommendation="Look for a degraded link or congested fabric (run nccl-tests), and for new unoverlapped collectives.",
+            ))
+    if med >= cfg.exposed_info and not growth_found:
+        sev = "warning" if med >= cfg.exposed_warn else "info"
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity=sev, ranks=ranks, nodes=nodes,
+            step_start=int(share.index.min()), step_end=int(share.index.max()),
+            evidence=dict(scope="world", cause="exposed_comm", exposed_share=fnum(med, 3),
+                          transfer_ms_median=fnum(per_step["transfer"].median(), 1), step_ms_median=fnum(per_step["step_ms"].median(), 1)),
+            confidence=0.8,
+            summary=f"exposed (non-overlapped) communication is {med:.0%} of step time",
+            recommendation="Overlap communication with compute (DDP bucket sizes, FSDP prefetch), or raise the per-rank batch.",
+        ))
+    return out
+
+
+def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
+    out: list[Finding] = []
+    st = st.assign(transfer=_transfer(st))
+    tr = st.pivot_table(index="rank", columns="step", values="transfer", aggfunc="last").sort_index(axis=1)
+    comp = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last").sort_index(axis=1)
+    if tr.shape[0] < 2 or tr.shape[1] < cfg.persist:
+        return out
+    ref = leave_one_out_median(tr)
+    extra = tr - ref
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = tr / ref.replace(0, np.nan)
+    sigma_ms = temporal_sigma(extra)
+    min_extra = max(cfg.min_extra_ms, cfg.mad_k * sigma_ms)
+    comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
+    cands = []
+    for r in tr.index:
+        flags = ((ratio.loc[r] >= cfg.rank_ratio) & (extra.loc[r] >= min_extra)).fillna(False)
+        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1]))
+            if cr >= 1.08:
+                continue  # a slow computer, not a slow link: the straggler analyzer owns it
+            cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
+                              peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
+                              comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
+    node_ranks = data.node_ranks()
+    node_of = data.rank_node()
+    used: set[int] = set()
+    flagged = {c["rank"] for c in cands}
+    for node, members in node_ranks.items():
+        cs = [c for c in cands if c["rank"] in members]
+        if len(members) >= 2 and set(members) <= flagged and len(node_ranks) > 1 and flagged != set(tr.index):
+            s0 = min(c["onset"] for c in cs)
+            out.append(Finding(
+                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=sorted(members), nodes=[node],
+                step_start=s0, step_end=max(c["end"] for c in cs),
+                evidence=dict(scope="node", cause="slow_link", onset_step=s0, detected_at_step=max(c["confirmed"] for c in cs),
+                              node_transfer_ms=fnum(np.median([c["own"] for c in cs]), 1),
+                              peers_transfer_ms=fnum(np.median([c["peers"] for c in cs]), 1),
+                              ratio=fnum(np.median([c["ratio"] for c in cs]), 2), compute_ratio=fnum(np.median([c["comp_ratio"] for c in cs]), 3),
+                              steps_affected=max(c["n"] for c in cs)),
+                confidence=0.75,
+                summary=f"node {node}'s communication is slow since step {s0}: its ranks spend {np.median([c['ratio'] for c in cs]):.1f}x their peers' time in transfers while computing normally",
+                recommendation=f"Check node {node}'s NIC and cabling (nccl-tests between it and a healthy node); evict it if it persists.",
+            ))
+            used |= set(members)
+    for c in cands:
+        if c["rank"] in used:
+            continue
+        node = node_of.get(c["rank"])
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
+            step_start=c["onset"], step_end=c["end"],
+            evidence=dict(scope="rank", cause="slow_link", onset_step=c["onset"], detected_at_step=c["confirmed"],
+                          rank_transfer_ms=fnum(c["own"], 1), peers_transfer_ms=fnum(c["peers"], 1), ratio=fnum(c["ratio"], 2),
+                          extra_ms=fnum(c["own"] - c["peers"], 1), compute_ratio=fnum(c["comp_ratio"], 3), steps_affected=c["n"],
+                          threshold_extra_ms=fnum(min_extra, 1)),
+            confidence=0.75,
+            summary=(f"rank {c['rank']} (node {node}) has a slow link since step {c['onset']}: {c['own']:.1f} ms in transfers per step vs "
+                     f"peers {c['peers']:.1f} ms ({c['ratio']:.1f}x) with normal compute"),
+            recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
+        ))
+    return out
+
+
+def _busbw(data: RunData, cfg: CommConfig) -> list[Finding]:
+    out: list[Finding] = []
+    co, base = data.collectives, data.nccl_tests
+    if co.empty or base is None or base.empty:
+        return out
+    co = co[co["duration_ms"].notna() & (co["nbytes"] > 0)]
+    if co.empty:
+        return out
+    g = co.groupby(["group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("nbytes", "max"), n=("rank", "nunique"),
+                                               step=("step", "min"))
+    g = g.reset_index()
+    gsize = co.groupby(["group", "seq"])["group_ranks"].first()
+    rows = []
+    for _, row in g.iterrows():
+        members = gsize.get((row["group"], row["seq"]))
+        n = len(members) if isinstance(members, (list, np.ndarray)) and len(members) else int(row["n"])
+        bw = busbw_gbs(str(row["op"]), float(row["nbytes"]), float(row["dur"]), n)
+        if bw is None:
+            continue
+        op = str(row["op"]).lower().replace("nccl:", "")
+        b = base[base["op"].str.replace("_", "") == op.replace("_", "")]
+        if b.empty:
+            continue
+        idx = (np.log(b["size_bytes"].clip(lower=1)) - np.log(max(row["nbytes"], 1))).abs().idxmin()
+        ref = b.loc[idx]
+        if max(ref["size_bytes"], row["nbytes"]) / max(min(ref["size_bytes"], row["nbytes"]), 1) > cfg.size_match:
+            continue
+        rows.append(dict(group=row["group"], op=op, step=int(row["step"]), nbytes=float(row["nbytes"]), busbw=bw,
+                         baseline=float(ref["busbw"]), baseline_size=float(ref["size_bytes"])))
+    if not rows:
+        return out
+    df = pd.DataFrame(rows)
+    for (grp, op), sub in df.groupby(["group", "op"]):
+        achieved, baseline = float(sub["busbw"].median()), float(sub["baseline"].median())
+        frac = achieved / baseline if baseline > 0 else None
+        sev = "warning" if frac is not None and frac < cfg.busbw_warn_frac else "info"
+        ranks = sorted(int(r) for r in data.collectives[data.collectives["group"] == grp]["rank"].unique())
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks),
+            step_start=int(sub["step"].min()), step_end=int(sub["step"].max()),
+            evidence=dict(scope="collective", cause="busbw", group=grp, op=op, achieved_busbw_gbs=fnum(achieved, 3),
+                          baseline_busbw_gbs=fnum(baseline, 3), fraction_of_baseline=fnum(frac, 3),
+                          message_bytes_median=fnum(sub["nbytes"].median(), 0), collectives=int(len(sub))),
+            confidence=0.7,
+            summary=f"{op} on group {grp}: {achieved:.2f} GB/s bus bandwidth, {frac:.0%} of the nccl-tests baseline ({baseline:.2f} GB/s)",
+            recommendation=("Below baseline: check the transport NCCL chose and the links (nccl-tests, NCCL_DEBUG=INFO); larger buckets help small messages."
+                            if sev == "warning" else "Bandwidth is in line with the nccl-tests baseline."),
+        ))
+    return out
+
+
+P2P_DISABLED = re.compile(r"P2P (is )?disabled|NCCL_P2P_DISABLE\s*=\s*1|P2P.*not (supported|available)", re.I)
+
+
+def _transport(data: RunData, cfg: CommConfig) -> list[Finding]:
+    out: list[Finding] = []
+    ne = data.nccl_events
+    if ne.empty:
+        return out
+    ne = ne.copy()
+    for c in ("transport", "error_class", "message", "category", "host"):
+        ne[c] = ne[c].fillna("").astype(str)
+    host_ranks: dict[str, list[int]] = {}
+    for r, h in data.rank_host().items():
+        host_ranks.setdefault(h, []).append(r)
+    node_of = data.rank_node()
+
+    def placement(hosts) -> tuple[list[int], list[int]]:
+        ranks = sorted({r for h in hosts for r in host_ranks.get(h, [])})
+        return ranks, sorted({node_of[r] for r in ranks if r in node_of})
+
+    uses_ib = ne["transport"].str.contains("NET/IB", regex=False)
+    expect_ib = cfg.expect_ib if cfg.expect_ib is not None else bool(uses_ib.any())
+    sock = ne[ne["transport"].str.contains("NET/Socket", regex=False)]
+    if expect_ib and not sock.empty:
+        hosts = sorted(set(sock["host"]) - set())
+        ranks, nodes = placement(hosts)
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes,
+            evidence=dict(scope="transport", cause="socket_fallback", hosts=hosts, lines=int(len(sock)),
+                          ib_hosts=sorted(set(ne.loc[uses_ib, "host"]))),
+            confidence=0.9,
+            summary=f"NCCL fell back to TCP sockets on {', '.join(hosts)} where InfiniBand was expected",
+            recommendation="Check the IB HCA is up (ibstat), NCCL_IB_HCA/NCCL_SOCKET_IFNAME, and that the container sees /dev/infiniband.",
+        ))
+    p2p = ne[ne["message"].str.contains(P2P_DISABLED)]
+    if not p2p.empty:
+        hosts = sorted(set(p2p["host"]))
+        ranks, nodes = placement(hosts)
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes,
+            evidence=dict(scope="transport", cause="p2p_disabled", hosts=hosts, lines=int(len(p2p)), example=p2p["message"].iloc[0][:200]),
+            confidence=0.8,
+            summary=f"NCCL peer-to-peer is disabled on {', '.join(hosts)}: intra-node traffic goes through host memory",
+            recommendation="Unset NCCL_P2P_DISABLE, check ACS/IOMMU settings and nvidia-smi topo -m.",
+        ))
+    ib_err = ne[ne["error_class"].str.startswith("ib") | (ne["message"].str.contains(r"ibv_|IB.*(error|fail)", regex=True)
+                                                          & ne["category"].isin(["warn", "error"]))]
+    if not ib_err.empty:
+        hosts = sorted(set(ib_err["host"]))
+        ranks, nodes = placement(hosts)
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity="critical", ranks=ranks, nodes=nodes,
+            evidence=dict(scope="transport", cause="ib_error", hosts=hosts, lines=int(len(ib_err)),
+                          error_classes=sorted(set(ib_err["error_class"]) - {""}), example=ib_err["message"].iloc[0][:200]),
+            confidence=0.9,
+            summary=f"InfiniBand errors on {', '.join(hosts)} ({len(ib_err)} lines)",
+            recommendation="Check the HCA and link (ibstat, ibv_devinfo, switch port counters); evict the node if errors continue.",
+        ))
+    other = ne[(ne["category"] == "error") & ~ne.index.isin(ib_err.index) & (ne["error_class"] != "timeout")
+               & (ne["category"] != "watchdog")]
+    if not other.empty:
+        hosts = sorted(set(other["host"]))
+        ranks, nodes = placement(hosts)
+        out.append(Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes,
+            evidence=dict(scope="transport", cause="nccl_error", hosts=hosts, lines=int(len(other)),
+                          error_classes=sorted(set(other["error_class"]) - {""}), example=other["message"].iloc[0][:200]),
+            confidence=0.7,
+            summary=f"NCCL reported {len(other)} error line(s) on {', '.join(hosts)}",
+            recommendation="Read the NCCL log lines in the evidence; rerun with NCCL_DEBUG=INFO for context.",
+        ))
+    return out
+
+
+def analyze(data: RunData, cfg: CommConfig | None = None) -> list[Finding]:
+    cfg = cfg or CommConfig()
+    findings: list[Finding] = []
+    st = data.steps
+    if not st.empty:
+        st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
+    if not st.empty:
+        findings += _exposed(data, cfg, st)
+        findings += _slow_links(data, cfg, st)
+    findings += _busbw(data, cfg)
+    findings += _transport(data, cfg)
+    return findings

@@ -1,0 +1,174 @@
+"""GPU health: XID events (counted right), ECC errors, thermal/power throttling, clocks under nominal.
+
+XIDs are counted from two sources and never double-counted: ``XidEvent`` rows, deduplicated on
+(node, gpu, code, time), and the increases of ``GpuSample.xid_total`` per (node, gpu) (a counter
+that resets when a probe restarts: a decrease starts a new segment, its value counts as new events).
+The count per GPU is the larger of the two. Unlike dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS``
+gauge (the last XID code, never reset), repeated identical XIDs count each time.
+
+Severity: XIDs that mean the GPU or its memory is gone (48 DBE, 63/64 row remap, 74 NVLink,
+79 fallen off the bus, 92/94/95 ECC, 119/120 GSP, 140) are critical, others warnings; any
+double-bit ECC error is critical; single-bit growth, retired pages and remapped rows are warnings.
+Throttling: the share of a GPU's samples with a harmful throttle reason
+(``ranksight.simgpu.THROTTLE_HARMFUL``: power cap, HW slowdown, SW/HW thermal, power brake) or an SM
+clock under ``clock_frac`` of its max while busy; a persistent share is a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzers._common import fmt_ranks, fnum, step_of_time
+from analyzers.loader import RunData
+from ranksight.schema import Finding
+from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
+
+NAME = "gpu_health"
+
+CRITICAL_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140}
+XID_MEANING = {
+    13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing", 45: "preemptive cleanup",
+    48: "double-bit ECC error", 61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+    63: "ECC page retirement / row remapping", 64: "ECC page retirement / row remap failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate", 94: "contained ECC error",
+    95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error", 140: "unrecovered ECC error",
+}
+
+
+@dataclass
+class GpuHealthConfig:
+    throttle_share: float = 0.3  # share of busy samples throttled ...
+    min_samples: int = 3  # ... and at least this many of them
+    clock_frac: float = 0.85  # SM clock under this fraction of max counts as under nominal
+    busy_util: float = 30.0  # only busy samples are judged for clocks (idle GPUs clock down)
+
+
+def count_xids(data: RunData) -> pd.DataFrame:
+    """Per (node, gpu): XID count, codes, first time; from XidEvent rows and xid_total increases."""
+    rows: dict[tuple[int, int], dict] = {}
+    xe = data.xid
+    if not xe.empty:
+        x = xe.dropna(subset=["node", "gpu"]).copy()
+        x["t_ms"] = (pd.to_numeric(x["t"], errors="coerce") * 1000).round()
+        x = x.drop_duplicates(["node", "gpu", "code", "t_ms"])
+        for (node, gpu), sub in x.groupby(["node", "gpu"]):
+            rows[(int(node), int(gpu))] = dict(events=int(len(sub)), codes=sorted({int(c) for c in sub["code"]}),
+                                               first_t=float(sub["t"].min()), counter=0)
+    gp = data.gpu
+    if not gp.empty:
+        for (node, gpu), sub in gp.groupby(["node", "gpu"]):
+            v = pd.to_numeric(sub.sort_values("t")["xid_total"], errors="coerce").fillna(0).to_numpy()
+            if v.size == 0:
+                continue
+            inc, first_t = 0, None
+            ts = sub.sort_values("t")["t"].to_numpy()
+            for i in range(1, len(v)):
+                d = v[i] - v[i - 1]
+                add = d if d >= 0 else v[i]  # counter reset: the new value is all new events
+                if add > 0 and first_t is None:
+                    first_t = float(ts[i])
+                inc += add
+            if v[0] > 0:  # present at the probe's first sample: counted once
+                inc += v[0]
+                first_t = first_t if first_t is not None else float(ts[0])
+            if inc > 0:
+                r = rows.setdefault((int(node), int(gpu)), dict(events=0, codes=[], first_t=first_t, counter=0))
+                r["counter"] = int(inc)
+                if r["first_t"] is None or (first_t is not None and first_t < r["first_t"]):
+                    r["first_t"] = first_t
+    out = [dict(node=k[0], gpu=k[1], count=max(v["events"], v["counter"]), **v) for k, v in rows.items()]
+    return pd.DataFrame(out)
+
+
+def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
+    cfg = cfg or GpuHealthConfig()
+    out: list[Finding] = []
+    sim = data.simulated_gpu
+    st = data.steps
+    last_step = int(st["step"].max()) if not st.empty else None
+    xids = count_xids(data)
+    for _, x in xids.iterrows():
+        node, gpu = int(x["node"]), int(x["gpu"])
+        ranks = data.gpu_ranks(node, gpu)
+        codes = list(x["codes"])
+        crit = bool(set(codes) & CRITICAL_XIDS) or not codes
+        onset = step_of_time(st, x["first_t"]) if x["first_t"] is not None else None
+        meaning = "; ".join(f"{c}: {XID_MEANING.get(c, 'see NVIDIA XID catalog')}" for c in codes) or "codes unknown (counter only)"
+        out.append(Finding(
+            analyzer=NAME, kind="gpu_health", severity="critical" if crit else "warning", ranks=ranks, nodes=[node],
+            step_start=onset, step_end=last_step,
+            evidence=dict(cause="xid", node=node, gpu=gpu, xid_count=int(x["count"]), xid_events=int(x["events"]),
+                          xid_counter_increase=int(x["counter"]), codes=codes, first_t=fnum(x["first_t"], 3),
+                          onset_step=onset, detected_at_step=onset),
+            confidence=0.95, simulated=sim,
+            summary=f"{int(x['count'])} XID event(s) on node {node} GPU {gpu} (ranks {fmt_ranks(ranks)}): {meaning}" + (" [simulated]" if sim else ""),
+            recommendation=(f"Drain node {node}: checkpoint and evict it, then run the NVIDIA field diagnostics (dcgmi diag -r 3) before returning it."
+                            if crit else f"Check the application on ranks {fmt_ranks(ranks)} and the driver log (dmesg) for XID {codes}."),
+        ))
+    gp = data.gpu
+    if gp.empty:
+        return out
+    gp = gp.copy()
+    for c in ("ecc_dbe", "ecc_sbe", "retired_pages", "remapped_rows", "sm_clock_mhz", "max_sm_clock_mhz", "util_pct", "temp_c", "power_w"):
+        gp[c] = pd.to_numeric(gp[c], errors="coerce")
+    gp["throttle_reasons"] = pd.to_numeric(gp["throttle_reasons"], errors="coerce").fillna(0).astype(int)
+    for (node, gpu), sub in gp.groupby(["node", "gpu"]):
+        node, gpu = int(node), int(gpu)
+        ranks = data.gpu_ranks(node, gpu)
+        sub = sub.sort_values("t")
+        dbe = sub["ecc_dbe"].dropna()
+        if not dbe.empty and dbe.max() > 0:
+            first_t = float(sub.loc[sub["ecc_dbe"] > 0, "t"].min())
+            onset = step_of_time(st, first_t)
+            out.append(Finding(
+                analyzer=NAME, kind="gpu_health", severity="critical", ranks=ranks, nodes=[node], step_start=onset, step_end=last_step,
+                evidence=dict(cause="ecc_dbe", node=node, gpu=gpu, ecc_dbe=int(dbe.max()), first_t=fnum(first_t, 3), onset_step=onset),
+                confidence=0.95, simulated=sim,
+                summary=f"{int(dbe.max())} uncorrectable (double-bit) ECC error(s) on node {node} GPU {gpu}" + (" [simulated]" if sim else ""),
+                recommendation=f"Results computed on node {node} GPU {gpu} may be corrupt: checkpoint, evict the node and reset/RMA the GPU.",
+            ))
+        growth = {}
+        for c in ("ecc_sbe", "retired_pages", "remapped_rows"):
+            v = sub[c].dropna()
+            if len(v) >= 2 and v.iloc[-1] > v.iloc[0]:
+                growth[c] = int(v.iloc[-1] - v.iloc[0])
+        if growth:
+            out.append(Finding(
+                analyzer=NAME, kind="gpu_health", severity="warning", ranks=ranks, nodes=[node], step_end=last_step,
+                evidence=dict(cause="memory_errors", node=node, gpu=gpu, **{f"{k}_increase": v for k, v in growth.items()}),
+                confidence=0.8, simulated=sim,
+                summary=f"GPU memory errors growing on node {node} GPU {gpu}: " + ", ".join(f"{k} +{v}" for k, v in growth.items()),
+                recommendation=f"Watch node {node} GPU {gpu}; schedule a field diagnostic at the next maintenance window.",
+            ))
+        harm = (sub["throttle_reasons"] & THROTTLE_HARMFUL) != 0
+        busy = sub["util_pct"].isna() | (sub["util_pct"] >= cfg.busy_util)
+        low_clock = (sub["sm_clock_mhz"] < cfg.clock_frac * sub["max_sm_clock_mhz"]).fillna(False) & busy
+        bad = harm | low_clock
+        n_busy = int(busy.sum()) or len(sub)
+        share = float(bad.sum()) / n_busy if n_busy else 0.0
+        if bad.sum() >= cfg.min_samples and share >= cfg.throttle_share:
+            bits = int(np.bitwise_or.reduce(sub.loc[harm, "throttle_reasons"].to_numpy())) if harm.any() else 0
+            names = [n for n in throttle_names(bits & THROTTLE_HARMFUL)]
+            bad_rows = sub[bad]
+            first_t = float(bad_rows["t"].min())
+            onset = step_of_time(st, first_t)
+            clk = float(bad_rows["sm_clock_mhz"].median()) if bad_rows["sm_clock_mhz"].notna().any() else None
+            mx = float(sub["max_sm_clock_mhz"].max()) if sub["max_sm_clock_mhz"].notna().any() else None
+            temp = float(bad_rows["temp_c"].max()) if bad_rows["temp_c"].notna().any() else None
+            reason = ", ".join(names) if names else "clocks under nominal"
+            clk_txt = f"; SM clock {clk:.0f} of {mx:.0f} MHz ({clk / mx:.0%})" if clk and mx else ""
+            out.append(Finding(
+                analyzer=NAME, kind="gpu_health", severity="warning", ranks=ranks, nodes=[node], step_start=onset,
+                step_end=step_of_time(st, float(bad_rows["t"].max())),
+                evidence=dict(cause="throttle", node=node, gpu=gpu, throttled_share=fnum(share, 3), throttled_samples=int(bad.sum()),
+                              samples=int(len(sub)), reasons=names, sm_clock_mhz=fnum(clk, 0), max_sm_clock_mhz=fnum(mx, 0),
+                              temp_c_max=fnum(temp, 1), first_t=fnum(first_t, 3), onset_step=onset, detected_at_step=onset),
+                confidence=0.85, simulated=sim,
+                summary=f"node {node} GPU {gpu} (ranks {fmt_ranks(ranks)}) throttled in {share:.0%} of busy samples: {reason}{clk_txt}" + (" [simulated]" if sim else ""),
+                recommendation=(f"Check cooling and power on node {node} (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); "
+                                f"if it persists, checkpoint and evict node {node}."),
+            ))
+    return out

@@ -1,0 +1,210 @@
+"""Hangs: ranks that stopped while others wait, said the way PyTorch's flight recorder says it.
+
+- Collectives: for each (group, seq) the ranks that entered it (records with ``t_arrive``) and
+  finished it (``t_done``). The first collective, in arrival time, that some ranks entered but
+  did not finish while other members never joined names the missing ranks:
+  "rank 3 never joined all_reduce seq 57 on group dp; ranks 0,1,2 waiting since <time>".
+  Everybody joined but nobody finished: the collective itself hangs (network / NCCL).
+- Live (``data.now`` set): a rank silent for more than max(min_stall_s, stall_factor x median step
+  time) while others report, or the whole job silent.
+- Post-mortem: ranks whose last step is behind the others (without an exit/evicted event), and a
+  run that ended before its planned steps without finishing.
+- Watchdog lines from the NCCL/PyTorch logs (nccl_events category ``watchdog`` or error class ``timeout``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzers._common import fmt_ranks, fnum
+from analyzers.loader import RunData
+from ranksight.schema import Finding
+
+NAME = "hang"
+
+
+@dataclass
+class HangConfig:
+    min_stall_s: float = 60.0  # live: a rank silent this long ...
+    stall_factor: float = 20.0  # ... or this many median step times, whichever is longer
+    lag_steps: int = 2  # post-mortem: a rank this many steps behind the furthest one
+
+
+def _fmt_t(t: float | None) -> str:
+    if t is None or not np.isfinite(t):
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d} UTC"
+
+
+def _stall_s(data: RunData, cfg: HangConfig) -> float:
+    st = data.steps
+    med_step_s = float(st["step_ms"].median()) / 1000.0 if not st.empty else 1.0
+    return max(cfg.min_stall_s, cfg.stall_factor * med_step_s)
+
+
+def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
+    co = data.collectives
+    if co.empty:
+        return []
+    out: list[Finding] = []
+    node_of = data.rank_node()
+    members_by_group: dict[str, set[int]] = {}
+    for grp, sub in co.groupby("group"):
+        mem: set[int] = set()
+        for gr in sub["group_ranks"]:
+            if isinstance(gr, (list, tuple, np.ndarray)):
+                mem |= {int(x) for x in gr}
+        members_by_group[str(grp)] = mem or {int(x) for x in sub["rank"].unique()}
+    incomplete = co[co["t_done"].isna()]
+    if incomplete.empty:
+        return []
+    problems = []
+    for (grp, seq), sub in incomplete.groupby(["group", "seq"]):
+        allrec = co[(co["group"] == grp) & (co["seq"] == seq)]
+        gr = allrec["group_ranks"].iloc[0]
+        members = {int(x) for x in gr} if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) else members_by_group[str(grp)]
+        arrived = {int(r) for r in allrec["rank"]}
+        waiting = sorted(int(r) for r in sub["rank"])
+        missing = sorted(members - arrived)
+        problems.append(dict(group=str(grp), seq=int(seq), op=str(sub["op"].iloc[0]), missing=missing, waiting=waiting,
+                             since=float(sub["t_arrive"].min()), step=int(sub["step"].min())))
+    if data.now is not None:
+        # live: a collective in flight right now is not a hang until it has waited long enough
+        problems = [p for p in problems if data.now - p["since"] > _stall_s(data, cfg)]
+    if not problems:
+        return []
+    problems.sort(key=lambda p: (not p["missing"], p["since"]))
+    first = problems[0]
+    last_coll = {}
+    for r, sub in co[co["t_done"].notna()].groupby("rank"):
+        row = sub.sort_values("t_arrive").iloc[-1]
+        last_coll[int(r)] = f"{row['op']} seq {int(row['seq'])} on {row['group']}"
+    if first["missing"]:
+        miss = first["missing"]
+        who = f"rank{'s' if len(miss) > 1 else ''} {fmt_ranks(miss)}"
+        summary = (f"{who} never joined {first['op']} seq {first['seq']} on group {first['group']}; "
+                   f"ranks {fmt_ranks(first['waiting'])} waiting since {_fmt_t(first['since'])} (step {first['step']})")
+        ranks = miss
+        rec = (f"Dump the stacks of {who} (py-spy dump --pid, or the flight recorder) to see where it is stuck; "
+               f"set TORCH_NCCL_DUMP_ON_TIMEOUT=1 and restart from the last checkpoint without node(s) "
+               f"{fmt_ranks(data.nodes_of(miss))} if it does not recover.")
+        cause = "missing_ranks"
+    else:
+        summary = (f"{first['op']} seq {first['seq']} on group {first['group']}: all ranks ({fmt_ranks(first['waiting'])}) joined "
+                   f"at step {first['step']} but it never completed (since {_fmt_t(first['since'])})")
+        ranks = first["waiting"]
+        rec = "The collective itself is stuck: check the network (NCCL_DEBUG=INFO, ibstat), then restart from the last checkpoint."
+        cause = "collective_stuck"
+    out.append(Finding(
+        analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=data.nodes_of(ranks),
+        step_start=first["step"], step_end=first["step"],
+        evidence=dict(cause=cause, group=first["group"], seq=first["seq"], op=first["op"], missing_ranks=first["missing"],
+                      waiting_ranks=first["waiting"], waiting_since=fnum(first["since"], 3),
+                      incomplete_collectives=len(problems), last_completed_collective=last_coll,
+                      onset_step=first["step"], detected_at_step=first["step"]),
+        confidence=0.9 if first["missing"] else 0.7, summary=summary, recommendation=rec,
+    ))
+    return out
+
+
+def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
+    st = data.steps
+    out: list[Finding] = []
+    if st.empty:
+        return out
+    last = st.groupby("rank").agg(step=("step", "max"), t=("t_end", "max"))
+    ev = data.events
+    left = set()
+    if not ev.empty:
+        left = {int(r) for r in ev.loc[ev["event"].isin(["exit", "evicted"]), "rank"].unique()}
+    node_of = data.rank_node()
+    if data.now is not None:
+        stall_s = _stall_s(data, cfg)
+        silent = last[(data.now - last["t"]) > stall_s]
+        silent = silent[~silent.index.isin(list(left))]
+        if not silent.empty:
+            ranks = sorted(int(r) for r in silent.index)
+            alive = sorted(int(r) for r in last.index if int(r) not in ranks and int(r) not in left)
+            since = float(silent["t"].max())
+            if alive:
+                summary = (f"rank(s) {fmt_ranks(ranks)} stopped reporting {data.now - since:.0f} s ago (last step "
+                           f"{int(silent['step'].max())}) while rank(s) {fmt_ranks(alive)} continue")
+            else:
+                summary = f"the whole job is silent: no rank reported for {data.now - since:.0f} s (last step {int(last['step'].max())})"
+            out.append(Finding(
+                analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=sorted({node_of.get(r, 0) for r in ranks}),
+                step_start=int(silent["step"].min()), step_end=int(last["step"].max()),
+                evidence=dict(cause="silent", silent_s=fnum(data.now - since, 1), stall_threshold_s=fnum(stall_s, 1),
+                              last_step={int(r): int(s) for r, s in last["step"].items()},
+                              onset_step=int(silent["step"].min()) + 1, detected_at_step=int(silent["step"].min()) + 1),
+                confidence=0.8 if alive else 0.6, summary=summary,
+                recommendation="Dump the silent ranks' stacks (py-spy dump) and the flight recorder; restart from the last checkpoint if they do not recover.",
+            ))
+            return out
+    if have:
+        return out
+    top = int(last["step"].max())
+    behind = last[(top - last["step"]) >= cfg.lag_steps]
+    behind = behind[~behind.index.isin(list(left))]
+    if not behind.empty:
+        ranks = sorted(int(r) for r in behind.index)
+        out.append(Finding(
+            analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=sorted({node_of.get(r, 0) for r in ranks}),
+            step_start=int(behind["step"].min()) + 1, step_end=top,
+            evidence=dict(cause="stopped_early", last_step={int(r): int(s) for r, s in last["step"].items()},
+                          onset_step=int(behind["step"].min()) + 1, detected_at_step=int(behind["step"].min()) + 1),
+            confidence=0.7,
+            summary=f"rank(s) {fmt_ranks(ranks)} stopped at step {int(behind['step'].min())} while others reached step {top}",
+            recommendation="Read the stopped ranks' logs for a crash or hang; restart from the last checkpoint without their node if it is faulty.",
+        ))
+        return out
+    m = data.manifest
+    planned = (m.config or {}).get("steps") if m is not None else None
+    if m is not None and m.finished is None and isinstance(planned, int) and top + 1 < planned and data.until is None:
+        out.append(Finding(
+            analyzer=NAME, kind="hang", severity="warning", ranks=sorted(int(r) for r in last.index), nodes=data.nodes_of(last.index),
+            step_start=top + 1, step_end=top + 1,
+            evidence=dict(cause="ended_early", last_step=top, planned_steps=planned, onset_step=top + 1, detected_at_step=top + 1),
+            confidence=0.4,
+            summary=f"the run stopped after step {top} of {planned} planned and never finished (hang, crash or kill)",
+            recommendation="Check the launcher's exit status and each rank's log; if it hung, rerun with TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get flight-recorder dumps.",
+        ))
+    return out
+
+
+def _watchdog(data: RunData) -> list[Finding]:
+    ne = data.nccl_events
+    if ne.empty:
+        return []
+    cat = ne["category"].fillna("").astype(str)
+    ecl = ne["error_class"].fillna("").astype(str)
+    wd = ne[(cat == "watchdog") | (ecl == "timeout")]
+    if wd.empty:
+        return []
+    ranks = sorted({int(r) for r in pd.to_numeric(wd["rank"], errors="coerce").dropna()})
+    hosts = sorted(set(wd["host"].fillna("").astype(str)) - {""})
+    if not ranks:
+        by_host: dict[str, list[int]] = {}
+        for r, h in data.rank_host().items():
+            by_host.setdefault(h, []).append(r)
+        ranks = sorted({r for h in hosts for r in by_host.get(h, [])})
+    msg = str(wd["message"].iloc[0])[:300]
+    return [Finding(
+        analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=data.nodes_of(ranks),
+        evidence=dict(cause="watchdog_timeout", lines=int(len(wd)), hosts=hosts, example=msg),
+        confidence=0.9,
+        summary=f"collective watchdog timed out on {', '.join(hosts) or 'some host'} ({len(wd)} line(s)): {msg[:120]}",
+        recommendation="A collective did not complete within the timeout: find the rank that never joined (flight recorder dumps), then restart from the last checkpoint.",
+    )]
+
+
+def analyze(data: RunData, cfg: HangConfig | None = None) -> list[Finding]:
+    cfg = cfg or HangConfig()
+    out = _collective_hangs(data, cfg)
+    out += _step_hangs(data, cfg, have=bool(out))
+    out += _watchdog(data)
+    return out

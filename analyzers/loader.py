@@ -1,0 +1,551 @@
+"""Load one run into a :class:`RunData` bundle of DataFrames (the "loader" of loader -> builder -> checks).
+
+Two sources, one result:
+
+- the head's run store: ``<store>/<run-id>/<table>/*.parquet`` (``ranksight.schema.STORE_TABLES``),
+  used when the ``steps`` table has rows;
+- otherwise the trainer's spool files ``<store>/<run-id>/spool/rank-<R>.jsonl`` (so ``diagnose``
+  works on a run launched without agents), plus the simulated GPUs' state files for XIDs.
+
+Errors are typed (:class:`LoadError` and subclasses) so the CLI maps them to exit code 3.
+A truncated last spool line (a rank killed mid-write) is tolerated and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from ranksight import schema
+from ranksight.layout import RunDir
+from ranksight.schema import (
+    SCHEMA_VERSION,
+    CollectiveRecord,
+    EventRecord,
+    GpuSample,
+    HostSample,
+    Manifest,
+    NcclEvent,
+    StepRecord,
+    TraceSummary,
+    XidEvent,
+)
+
+# Tables read from the store, with the record type that gives their columns.
+TABLE_TYPES: dict[str, type[msgspec.Struct]] = {
+    "steps": StepRecord,
+    "collectives": CollectiveRecord,
+    "events": EventRecord,
+    "gpu": GpuSample,
+    "host": HostSample,
+    "nccl_events": NcclEvent,
+    "trace_summaries": TraceSummary,
+    "xid": XidEvent,  # not (yet) a STORE_TABLES entry; read when some writer provides it
+}
+
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024  # show a progress bar when a run is bigger than this
+
+
+class LoadError(Exception):
+    """The run cannot be read. ``diagnose`` exits 3 with this message."""
+
+
+class UnknownRunError(LoadError):
+    pass
+
+
+class EmptyRunError(LoadError):
+    pass
+
+
+class NewerSchemaError(LoadError):
+    pass
+
+
+def columns_of(cls: type[msgspec.Struct]) -> list[str]:
+    return [f.name for f in msgspec.structs.fields(cls)]
+
+
+def empty_frame(cls: type[msgspec.Struct]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in columns_of(cls)})
+
+
+def frame_from_records(records: Iterable[msgspec.Struct], cls: type[msgspec.Struct]) -> pd.DataFrame:
+    rows = [msgspec.structs.asdict(r) for r in records]
+    if not rows:
+        return empty_frame(cls)
+    df = pd.DataFrame(rows)
+    for c in columns_of(cls):
+        if c not in df.columns:
+            df[c] = None
+    return df
+
+
+@dataclass
+class RunData:
+    """Everything the analyzers look at, for one run (or one live window of it)."""
+
+    run_id: str
+    manifest: Manifest | None = None
+    steps: pd.DataFrame = field(default_factory=lambda: empty_frame(StepRecord))
+    collectives: pd.DataFrame = field(default_factory=lambda: empty_frame(CollectiveRecord))
+    events: pd.DataFrame = field(default_factory=lambda: empty_frame(EventRecord))
+    gpu: pd.DataFrame = field(default_factory=lambda: empty_frame(GpuSample))
+    host: pd.DataFrame = field(default_factory=lambda: empty_frame(HostSample))
+    nccl_events: pd.DataFrame = field(default_factory=lambda: empty_frame(NcclEvent))
+    trace_summaries: pd.DataFrame = field(default_factory=lambda: empty_frame(TraceSummary))
+    xid: pd.DataFrame = field(default_factory=lambda: empty_frame(XidEvent))
+    nccl_tests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    source: str = "memory"  # store | spool | memory | live
+    truncated_lines: int = 0  # spool lines cut short at the end of a file (tolerated)
+    bad_lines: int = 0  # undecodable lines elsewhere (skipped)
+    now: float | None = None  # live analysis: the wall clock of this round; None post-mortem
+    since: int | None = None
+    until: int | None = None
+
+    def __post_init__(self) -> None:
+        self.normalize()
+
+    # -- normalisation -------------------------------------------------------
+    def normalize(self) -> None:
+        """Give every table its full column set, drop duplicates, derive compute_ms when absent."""
+        for name, cls in TABLE_TYPES.items():
+            df = getattr(self, name)
+            if df is None:
+                df = empty_frame(cls)
+            for c in columns_of(cls):
+                if c not in df.columns:
+                    df[c] = None
+            setattr(self, name, df)
+        st = self.steps
+        if not st.empty:
+            st = st.copy()
+            for c in ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
+                      "pipeline_wait_ms", "compute_ms", "flops"):
+                st[c] = pd.to_numeric(st[c], errors="coerce").fillna(0.0).astype(float)
+            for c in ("sync_arrival", "sync_wait_ms", "loss", "loss_scale", "grad_norm", "t_start", "t_end"):
+                st[c] = pd.to_numeric(st[c], errors="coerce").astype(float)
+            for c in ("rank", "step", "node", "world_size", "pp_stage", "dp_rank", "tp_rank", "attempt", "microbatches"):
+                st[c] = pd.to_numeric(st[c], errors="coerce").fillna(0).astype(int)
+            for c in ("loss_nonfinite", "overflow", "skipped", "profiling"):
+                st[c] = st[c].fillna(False).astype(bool)
+            st["mem_bytes"] = pd.to_numeric(st["mem_bytes"], errors="coerce").fillna(0).astype(float)
+            # compute_ms: the rank's own work; derive it if the writer left it out.
+            missing = st["compute_ms"] <= 0
+            if missing.any():
+                parts = st["forward_ms"] + st["backward_ms"] + st["optimizer_ms"]
+                derived = (st["step_ms"] - st["data_ms"] - st["comm_ms"] - st["pipeline_wait_ms"]).clip(lower=0)
+                st.loc[missing, "compute_ms"] = np.where(parts[missing] > 0, parts[missing], derived[missing])
+            # A restarted rank re-runs steps: keep the newest attempt of each (rank, step).
+            st = st.sort_values(["rank", "step", "attempt", "t_end"]).drop_duplicates(["rank", "step"], keep="last")
+            self.steps = st.reset_index(drop=True)
+        co = self.collectives
+        if not co.empty:
+            co = co.copy()
+            for c in ("t_arrive", "t_done", "duration_ms"):
+                co[c] = pd.to_numeric(co[c], errors="coerce").astype(float)
+            for c in ("rank", "step", "seq"):
+                co[c] = pd.to_numeric(co[c], errors="coerce").fillna(0).astype(int)
+            co["nbytes"] = pd.to_numeric(co["nbytes"], errors="coerce").fillna(0).astype(float)
+            need = co["duration_ms"].isna() & co["t_done"].notna()
+            co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
+            # A collective may be written at arrival and again when done: keep the completed one.
+            co["_done"] = co["t_done"].notna()
+            co = co.sort_values(["rank", "group", "seq", "_done"]).drop_duplicates(["rank", "group", "seq"], keep="last")
+            self.collectives = co.drop(columns="_done").reset_index(drop=True)
+        for name in ("gpu", "host", "xid"):
+            df = getattr(self, name)
+            if not df.empty:
+                df = df.copy()
+                df["t"] = pd.to_numeric(df["t"], errors="coerce").astype(float)
+                setattr(self, name, df.sort_values("t").reset_index(drop=True))
+
+    # -- placement -----------------------------------------------------------
+    def rank_node(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        if self.manifest is not None:
+            out.update({p.rank: p.node for p in self.manifest.ranks})
+        if not self.steps.empty:
+            for r, n in self.steps.groupby("rank")["node"].last().items():
+                out.setdefault(int(r), int(n))
+        return out
+
+    def rank_stage(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        if self.manifest is not None:
+            out.update({p.rank: p.pp_stage for p in self.manifest.ranks})
+        if not self.steps.empty:
+            for r, s in self.steps.groupby("rank")["pp_stage"].last().items():
+                out.setdefault(int(r), int(s))
+        return out
+
+    def rank_host(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        if self.manifest is not None:
+            out.update({p.rank: p.host for p in self.manifest.ranks})
+        if not self.steps.empty:
+            for r, h in self.steps.groupby("rank")["host"].last().items():
+                out.setdefault(int(r), str(h))
+        return out
+
+    def node_ranks(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for r, n in sorted(self.rank_node().items()):
+            out.setdefault(n, []).append(r)
+        return out
+
+    def ranks(self) -> list[int]:
+        rs = set(self.rank_node())
+        if not self.steps.empty:
+            rs |= set(int(r) for r in self.steps["rank"].unique())
+        return sorted(rs)
+
+    def nodes_of(self, ranks: Iterable[int]) -> list[int]:
+        m = self.rank_node()
+        return sorted({m[r] for r in ranks if r in m})
+
+    def gpu_ranks(self, node: int, gpu: int) -> list[int]:
+        """Ranks that drive GPU ``gpu`` of ``node`` (manifest placement, else local rank order)."""
+        if self.manifest is not None and self.manifest.ranks:
+            by_gpu = [p.rank for p in self.manifest.ranks if p.node == node and (p.gpu if p.gpu is not None else p.local_rank) == gpu]
+            return sorted(by_gpu)
+        on_node = self.node_ranks().get(node, [])
+        return [on_node[gpu]] if gpu < len(on_node) else []
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        return dict(self.manifest.layout) if self.manifest is not None else {}
+
+    @property
+    def simulated_gpu(self) -> bool:
+        return bool(not self.gpu.empty and self.gpu["simulated"].fillna(False).astype(bool).any()) or bool(
+            not self.xid.empty and self.xid["simulated"].fillna(False).astype(bool).any()
+        )
+
+    def restrict(self, since: int | None = None, until: int | None = None) -> "RunData":
+        """Keep steps since..until (inclusive) and the telemetry of that time span."""
+        if since is None and until is None:
+            return self
+
+        def cut(df: pd.DataFrame, col: str = "step") -> pd.DataFrame:
+            if df.empty or col not in df.columns:
+                return df
+            keep = pd.Series(True, index=df.index)
+            v = pd.to_numeric(df[col], errors="coerce")
+            if since is not None:
+                keep &= v >= since
+            if until is not None:
+                keep &= v <= until
+            return df[keep].reset_index(drop=True)
+
+        steps = cut(self.steps)
+        t0 = float(steps["t_start"].min()) if not steps.empty else None
+        t1 = float(steps["t_end"].max()) if not steps.empty else None
+
+        def cut_t(df: pd.DataFrame) -> pd.DataFrame:
+            if df.empty or t0 is None:
+                return df
+            t = pd.to_numeric(df["t"], errors="coerce")
+            keep = t.isna() | ((t >= t0 - 1.0) & (t <= t1 + 1.0))
+            return df[keep].reset_index(drop=True)
+
+        return RunData(
+            run_id=self.run_id, manifest=self.manifest, steps=steps, collectives=cut(self.collectives),
+            events=cut(self.events), gpu=cut_t(self.gpu), host=cut_t(self.host), nccl_events=self.nccl_events,
+            trace_summaries=cut(self.trace_summaries, "step_start"), xid=cut_t(self.xid), nccl_tests=self.nccl_tests,
+            source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, now=self.now,
+            since=since, until=until,
+        )
+
+    @classmethod
+    def from_records(cls, run_id: str, records: Iterable[msgspec.Struct], manifest: Manifest | None = None,
+                     **kw: Any) -> "RunData":
+        """Build from record objects (the live head window, tests)."""
+        buckets: dict[str, list] = {name: [] for name in TABLE_TYPES}
+        by_type = {t: name for name, t in TABLE_TYPES.items()}
+        for rec in records:
+            name = by_type.get(type(rec))
+            if name is not None:
+                buckets[name].append(rec)
+        frames = {name: frame_from_records(recs, TABLE_TYPES[name]) for name, recs in buckets.items()}
+        return cls(run_id=run_id, manifest=manifest, **frames, **kw)
+
+
+# --------------------------------------------------------------------------
+# Reading a run from disk
+# --------------------------------------------------------------------------
+
+
+def known_runs(store: str | os.PathLike) -> list[str]:
+    root = Path(store)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.is_dir() and not p.name.startswith(".") and (
+            (p / "run.json").exists() or (p / "spool").is_dir() or (p / "steps").is_dir()
+        ):
+            out.append(p.name)
+    return out
+
+
+def _read_manifest(rd: RunDir) -> Manifest | None:
+    path = rd.manifest
+    if not path.exists():
+        return None
+    raw = path.read_bytes()
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        raise LoadError(f"run {rd.run_id}: {path} is not valid JSON ({e}); is the trainer still writing it?") from e
+    version = obj.get("schema_version", SCHEMA_VERSION) if isinstance(obj, dict) else SCHEMA_VERSION
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise NewerSchemaError(
+            f"run {rd.run_id} was written with schema version {version}; this ranksight reads up to "
+            f"{SCHEMA_VERSION}. Upgrade ranksight to read it."
+        )
+    try:
+        return msgspec.convert(obj, Manifest)
+    except msgspec.ValidationError as e:
+        raise LoadError(f"run {rd.run_id}: {path} does not match the manifest schema: {e}") from e
+
+
+def _parquet_files(dirpath: Path) -> list[Path]:
+    if not dirpath.is_dir():
+        return []
+    return sorted(p for p in dirpath.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def _check_store_version(rd: RunDir, files: list[Path]) -> None:
+    import pyarrow.parquet as pq
+
+    for marker in (rd.root / "store.json", rd.store / "store.json"):
+        if marker.exists():
+            try:
+                v = json.loads(marker.read_text()).get("schema_version")
+            except (ValueError, AttributeError):
+                v = None
+            if isinstance(v, int) and v > SCHEMA_VERSION:
+                raise NewerSchemaError(
+                    f"store {marker} has schema version {v}; this ranksight reads up to {SCHEMA_VERSION}. Upgrade ranksight."
+                )
+    for f in files[:1] + files[-1:]:
+        try:
+            meta = pq.read_schema(f).metadata or {}
+        except Exception:  # noqa: BLE001 - a half-written file is reported when read
+            continue
+        for key, val in meta.items():
+            if b"schema_version" in key:
+                try:
+                    v = int(val)
+                except ValueError:
+                    continue
+                if v > SCHEMA_VERSION:
+                    raise NewerSchemaError(
+                        f"store table {f.parent.name} of run {rd.run_id} has schema version {v}; this ranksight reads up "
+                        f"to {SCHEMA_VERSION}. Upgrade ranksight."
+                    )
+
+
+class _Progress:
+    """A rich progress bar over bytes, shown only for big runs on a terminal (or when forced)."""
+
+    def __init__(self, total_bytes: int, show: bool | None):
+        self.bar = None
+        if show is None:
+            import sys
+
+            show = total_bytes >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("loading {task.description}"), BarColumn(), DownloadColumn(),
+                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task("run", total=total_bytes)
+            self.bar.start()
+
+    def advance(self, n: int, what: str = "") -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=n, description=what or "run")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _read_table(files: list[Path], progress: _Progress, name: str) -> tuple[pd.DataFrame, int]:
+    frames, bad = [], 0
+    for f in files:
+        try:
+            frames.append(pd.read_parquet(f))
+        except Exception:  # noqa: BLE001 - a file being written right now; skip and count it
+            bad += 1
+        progress.advance(f.stat().st_size if f.exists() else 0, name)
+    frames = [fr for fr in frames if not fr.empty]
+    if not frames:
+        return pd.DataFrame(), bad
+    return pd.concat(frames, ignore_index=True), bad
+
+
+def _read_spool(path: Path, progress: _Progress) -> tuple[list[msgspec.Struct], int, int]:
+    """Records of one spool file, the count of truncated trailing lines and of bad lines elsewhere."""
+    data = path.read_bytes()
+    progress.advance(len(data), path.name)
+    lines = data.split(b"\n")
+    records, truncated, bad = [], 0, 0
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(schema.decode_spool_line(line))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # The final line without its newline is a write cut short; anything else is garbage.
+            if i == last:
+                truncated += 1
+            else:
+                bad += 1
+    return records, truncated, bad
+
+
+def _simgpu_xids(rd: RunDir, run_id: str) -> list[XidEvent]:
+    """XID events recorded in the simulated GPUs' state files (runs without agents)."""
+    from ranksight.simgpu import device_count, read_state
+
+    out: list[XidEvent] = []
+    if not rd.simgpu_dir.is_dir():
+        return out
+    for node_dir in sorted(rd.simgpu_dir.glob("node-*")):
+        m = re.fullmatch(r"node-(\d+)", node_dir.name)
+        if not m:
+            continue
+        node = int(m.group(1))
+        for gpu in range(device_count(node_dir)):
+            st = read_state(node_dir, gpu)
+            if st is None:
+                continue
+            for code, ms in st.xids:
+                out.append(XidEvent(node=node, host="", gpu=gpu, t=ms / 1000.0, code=code,
+                                    source="simgpu-state", simulated=True))
+    return out
+
+
+def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, until: int | None = None,
+             progress: bool | None = None, source: str = "auto") -> RunData:
+    """Read run ``run_id`` from ``store``. ``source``: auto (store tables if they have steps, else spool), store, spool."""
+    try:
+        rd = RunDir(store, run_id)
+    except ValueError as e:
+        raise UnknownRunError(str(e)) from e
+    if not rd.root.is_dir():
+        known = known_runs(store)
+        listing = ", ".join(known[-20:]) if known else "none"
+        raise UnknownRunError(f"unknown run id {run_id!r} in store {Path(store)}; known runs: {listing}")
+
+    manifest = _read_manifest(rd)
+    table_files = {name: _parquet_files(rd.table(name)) for name in TABLE_TYPES}
+    all_files = [f for fs in table_files.values() for f in fs]
+    _check_store_version(rd, all_files)
+    spools = sorted(rd.spool_dir.glob("rank-*.jsonl")) if rd.spool_dir.is_dir() else []
+
+    use_store = source == "store" or (source == "auto" and bool(table_files["steps"]))
+    total = sum(f.stat().st_size for f in (all_files if use_store else spools + all_files))
+    bar = _Progress(total, progress)
+    frames: dict[str, pd.DataFrame] = {}
+    truncated = bad = 0
+    try:
+        if use_store:
+            for name, files in table_files.items():
+                df, nbad = _read_table(files, bar, name)
+                bad += nbad
+                if not df.empty:
+                    frames[name] = df
+            if "steps" in frames and "run_id" in frames["steps"].columns:
+                frames["steps"] = frames["steps"][frames["steps"]["run_id"].astype(str) == run_id]
+        if not use_store or "steps" not in frames or frames["steps"].empty:
+            records: list[msgspec.Struct] = []
+            for sp in spools:
+                recs, t, b = _read_spool(sp, bar)
+                records.extend(recs)
+                truncated += t
+                bad += b
+            for name, cls in (("steps", StepRecord), ("collectives", CollectiveRecord), ("events", EventRecord)):
+                recs = [r for r in records if isinstance(r, cls)]
+                if recs:
+                    frames[name] = frame_from_records(recs, cls)
+            # Telemetry written by agents, if any ran, still comes from the store tables.
+            for name in ("gpu", "host", "nccl_events", "trace_summaries", "xid"):
+                if name not in frames and table_files[name]:
+                    df, nbad = _read_table(table_files[name], bar, name)
+                    bad += nbad
+                    if not df.empty:
+                        frames[name] = df
+            src = "spool"
+        else:
+            src = "store"
+        if "xid" not in frames and ("gpu" not in frames or frames["gpu"].empty):
+            xids = _simgpu_xids(rd, run_id)
+            if xids:
+                frames["xid"] = frame_from_records(xids, XidEvent)
+        nccl_tests = _read_nccl_tests(rd)
+    finally:
+        bar.close()
+
+    if "steps" not in frames or frames["steps"].empty:
+        where = []
+        where.append(f"{len(spools)} spool file(s)" if spools else "no spool files")
+        where.append(f"{len(table_files['steps'])} steps parquet file(s)" if table_files["steps"] else "no store tables")
+        extra = f"; {truncated} truncated line(s)" if truncated else ""
+        raise EmptyRunError(
+            f"run {run_id} has no step records yet ({', '.join(where)}{extra}); "
+            "was it started, or did it die before its first step?"
+        )
+
+    data = RunData(run_id=run_id, manifest=manifest, nccl_tests=nccl_tests, source=src,
+                   truncated_lines=truncated, bad_lines=bad,
+                   **{k: v for k, v in frames.items() if k in TABLE_TYPES})
+    data = data.restrict(since, until)
+    if data.steps.empty:
+        raise EmptyRunError(f"run {run_id} has no steps in the range since={since} until={until}")
+    return data
+
+
+def _read_nccl_tests(rd: RunDir) -> pd.DataFrame:
+    """The nccl_tests baseline of this run (or of the store), read defensively: columns vary by writer."""
+    files = _parquet_files(rd.root / "nccl_tests") or _parquet_files(rd.store / "nccl_tests")
+    frames = []
+    for f in files:
+        try:
+            frames.append(pd.read_parquet(f))
+        except Exception:  # noqa: BLE001
+            continue
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    cols = {c.lower(): c for c in df.columns}
+    out = pd.DataFrame()
+    op = cols.get("op") or cols.get("collective") or cols.get("name")
+    size = cols.get("size_bytes") or cols.get("nbytes") or cols.get("size")
+    busbw = cols.get("busbw") or cols.get("busbw_gbps") or cols.get("busbw_gb_s") or cols.get("busbw_oop")
+    if not (op and size and busbw):
+        return pd.DataFrame()
+    out["op"] = df[op].astype(str).str.replace("nccl:", "", regex=False).str.lower()
+    out["size_bytes"] = pd.to_numeric(df[size], errors="coerce")
+    out["busbw"] = pd.to_numeric(df[busbw], errors="coerce")
+    n = cols.get("nranks") or cols.get("world_size") or cols.get("n")
+    out["nranks"] = pd.to_numeric(df[n], errors="coerce") if n else np.nan
+    return out.dropna(subset=["size_bytes", "busbw"]).reset_index(drop=True)
+
+
+def wall_now() -> float:
+    return time.time()

@@ -1,0 +1,117 @@
+"""Memory pressure: peak memory near capacity, or growing steadily (a leak).
+
+Capacity per rank: its GPU's ``mem_total_bytes`` (gpu table) on GPU runs; on CPU runs the
+node's host memory divided among its ranks (host table); unknown -> only growth is judged.
+Growth: least-squares slope of per-step peak memory after warm-up, reported when the run grew
+by at least ``growth_frac`` of its starting level and ``growth_min_bytes``, and the series rises
+in at least ``monotonic`` of its steps; the evidence projects the step at which it would hit capacity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzers._common import fnum, fmt_ranks
+from analyzers.loader import RunData
+from ranksight.schema import Finding
+
+NAME = "memory_pressure"
+GiB = 1024**3
+
+
+@dataclass
+class MemoryConfig:
+    warn_frac: float = 0.92
+    critical_frac: float = 0.97
+    growth_frac: float = 0.20
+    growth_min_bytes: float = 512 * 1024**2
+    monotonic: float = 0.7  # share of step-to-step changes that are increases (ignoring flat steps)
+    warmup_steps: int = 2
+    min_steps: int = 8
+
+
+def _capacity(data: RunData) -> dict[int, float]:
+    cap: dict[int, float] = {}
+    device = data.manifest.device if data.manifest is not None else "cpu"
+    if not data.gpu.empty and str(device).startswith("cuda"):
+        tot = data.gpu.groupby(["node", "gpu"])["mem_total_bytes"].max()
+        for (node, gpu), v in tot.items():
+            if v and v > 0:
+                for r in data.gpu_ranks(int(node), int(gpu)):
+                    cap[r] = float(v)
+    elif not data.host.empty:
+        tot = data.host.groupby("node")["mem_total_bytes"].max()
+        for node, ranks in data.node_ranks().items():
+            if node in tot.index and tot[node] > 0 and ranks:
+                for r in ranks:
+                    cap[r] = float(tot[node]) / len(ranks)
+    return cap
+
+
+def analyze(data: RunData, cfg: MemoryConfig | None = None) -> list[Finding]:
+    cfg = cfg or MemoryConfig()
+    st = data.steps
+    if st.empty or not (st["mem_bytes"] > 0).any():
+        return []
+    st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
+    cap = _capacity(data)
+    node_of = data.rank_node()
+    near: dict[str, list] = {"warning": [], "critical": []}
+    grow = []
+    for r, sub in st.groupby("rank"):
+        r = int(r)
+        mem = sub.set_index("step")["mem_bytes"].astype(float)
+        if mem.empty:
+            continue
+        peak = float(mem.max())
+        c = cap.get(r)
+        if c:
+            frac = peak / c
+            if frac >= cfg.critical_frac:
+                near["critical"].append((r, frac, peak, c, int(mem.idxmax())))
+            elif frac >= cfg.warn_frac:
+                near["warning"].append((r, frac, peak, c, int(mem.idxmax())))
+        if len(mem) >= cfg.min_steps:
+            x = mem.index.to_numpy(dtype=float)
+            slope = float(np.polyfit(x, mem.to_numpy(), 1)[0])
+            start = float(mem.iloc[: max(2, len(mem) // 5)].median())
+            end = float(mem.iloc[-max(2, len(mem) // 5):].median())
+            d = np.diff(mem.to_numpy())
+            moving = d[d != 0]
+            mono = float((moving > 0).mean()) if moving.size else 0.0
+            if end - start >= max(cfg.growth_frac * start, cfg.growth_min_bytes) and mono >= cfg.monotonic and slope > 0:
+                hit = int(mem.index.max() + (c - end) / slope) if c and c > end else None
+                grow.append((r, slope, start, end, mono, hit, int(mem.index.min()), int(mem.index.max())))
+    out: list[Finding] = []
+    for sev in ("critical", "warning"):
+        rows = near[sev]
+        if not rows:
+            continue
+        ranks = [x[0] for x in rows]
+        worst = max(rows, key=lambda x: x[1])
+        out.append(Finding(
+            analyzer=NAME, kind="memory_pressure", severity=sev, ranks=ranks, nodes=sorted({node_of.get(r, 0) for r in ranks}),
+            step_start=min(x[4] for x in rows), step_end=int(st["step"].max()),
+            evidence=dict(cause="near_capacity", peak_fraction={x[0]: fnum(x[1], 3) for x in rows},
+                          peak_gib={x[0]: fnum(x[2] / GiB, 2) for x in rows}, capacity_gib={x[0]: fnum(x[3] / GiB, 2) for x in rows}),
+            confidence=0.9,
+            summary=f"memory at {worst[1]:.0%} of capacity on rank(s) {fmt_ranks(ranks)} ({worst[2] / GiB:.1f} of {worst[3] / GiB:.1f} GiB)",
+            recommendation="Reduce activation memory: activation checkpointing, smaller micro-batches, FSDP/ZeRO sharding, or expandable_segments to fight fragmentation.",
+        ))
+    if grow:
+        ranks = [g[0] for g in grow]
+        g0 = max(grow, key=lambda g: g[1])
+        out.append(Finding(
+            analyzer=NAME, kind="memory_pressure", severity="warning", ranks=ranks, nodes=sorted({node_of.get(r, 0) for r in ranks}),
+            step_start=min(g[6] for g in grow), step_end=max(g[7] for g in grow),
+            evidence=dict(cause="growth", slope_mib_per_step={g[0]: fnum(g[1] / 1024**2, 2) for g in grow},
+                          start_gib={g[0]: fnum(g[2] / GiB, 2) for g in grow}, end_gib={g[0]: fnum(g[3] / GiB, 2) for g in grow},
+                          rising_share={g[0]: fnum(g[4], 2) for g in grow}, projected_full_step={g[0]: g[5] for g in grow}),
+            confidence=0.7,
+            summary=(f"memory grows steadily on rank(s) {fmt_ranks(ranks)}: +{g0[1] / 1024**2:.1f} MiB/step "
+                     f"({g0[2] / GiB:.2f} -> {g0[3] / GiB:.2f} GiB)" + (f", full at about step {g0[5]}" if g0[5] else "")),
+            recommendation="Look for tensors kept across steps (losses appended without .item(), growing caches, retained graphs); torch.cuda.memory_snapshot() shows who allocates.",
+        ))
+    return out

@@ -1,0 +1,188 @@
+"""MFU over time, drops against the run's own baseline, and the likely cause of each drop.
+
+MFU (PaLM convention) per step = mean over ranks of flops / step time / peak, where
+``StepRecord.flops`` is the rank's model FLOPs (6N + 12*L*H*Q*T per token) and the peak is the
+manifest's per-device ``peak_flops`` (``peak_source`` says which: a device table on GPUs, a
+measured matmul peak on CPUs). Without a peak the same method runs on achieved FLOP/s.
+
+Change-point: the reference is the 90th percentile of the series (the run's good level; robust
+to a drop that starts early); a step is low when below reference * (1 - max(drop_frac, k*sigma)),
+sigma the robust relative noise; ``persist`` low steps out of ``window`` make a drop, its first
+low step the onset.
+
+Attribution: the step-time increase of the drop window over the baseline (the steps before it)
+is split into data wait, compute of the median rank, extra compute of the slowest rank (straggler),
+exposed communication, and pipeline wait; the largest share is the cause, refined by GPU telemetry
+(harmful throttle reasons or clocks under max in the window: clock throttle) and the profiler flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzers._common import confirmation_step, fnum, persistent_runs, robust_sigma
+from analyzers.loader import RunData
+from ranksight.schema import Finding
+from ranksight.simgpu import THROTTLE_HARMFUL
+
+NAME = "mfu"
+
+
+@dataclass
+class MfuConfig:
+    drop_frac: float = 0.15  # a drop is at least this far below the run's reference level
+    critical_frac: float = 0.50
+    mad_k: float = 4.0
+    persist: int = 3
+    window: int = 5
+    warmup_steps: int = 1
+    ref_quantile: float = 0.9
+    clock_frac: float = 0.90  # SM clock below this fraction of max counts as throttled
+
+
+def series(data: RunData) -> pd.DataFrame:
+    """Per step: step_ms (max over ranks), tflops per rank (mean), mfu (mean; NaN without a peak)."""
+    st = data.steps
+    if st.empty:
+        return pd.DataFrame(columns=["step_ms", "tflops", "mfu"])
+    g = st.assign(fps=np.where(st["step_ms"] > 0, st["flops"] / (st["step_ms"].where(st["step_ms"] > 0, 1) / 1000.0), np.nan))
+    out = g.groupby("step").agg(step_ms=("step_ms", "max"), fps=("fps", "mean"))
+    peak = data.manifest.peak_flops if data.manifest is not None else 0.0
+    out["tflops"] = out["fps"] / 1e12
+    out["mfu"] = out["fps"] / peak if peak and peak > 0 else np.nan
+    return out.drop(columns="fps")
+
+
+def peak_label(data: RunData) -> tuple[str, bool]:
+    m = data.manifest
+    if m is None or not m.peak_flops:
+        return "no peak FLOPs in the manifest (MFU not computed; achieved FLOP/s used)", False
+    simulated = bool(m.peak_simulated) or "measured" in (m.peak_source or "").lower() and "cpu" in (m.peak_source or "").lower()
+    return f"{m.peak_flops / 1e12:.2f} TFLOP/s per device ({m.peak_source or 'source not stated'})", simulated
+
+
+def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, dict]:
+    st = data.steps
+    first = int(st["step"].min()) + cfg.warmup_steps
+    win = st[(st["step"] >= s0) & (st["step"] <= s1)]
+    base = st[(st["step"] >= first) & (st["step"] < s0)]
+    if base.empty:
+        base = st[st["step"] > s1]
+    ev: dict = {}
+    if base.empty or win.empty:
+        return "unknown", ev
+
+    def per_step(df: pd.DataFrame) -> dict:
+        tr = (df["comm_ms"] - df["sync_wait_ms"].fillna(0)).clip(lower=0)
+        g = df.assign(transfer=tr).groupby("step")
+        comp = g["compute_ms"]
+        return dict(step=g["step_ms"].max().median(), data=g["data_ms"].max().median(),
+                    compute=comp.median().median(), straggle=(comp.max() - comp.median()).median(),
+                    comm=g["transfer"].mean().median(), pipe=g["pipeline_wait_ms"].min().median(),
+                    profiling=float(df["profiling"].mean()))
+
+    b, w = per_step(base), per_step(win)
+    deltas = {k: float(w[k] - b[k]) for k in ("data", "compute", "straggle", "comm", "pipe")}
+    ev.update(step_ms_baseline=fnum(b["step"], 1), step_ms_drop=fnum(w["step"], 1),
+              delta_ms={k: fnum(v, 1) for k, v in deltas.items()},
+              profiling_share=fnum(w["profiling"], 2), profiling_share_baseline=fnum(b["profiling"], 2))
+    # GPU telemetry in the window
+    throttled_gpus: list[dict] = []
+    if not data.gpu.empty:
+        t0, t1 = float(win["t_start"].min()), float(win["t_end"].max())
+        tb0, tb1 = float(base["t_start"].min()), float(base["t_end"].max())
+        gp = data.gpu.copy()
+        harm = (pd.to_numeric(gp["throttle_reasons"], errors="coerce").fillna(0).astype(int) & THROTTLE_HARMFUL) != 0
+        clk = pd.to_numeric(gp["sm_clock_mhz"], errors="coerce")
+        mx = pd.to_numeric(gp["max_sm_clock_mhz"], errors="coerce")
+        low = (clk < cfg.clock_frac * mx).fillna(False)
+        gp = gp.assign(bad=harm | low)
+        inw = gp[(gp["t"] >= t0) & (gp["t"] <= t1)]
+        inb = gp[(gp["t"] >= tb0) & (gp["t"] <= tb1)]
+        for (node, gpu), sub in inw.groupby(["node", "gpu"]):
+            frac = float(sub["bad"].mean())
+            bsub = inb[(inb["node"] == node) & (inb["gpu"] == gpu)]
+            bfrac = float(bsub["bad"].mean()) if not bsub.empty else 0.0
+            if frac >= 0.5 and frac - bfrac >= 0.3:
+                throttled_gpus.append(dict(node=int(node), gpu=int(gpu), throttled_share=fnum(frac, 2),
+                                           ranks=data.gpu_ranks(int(node), int(gpu)),
+                                           sm_clock_mhz=fnum(pd.to_numeric(sub["sm_clock_mhz"], errors="coerce").median(), 0)))
+    if throttled_gpus:
+        ev["throttled_gpus"] = throttled_gpus
+    main = max(deltas, key=lambda k: deltas[k])
+    if deltas[main] <= 0:
+        return "unknown", ev
+    if w["profiling"] - b["profiling"] >= 0.5:
+        return "profiler_on", ev
+    if main in ("compute", "straggle") and throttled_gpus:
+        return "clock_throttle", ev
+    return {"data": "data_stall", "compute": "compute_slowdown", "straggle": "straggler", "comm": "comm_growth",
+            "pipe": "pipeline_wait"}[main], ev
+
+
+RECOMMEND = {
+    "clock_throttle": "GPU clocks are throttled (thermal/power): check cooling, power caps and the node's health; evict the node if it persists.",
+    "data_stall": "The input pipeline cannot keep up: more DataLoader workers, pinned memory, prefetching, or faster storage.",
+    "straggler": "One rank slowed down and the rest wait for it: see the straggler finding for the culprit.",
+    "comm_growth": "Communication got slower: check the links (nccl-tests) and the NCCL transport in use.",
+    "pipeline_wait": "Pipeline stages wait more for each other: check stage balance and inter-stage links.",
+    "compute_slowdown": "Every rank computes slower: look for CPU/GPU contention on the hosts or a changed workload.",
+    "profiler_on": "The profiler was active during the drop: expected overhead; keep traces short.",
+    "unknown": "No other signal explains the drop; capture a profiler trace over the affected steps.",
+}
+
+
+def analyze(data: RunData, cfg: MfuConfig | None = None) -> list[Finding]:
+    cfg = cfg or MfuConfig()
+    st = data.steps
+    if st.empty:
+        return []
+    ser = series(data)
+    first = int(ser.index.min()) + cfg.warmup_steps
+    ser = ser[ser.index >= first]
+    use_mfu = ser["mfu"].notna().any()
+    if use_mfu:
+        y = ser["mfu"]
+    elif (ser["tflops"] > 0).any():
+        y = ser["tflops"]
+    else:
+        y = 1000.0 / ser["step_ms"].replace(0, np.nan)  # steps/s: no FLOPs recorded
+    y = y.dropna()
+    if len(y) < cfg.persist + 2:
+        return []
+    ref = float(y.quantile(cfg.ref_quantile))
+    if ref <= 0:
+        return []
+    rel = y / ref
+    sigma = robust_sigma(rel[rel >= rel.median()].to_numpy() if len(rel) else [])
+    drop_thr = max(cfg.drop_frac, cfg.mad_k * sigma)
+    flags = rel < (1 - drop_thr)
+    label, peak_sim = peak_label(data)
+    out: list[Finding] = []
+    for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+        level = float(y.loc[s0:s1].median())
+        drop = 1 - level / ref
+        cause, ev = _attribute(data, cfg, s0, s1)
+        ranks = sorted(int(r) for r in st["rank"].unique())
+        if cause == "clock_throttle":
+            ranks = sorted({r for g in ev["throttled_gpus"] for r in g["ranks"]}) or ranks
+        elif cause in ("straggler", "data_stall"):
+            col = "compute_ms" if cause == "straggler" else "data_ms"
+            win = st[(st["step"] >= s0) & (st["step"] <= s1)]
+            ranks = [int(win.groupby("rank")[col].median().idxmax())]
+        sev = "critical" if drop >= cfg.critical_frac else "warning"
+        metric = "MFU" if use_mfu else "throughput"
+        fmt = (lambda v: f"{v:.1%}") if use_mfu else (lambda v: f"{v:.3g}")
+        ev.update(metric=metric, reference=fnum(ref, 4), level=fnum(level, 4), drop=fnum(drop, 3), threshold_drop=fnum(drop_thr, 3),
+                  steps_affected=n, onset_step=s0, detected_at_step=confirmation_step(flags, s0, cfg.persist),
+                  peak=label, cause=cause)
+        out.append(Finding(
+            analyzer=NAME, kind="mfu_drop", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks), step_start=s0, step_end=s1,
+            evidence=ev, confidence=0.6 if cause == "unknown" else 0.75,
+            summary=f"{metric} fell {drop:.0%} ({fmt(ref)} -> {fmt(level)}) from step {s0} to {s1}; likely cause: {cause.replace('_', ' ')}",
+            recommendation=RECOMMEND[cause], simulated=peak_sim or (cause == "clock_throttle" and data.simulated_gpu),
+        ))
+    return out

@@ -1,0 +1,257 @@
+"""Stragglers: which rank (or node, or pipeline stage) is slow, since which step, and who only waits for it.
+
+In synchronous training every rank's step time is the same: the fast ranks wait inside the
+gradient all-reduce for the slowest. Step time therefore names nobody. This analyzer uses
+
+1. each rank's ``compute_ms`` (its own work, excluding time blocked in communication,
+   data loading and pipeline waits) against the median of its comparable peers in the same
+   step (leave-one-out median; peers = the ranks of the same pipeline stage when pp > 1,
+   since stages do different work): score = own / peers, NVRx's relative score inverted;
+2. a robust noise floor: the threshold is max(min_ratio, 1 + k * sigma), sigma = 1.4826 * MAD
+   of all scores, so noisy machines need a bigger deviation;
+3. a persistence window: a rank is a straggler only when ``persist`` of any ``window``
+   consecutive steps are flagged; the onset is the first flagged step of that run;
+4. arrival order as corroboration: the culprit arrives last at the step's gradient sync
+   (``sync_arrival``; or ``CollectiveRecord.t_arrive``) and waits least; its victims wait
+   ``sync_wait_ms``, which is reported as evidence, never as a cause.
+
+A node whose ranks are all flagged becomes one node finding; with pp > 1, a stage whose ranks
+all slowed against their own baseline (while other stages did not) becomes a stage finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analyzers._common import confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, temporal_sigma
+from analyzers.loader import RunData
+from ranksight.schema import Finding
+
+NAME = "stragglers"
+
+
+@dataclass
+class StragglerConfig:
+    min_ratio: float = 1.08  # own compute / peers' median compute, per step
+    mad_k: float = 4.0  # ... and above the run's own noise: 1 + k * sigma
+    persist: int = 3  # flagged steps needed ...
+    window: int = 5  # ... within this many consecutive steps
+    warmup_steps: int = 1  # first steps of the run are not judged (compilation, allocator warm-up)
+    critical_ratio: float = 2.0  # a rank at 2x its peers is critical
+    baseline_steps: int = 5  # for stage/node drift: the first steps after warm-up form the baseline
+    min_ranks: int = 2
+
+
+def _rank_matrix(steps: pd.DataFrame, col: str) -> pd.DataFrame:
+    return steps.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+
+
+def _peer_groups(data: RunData, ranks: list[int]) -> dict[int, list[int]]:
+    """Ranks compared with each other: the whole world, or one pipeline stage's ranks when pp > 1."""
+    stage = data.rank_stage()
+    stages = {stage.get(r, 0) for r in ranks}
+    if len(stages) <= 1:
+        return {0: ranks}
+    groups: dict[int, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(stage.get(r, 0), []).append(r)
+    return groups
+
+
+def _arrival_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: int) -> dict:
+    st = data.steps[(data.steps["step"] >= s0) & (data.steps["step"] <= s1) & (data.steps["rank"].isin(group))]
+    ev: dict = {}
+    if st.empty:
+        return ev
+    arr = st.pivot_table(index="rank", columns="step", values="sync_arrival", aggfunc="last")
+    if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
+        own = arr.loc[rank]
+        others = arr.drop(index=rank)
+        lag = (own - others.median()) * 1000.0
+        last = (arr.idxmax() == rank)
+        ev["arrival_lag_ms"] = fnum(lag.median(), 1)
+        ev["last_arrival_share"] = fnum(last.mean(), 2)
+    elif not data.collectives.empty:
+        co = data.collectives
+        co = co[(co["step"] >= s0) & (co["step"] <= s1) & co["rank"].isin(group)]
+        if not co.empty and co["rank"].nunique() > 1:
+            last = co.loc[co.groupby(["group", "seq"])["t_arrive"].idxmax()]
+            ev["last_arrival_share"] = fnum((last["rank"] == rank).mean(), 2)
+    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last")
+    if rank in wait.index and wait.notna().values.any():
+        ev["own_wait_ms"] = fnum(wait.loc[rank].mean(), 1)
+        others = wait.drop(index=rank)
+        if not others.empty:
+            ev["victims_mean_wait_ms"] = fnum(np.nanmean(others.to_numpy(dtype=float)), 1)
+    return ev
+
+
+def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> list[dict]:
+    """Per-rank candidates: dicts with rank, onset, end, counts, medians."""
+    out = []
+    groups = _peer_groups(data, list(comp.index))
+    ratios: dict[int, pd.Series] = {}
+    refs: dict[int, pd.Series] = {}
+    for _, members in groups.items():
+        if len(members) < cfg.min_ranks:
+            continue
+        sub = comp.loc[members]
+        ref = leave_one_out_median(sub)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = sub / ref.replace(0, np.nan)
+        for r in members:
+            ratios[r] = ratio.loc[r]
+            refs[r] = ref.loc[r]
+    if not ratios:
+        return out
+    sigma = temporal_sigma(pd.DataFrame(ratios).T)
+    thr = max(cfg.min_ratio, 1.0 + cfg.mad_k * sigma)
+    for r, ratio in ratios.items():
+        flags = (ratio >= thr).fillna(False)
+        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            span = ratio.loc[s0:s1]
+            own = comp.loc[r, s0:s1]
+            peers = refs[r].loc[s0:s1]
+            group = next(m for m in groups.values() if r in m)
+            out.append(dict(rank=r, onset=s0, end=s1, flagged=n, ratio=float(np.nanmedian(span)),
+                            own_ms=float(np.nanmedian(own)), peers_ms=float(np.nanmedian(peers)),
+                            threshold=thr, sigma=sigma, group=group,
+                            confirmed_at=confirmation_step(flags, s0, cfg.persist)))
+    return out
+
+
+def _drift_candidates(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, int],
+                      label: str) -> list[dict]:
+    """Groups (stages/nodes) whose every rank slowed against its own baseline while the other groups did not."""
+    groups: dict[int, list[int]] = {}
+    for r in comp.index:
+        groups.setdefault(key.get(r, 0), []).append(r)
+    if len(groups) < 2 or comp.shape[1] < cfg.baseline_steps + cfg.persist:
+        return []
+    base_cols = comp.columns[: cfg.baseline_steps]
+    base = comp[base_cols].median(axis=1)
+    norm = comp.div(base.replace(0, np.nan), axis=0)  # each rank against its own baseline
+    gser = pd.DataFrame({g: norm.loc[m].median(axis=0) for g, m in groups.items()}).T
+    ref = leave_one_out_median(gser)
+    rel = gser / ref.replace(0, np.nan)
+    # noise of the per-rank relative drift, so quiet runs can flag small but steady slow-downs
+    sigma = temporal_sigma(rel)
+    thr = max(cfg.min_ratio, 1.0 + cfg.mad_k * sigma)
+    out = []
+    for g, members in groups.items():
+        flags = (rel.loc[g] >= thr).fillna(False)
+        # every rank of the group must be slow against its own baseline
+        every = (norm.loc[members] >= thr).all(axis=0)
+        flags = flags & every.reindex(flags.index, fill_value=False)
+        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            if s0 <= base_cols[-1]:
+                continue  # an onset inside the baseline window cannot be measured this way
+            others = [r for r in comp.index if r not in members]
+            out.append(dict(group=g, label=label, ranks=members, onset=s0, end=s1, flagged=n,
+                            ratio=float(np.nanmedian(rel.loc[g, s0:s1])),
+                            own_ms=float(np.nanmedian(comp.loc[members, s0:s1].to_numpy(dtype=float))),
+                            baseline_ms=float(np.nanmedian(comp.loc[members, base_cols].to_numpy(dtype=float))),
+                            peers_ms=float(np.nanmedian(comp.loc[others, s0:s1].to_numpy(dtype=float))) if others else None,
+                            threshold=thr, confirmed_at=confirmation_step(flags, s0, cfg.persist)))
+    return out
+
+
+def _severity(ratio: float, cfg: StragglerConfig) -> str:
+    return "critical" if ratio >= cfg.critical_ratio else "warning"
+
+
+def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
+    cfg = cfg or StragglerConfig()
+    st = data.steps
+    if st.empty or st["rank"].nunique() < cfg.min_ranks:
+        return []
+    first = int(st["step"].min())
+    st = st[st["step"] >= first + cfg.warmup_steps]
+    comp = _rank_matrix(st, "compute_ms")
+    if comp.shape[1] < cfg.persist:
+        return []
+    node_of = data.rank_node()
+    stage_of = data.rank_stage()
+    node_ranks = data.node_ranks()
+    cands = _rank_findings(data, cfg, comp)
+    findings: list[Finding] = []
+    used: set[int] = set()
+
+    # Collapse: all ranks of a node flagged (and not every rank of the world) -> one node finding.
+    by_node: dict[int, list[dict]] = {}
+    for c in cands:
+        by_node.setdefault(node_of.get(c["rank"], 0), []).append(c)
+    all_ranks = set(comp.index)
+    flagged_ranks = {c["rank"] for c in cands}
+    for node, cs in by_node.items():
+        members = set(node_ranks.get(node, []))
+        if len(members) >= 2 and members <= {c["rank"] for c in cs} and flagged_ranks != all_ranks and len(node_ranks) > 1:
+            onset = min(c["onset"] for c in cs)
+            end = max(c["end"] for c in cs)
+            ratio = float(np.median([c["ratio"] for c in cs]))
+            ev = dict(scope="node", node=node, ranks=sorted(members), onset_step=onset, detected_at_step=max(c["confirmed_at"] for c in cs),
+                      node_median_compute_ms=fnum(np.median([c["own_ms"] for c in cs]), 1),
+                      peers_median_compute_ms=fnum(np.median([c["peers_ms"] for c in cs]), 1),
+                      ratio=fnum(ratio, 3), steps_affected=int(max(c["flagged"] for c in cs)),
+                      threshold_ratio=fnum(cs[0]["threshold"], 3))
+            findings.append(Finding(
+                analyzer=NAME, kind="straggler", severity=_severity(ratio, cfg), ranks=sorted(members), nodes=[node],
+                step_start=onset, step_end=end, evidence=ev, confidence=0.85,
+                summary=f"node {node} is slow: all its ranks ({fmt_ranks(members)}) compute {ratio:.2f}x their peers since step {onset}",
+                recommendation=f"Check node {node} (GPU clocks/thermals, CPU contention, other jobs); if it persists, checkpoint and evict node {node}.",
+            ))
+            used |= members
+
+    for c in cands:
+        r = c["rank"]
+        if r in used:
+            continue
+        ev = dict(scope="rank", onset_step=c["onset"], detected_at_step=c["confirmed_at"],
+                  rank_median_compute_ms=fnum(c["own_ms"], 1), peers_median_compute_ms=fnum(c["peers_ms"], 1),
+                  ratio=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]), threshold_ratio=fnum(c["threshold"], 3),
+                  noise_sigma=fnum(c["sigma"], 4), compared_with=sorted(int(x) for x in c["group"] if x != r))
+        ev.update(_arrival_evidence(data, r, c["group"], c["onset"], c["end"]))
+        conf = 0.7
+        if ev.get("last_arrival_share") is not None and ev["last_arrival_share"] >= 0.5:
+            conf += 0.15
+        if c["ratio"] >= 1.2:
+            conf += 0.1
+        node = node_of.get(r)
+        lag = ev.get("arrival_lag_ms")
+        lag_txt = f", arrives {lag:.0f} ms after its peers" if lag is not None else ""
+        wait = ev.get("victims_mean_wait_ms")
+        wait_txt = f"; peers wait {wait:.0f} ms per step for it" if wait is not None else ""
+        findings.append(Finding(
+            analyzer=NAME, kind="straggler", severity=_severity(c["ratio"], cfg), ranks=[r],
+            nodes=[node] if node is not None else [], step_start=c["onset"], step_end=c["end"], evidence=ev,
+            confidence=round(min(conf, 0.99), 2),
+            summary=(f"rank {r} (node {node}) is the straggler since step {c['onset']}: compute {c['own_ms']:.1f} ms vs "
+                     f"peers {c['peers_ms']:.1f} ms ({c['ratio']:.2f}x){lag_txt}{wait_txt}"),
+            recommendation=(f"Inspect rank {r} on node {node}: GPU clocks/throttling, a noisy neighbour, data on a slow disk; "
+                            f"if it persists, checkpoint and evict node {node}."),
+        ))
+        used.add(r)
+
+    # Stage drift (pp > 1): within-stage comparison cannot see a stage whose every rank slowed.
+    if len(set(stage_of.get(r, 0) for r in comp.index)) > 1:
+        for c in _drift_candidates(data, cfg, comp, stage_of, "stage"):
+            if set(c["ranks"]) <= used:
+                continue
+            nodes = data.nodes_of(c["ranks"])
+            ev = dict(scope="stage", pp_stage=c["group"], ranks=c["ranks"], onset_step=c["onset"], detected_at_step=c["confirmed_at"],
+                      stage_median_compute_ms=fnum(c["own_ms"], 1), stage_baseline_compute_ms=fnum(c["baseline_ms"], 1),
+                      ratio_vs_other_stages_drift=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]),
+                      threshold_ratio=fnum(c["threshold"], 3))
+            findings.append(Finding(
+                analyzer=NAME, kind="straggler", severity=_severity(c["ratio"], cfg), ranks=c["ranks"], nodes=nodes,
+                step_start=c["onset"], step_end=c["end"], evidence=ev, confidence=0.75,
+                summary=(f"pipeline stage {c['group']} (ranks {fmt_ranks(c['ranks'])}) slowed {c['ratio']:.2f}x against its own "
+                         f"baseline since step {c['onset']} ({c['baseline_ms']:.1f} -> {c['own_ms']:.1f} ms) while other stages did not"),
+                recommendation=(f"Inspect the hosts of stage {c['group']} (nodes {fmt_ranks(nodes)}); if one node holds the stage, "
+                                f"checkpoint and evict it."),
+            ))
+            used |= set(c["ranks"])
+    return findings
