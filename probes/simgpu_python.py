@@ -85,6 +85,7 @@ class PythonSimGpuProbe:
             except OSError as e:  # vanished between the count and the read: skip this round
                 self.gaps[f"gpu{gpu}"] = f"state file unreadable: {e}"
                 continue
+            self.gaps.pop(f"gpu{gpu}", None)
             out.append((gpu, SimGpuState.from_text(text)))
         self._update_status(n)
         return out
