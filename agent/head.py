@@ -1,0 +1,342 @@
+"""The head service: receives OTLP from node agents, deduplicates, stores, watches, acts.
+
+    agents --OTLP/HTTP logs+metrics--> Head.ingest_* --> Store (WAL, Parquet) + RunLive (memory)
+                                                      --> analyzer hook --> findings table
+    API clients --HTTP JSON--> agent.api --> Head views / Head.request_action --> agent /control
+
+Threads: the HTTP server (one thread per connection), a flusher (buffers to
+Parquet every ``flush_interval``) and an analyzer loop. Shared state is guarded
+by the per-run locks in Store/RunLive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any, Callable
+
+import msgspec
+
+from agent import wire
+from agent.live import DEFAULT_WINDOW, RunLive
+from agent.store import SPECS, Store, read_table
+from ranksight import schema
+
+log = logging.getLogger("ranksight.head")
+
+AnalyzerFn = Callable[[dict[str, Any]], list[schema.Finding]]
+
+
+def resolve_analyzers() -> AnalyzerFn | None:
+    """The analyzers' entry point, ``analyzers.run_all(frames) -> list[Finding]``, if it exists.
+
+    EXTENSION POINT: the head calls this once at start. Until the analyzers
+    package provides ``run_all``, the head runs without live analysis (and says so).
+    """
+    try:
+        from analyzers import run_all  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return run_all
+
+
+class Head:
+    def __init__(self, store_dir, token: str, *, window: int = DEFAULT_WINDOW, flush_interval: float = 1.0,
+                 analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
+                 flush_rows: int = 50_000, fsync: bool = False):
+        if not token:
+            raise ValueError("the head needs a token")
+        self.token = token
+        self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync)
+        self.window = window
+        self.live: dict[str, RunLive] = {}
+        self._live_lock = threading.Lock()
+        self.flush_interval = flush_interval
+        self.analyzer: AnalyzerFn | None = resolve_analyzers() if analyzer == "auto" else analyzer  # type: ignore[assignment]
+        self.analyzer_interval = analyzer_interval
+        self.findings: dict[str, list[schema.Finding]] = {}
+        self._finding_keys: dict[str, set] = {}
+        self.actions: dict[str, dict[str, schema.Action]] = {}
+        self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
+        self.stats = {"log_requests": 0, "metric_requests": 0, "records_in": 0, "records_new": 0,
+                      "duplicates": 0, "rejected": 0, "http_4xx": 0, "metric_points": 0, "analyzer_errors": 0}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.store.open_existing()
+        if self.analyzer is None:
+            log.info("head: no analyzers wired (analyzers.run_all not found); live analysis is off")
+
+    # -- runs ---------------------------------------------------------------------
+    def run_live(self, run_id: str) -> RunLive:
+        rl = self.live.get(run_id)
+        if rl is None:
+            with self._live_lock:
+                rl = self.live.get(run_id)
+                if rl is None:
+                    rl = self.live[run_id] = RunLive(run_id, self.window)
+                    try:
+                        rl.manifest = msgspec.json.decode((self.store.root / run_id / "run.json").read_bytes(),
+                                                          type=schema.Manifest)
+                    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                        pass
+        return rl
+
+    # -- ingest -------------------------------------------------------------------
+    def ingest_logs(self, request) -> tuple[int, int, str]:
+        """Apply an ExportLogsServiceRequest. Returns (records accepted, log records rejected, message)."""
+        self.stats["log_requests"] += 1
+        rejected, reasons, accepted = 0, [], 0
+        for batch, reason in wire.iter_batches(request):
+            if batch is None:
+                rejected += 1
+                reasons.append(reason)
+                continue
+            try:
+                accepted += self._apply(batch)
+            except ValueError as e:  # e.g. a run id the store refuses
+                rejected += 1
+                reasons.append(str(e))
+        if rejected:
+            self.stats["rejected"] += rejected
+            log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(reasons[:3]))
+        return accepted, rejected, "; ".join(reasons[:5])
+
+    def _apply(self, b: wire.Batch) -> int:
+        run_id = b.run_id
+        live = self.run_live(run_id)
+        if b.kind == "heartbeat":
+            live.heartbeat(b.items)
+            return 0
+        if b.kind == "manifest":
+            live.manifest = b.items
+            if b.items.run_id != run_id:
+                raise ValueError(f"manifest of {b.items.run_id!r} shipped as run {run_id!r}")
+            self.store.run(run_id).write_manifest(b.items, b.attrs.get(wire.A_MTIME))
+            return 0
+        if b.kind == "ack":
+            self._apply_acks(run_id, b.items)
+            return len(b.items)
+        table = wire.BATCH_KINDS[b.kind][1]
+        rows = b.items
+        if SPECS[table].has_run_id:
+            bad = [r for r in rows if r.run_id != run_id]
+            if bad:
+                raise ValueError(f"{len(bad)} {b.kind} record(s) of run {bad[0].run_id!r} shipped as run {run_id!r}")
+        self.stats["records_in"] += len(rows)
+        rs = self.store.run(run_id)
+        dup_before = rs.duplicates
+        new = rs.add(table, rows)
+        self.stats["duplicates"] += rs.duplicates - dup_before
+        self.stats["records_new"] += len(new)
+        live.add(table, new)
+        return len(rows)
+
+    def ingest_metrics(self, request) -> int:
+        """Keep the latest value of each gauge/sum point (the live GPU/host view); history is in the logs path."""
+        self.stats["metric_requests"] += 1
+        n = 0
+        for rm in request.resource_metrics:
+            res = wire.attributes(rm.resource.attributes)
+            node = res.get(wire.R_NODE)
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind not in ("gauge", "sum", "histogram"):
+                        continue
+                    for p in getattr(m, kind).data_points:
+                        attrs = tuple(sorted((a.key, str(wire.any_value(a.value))) for a in p.attributes))
+                        if kind == "histogram":
+                            val = p.sum / p.count if p.count else 0.0
+                        else:
+                            val = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+                        self.metrics_latest[(node, m.name, attrs)] = val
+                        n += 1
+        self.stats["metric_points"] += n
+        return n
+
+    # -- actions ------------------------------------------------------------------
+    def _actions(self, run_id: str) -> dict[str, schema.Action]:
+        acts = self.actions.get(run_id)
+        if acts is None:
+            acts = {}
+            try:
+                df = read_table(self.store.root, run_id, "actions")
+                for row in df.sort_values("t").to_dict("records") if len(df) else []:
+                    row.pop("run_id", None)
+                    row["ranks"] = list(row.get("ranks") or [])
+                    row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+                    acts[row["id"]] = msgspec.convert({**row, "run_id": run_id}, schema.Action, strict=False)
+            except Exception as e:
+                log.warning("head: could not load stored actions of %s: %s", run_id, e)
+            self.actions[run_id] = acts
+        return acts
+
+    def _record_action(self, a: schema.Action) -> None:
+        self._actions(a.run_id)[a.id] = a
+        self.store.run(a.run_id).add("actions", [a])
+
+    def _apply_acks(self, run_id: str, acks: list[schema.ControlAck]) -> None:
+        acts = self._actions(run_id)
+        for ack in acks:
+            prev = acts.get(ack.id)
+            if prev is None:
+                prev = schema.Action(run_id=run_id, id=ack.id, t=ack.t, action=ack.action if ack.action in
+                                     ("checkpoint", "profile", "evict") else "checkpoint", requested_by="unknown")
+            if prev.status == ack.status and prev.applied_step == ack.applied_step:
+                continue
+            upd = msgspec.structs.replace(prev, status=ack.status, applied_step=ack.applied_step, t=ack.t)
+            self._record_action(upd)
+            log.info("head: action %s (%s) %s at step %s", ack.id, ack.action, ack.status, ack.applied_step)
+
+    def request_action(self, run_id: str, req: dict[str, Any], requested_by: str = "api") -> schema.Action:
+        """Create an action and forward it to the node agent that can carry it out."""
+        action = req.get("action")
+        if action not in ("checkpoint", "profile", "evict"):
+            raise ValueError("action must be one of checkpoint, profile, evict")
+        node = req.get("node")
+        if node is not None and not isinstance(node, int):
+            raise ValueError("node must be an integer")
+        if action == "evict" and node is None:
+            raise ValueError("evict needs a node")
+        steps = int(req.get("steps") or (5 if action == "profile" else 0))
+        a = schema.Action(run_id=run_id, id=req.get("id") or uuid.uuid4().hex[:12], t=time.time(), action=action,
+                          node=node, ranks=[int(r) for r in req.get("ranks") or []], steps=steps,
+                          reason=str(req.get("reason") or ""), finding_kind=str(req.get("finding_kind") or ""),
+                          dry_run=bool(req.get("dry_run", False)), requested_by=requested_by)
+        if a.dry_run:
+            self._record_action(a)
+            return a
+        live = self.run_live(run_id)
+        agent = self._agent_for(live, a)
+        if agent is None:
+            a = msgspec.structs.replace(a, status="failed", reason=(a.reason + " [no live agent for this run]").strip())
+            self._record_action(a)
+            return a
+        creq = schema.ControlRequest(id=a.id, action=a.action, t=a.t, steps=a.steps, node=a.node, reason=a.reason)
+        try:
+            r = urllib.request.Request(agent.url.rstrip("/") + "/control", data=schema.encode(creq), method="POST",
+                                       headers={"Authorization": f"Bearer {self.token}",
+                                                "Content-Type": "application/json"})
+            with urllib.request.urlopen(r, timeout=5) as resp:
+                resp.read()
+        except (urllib.error.URLError, OSError) as e:
+            a = msgspec.structs.replace(a, status="failed",
+                                        reason=(a.reason + f" [agent {agent.node} unreachable: {e}]").strip())
+        self._record_action(a)
+        return a
+
+    def _agent_for(self, live: RunLive, a: schema.Action):
+        with live.lock:
+            agents = {n: ag for n, ag in live.agents.items() if ag.url}
+            if not agents:
+                return None
+            if a.node is not None and a.action == "evict":
+                # The eviction is carried out by rank 0's trainer, but the request names the node;
+                # any agent of the run writes into the shared control directory. Prefer the named node's.
+                return agents.get(a.node) or agents[min(agents)]
+            rank0_node = None
+            if live.manifest is not None:
+                for p in live.manifest.ranks:
+                    if p.rank == 0:
+                        rank0_node = p.node
+            if rank0_node is None and 0 in live.ranks:
+                rank0_node = live.ranks[0].node
+            return agents.get(rank0_node) or agents[min(agents)]
+
+    # -- analyzers ------------------------------------------------------------------
+    def analyze_once(self, run_id: str) -> list[schema.Finding]:
+        if self.analyzer is None:
+            return []
+        live = self.run_live(run_id)
+        frames = live.frames()
+        try:
+            found = list(self.analyzer(frames) or [])
+        except Exception:
+            self.stats["analyzer_errors"] += 1
+            log.exception("head: analyzer failed on run %s", run_id)
+            return []
+        keys = self._finding_keys.setdefault(run_id, set())
+        new = []
+        for f in found:
+            k = (f.analyzer, f.kind, tuple(f.ranks), tuple(f.nodes), f.step_start)
+            if k in keys:
+                continue
+            keys.add(k)
+            f = msgspec.structs.replace(f, run_id=f.run_id or run_id, t=f.t or time.time())
+            new.append(f)
+            log.warning("finding [%s] %s/%s ranks=%s: %s", f.severity, f.analyzer, f.kind, f.ranks, f.summary)
+        if new:
+            self.findings.setdefault(run_id, []).extend(new)
+            self.store.run(run_id).add("findings", new)
+        return new
+
+    def _analyzer_loop(self) -> None:
+        last: dict[str, float] = {}
+        while not self._stop.wait(self.analyzer_interval):
+            for run_id, live in list(self.live.items()):
+                if live.last_seen > last.get(run_id, 0.0):
+                    last[run_id] = live.last_seen
+                    self.analyze_once(run_id)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            try:
+                self.store.flush_all()
+            except Exception:
+                log.exception("head: flush failed (rows stay in the WAL and are retried)")
+
+    # -- views for the API ----------------------------------------------------------
+    def findings_of(self, run_id: str) -> list[dict[str, Any]]:
+        if run_id in self.findings:
+            return [schema.to_dict(f) for f in self.findings[run_id]]
+        df = read_table(self.store.root, run_id, "findings")
+        return json.loads(df.to_json(orient="records")) if len(df) else []
+
+    def actions_of(self, run_id: str) -> list[dict[str, Any]]:
+        return [schema.to_dict(a) for a in sorted(self._actions(run_id).values(), key=lambda a: a.t)]
+
+    def runs_summary(self) -> list[dict[str, Any]]:
+        now = time.time()
+        out = []
+        for run_id in sorted(set(self.store.run_ids()) | set(self.live)):
+            live = self.live.get(run_id)
+            m = live.manifest if live else None
+            if m is None:
+                try:
+                    m = msgspec.json.decode((self.store.root / run_id / "run.json").read_bytes(), type=schema.Manifest)
+                except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                    m = None
+            last_step = max((r.last_step for r in live.ranks.values()), default=None) if live else None
+            if m is not None and m.finished:
+                status = "finished"
+            elif live is not None and now - live.last_seen < 30:
+                status = "running"
+            else:
+                status = "stopped"
+            rs = self.store.runs.get(run_id)
+            out.append({"run_id": run_id, "status": status,
+                        "start_time": m.start_time if m else None,
+                        "world_size": (m.layout.get("world") or len(m.ranks)) if m else None,
+                        "layout": m.layout if m else {}, "nodes": m.nodes if m else None,
+                        "last_step": last_step, "last_seen": live.last_seen if live else None,
+                        "ranks_live": len(live.ranks) if live else 0,
+                        "steps_stored": (rs.rows_stored["steps"] + len(rs.buffers["steps"])) if rs else None})
+        return out
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start_background(self) -> None:
+        for fn, name in ((self._flush_loop, "flush"), (self._analyzer_loop, "analyze")):
+            t = threading.Thread(target=fn, name=f"head-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self.store.close()

@@ -1,0 +1,62 @@
+"""``ranksight head``: run the head service (OTLP receiver, run store, analyzers loop, HTTP API)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import typer
+
+head_command = typer.Typer(add_completion=False, help="Run the head service: OTLP receiver, run store, live analysis, HTTP API.")
+
+
+@head_command.command()
+def head(
+    store: Path = typer.Option(Path("./runs"), "--store", help="Run store directory (Parquet per run-id)."),
+    port: int = typer.Option(4318, "--port", help="Port for OTLP/HTTP (/v1/logs, /v1/metrics) and the JSON API (/api/...)."),
+    token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN",
+                              help="Shared token agents and API writers must send (Bearer). Generated and printed if absent."),
+    bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API."),
+    flush_interval: float = typer.Option(1.0, "--flush-interval", help="Seconds between Parquet flushes."),
+    analyze_interval: float = typer.Option(5.0, "--analyze-interval", help="Seconds between analyzer passes over the live window."),
+    window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for analyzers and the API."),
+    fsync: bool = typer.Option(False, "--fsync/--no-fsync", help="fsync the write-ahead log before acknowledging (survives power loss, slower)."),
+    log_level: str = typer.Option("INFO", "--log-level"),
+) -> None:
+    """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
+    from agent.api import make_server
+    from agent.head import Head
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not token:
+        token = secrets.token_urlsafe(24)
+        print(f"ranksight head: generated token (give it to agents as --token or RANKSIGHT_TOKEN): {token}", flush=True)
+    h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync)
+    try:
+        srv = make_server(h, bind, port)
+    except OSError as e:
+        h.close()
+        raise typer.BadParameter(f"cannot listen on {bind}:{port}: {e}") from None
+    h.start_background()
+    stop = threading.Event()
+
+    def _stop(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    t.start()
+    print(f"ranksight head: listening on http://{srv.server_address[0]}:{srv.server_address[1]} "
+          f"store={os.path.abspath(store)} pid={os.getpid()}", flush=True)
+    stop.wait()
+    srv.shutdown()
+    srv.server_close()
+    h.close()
+    print("ranksight head: stopped, store flushed", flush=True)

@@ -1,0 +1,607 @@
+"""The node agent: one process per node, between the trainer's files and the head.
+
+Each cycle (``ship_interval``, 1 s):
+
+1. find the local ranks (manifest placement says node == N; before the manifest
+   exists, the node named in each spool's first record),
+2. tail their spools from the saved positions (probes.steps), turn spool gaps
+   into ``spool_gap``/``spool_reset`` events, read new control acks and a changed
+   manifest, and take the GPU/host samples gathered by the sampler thread,
+3. ship: first the disk outbox (oldest first), then this cycle's batch, each as
+   one OTLP/HTTP logs export through the OpenTelemetry SDK's exporter, called
+   synchronously so its result is known,
+4. on success save the new positions (atomic state file); on failure write the
+   batch to the bounded outbox, then save the positions (the data is durable
+   either way).
+
+So every record is shipped at least once, and the head's natural-key dedupe
+makes it exactly once in the store. ``kill -9`` at any point re-ships at most
+the last unacknowledged batch.
+
+Alongside: a sampler thread (GPU every ``gpu_interval``, host stats), the OTel
+SDK's metric pipeline (periodic OTLP metrics: best effort, the authoritative
+samples travel as logs), and one HTTP server for Prometheus ``/metrics`` and
+the token-protected ``POST /control`` the head uses to request actions.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agent import wire
+from agent.outbox import Item, Outbox
+from agent.prom import AgentMetrics
+from probes.steps import SpoolGap, TailPosition, first_node, spool_ranks, tail
+from ranksight import schema
+from ranksight.layout import RunDir, atomic_write
+
+log = logging.getLogger("ranksight.agent")
+
+READ_BYTES_PER_RANK = 1024 * 1024  # per cycle: keeps one OTLP request well under the head's limit
+MAX_ITEMS_RECORDS = 20_000
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class AgentState(msgspec.Struct, kw_only=True):
+    """What the agent must remember across restarts (RunDir.agent_state(node))."""
+
+    node: int
+    positions: dict[int, TailPosition] = {}
+    acks_shipped: list[str] = []
+    manifest_mtime: float = 0.0
+    nccl: dict[str, list[int]] = {}  # file name -> [offset, line_no]
+
+
+def load_state(path: Path, node: int) -> AgentState:
+    try:
+        st = msgspec.json.decode(path.read_bytes(), type=AgentState)
+        if st.node != node:
+            log.error("agent state %s belongs to node %d, not %d: starting from scratch", path, st.node, node)
+            return AgentState(node=node)
+        return st
+    except FileNotFoundError:
+        return AgentState(node=node)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        # Re-reading from 0 re-ships records the head already has; it drops them. Nothing is lost.
+        log.error("agent state %s unreadable (%s): re-reading spools from the start", path, e)
+        return AgentState(node=node)
+
+
+class NodeAgent:
+    def __init__(self, run_dir: RunDir, node: int, head_url: str, token: str, *, gpu_interval: float = 1.0,
+                 ship_interval: float = 1.0, metrics_port: int | None = None, bind: str = "127.0.0.1",
+                 sim_gpu: str = "auto", dcgm_url: str | None = None, host: str | None = None,
+                 outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True):
+        self.rd = run_dir
+        self.run_id = run_dir.run_id
+        self.node = node
+        self.head_url = head_url.rstrip("/")
+        self.token = token
+        self.gpu_interval = gpu_interval
+        self.ship_interval = ship_interval
+        self.bind = bind
+        self.metrics_port = metrics_port
+        self.sim_gpu = sim_gpu
+        self.dcgm_url = dcgm_url
+        self.host = host or socket.gethostname()
+        self.ship_timeout = ship_timeout
+        self.state_path = run_dir.agent_state(node)
+        self.state = load_state(self.state_path, node)
+        self.outbox = Outbox(self.state_path.parent / f"node-{node}.outbox", outbox_bytes)
+        self.metrics = AgentMetrics()
+        self._dropped_reported = 0
+        self.local_ranks: list[int] = []
+        self._rank_nodes: dict[int, int] = {}
+        self._gpu_rank: dict[int, int] = {}
+        self._last_discovery = 0.0
+        self._samples: list[Any] = []
+        self._samples_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.server: ThreadingHTTPServer | None = None
+        self.url = ""
+        self.garbage_lines = 0
+        self.ship_errors = 0
+        self.shipped = 0
+        self.agent_id = uuid.uuid4().hex[:8]
+        self._otlp_metrics_enabled = otlp_metrics
+        self._meter_provider = None
+        self._gpu_probe = None
+        self._host_probe = None
+        self._last_xid: dict[int, int] = {}
+        self._pending_since: float | None = None
+        self._init_exporter()
+
+    # -- OTLP -----------------------------------------------------------------------------
+    def _resource_attrs(self) -> dict[str, Any]:
+        return {"service.name": "ranksight-agent", wire.R_NODE: self.node, wire.R_HOST: self.host,
+                wire.R_AGENT_URL: self.url, wire.R_AGENT_ID: self.agent_id, wire.R_RUN: self.run_id}
+
+    def _init_exporter(self) -> None:
+        from opentelemetry.exporter.otlp.proto.http import Compression
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        self._headers = {"Authorization": f"Bearer {self.token}"}
+        self.exporter = OTLPLogExporter(endpoint=self.head_url + "/v1/logs", headers=self._headers,
+                                        timeout=self.ship_timeout, compression=Compression.Gzip)
+        self._scope = InstrumentationScope("ranksight.agent", schema.SCHEMA_VERSION and "1")
+
+    def _resource(self):
+        from opentelemetry.sdk.resources import Resource
+
+        return Resource.create(self._resource_attrs())
+
+    def _init_otlp_metrics(self) -> None:
+        """The SDK metric pipeline: periodic OTLP metrics to the head (lossy by design: live view only)."""
+        if not self._otlp_metrics_enabled:
+            return
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+        from agent.prom import STEP_BUCKETS
+
+        exp = OTLPMetricExporter(endpoint=self.head_url + "/v1/metrics", headers=self._headers, timeout=self.ship_timeout)
+        reader = PeriodicExportingMetricReader(exp, export_interval_millis=5000)
+        view = View(instrument_name="ranksight.step.duration",
+                    aggregation=ExplicitBucketHistogramAggregation([b for b in STEP_BUCKETS if b != float("inf")]))
+        self._meter_provider = MeterProvider(resource=self._resource(), metric_readers=[reader], views=[view])
+        m = self._meter_provider.get_meter("ranksight.agent")
+        self._om_step = m.create_histogram("ranksight.step.duration", unit="s", description="Training step wall time")
+        self._om_gpu = {
+            "util_pct": m.create_gauge("gpu.utilization", unit="%"),
+            "temp_c": m.create_gauge("gpu.temperature", unit="Cel"),
+            "power_w": m.create_gauge("gpu.power", unit="W"),
+            "sm_clock_mhz": m.create_gauge("gpu.clock.sm", unit="MHz"),
+            "throttle_reasons": m.create_gauge("gpu.throttle_reasons", unit="1"),
+        }
+        self._om_host_cpu = m.create_gauge("host.cpu.utilization", unit="%")
+
+    # -- discovery --------------------------------------------------------------------------
+    def _manifest(self) -> schema.Manifest | None:
+        try:
+            return msgspec.json.decode(self.rd.manifest.read_bytes(), type=schema.Manifest)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    def discover(self, force: bool = False) -> list[int]:
+        now = time.time()
+        if not force and now - self._last_discovery < 2.0:
+            return self.local_ranks
+        self._last_discovery = now
+        m = self._manifest()
+        if m is not None and m.ranks:
+            self._rank_nodes = {p.rank: p.node for p in m.ranks}
+            self._gpu_rank = {p.gpu if p.gpu is not None else p.local_rank: p.rank for p in m.ranks if p.node == self.node}
+        for r in spool_ranks(self.rd.spool_dir):
+            if r not in self._rank_nodes:
+                pos = self.state.positions.get(r)
+                n = pos.node if pos is not None and pos.node is not None else first_node(self.rd.spool(r))
+                if n is not None:
+                    self._rank_nodes[r] = n
+        ranks = sorted(r for r, n in self._rank_nodes.items() if n == self.node)
+        if ranks != self.local_ranks:
+            log.info("agent node %d: tailing ranks %s", self.node, ranks)
+        self.local_ranks = ranks
+        self.metrics.ranks.labels(str(self.node)).set(len(ranks))
+        return ranks
+
+    # -- collection -----------------------------------------------------------------------------
+    def collect(self) -> tuple[list[Item], dict[int, TailPosition], list[str], float | None, bool]:
+        """This cycle's items, plus what to save once they are safe. ``more`` = a spool has a backlog."""
+        items: list[Item] = []
+        positions: dict[int, TailPosition] = {}
+        more = False
+        now = time.time()
+        for rank in self.discover():
+            res = tail(self.rd.spool(rank), self.state.positions.get(rank), max_bytes=READ_BYTES_PER_RANK)
+            positions[rank] = res.position
+            if not res.eof:
+                more = True
+            by_kind: dict[str, list[int]] = {}
+            for i, rec in enumerate(res.records):
+                by_kind.setdefault(type(rec).__struct_config__.tag, []).append(i)
+                if isinstance(rec, schema.StepRecord):
+                    self.metrics.observe_step(rec)
+                    if self._meter_provider is not None:
+                        self._om_step.record(rec.step_ms / 1000.0, {"rank": rec.rank, "run_id": rec.run_id})
+            for kind, idx in by_kind.items():
+                steps = [res.records[i].step for i in idx]
+                t_first = _rec_time(res.records[idx[0]])
+                items.append(Item(kind=kind, body=wire.join_array([res.raw[i] for i in idx]), rank=rank,
+                                  count=len(idx), step_min=min(steps), step_max=max(steps), t_first=t_first or now))
+            if res.gaps:
+                evs = [self._gap_event(rank, g) for g in res.gaps]
+                for g in res.gaps:
+                    if g.reason == "reset":
+                        self.metrics.resets.labels(str(self.node), str(rank)).inc()
+                    else:
+                        self.metrics.garbage.labels(str(self.node), str(rank)).inc(g.lines)
+                        self.garbage_lines += g.lines
+                    log.warning("agent node %d: rank %d spool %s at offset %d (%d lines, %d bytes) after step %d",
+                                self.node, rank, g.reason, g.offset, g.lines, g.nbytes, g.after_step)
+                items.append(Item(kind="event", body=msgspec.json.encode(evs), rank=rank, count=len(evs),
+                                  step_min=min(e.step for e in evs), step_max=max(e.step for e in evs), t_first=now))
+        with self._samples_lock:
+            samples, self._samples = self._samples, []
+        for kind in ("gpu", "host", "event"):
+            group = [s for k, s in samples if k == kind]
+            if group:
+                items.append(Item(kind=kind, body=msgspec.json.encode(group), count=len(group),
+                                  t_first=min(getattr(s, "t", now) for s in group)))
+        # control acks written by the trainer
+        acks, ack_names = self._new_acks()
+        if acks:
+            items.append(Item(kind="ack", body=msgspec.json.encode(acks), count=len(acks), t_first=now))
+        manifest_mtime = None
+        try:
+            mt = self.rd.manifest.stat().st_mtime
+            if mt != self.state.manifest_mtime:
+                manifest_mtime = mt
+        except FileNotFoundError:
+            pass
+        return items, positions, ack_names, manifest_mtime, more
+
+    def _gap_event(self, rank: int, g: SpoolGap) -> schema.EventRecord:
+        # Deterministic fields only (no "now"): a re-read after a crash yields the same key.
+        return schema.EventRecord(run_id=self.run_id, rank=rank, step=g.after_step, t=g.after_t,
+                                  event="spool_reset" if g.reason == "reset" else "spool_gap",
+                                  detail={"reason": g.reason, "offset": g.offset, "bytes": g.nbytes, "lines": g.lines,
+                                          "inode": g.inode, "sample": g.sample, "node": self.node})
+
+    def _new_acks(self) -> tuple[list[schema.ControlAck], list[str]]:
+        d = self.rd.control_acks
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json") and not n.startswith("."))
+        except FileNotFoundError:
+            return [], []
+        done = set(self.state.acks_shipped)
+        acks, new_names = [], []
+        for n in names:
+            if n in done:
+                continue
+            try:
+                acks.append(msgspec.json.decode((d / n).read_bytes(), type=schema.ControlAck))
+                new_names.append(n)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+                log.warning("agent: unreadable control ack %s: %s", n, e)
+        return acks, new_names
+
+    # -- shipping ---------------------------------------------------------------------------------
+    def _export(self, items: list[Item], extra_records: list | None = None) -> bool:
+        from opentelemetry.sdk._logs.export import LogRecordExportResult
+
+        res = self._resource()
+        recs = [wire.make_log_record(self.run_id, it.kind, it.body, rank=it.rank, node=self.node, count=it.count,
+                                     step_min=it.step_min, step_max=it.step_max, resource=res, scope=self._scope)
+                for it in items]
+        recs += extra_records or []
+        if not recs:
+            return True
+        try:
+            ok = self.exporter.export(recs) == LogRecordExportResult.SUCCESS
+        except Exception as e:  # the exporter should not raise; if it does, it is a failed export
+            log.error("agent: OTLP export raised %s", e)
+            ok = False
+        if not ok:
+            self.ship_errors += 1
+            self.metrics.ship_errors.labels(str(self.node)).inc()
+        return ok
+
+    def _manifest_record(self, mtime: float):
+        try:
+            body = self.rd.manifest.read_bytes()
+            msgspec.json.decode(body, type=schema.Manifest)  # never ship a half-written or foreign file
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("agent: manifest not shippable yet: %s", e)
+            return None
+        return wire.make_log_record(self.run_id, "manifest", body, node=self.node, extra={wire.A_MTIME: mtime},
+                                    resource=self._resource(), scope=self._scope)
+
+    def _heartbeat_record(self):
+        hb = wire.Heartbeat(node=self.node, host=self.host, url=self.url, t=time.time(), ranks=self.local_ranks,
+                            lag_s=self._lag(), spooled_records=self.outbox.records(),
+                            dropped_records=self.outbox.dropped_records, ship_errors=self.ship_errors,
+                            garbage_lines=self.garbage_lines)
+        return wire.make_log_record(self.run_id, "heartbeat", msgspec.json.encode(hb), node=self.node,
+                                    resource=self._resource(), scope=self._scope)
+
+    def _lag(self) -> float:
+        if self._pending_since is None:
+            return 0.0
+        return max(0.0, time.time() - self._pending_since)
+
+    def _drain_outbox(self) -> bool:
+        """Ship outbox segments oldest first (at most 64 per cycle). True when the outbox is empty."""
+        for _ in range(64):
+            seg = self.outbox.oldest()
+            if seg is None:
+                return True
+            items = self.outbox.read(seg)
+            if items and not self._export(items):
+                return False
+            self.outbox.remove(seg)
+            n = sum(i.count for i in items)
+            self.shipped += n
+            self.metrics.shipped.labels(str(self.node)).inc(n)
+        return self.outbox.oldest() is None
+
+    def save_state(self) -> None:
+        atomic_write(self.state_path, msgspec.json.encode(self.state))
+
+    def cycle(self) -> bool:
+        """One collect+ship round. Returns True when a spool still has a backlog."""
+        items, positions, ack_names, manifest_mtime, more = self.collect()
+        extra = []
+        mrec = self._manifest_record(manifest_mtime) if manifest_mtime is not None else None
+        if mrec is not None:
+            extra.append(mrec)
+        n = sum(i.count for i in items)
+        if items and self._pending_since is None:
+            self._pending_since = min((i.t_first for i in items if i.t_first), default=time.time())
+        drained = self._drain_outbox()
+        shipped = drained and self._export(items, extra + [self._heartbeat_record()])
+        if shipped:
+            self.shipped += n
+            self.metrics.shipped.labels(str(self.node)).inc(n)
+            if mrec is not None:
+                self.state.manifest_mtime = manifest_mtime
+            self._pending_since = None
+        elif items:
+            # Head unreachable (or behind us in the outbox): keep this batch on disk, in order.
+            self.outbox.append(items)
+        # The batch is acknowledged or durable in the outbox: the positions may move on.
+        self.state.positions.update(positions)
+        if ack_names:
+            self.state.acks_shipped = sorted(set(self.state.acks_shipped) | set(ack_names))[-10_000:]
+        if positions or ack_names or mrec is not None:
+            self.save_state()
+        if self.outbox.dropped_records > self._dropped_reported:
+            self.metrics.dropped.labels(str(self.node)).inc(self.outbox.dropped_records - self._dropped_reported)
+            self._dropped_reported = self.outbox.dropped_records
+        if len(self.outbox):
+            oldest = self.outbox.oldest_t()
+            self._pending_since = oldest if oldest is not None else self._pending_since
+        elif shipped:
+            self._pending_since = None
+        self.metrics.spooled.labels(str(self.node)).set(self.outbox.records())
+        self.metrics.spooled_bytes.labels(str(self.node)).set(self.outbox.bytes())
+        self.metrics.lag.labels(str(self.node)).set(self._lag())
+        return more and shipped
+
+    # -- sampling --------------------------------------------------------------------------------
+    def _build_probes(self) -> None:
+        sim_dir = self.rd.simgpu_node_dir(self.node)
+        try:
+            if self.dcgm_url:
+                self._gpu_probe = _dcgm_probe(self.dcgm_url, self.node, self.host)
+            if self._gpu_probe is None:
+                from probes.nvml import build_gpu_probe
+
+                # auto: real NVML if there is a GPU, else the simulated device of this node.
+                # off: real NVML or nothing. on: simulated even on a GPU machine.
+                self._gpu_probe = build_gpu_probe(self.node, self.host, None if self.sim_gpu == "off" else sim_dir,
+                                                  mode="auto")
+                if self.sim_gpu == "on" and not getattr(self._gpu_probe, "simulated", True):
+                    self._gpu_probe.close()
+                    self._gpu_probe = build_gpu_probe(self.node, self.host, sim_dir, mode="python-sim")
+                log.info("agent node %d: GPU probe %s (%s)", self.node, getattr(self._gpu_probe, "mode", "?"),
+                         getattr(self._gpu_probe, "status", ""))
+        except ImportError as e:
+            log.warning("agent node %d: no GPU probe available (%s): no GPU data", self.node, e)
+            self._gpu_probe = None
+        try:
+            from probes.host import HostProbe
+
+            self._host_probe = HostProbe(self.node, self.host)
+        except ImportError as e:
+            log.warning("agent node %d: no host probe available (%s)", self.node, e)
+
+    def sample_once(self) -> None:
+        out: list[tuple[str, Any]] = []
+        p = self._gpu_probe
+        if p is not None:
+            try:
+                xids = p.poll_xids() if hasattr(p, "poll_xids") else []
+                samples = p.sample()
+            except Exception as e:  # a probe bug must not stop the agent
+                log.error("agent: GPU probe failed: %s", e)
+                xids, samples = [], []
+            by_gpu = {s.gpu: s for s in samples}
+            for x in xids:
+                self._last_xid[x.gpu] = x.code
+                s = by_gpu.get(x.gpu)
+                if s is not None:
+                    self.metrics.observe_xid(x, AgentMetrics.gpu_labels(s))
+                out.append(("event", schema.EventRecord(
+                    run_id=self.run_id, rank=self._gpu_rank.get(x.gpu, -1), step=-1, t=x.t, event="xid",
+                    detail={"node": x.node, "host": x.host, "gpu": x.gpu, "code": x.code, "source": x.source,
+                            "simulated": x.simulated})))
+            for s in samples:
+                self.metrics.observe_gpu(s, self._last_xid.get(s.gpu))
+                if self._meter_provider is not None:
+                    attrs = {"gpu": s.gpu, "simulated": s.simulated, "node": self.node}
+                    for f, inst in self._om_gpu.items():
+                        v = getattr(s, f)
+                        if v is not None:
+                            inst.set(v, attrs)
+                out.append(("gpu", s))
+        if self._host_probe is not None:
+            try:
+                h = self._host_probe.sample()
+            except Exception as e:
+                log.error("agent: host probe failed: %s", e)
+                h = None
+            if h is not None:
+                self.metrics.observe_host(h)
+                if self._meter_provider is not None:
+                    self._om_host_cpu.set(h.cpu_pct, {"node": self.node})
+                out.append(("host", h))
+        if out:
+            with self._samples_lock:
+                self._samples.extend(out)
+                if len(self._samples) > 100_000:  # the ship loop is stuck: keep memory bounded, count it
+                    drop = len(self._samples) - 100_000
+                    del self._samples[:drop]
+                    self.outbox.dropped_records += drop
+
+    def _sampler_loop(self) -> None:
+        self._build_probes()
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self.sample_once()
+            self._stop.wait(max(0.05, self.gpu_interval - (time.monotonic() - t0)))
+
+    # -- control endpoint + /metrics ---------------------------------------------------------------
+    def write_control_request(self, req: schema.ControlRequest) -> Path:
+        if not _SAFE_ID.match(req.id):
+            raise ValueError("control request id must be 1-64 of [A-Za-z0-9_.-]")
+        path = self.rd.control_requests / f"{req.id}.json"
+        atomic_write(path, schema.encode(req))
+        self.metrics.control.labels(str(self.node), req.action).inc()
+        log.info("agent node %d: control request %s (%s) written for the trainer", self.node, req.id, req.action)
+        return path
+
+    def start_server(self) -> None:
+        if self.metrics_port is None:
+            return
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *args):
+                log.debug("agent http: " + fmt, *args)
+
+            def _send(self, status, body: bytes, ctype="application/json"):
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(agent.metrics.registry), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._send(200, json.dumps({"ok": True, "node": agent.node, "ranks": agent.local_ranks}).encode())
+                else:
+                    self._send(404, b'{"error":"not found"}')
+
+            def do_POST(self):
+                self.close_connection = True
+                if self.path.split("?")[0] != "/control":
+                    self._send(404, b'{"error":"not found"}')
+                    return
+                auth = self.headers.get("Authorization") or ""
+                if not auth.startswith("Bearer ") or not hmac.compare_digest(auth[7:].strip().encode(),
+                                                                             agent.token.encode()):
+                    log.warning("agent: control request without a valid token from %s", self.client_address[0])
+                    self._send(401 if not auth else 403, b'{"error":"bearer token required"}')
+                    return
+                try:
+                    n = int(self.headers.get("Content-Length") or -1)
+                    if not 0 <= n <= 65536:
+                        raise ValueError("bad Content-Length")
+                    req = msgspec.json.decode(self.rfile.read(n), type=schema.ControlRequest)
+                    path = agent.write_control_request(req)
+                except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as e:
+                    log.warning("agent: bad control request: %s", e)
+                    self._send(400, json.dumps({"error": str(e)}).encode())
+                    return
+                self._send(202, json.dumps({"written": str(path)}).encode())
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.server = Server((self.bind, self.metrics_port), Handler)
+        host, port = self.server.server_address[:2]
+        self.url = f"http://{host}:{port}"
+        t = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,
+                             name="agent-http")
+        t.start()
+        self._threads.append(t)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        self.start_server()
+        self._init_otlp_metrics()
+        t = threading.Thread(target=self._sampler_loop, daemon=True, name="agent-sampler")
+        t.start()
+        self._threads.append(t)
+        log.info("agent node %d for run %s: shipping to %s, metrics %s", self.node, self.run_id, self.head_url,
+                 self.url or "off")
+        while not stop.is_set() and not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                backlog = self.cycle()
+            except Exception:
+                log.exception("agent: cycle failed; retrying next cycle (positions were not advanced)")
+                backlog = False
+            if not backlog:
+                stop.wait(max(0.0, self.ship_interval - (time.monotonic() - t0)))
+        self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self.cycle()  # last records, or into the outbox
+        except Exception:
+            log.exception("agent: final cycle failed")
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self._meter_provider is not None:
+            try:
+                self._meter_provider.shutdown(timeout_millis=2000)
+            except Exception:
+                pass
+        p = self._gpu_probe
+        if p is not None and hasattr(p, "close"):
+            try:
+                p.close()
+            except Exception:
+                pass
+        self.exporter.shutdown()
+
+
+def _rec_time(rec) -> float | None:
+    return getattr(rec, "t_end", None) or getattr(rec, "t", None) or getattr(rec, "t_arrive", None)
+
+
+def _dcgm_probe(url: str, node: int, host: str):
+    """A dcgm-exporter reader as the GPU probe, if probes.dcgm provides one."""
+    try:
+        from probes import dcgm
+    except ImportError as e:
+        log.warning("agent: --dcgm-url given but probes.dcgm is not available (%s); using NVML", e)
+        return None
+    for name in ("DcgmProbe", "DcgmExporterProbe"):
+        cls = getattr(dcgm, name, None)
+        if cls is not None:
+            return cls(url, node=node, host=host)
+    log.warning("agent: probes.dcgm has no DcgmProbe; using NVML")
+    return None

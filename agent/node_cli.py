@@ -1,0 +1,61 @@
+"""``ranksight agent``: run the node agent for one node of one run."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import typer
+
+agent_command = typer.Typer(add_completion=False, help="Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics.")
+
+
+@agent_command.command()
+def agent(
+    head: str = typer.Option(..., "--head", help="Head service base URL, e.g. http://127.0.0.1:4318"),
+    node: int = typer.Option(..., "--node", help="This node's index (ranks whose placement says node == N are tailed)."),
+    run_id: str = typer.Option("", "--run-id", help="Run id (with --store), or taken from --run-dir's name."),
+    store: Path = typer.Option(Path("./runs"), "--store", help="Store/run root: the run directory is <store>/<run-id>."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="The run directory itself (instead of --store + --run-id)."),
+    token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN", help="Shared token (Bearer) for the head and /control."),
+    gpu_interval: float = typer.Option(1.0, "--gpu-interval", help="Seconds between GPU/host samples."),
+    ship_interval: float = typer.Option(1.0, "--ship-interval", help="Seconds between shipments to the head."),
+    metrics_port: int | None = typer.Option(None, "--metrics-port", help="Port for Prometheus /metrics and POST /control (0 = any free port)."),
+    bind: str = typer.Option("127.0.0.1", "--bind", help="Address for /metrics and /control."),
+    sim_gpu: str = typer.Option("auto", "--sim-gpu", help="auto: real GPUs if present, else the simulated ones; on: always simulated; off: real only."),
+    dcgm_url: str | None = typer.Option(None, "--dcgm-url", help="Read GPU data from a dcgm-exporter /metrics URL instead of NVML."),
+    host: str | None = typer.Option(None, "--host", help="Host name to report (default: this machine's)."),
+    outbox_mb: int = typer.Option(256, "--outbox-mb", help="Disk buffer while the head is unreachable; oldest dropped (and counted) beyond it."),
+    log_level: str = typer.Option("INFO", "--log-level"),
+) -> None:
+    """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read."""
+    from agent.node import NodeAgent
+    from ranksight.layout import RunDir
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if sim_gpu not in ("auto", "on", "off"):
+        raise typer.BadParameter("--sim-gpu must be auto, on or off")
+    if not token:
+        raise typer.BadParameter("a token is required: --token or RANKSIGHT_TOKEN (the head prints one)")
+    if run_dir is not None:
+        rd = RunDir(run_dir.parent, run_id or run_dir.name)
+        if rd.root.resolve() != run_dir.resolve():
+            raise typer.BadParameter("--run-dir's name must be the run id (or omit --run-id)")
+    elif run_id:
+        rd = RunDir(store, run_id)
+    else:
+        raise typer.BadParameter("give --run-dir, or --store and --run-id")
+    a = NodeAgent(rd, node, head, token, gpu_interval=gpu_interval, ship_interval=ship_interval,
+                  metrics_port=metrics_port, bind=bind, sim_gpu=sim_gpu, dcgm_url=dcgm_url, host=host,
+                  outbox_bytes=outbox_mb * 1024 * 1024)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"ranksight agent: node {node} run {rd.run_id} pid {os.getpid()}", flush=True)
+    a.run(stop)
+    print("ranksight agent: stopped", flush=True)
