@@ -234,9 +234,14 @@ def _parse_ts(lead: bytes) -> float | None:
 class NcclLogParser:
     """Incremental parser for one log stream (one file). Feed bytes or lines, get NcclEvents.
 
-    ``emit_collectives=False`` keeps NCCL_DEBUG_SUBSYS=COLL lines out of the event stream
-    (one line per collective call can dwarf everything else); the last call per communicator
-    is still kept in :attr:`last_collective`.
+    NCCL_DEBUG_SUBSYS=COLL writes one line per collective call, which can dwarf everything
+    else; by default those lines are counted per (process, communicator) and only the last
+    call is kept (:attr:`last_collective`, :attr:`collective_counts`: the hang-relevant
+    facts). ``emit_collectives=True`` makes each one an event.
+
+    Transport and ring-order lines repeat per channel; the first one per (process,
+    communicator, peer/transport or ring order) becomes an event and later channels are
+    appended to that event's ``fields["channels"]`` list (the same list object).
     """
 
     def __init__(
@@ -245,7 +250,7 @@ class NcclLogParser:
         host: str = "",
         pid: int = 0,
         *,
-        emit_collectives: bool = True,
+        emit_collectives: bool = False,
         keep_unclassified: bool = True,
     ) -> None:
         self.source_file = source_file
@@ -265,10 +270,51 @@ class NcclLogParser:
         self._thread_comm: dict[tuple[str, int, int], str] = {}
         self._comm_rank: dict[tuple[str, int, str], int] = {}
         self._ptr_comm: dict[tuple[str, int, str], str] = {}
-        self.last_collective: dict[tuple[str, int, str], dict[str, Any]] = {}
-        self.collective_lines = 0
+        self._last_collective: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self._collective_lines = 0
+        # (prefix bytes, comm) -> [count, prefix, last line]: COLL lines folded by the fast path.
+        self._coll_stats: dict[bytes, list] = {}  # prefix + ' comm 0x..' -> [count, last line]
+        # (prefix bytes, comm, text after " : ") -> the channel list of the event already emitted.
+        self._dedupe: dict[tuple[bytes, str | None, bytes], list[int]] = {}
+        self._lead = b""
         self.notes: list[str] = []
         self.unclassified = 0
+
+    # ---- state a tailer can read -----------------------------------------
+
+    @property
+    def collective_lines(self) -> int:
+        return self._collective_lines + sum(st[0] for st in self._coll_stats.values())
+
+    @property
+    def collective_counts(self) -> dict[tuple[str, int, str], int]:
+        """(host, pid, comm pointer) -> number of COLL lines seen."""
+        out: dict[tuple[str, int, str], int] = {}
+        for key_b, (n, line) in self._coll_stats.items():
+            k = key_b.rfind(b" comm 0x")
+            pre = self._prefix(key_b[:k]) or ("", 0)
+            key = (pre[0], pre[1], _s(key_b[k + 6 :]))
+            out[key] = out.get(key, 0) + n
+        return out
+
+    @property
+    def last_collective(self) -> dict[tuple[str, int, str], dict[str, Any]]:
+        """(host, pid, comm pointer) -> the last collective call seen (op, opCount, count, ...)."""
+        out = dict(self._last_collective)
+        for key_b, (_n, msg) in self._coll_stats.items():
+            pre = self._prefix(key_b[: key_b.rfind(b" comm 0x")]) or ("", 0)
+            j = msg.find(b" NCCL INFO ")
+            m = _COLL_RE.match(msg, j + 11 if j >= 0 else 0)
+            if m is None:
+                continue
+            info = {"op": _s(m.group(1)), "opCount": int(m.group(2), 16), "count": int(m.group(3)),
+                    "datatype": int(m.group(4)), "redop": int(m.group(5)), "root": int(m.group(6)),
+                    "comm": _s(m.group(7))}
+            key = (pre[0], pre[1], info["comm"])
+            prev = out.get(key)
+            if prev is None or prev["opCount"] <= info["opCount"]:
+                out[key] = info
+        return out
 
     # ---- input -----------------------------------------------------------
 
@@ -291,13 +337,51 @@ class NcclLogParser:
         out: list[NcclEvent] = []
         append = out.append
         parse = self._parse_line
-        nbytes = 0
+        cache_get = self._prefix_cache.get
+        dedupe_get = self._dedupe.get
+        thread_comm = self._thread_comm
+        ln = self.line_no
+        # Fast paths, no event: the bulk of big logs is per-call COLL lines and the same peer
+        # connection repeated on every channel. Both are recognised with a few C-level byte
+        # operations and folded into parser state instead of becoming events.
+        fast_coll = not self.emit_collectives
+        colls = self._coll_stats
+        colls_get = colls.get
         for line in lines:
-            nbytes += len(line) + 1
+            ln += 1
+            if fast_coll and b": opCount " in line:
+                i = line.find(b" NCCL INFO ")
+                k = line.rfind(b" comm 0x")
+                if i > 0 and k > i:
+                    key = line[:i] + line[k : line.find(b" ", k + 6)]  # prefix + " comm 0x..."
+                    st = colls_get(key)
+                    if st is None:
+                        colls[key] = [1, line]
+                    else:
+                        st[0] += 1
+                        st[1] = line
+                    continue
+            i = line.find(b" NCCL INFO ")
+            if i > 0:
+                lead = line[:i]
+                pre = cache_get(lead)
+                if pre is not None:
+                    if line.startswith(b"Channel ", i + 11):
+                        c = line.find(b" : ", i + 19)
+                        if c > 0:
+                            seen = dedupe_get((lead, thread_comm.get(pre[:3]), line[c:]))
+                            if seen is not None:
+                                try:
+                                    seen.append(int(line[i + 19 : i + 21]))
+                                except ValueError:
+                                    pass
+                                continue
+            self.line_no = ln
             ev = parse(line)
             if ev is not None:
                 append(ev)
-        self.bytes_parsed += nbytes
+        self.line_no = ln
+        self.bytes_parsed += len(data) - len(self._pending)
         return out
 
     def feed_line(self, line: bytes | str) -> NcclEvent | None:
@@ -305,7 +389,7 @@ class NcclLogParser:
         if isinstance(line, str):
             line = line.encode("utf-8", "surrogateescape")
         self.bytes_parsed += len(line) + (0 if line.endswith(b"\n") else 1)
-        return self._parse_line(line.rstrip(b"\n"))
+        return self.feed_line_internal(line.rstrip(b"\n"))
 
     def close(self) -> list[NcclEvent]:
         """End of input: the held-back partial line (a truncated file's last line) is parsed too."""
@@ -313,13 +397,16 @@ class NcclLogParser:
             return []
         line, self._pending = self._pending, b""
         self.bytes_parsed += len(line)
-        ev = self._parse_line(line)
+        ev = self.feed_line_internal(line)
         return [ev] if ev is not None else []
 
     # ---- the hot path ----------------------------------------------------
 
-    def _parse_line(self, line: bytes) -> NcclEvent | None:
+    def feed_line_internal(self, line: bytes) -> NcclEvent | None:
         self.line_no += 1
+        return self._parse_line(line)
+
+    def _parse_line(self, line: bytes) -> NcclEvent | None:
         if line.endswith(b"\r"):
             line = line[:-1]
         if len(line) > _MAX_LINE:
@@ -329,7 +416,8 @@ class NcclLogParser:
             j = line.find(b" ", i + 6)
             level = _LEVELS.get(line[i + 6 : j]) if j > 0 else None
             if level is not None:
-                pre = self._prefix(line[:i])
+                self._lead = lead = line[:i]
+                pre = self._prefix(lead)
                 if pre is not None:
                     return self._nccl_message(pre, level, line[j + 1 :], line)
         if not line.strip():
@@ -537,6 +625,27 @@ class NcclLogParser:
         return cid, self._comm_rank.get((pre[0], pre[1], cid)) if cid else None
 
     def _channel(self, pre, msg: bytes) -> NcclEvent | None:
+        c = msg.find(b" : ")
+        if c < 0:
+            cid, _ = self._comm_ctx(pre)
+            return self._ev(pre, "channel", msg, comm_id=cid)
+        key = (self._lead, self._thread_comm.get(pre[:3]), msg[c:])
+        seen = self._dedupe.get(key)
+        try:
+            ch = int(msg[8:10])
+        except ValueError:
+            ch = -1
+        if seen is not None:
+            seen.append(ch)
+            return None
+        ev = self._channel_event(pre, msg)
+        if ev is not None and "channel" in ev.fields:
+            ev.fields["channels"] = self._dedupe[key] = [ev.fields["channel"]]
+            if len(self._dedupe) > 100_000:  # bounded: a later duplicate becomes an event again
+                self._dedupe.clear()
+        return ev
+
+    def _channel_event(self, pre, msg: bytes) -> NcclEvent | None:
         m = _CONN_RE.match(msg)
         if m is not None:
             return self._conn(pre, msg, m)
@@ -631,7 +740,7 @@ class NcclLogParser:
         return self._ev(pre, "plugin", msg, fields=f)
 
     def _collective(self, pre, msg: bytes, m: re.Match) -> NcclEvent | None:
-        self.collective_lines += 1
+        self._collective_lines += 1
         comm = _s(m.group(7))
         info = {
             "op": _s(m.group(1)), "opCount": int(m.group(2), 16), "count": int(m.group(3)),
@@ -639,7 +748,7 @@ class NcclLogParser:
         }
         if m.group(8):
             info["nranks"] = int(m.group(8))
-        self.last_collective[(pre[0], pre[1], comm)] = info
+        self._last_collective[(pre[0], pre[1], comm)] = info
         if not self.emit_collectives:
             return None
         return self._ev(pre, "collective", msg, fields=info)
