@@ -1,0 +1,180 @@
+"""Health-check mode (--check): pairwise sendrecv bandwidth of every rank pair, one pair at a
+time (the others wait), then an all_reduce inside each node's group, then the verdict of
+``health_report.analyze``. Exit status 0 when nothing is below threshold x median, else 1."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from nccl_tests.health_report import analyze, format_report
+from nccl_tests.runtime import Hooks, Identity, all_identities, sync
+
+
+def _exchange(buf, rbuf, peer: int, hooks: Hooks) -> None:
+    hooks.before_comm()
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, rbuf, peer)])
+    for r in reqs:
+        r.wait()
+
+
+def measure_pairs(me: Identity, size: int, iters: int, warmup: int, hooks: Hooks, progress=None) -> dict[tuple[int, int], float]:
+    """Median seconds per bidirectional exchange of ``size`` bytes, for every pair i < j
+    (the slower of the two ranks' medians)."""
+    n, dev = me.world, me.device
+    buf = torch.ones(max(size, 1), dtype=torch.uint8, device=dev)
+    rbuf = torch.empty_like(buf)
+    times = torch.zeros(n, n, dtype=torch.float64, device=dev)
+    for i in range(n):
+        for j in range(i + 1, n):
+            dist.barrier()
+            if me.rank in (i, j):
+                peer = j if me.rank == i else i
+                for _ in range(warmup):
+                    _exchange(buf, rbuf, peer, hooks)
+                sync(dev)
+                samples = []
+                for _ in range(iters):
+                    t0 = time.perf_counter()
+                    _exchange(buf, rbuf, peer, hooks)
+                    sync(dev)
+                    samples.append(time.perf_counter() - t0)
+                times[i, j] = times[j, i] = statistics.median(samples)
+            if progress is not None:
+                progress()
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    t = times.cpu()
+    return {(i, j): float(t[i, j]) for i in range(n) for j in range(i + 1, n)}
+
+
+def measure_node_groups(me: Identity, idents: list[Identity], size: int, iters: int, warmup: int, hooks: Hooks) -> dict[str, float]:
+    """all_reduce busbw inside each node's group (all groups at once), for nodes with >= 2 ranks."""
+    n = me.world
+    by_node: dict[str, list[int]] = {}
+    for i in idents:
+        by_node.setdefault(i.node, []).append(i.rank)
+    groups = {}
+    for node in sorted(by_node):  # every rank creates every group, in the same order
+        ranks = by_node[node]
+        if len(ranks) >= 2:
+            groups[node] = (ranks, dist.new_group(ranks) if len(ranks) < n else dist.group.WORLD)
+    if not groups:
+        return {}
+    count = max(size // 4, 1)
+    buf = torch.ones(count, dtype=torch.float32, device=me.device)
+    mine = None
+    for node, (ranks, grp) in groups.items():
+        if me.rank in ranks:
+            mine = (node, ranks, grp)
+    secs = 0.0
+    dist.barrier()
+    if mine is not None:
+        node, ranks, grp = mine
+        for _ in range(warmup):
+            hooks.before_comm()
+            dist.all_reduce(buf, group=grp)
+        sync(me.device)
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            hooks.before_comm()
+            dist.all_reduce(buf, group=grp)
+            sync(me.device)
+            samples.append(time.perf_counter() - t0)
+        secs = statistics.median(samples)
+    t = torch.zeros(n, dtype=torch.float64, device=me.device)
+    t[me.rank] = secs
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = t.cpu()
+    out = {}
+    for node, (ranks, _grp) in groups.items():
+        worst = max(float(t[r]) for r in ranks)
+        k = len(ranks)
+        nbytes = count * 4
+        out[node] = (nbytes / worst / 1e9) * 2 * (k - 1) / k if worst > 0 else 0.0
+    return out
+
+
+def run(args, me: Identity, backend: str) -> int:
+    hooks = Hooks(me.rank)
+    idents = all_identities(me)
+    n = me.world
+    hosts = [i.host for i in idents]
+    nodes = [i.node for i in idents]
+    size = args.check_bytes
+    rank0 = me.rank == 0
+    if rank0:
+        print(f"# ranksight nccl_tests health check: pairwise sendrecv over {n * (n - 1) // 2} rank pairs, one pair at a time; "
+              f"backend {backend} (torch {torch.__version__})", flush=True)
+        print(f"# {n} ranks on {len(set(nodes))} node(s); message {size} B; warmup {args.warmup_iters}, iters {args.iters}; "
+              f"threshold {args.threshold:g} x median", flush=True)
+        print("#", flush=True)
+        for i in idents:
+            print(f"#  Rank {i.rank:2d} Pid {i.pid:6d} on {i.host:>10s} node {i.node:>8s} device {i.device:>6s} [{i.device_name}]", flush=True)
+        for note in hooks.notes():
+            print(f"# note: {note}", flush=True)
+    if n < 2:
+        if rank0:
+            print("nccl_tests: the health check needs at least 2 ranks (launch with torchrun --nproc-per-node N)", file=sys.stderr)
+        return 2
+
+    progress = tick = None
+    if rank0 and sys.stdout.isatty() and not args.no_progress:
+        from rich.progress import Progress
+
+        progress = Progress(transient=True)
+        progress.start()
+        task = progress.add_task("pairs", total=n * (n - 1) // 2)
+        tick = lambda: progress.advance(task)  # noqa: E731
+    try:
+        pair_s = measure_pairs(me, size, args.iters, args.warmup_iters, hooks, tick)
+    finally:
+        if progress is not None:
+            progress.stop()
+    pair_bw = {k: (size / v / 1e9 if v > 0 else 0.0) for k, v in pair_s.items()}
+    group_bw = measure_node_groups(me, idents, size, args.iters, args.warmup_iters, hooks)
+    # A single node group has nothing to be compared with: report it without a verdict.
+    rep = analyze(pair_bw, nodes, args.threshold, group_bw if len(group_bw) >= 2 else None)
+    if rank0:
+        lines = format_report(rep, hosts, nodes, pair_bw, size, args.iters, backend)
+        if len(group_bw) == 1:
+            (node, bw), = group_bw.items()
+            lines.insert(-2, f"# Node group {node}: all_reduce busbw {bw:.3f} GB/s (one node: nothing to compare with)")
+        print("\n".join(lines), flush=True)
+        if args.json:
+            _write_json(args, rep, pair_bw, pair_s, group_bw, idents, backend)
+        if args.store:
+            from nccl_tests import store
+
+            paths = store.write_health(args.store, args.run_id, rep, pair_bw, pair_s, group_bw, idents, backend, args)
+            for p in paths:
+                print(f"# wrote {p}", flush=True)
+    return 0 if rep.ok else 1
+
+
+def _write_json(args, rep, pair_bw, pair_s, group_bw, idents, backend) -> None:
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from ranksight.layout import atomic_write
+
+    doc = {
+        "tool": "ranksight nccl_tests health check",
+        "backend": backend,
+        "nranks": len(idents),
+        "ranks": [asdict(i) for i in idents],
+        "size": args.check_bytes,
+        "iters": args.iters,
+        "threshold": rep.threshold,
+        "ok": rep.ok,
+        "pairs": [{"rank_a": i, "rank_b": j, "time_us": pair_s[(i, j)] * 1e6, "bw": bw} for (i, j), bw in sorted(pair_bw.items())],
+        "node_groups": group_bw,
+        "entities": [asdict(e) for e in rep.entities()],
+        "flagged": [asdict(e) for e in rep.flagged()],
+    }
+    atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
