@@ -1,0 +1,106 @@
+"""Fault injection: ``--inject KIND:key=value,...`` -> ranksight.schema.FaultSpec, and when each is active.
+
+Faults are ground truth for the analyzers, so each one does something real on the
+rank (sleeps, infs, NaNs, hangs) and is recorded (manifest + spool event) with its
+onset step and wall time. Semantics of every kind are in docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+from ranksight.schema import FAULT_KINDS, FaultSpec
+
+# Kinds the trainer injects at run time. ("few_microbatches" is a config fault: run
+# with a small --microbatches; it needs no runtime injection.)
+RUNTIME_KINDS = ("slow_rank", "slow_link", "throttle", "fp16_overflow", "nan_loss", "hang", "data_stall", "xid")
+KEYS = {"rank": int, "node": int, "factor": float, "delay_ms": float, "code": int, "start": int, "end": int}
+# Which target each kind needs, and which parameter (with its default when omitted).
+NEEDS_TARGET = {k: "rank" for k in RUNTIME_KINDS}
+NEEDS_TARGET["xid"] = "node"
+DEFAULTS = {
+    "slow_rank": {"factor": 2.0},
+    "throttle": {"factor": 1.5},
+    "slow_link": {"delay_ms": 50.0},
+    "data_stall": {"delay_ms": 200.0},
+    "xid": {"code": 79},
+}
+
+
+class FaultSpecError(ValueError):
+    pass
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """Parse one ``KIND:key=value,...``; raises FaultSpecError with the reason on bad input."""
+    kind, sep, rest = text.strip().partition(":")
+    kind = kind.strip()
+    if kind not in RUNTIME_KINDS:
+        hint = " (a config fault: run with a small --microbatches instead)" if kind in FAULT_KINDS else ""
+        raise FaultSpecError(f"--inject {text!r}: unknown fault kind {kind!r}{hint}; kinds: {', '.join(RUNTIME_KINDS)}")
+    values: dict = dict(DEFAULTS.get(kind, {}))
+    if rest.strip():
+        for item in rest.split(","):
+            key, eq, val = item.partition("=")
+            key = key.strip()
+            if not eq or key not in KEYS:
+                raise FaultSpecError(f"--inject {text!r}: bad item {item!r}; use key=value with keys {', '.join(KEYS)}")
+            try:
+                values[key] = KEYS[key](val.strip())
+            except ValueError:
+                raise FaultSpecError(f"--inject {text!r}: {key}={val!r} is not a valid {KEYS[key].__name__}") from None
+    target = NEEDS_TARGET[kind]
+    if values.get(target) is None and not (kind != "xid" and values.get("node") is not None):
+        raise FaultSpecError(f"--inject {text!r}: {kind} needs {target}=N")
+    if values.get("factor") is not None and values["factor"] < 1.0:
+        raise FaultSpecError(f"--inject {text!r}: factor must be >= 1 (a slowdown), got {values['factor']}")
+    if values.get("delay_ms") is not None and values["delay_ms"] < 0:
+        raise FaultSpecError(f"--inject {text!r}: delay_ms must be >= 0")
+    start = values.pop("start", 0)
+    end = values.pop("end", None)
+    if start < 0 or (end is not None and end < start):
+        raise FaultSpecError(f"--inject {text!r}: need 0 <= start <= end")
+    return FaultSpec(kind=kind, start=start, end=end, **values)
+
+
+def parse_faults(items: list[str]) -> list[FaultSpec]:
+    return [parse_fault(t) for t in items]
+
+
+def active(spec: FaultSpec, step: int) -> bool:
+    return step >= spec.start and (spec.end is None or step <= spec.end)
+
+
+def targets(spec: FaultSpec, rank: int, node: int) -> bool:
+    """A fault hits this rank if it names the rank, or names the node (all its ranks)."""
+    if spec.rank is not None:
+        return spec.rank == rank
+    return spec.node is not None and spec.node == node
+
+
+class FaultState:
+    """This rank's view of the injected faults at the current step."""
+
+    def __init__(self, specs: list[FaultSpec], rank: int, node: int):
+        self.specs, self.rank, self.node = specs, rank, node
+        self.step = 0
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+
+    def mine(self, kind: str) -> list[FaultSpec]:
+        return [s for s in self.specs if s.kind == kind and targets(s, self.rank, self.node) and active(s, self.step)]
+
+    def compute_factor(self) -> float:
+        """Multiplier on this rank's compute time (slow_rank and throttle compound)."""
+        f = 1.0
+        for s in self.mine("slow_rank") + self.mine("throttle"):
+            f *= s.factor or 1.0
+        return f
+
+    def link_delay_s(self) -> float:
+        return sum((s.delay_ms or 0.0) for s in self.mine("slow_link")) / 1000.0
+
+    def data_delay_s(self) -> float:
+        return sum((s.delay_ms or 0.0) for s in self.mine("data_stall")) / 1000.0
+
+    def has(self, kind: str) -> bool:
+        return bool(self.mine(kind))

@@ -1,0 +1,302 @@
+"""Per-rank instrumentation: step records, collective arrival times, events, simulated GPU state.
+
+Cheap and never blocking: records are appended to this rank's spool file
+(``RunDir.spool(rank)``) with one ``os.write`` per batch of complete JSON lines on an
+O_APPEND descriptor, so a reader (the node agent) never sees half a line and the
+trainer never waits for anyone.
+
+How communication is measured (details per wrapper in docs/trainer.md):
+- every collective the trainer can see goes through ``Recorder.enter()`` / ``Recorder.leave()``,
+  which gives a CollectiveRecord with the wall time this rank *arrived* (``t_arrive``)
+  and the time it completed (``t_done``). A rank that arrives last waits ~0; ranks that
+  arrived early wait for it. That, not step time, tells the culprit from the victims.
+- gradient-sync collectives (DDP buckets, FSDP2 reduce-scatters) are flagged ``sync``;
+  ``StepRecord.sync_arrival`` is the step's first sync arrival and ``sync_wait_ms`` the
+  time the rank then spent blocked in them.
+- fault hooks live here too, because a slow link or a hang happens *at* a collective.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+
+from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, encode
+
+
+class SpoolWriter:
+    """Append-only JSON-lines file, one ``os.write`` per flush (line-atomic, O_APPEND)."""
+
+    def __init__(self, path: os.PathLike):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.pending: list[bytes] = []
+
+    def add(self, rec: msgspec.Struct) -> None:
+        self.pending.append(encode(rec) + b"\n")
+
+    def flush(self) -> None:
+        if self.pending:
+            data = b"".join(self.pending)
+            self.pending.clear()
+            os.write(self.fd, data)
+
+    def write_now(self, rec: msgspec.Struct) -> None:
+        self.add(rec)
+        self.flush()
+
+
+@dataclass
+class _OpenCollective:
+    op: str
+    group: str
+    group_ranks: list[int]
+    nbytes: int
+    t_arrive: float
+    sync: bool
+    seq: int
+    t_done: float | None = None
+
+
+@dataclass
+class StepTimes:
+    """Accumulators for the current step (seconds)."""
+
+    data: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+    pipeline_wait: float = 0.0
+    blocked_comm: float = 0.0  # blocking collectives timed directly (FSDP2, explicit ones)
+    collectives: list[_OpenCollective] = field(default_factory=list)
+
+
+class Recorder:
+    """One per rank. The training loop, comm hooks and fault hooks all report here."""
+
+    def __init__(self, run_id: str, spool_path: os.PathLike, rank: int, faults, group_ranks: dict[str, list[int]]):
+        self.run_id, self.rank, self.faults = run_id, rank, faults
+        self.spool = SpoolWriter(spool_path)
+        self.group_ranks = group_ranks  # {"dp": [...], "tp": [...], "pp": [...], "world": [...]}
+        self.seq: dict[str, int] = {}
+        self.step = 0
+        self.t = StepTimes()
+        # DDP buckets complete on gloo's thread; the autograd thread reads the result after backward.
+        self._hang_announced = False
+
+    # -- steps ---------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.t = StepTimes()
+
+    # -- collectives ---------------------------------------------------------
+    def enter(self, op: str, group: str, nbytes: int = 0, sync: bool = False) -> _OpenCollective:
+        """This rank arrives at a collective. Applies the hang and slow_link faults, which happen *here*."""
+        t_arrive = time.time()
+        if self.faults is not None and self.faults.has("hang"):
+            self._hang_forever(op, group)
+        seq = self.seq.get(group, 0)
+        self.seq[group] = seq + 1
+        c = _OpenCollective(op, group, self.group_ranks.get(group, []), nbytes, t_arrive, sync, seq)
+        self.t.collectives.append(c)
+        if self.faults is not None:
+            delay = self.faults.link_delay_s()
+            if delay > 0:
+                # slow_link: the data leaves this rank late. Inside the collective's timing, so it
+                # is comm time of this rank (and, through the collective, of its peers).
+                time.sleep(delay)
+        return c
+
+    def leave(self, c: _OpenCollective, blocking: bool = True) -> None:
+        c.t_done = time.time()
+        if blocking:
+            self.t.blocked_comm += c.t_done - c.t_arrive
+
+    def timed(self, op: str, group_name: str, fn, *args, nbytes: int = 0, sync: bool = False, **kwargs):
+        """Run a blocking collective ``fn`` with arrival/completion timing."""
+        c = self.enter(op, group_name, nbytes, sync)
+        out = fn(*args, **kwargs)
+        self.leave(c)
+        return out
+
+    def _hang_forever(self, op: str, group: str) -> None:
+        # The rank stops *before* the collective: it never arrives, so its peers block in it
+        # until the process-group timeout fires. Flush first so the spool shows everything
+        # up to the hang. Sleeping in a plain loop keeps the process killable (SIGTERM/SIGKILL).
+        self.event("hang_entered", {"op": op, "group": group, "simulated_fault": True})
+        while True:
+            time.sleep(3600)
+
+    # -- pipeline p2p ----------------------------------------------------------
+    def add_pipeline_wait(self, seconds: float) -> None:
+        self.t.pipeline_wait += seconds
+
+    # -- events --------------------------------------------------------------
+    def event(self, name: str, detail: dict | None = None, step: int | None = None) -> None:
+        self.spool.write_now(EventRecord(run_id=self.run_id, rank=self.rank, step=self.step if step is None else step,
+                                         t=time.time(), event=name, detail=detail or {}))
+
+    # -- end of step -----------------------------------------------------------
+    def comm_summary(self) -> tuple[float, float | None, float | None]:
+        """(exposed comm seconds, sync_arrival, sync_wait seconds) for the step so far."""
+        sync = [c for c in self.t.collectives if c.sync]
+        exposed = self.t.blocked_comm
+        sync_arrival = min(c.t_arrive for c in sync) if sync else None
+        sync_wait = None
+        if sync:
+            async_sync = [c for c in sync if getattr(c, "async_bucket", False)]
+            blocking_sync = [c for c in sync if not getattr(c, "async_bucket", False)]
+            wait = sum((c.t_done or c.t_arrive) - c.t_arrive for c in blocking_sync)
+            if async_sync:
+                # DDP buckets run asynchronously under backward: the rank is only *blocked* from the
+                # moment its last bucket was ready until the last bucket finished.
+                last_arrive = max(c.t_arrive for c in async_sync)
+                last_done = max((c.t_done or last_arrive) for c in async_sync)
+                ddp_wait = max(0.0, last_done - last_arrive)
+                wait += ddp_wait
+                exposed += ddp_wait
+            sync_wait = wait
+        return exposed, sync_arrival, sync_wait
+
+    def finish_step(self, rec: StepRecord) -> None:
+        for c in self.t.collectives:
+            self.spool.add(CollectiveRecord(
+                run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
+                group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
+                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0))
+        self.spool.add(rec)
+        self.spool.flush()
+        self.t.collectives = []
+
+    def flush_unfinished(self, reason: str) -> None:
+        """On an error (e.g. a peer hung and the PG timed out): write the collectives this rank was stuck in."""
+        for c in self.t.collectives:
+            self.spool.add(CollectiveRecord(
+                run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
+                group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
+                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0))
+        self.t.collectives = []
+        self.spool.flush()
+        self.event("exit", {"reason": reason})
+
+
+# --------------------------------------------------------------------------
+# DDP: a comm hook around the default allreduce hook
+# --------------------------------------------------------------------------
+
+
+def make_ddp_comm_hook(recorder: Recorder):
+    """DDP calls the hook when a gradient bucket is ready on *this* rank (= arrival).
+    The future's callback runs when the bucket's all-reduce has completed (= done)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(process_group, bucket):
+        buf = bucket.buffer()
+        c = recorder.enter("all_reduce", "dp", buf.numel() * buf.element_size(), sync=True)
+        c.async_bucket = True  # overlapped with backward: exposed time is computed in comm_summary()
+        fut = allreduce_hook(process_group, bucket)
+
+        def done(f):
+            c.t_done = time.time()
+            return f.value()
+
+        return fut.then(done)
+
+    return hook
+
+
+# --------------------------------------------------------------------------
+# FSDP2: custom reduce-scatter / all-gather that time the (blocking) collectives
+# --------------------------------------------------------------------------
+
+
+def make_fsdp_comms(recorder: Recorder):
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class TimedReduceScatter(DefaultReduceScatter):
+        """FSDP2's gradient sync: called from each FSDP module's post-backward once its grads are ready."""
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            c = recorder.enter("reduce_scatter", "dp", input_tensor.numel() * input_tensor.element_size(), sync=True)
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op=async_op)
+            if work is not None:
+                work.wait()
+            recorder.leave(c)
+            return None
+
+    class TimedAllGather(DefaultAllGather):
+        """Parameter all-gather before forward/backward of each FSDP module (not gradient sync)."""
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            c = recorder.enter("all_gather", "dp", output_tensor.numel() * output_tensor.element_size())
+            work = super().__call__(output_tensor, input_tensor, group, async_op=async_op)
+            if work is not None:
+                work.wait()
+            recorder.leave(c)
+            return None
+
+    return TimedReduceScatter(), TimedAllGather()
+
+
+# --------------------------------------------------------------------------
+# Pipeline parallel: time the schedule's p2p waits (the bubble)
+# --------------------------------------------------------------------------
+
+
+def install_pipeline_timing(recorder: Recorder) -> None:
+    """Wrap ``torch.distributed.pipelining.schedules``' p2p helpers (looked up as module globals
+    by every schedule). Time waiting for a p2p batch is pipeline wait; a slow_link delays
+    this rank's sends/recvs being posted."""
+    from torch.distributed.pipelining import schedules
+
+    if getattr(schedules, "_ranksight_wrapped", False):
+        return
+    orig_wait, orig_batch = schedules._wait_batch_p2p, schedules._batch_p2p
+
+    def _wait_batch_p2p(work):
+        t0 = time.perf_counter()
+        out = orig_wait(work)
+        recorder.add_pipeline_wait(time.perf_counter() - t0)
+        return out
+
+    def _batch_p2p(p2p_ops, desc=None):
+        if recorder.faults is not None:
+            if recorder.faults.has("hang") and p2p_ops:
+                recorder._hang_forever("p2p", "pp")
+            delay = recorder.faults.link_delay_s()
+            if delay > 0 and p2p_ops:
+                t0 = time.perf_counter()
+                time.sleep(delay)
+                recorder.add_pipeline_wait(time.perf_counter() - t0)
+        return orig_batch(p2p_ops, desc=desc) if desc is not None else orig_batch(p2p_ops)
+
+    schedules._wait_batch_p2p = _wait_batch_p2p
+    schedules._batch_p2p = _batch_p2p
+    schedules._ranksight_wrapped = True
+
+
+# --------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------
+
+
+class MemoryProbe:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        if not self.cuda:
+            import psutil
+
+            self.proc = psutil.Process()
+
+    def sample(self) -> int:
+        """Peak this step: CUDA max allocated (then reset), or the process RSS on CPU."""
+        if self.cuda:
+            import torch
+
+            v = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            return int(v)
+        return int(self.proc.memory_info().rss)

@@ -1,0 +1,113 @@
+"""The run manifest (run.json), written by global rank 0 only, always atomically.
+
+Written at start (config, layout, rank placement, FLOPs, peak), updated when a fault
+takes effect (its onset_t) and at the end (finished). An elastic restart reads the
+existing manifest and appends one entry to ``attempts``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import msgspec
+import torch
+
+from ranksight import __version__
+from ranksight.layout import RunDir, atomic_write
+from ranksight.schema import Manifest, encode
+
+# Dense bf16 tensor-core peak per GPU (FLOP/s), as torchtitan's device table.
+GPU_PEAK_FLOPS = [
+    ("H200", 989e12, "H200 bf16 dense"),
+    ("H100 NVL", 835e12, "H100 NVL bf16 dense"),
+    ("H100 PCIe", 756e12, "H100 PCIe bf16 dense"),
+    ("H100", 989e12, "H100 SXM bf16 dense"),
+    ("H20", 148e12, "H20 bf16 dense"),
+    ("B200", 2250e12, "B200 bf16 dense"),
+    ("A100", 312e12, "A100 bf16 dense"),
+    ("L40S", 362e12, "L40S bf16 dense"),
+    ("A10", 125e12, "A10 bf16 dense"),
+]
+
+
+def peak_flops(device: torch.device) -> tuple[float, str, bool]:
+    """(peak FLOP/s per device, where it came from, simulated?)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak, label in GPU_PEAK_FLOPS:
+            if key in name:
+                return peak, f"device table: {label} ({name})", False
+        return 312e12, f"device table: unknown GPU {name!r}, assumed A100 bf16 dense", False
+    # CPU: a short fp32 matmul measurement in this process. Not a GPU peak.
+    n = 256
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    iters, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.15:
+        a @ b
+        iters += 1
+    dt = time.perf_counter() - t0
+    peak = 2 * n**3 * iters / dt
+    return peak, (f"measured fp32 {n}x{n} matmul on this CPU ({torch.get_num_threads()} threads), "
+                  "not a GPU peak"), True
+
+
+class ManifestWriter:
+    def __init__(self, run: RunDir):
+        self.run = run
+        self.m: Manifest | None = None
+
+    def start(self, m: Manifest, attempt: dict) -> Manifest:
+        """Keep what an earlier attempt recorded (start time, fault onsets, attempts), append this attempt."""
+        try:
+            old = msgspec.json.decode(self.run.manifest.read_bytes(), type=Manifest)
+        except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+            old = None
+        if old is not None and old.run_id == m.run_id and old.attempts:
+            m.created, m.start_time = old.created, old.start_time
+            onsets = {(f.kind, f.rank, f.node, f.start): f.onset_t for f in old.faults}
+            for f in m.faults:
+                f.onset_t = onsets.get((f.kind, f.rank, f.node, f.start), f.onset_t)
+            m.attempts = list(old.attempts)
+        m.attempts.append(attempt)
+        self.m = m
+        self.write()
+        return m
+
+    def write(self) -> None:
+        if self.m is not None:
+            atomic_write(self.run.manifest, encode(self.m))
+
+    def fault_onset(self, index: int, t: float) -> None:
+        if self.m is not None and self.m.faults[index].onset_t is None:
+            self.m.faults[index].onset_t = t
+            self.write()
+
+    def update_attempt(self, **kw) -> None:
+        if self.m is not None:
+            self.m.attempts[-1].update(kw)
+            self.write()
+
+    def finish(self) -> None:
+        if self.m is not None:
+            self.m.finished = time.time()
+            self.write()
+
+
+def make_manifest(run_id: str, cfg_dict: dict, layout: dict, ranks, backend: str, device: torch.device,
+                  flops_per_token: float, params: int, faults) -> Manifest:
+    peak, source, simulated = peak_flops(device)
+    now = time.time()
+    return Manifest(
+        run_id=run_id, ranksight_version=__version__, created=now, start_time=now, config=cfg_dict, layout=layout,
+        nodes=len({r.node for r in ranks}), ranks=ranks, backend=backend, device=device.type,
+        flops_per_token=flops_per_token, params=params, peak_flops=peak, peak_source=source,
+        peak_simulated=simulated, faults=faults, attempts=[],
+    )
+
+
+def attempt_entry(world: int, resumed_step: int | None) -> dict:
+    return {"attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "t": time.time(),
+            "world_size": world, "resumed_step": resumed_step,
+            "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")}
