@@ -33,16 +33,30 @@ AnalyzerFn = Callable[[dict[str, Any]], list[schema.Finding]]
 
 
 def resolve_analyzers() -> AnalyzerFn | None:
-    """The analyzers' entry point, ``analyzers.run_all(frames) -> list[Finding]``, if it exists.
+    """The live analysis hook: ``frames`` (RunLive.frames(): the live window as DataFrames) -> findings.
 
-    EXTENSION POINT: the head calls this once at start. Until the analyzers
-    package provides ``run_all``, the head runs without live analysis (and says so).
+    EXTENSION POINT: the head calls this once at start; ``Head(analyzer=fn)`` replaces it.
+    It wraps ``analyzers.run_all(RunData)``, the same code ``diagnose`` runs post-mortem, on
+    the head's sliding window. Without the analyzers package the head runs without live
+    analysis (and says so).
     """
     try:
-        from analyzers import run_all  # type: ignore[attr-defined]
+        from analyzers import run_all
+        from analyzers.loader import RunData
     except ImportError:
         return None
-    return run_all
+
+    def live_analysis(frames: dict[str, Any]) -> list[schema.Finding]:
+        data = RunData(run_id=frames["run_id"], manifest=frames.get("manifest"), steps=frames["steps"],
+                       collectives=frames["collectives"], events=frames["events"], gpu=frames["gpu"],
+                       host=frames["host"], xid=frames["xid"], source="live", now=frames["now"])
+        errors: list[str] = []
+        found = run_all(data, errors=errors)
+        for e in errors:
+            log.error("head: analyzer error on run %s: %s", frames["run_id"], e.splitlines()[0])
+        return found
+
+    return live_analysis
 
 
 class Head:

@@ -54,6 +54,7 @@ class RunLive:
         self.gpu: deque = deque(maxlen=64 * 120)
         self.host: deque = deque(maxlen=16 * 120)
         self.events: deque = deque(maxlen=2000)
+        self.xid: deque = deque(maxlen=2000)
         self.manifest: schema.Manifest | None = None
         self.first_seen = time.time()
         self.last_seen = 0.0
@@ -93,6 +94,8 @@ class RunLive:
                 self.gpu.extend(rows)
             elif table == "host":
                 self.host.extend(rows)
+            elif table == "xid":
+                self.xid.extend(rows)
 
     def heartbeat(self, hb, now: float | None = None) -> None:
         now = now or time.time()
@@ -159,7 +162,7 @@ class RunLive:
         with self.lock:
             steps = [s for rl in self.ranks.values() for s in rl.steps]
             colls = [c for rl in self.ranks.values() for c in rl.collectives]
-            gpu, host, events = list(self.gpu), list(self.host), list(self.events)
+            gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
             manifest = self.manifest
         from agent.store import SPECS
 
@@ -176,6 +179,7 @@ class RunLive:
             "gpu": df("gpu", gpu),
             "host": df("host", host),
             "events": df("events", events),
+            "xid": df("xid", xid),
             "liveness": pd.DataFrame(self.rank_states()),
             "now": time.time(),
         }

@@ -105,7 +105,6 @@ class NodeAgent:
         self._dropped_reported = 0
         self.local_ranks: list[int] = []
         self._rank_nodes: dict[int, int] = {}
-        self._gpu_rank: dict[int, int] = {}
         self._last_discovery = 0.0
         self._samples: list[Any] = []
         self._samples_lock = threading.Lock()
@@ -187,7 +186,6 @@ class NodeAgent:
         m = self._manifest()
         if m is not None and m.ranks:
             self._rank_nodes = {p.rank: p.node for p in m.ranks}
-            self._gpu_rank = {p.gpu if p.gpu is not None else p.local_rank: p.rank for p in m.ranks if p.node == self.node}
         for r in spool_ranks(self.rd.spool_dir):
             if r not in self._rank_nodes:
                 pos = self.state.positions.get(r)
@@ -239,7 +237,7 @@ class NodeAgent:
                                   step_min=min(e.step for e in evs), step_max=max(e.step for e in evs), t_first=now))
         with self._samples_lock:
             samples, self._samples = self._samples, []
-        for kind in ("gpu", "host", "event"):
+        for kind in ("gpu", "host", "xid"):
             group = [s for k, s in samples if k == kind]
             if group:
                 items.append(Item(kind=kind, body=msgspec.json.encode(group), count=len(group),
@@ -428,10 +426,7 @@ class NodeAgent:
                 s = by_gpu.get(x.gpu)
                 if s is not None:
                     self.metrics.observe_xid(x, AgentMetrics.gpu_labels(s))
-                out.append(("event", schema.EventRecord(
-                    run_id=self.run_id, rank=self._gpu_rank.get(x.gpu, -1), step=-1, t=x.t, event="xid",
-                    detail={"node": x.node, "host": x.host, "gpu": x.gpu, "code": x.code, "source": x.source,
-                            "simulated": x.simulated})))
+                out.append(("xid", x))
             for s in samples:
                 self.metrics.observe_gpu(s, self._last_xid.get(s.gpu))
                 if self._meter_provider is not None:

@@ -46,8 +46,11 @@ TABLE_TYPES: dict[str, type] = {
     "trace_summaries": schema.TraceSummary,
     "findings": schema.Finding,
     "actions": schema.Action,
+    # Not (yet) in schema.STORE_TABLES: XID events of the node agents' GPU probes, one row per
+    # event. The analyzers' loader reads <run>/xid/ when present.
+    "xid": schema.XidEvent,
 }
-assert set(TABLE_TYPES) == set(schema.STORE_TABLES)
+assert set(schema.STORE_TABLES) <= set(TABLE_TYPES)
 
 # Columns added by the store to tables whose record type has no run_id (node-level samples).
 RUN_ID_COLUMN = "run_id"
@@ -67,6 +70,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "trace_summaries": ("rank", "trace_file", "step_start"),
     "findings": (),
     "actions": ("id", "status"),
+    "xid": ("node", "gpu", "t", "code"),
 }
 
 _json = msgspec.json.Encoder()

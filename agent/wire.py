@@ -48,6 +48,7 @@ BATCH_KINDS: dict[str, tuple[Any, str | None]] = {
     "event": (schema.EventRecord, "events"),
     "gpu": (schema.GpuSample, "gpu"),
     "host": (schema.HostSample, "host"),
+    "xid": (schema.XidEvent, "xid"),
     "nccl": (schema.NcclEvent, "nccl_events"),
     "trace_summary": (schema.TraceSummary, "trace_summaries"),
     "ack": (schema.ControlAck, None),  # the trainer's control acks: become action status updates

@@ -1,0 +1,147 @@
+"""The head's OTLP/HTTP receiver: real SDK exporter in, dedupe, and every kind of bad request -> 4xx, head stays up."""
+
+import gzip
+import threading
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest, ExportLogsServiceResponse
+from opentelemetry.sdk._logs.export import LogRecordExportResult
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from agent import wire
+from agent.api import make_server
+from agent.head import Head
+from agent.store import read_table
+from ranksight import schema
+from agent_helpers import TOKEN, http_json, http_status
+
+
+@pytest.fixture
+def head(tmp_path):
+    h = Head(tmp_path / "store", TOKEN, analyzer=None, flush_interval=0.2)
+    srv = make_server(h, "127.0.0.1", 0)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    h.start_background()
+    h.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        yield h
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        h.close()
+
+
+def steps(run_id, rank, rng):
+    return [schema.StepRecord(run_id=run_id, rank=rank, step=s, node=0, host="h", world_size=2, t_start=float(s),
+                              t_end=s + 0.1, step_ms=100.0) for s in rng]
+
+
+def log_records(run_id, recs, kind="step", rank=0):
+    body = wire.join_array([schema.encode(r) for r in recs])
+    return [wire.make_log_record(run_id, kind, body, rank=rank, count=len(recs), resource=Resource.create({}))]
+
+
+def exporter(head, token=TOKEN, gzip_on=True):
+    return OTLPLogExporter(endpoint=head.url + "/v1/logs", headers={"Authorization": f"Bearer {token}"}, timeout=5,
+                           compression=Compression.Gzip if gzip_on else Compression.NoCompression)
+
+
+def test_sdk_exporter_to_store_exactly_once(head):
+    exp = exporter(head)
+    assert exp.export(log_records("runA", steps("runA", 0, range(0, 50)))) == LogRecordExportResult.SUCCESS
+    # an at-least-once resend overlapping the first batch
+    assert exp.export(log_records("runA", steps("runA", 0, range(40, 60)))) == LogRecordExportResult.SUCCESS
+    assert exporter(head, gzip_on=False).export(log_records("runA", steps("runA", 1, range(0, 60)), rank=1)) \
+        == LogRecordExportResult.SUCCESS
+    head.store.flush_all()
+    df = read_table(head.store.root, "runA", "steps")
+    assert len(df) == 120 and not df.duplicated(["rank", "step"]).any()
+    assert head.stats["duplicates"] == 10
+    ranks = http_json(head.url + "/api/runs/runA/ranks")[1]
+    assert [(r["rank"], r["step"], r["state"]) for r in ranks] == [(0, 59, "running"), (1, 59, "running")]
+    series = http_json(head.url + "/api/runs/runA/steps?since=55&rank=1")[1]
+    assert [s["step"] for s in series] == [56, 57, 58, 59]
+    runs = http_json(head.url + "/api/runs")[1]
+    assert runs[0]["run_id"] == "runA" and runs[0]["steps_stored"] == 120
+
+
+def test_otlp_metrics_from_the_sdk_are_accepted(head):
+    exp = OTLPMetricExporter(endpoint=head.url + "/v1/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    reader = PeriodicExportingMetricReader(exp, export_interval_millis=60_000)
+    mp = MeterProvider(resource=Resource.create({wire.R_NODE: 3}), metric_readers=[reader])
+    g = mp.get_meter("t").create_gauge("gpu.utilization")
+    g.set(87.0, {"gpu": 0})
+    mp.get_meter("t").create_histogram("ranksight.step.duration").record(0.25, {"rank": 1})
+    assert mp.force_flush(5000)
+    mp.shutdown()
+    assert head.stats["metric_points"] >= 2
+    assert head.metrics_latest[(3, "gpu.utilization", (("gpu", "0"),))] == 87.0
+
+
+def test_bad_requests_get_4xx_and_the_head_stays_up(head):
+    url = head.url + "/v1/logs"
+    good = ExportLogsServiceRequest().SerializeToString()
+    pb = {"Content-Type": "application/x-protobuf"}
+    auth = {"Authorization": f"Bearer {TOKEN}", **pb}
+    assert http_status(url, good, pb) == 401  # no token
+    assert http_status(url, good, {"Authorization": "Bearer wrong", **pb}) == 403
+    assert http_status(url, b"\x0a\xff\xff\xff\xff\x0f garbage", auth) == 400  # malformed protobuf
+    assert http_status(url, b"not gzip at all", {**auth, "Content-Encoding": "gzip"}) == 400
+    assert http_status(url, gzip.compress(good)[:-6], {**auth, "Content-Encoding": "gzip"}) == 400  # truncated gzip
+    assert http_status(url, good, {**auth, "Content-Encoding": "br"}) == 415
+    assert http_status(url, b"{}", {**auth, "Content-Type": "application/json"}) == 415
+    # a gzip bomb is refused after a bounded amount of work
+    from agent import otlp_receiver
+
+    old = otlp_receiver.MAX_DECOMPRESSED_BYTES
+    bomb = gzip.compress(b"\0" * (4 * 1024 * 1024))
+    try:
+        otlp_receiver.MAX_DECOMPRESSED_BYTES = 1024 * 1024
+        # the default argument was bound at import: patch the function's default too
+        otlp_receiver.decompress.__defaults__ = (1024 * 1024,)
+        assert http_status(url, bomb, {**auth, "Content-Encoding": "gzip"}) == 413
+    finally:
+        otlp_receiver.MAX_DECOMPRESSED_BYTES = old
+        otlp_receiver.decompress.__defaults__ = (old,)
+    assert http_status(head.url + "/v1/traces", good, auth) == 404
+    assert http_status(head.url + "/api/runs/..%2Fetc/ranks", None, method="GET") in (400, 404)
+    # a well-formed request whose ranksight body is garbage: accepted records kept, the bad one
+    # reported through OTLP partial success (never a retry loop for the agent)
+    req = ExportLogsServiceRequest()
+    rl = req.resource_logs.add()
+    lr = rl.scope_logs.add().log_records.add()
+    for k, v in ((wire.A_RUN, "runB"), (wire.A_KIND, "step")):
+        kv = lr.attributes.add()
+        kv.key = k
+        kv.value.string_value = v
+    lr.body.string_value = '[{"kind":"step","rank":"not a number"}]'
+    import urllib.request
+
+    r = urllib.request.urlopen(urllib.request.Request(url, data=req.SerializeToString(), headers=auth, method="POST"))
+    resp = ExportLogsServiceResponse()
+    resp.ParseFromString(r.read())
+    assert r.status == 200 and resp.partial_success.rejected_log_records == 1
+    assert "does not decode" in resp.partial_success.error_message
+    # records shipped under another run's id are refused, not stored under the wrong run
+    recs = log_records("runC", steps("runOTHER", 0, range(3)))
+    assert exporter(head).export(recs) == LogRecordExportResult.SUCCESS
+    assert head.stats["rejected"] >= 2
+    # still alive and still ingesting
+    assert http_json(head.url + "/api/health")[1]["ok"]
+    assert exporter(head).export(log_records("runB", steps("runB", 0, range(3)))) == LogRecordExportResult.SUCCESS
+    assert head.stats["http_4xx"] >= 8
+
+
+def test_writes_to_the_api_need_the_token(head):
+    url = head.url + "/api/runs/runA/actions"
+    body = b'{"action": "checkpoint"}'
+    assert http_status(url, body, {"Content-Type": "application/json"}) == 401
+    assert http_status(url, body, {"Authorization": "Bearer nope"}) == 403
+    assert http_status(url, b'{"action": "reboot"}', {"Authorization": f"Bearer {TOKEN}"}) == 400
+    assert http_status(url, b"[1,2", {"Authorization": f"Bearer {TOKEN}"}) == 400
