@@ -13,12 +13,15 @@ import time
 import traceback
 from typing import Any
 
+# Order of kinds at equal severity: causes before their consequences (an MFU drop is usually a symptom).
+KIND_ORDER = {"hang": 0, "gpu_health": 1, "straggler": 2, "data_stall": 3, "comm_bottleneck": 4, "fp16_overflow": 5,
+              "pipeline_bubble": 6, "memory_pressure": 7, "mfu_drop": 8}
 ANALYZERS = ("stragglers", "comm", "pipeline", "mfu", "fp16", "hang", "gpu_health", "data_stall", "memory_pressure")
 
 
 def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None,
             errors: list[str] | None = None) -> list:
-    """Run every analyzer on ``data`` (a RunData); findings sorted by severity, then onset.
+    """Run every analyzer on ``data`` (a RunData); findings sorted by severity, causes before symptoms, onset.
 
     ``configs`` maps an analyzer name to its config object. An analyzer that raises is skipped;
     its error goes to ``errors`` (when given) so one broken check never hides the others.
@@ -40,7 +43,8 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
             f.run_id = f.run_id or data.run_id
             f.t = f.t or now
         findings.extend(got)
-    findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], f.step_start if f.step_start is not None else -1, f.kind))
+    findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], KIND_ORDER.get(f.kind, 99),
+                                 f.step_start if f.step_start is not None else -1))
     return findings
 
 

@@ -125,3 +125,16 @@ def step_of_time(steps: pd.DataFrame, t: float) -> int | None:
 
 def sorted_unique(values: Iterable[Any]) -> list[int]:
     return sorted({int(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))})
+
+
+def transfer_ms(st: pd.DataFrame) -> pd.Series:
+    """Exposed communication of each step row, without the time spent waiting for a slower peer.
+
+    ``comm_ms`` is time blocked in collectives; of the gradient sync's ``sync_wait_ms`` the part
+    above the step's smallest wait (the last arriver's: pure transfer) is waiting for the
+    slowest rank, which is the straggler's cost, not communication.
+    """
+    wait = st["sync_wait_ms"].astype(float)
+    min_wait = wait.groupby(st["step"]).transform("min")
+    waiting = (wait - min_wait).fillna(0.0).clip(lower=0.0)
+    return (st["comm_ms"] - waiting).clip(lower=0.0)

@@ -1,7 +1,8 @@
 """Communication bottlenecks: exposed communication, bus bandwidth against a baseline, slow links, transport anomalies.
 
 - Exposed communication: a rank's ``comm_ms`` is time blocked in collectives, which includes
-  waiting for the slowest peer. The *transfer* part is ``comm_ms - sync_wait_ms``; its share
+  waiting for the slowest peer. The *transfer* part is ``comm_ms`` minus (its ``sync_wait_ms``
+  minus the step's smallest ``sync_wait_ms``, the last arriver's, which is pure transfer); its share
   of step time is the exposed (non-overlapped) communication. Reported as info, a warning when
   very high or when it grew against the run's own baseline.
 - Slow link / node: a rank whose transfer time is persistently above its peers' (leave-one-out
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, temporal_sigma
+from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, temporal_sigma,
+                              transfer_ms)
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -72,8 +74,7 @@ def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float 
 
 
 def _transfer(st: pd.DataFrame) -> pd.Series:
-    wait = st["sync_wait_ms"].fillna(0.0)
-    return (st["comm_ms"] - wait).clip(lower=0.0)
+    return transfer_ms(st)
 
 
 def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
@@ -235,7 +236,7 @@ def _busbw(data: RunData, cfg: CommConfig) -> list[Finding]:
     return out
 
 
-P2P_DISABLED = re.compile(r"P2P (is )?disabled|NCCL_P2P_DISABLE\s*=\s*1|P2P.*not (supported|available)", re.I)
+P2P_DISABLED = re.compile(r"P2P (?:is )?disabled|NCCL_P2P_DISABLE\s*=\s*1|P2P.*not (?:supported|available)", re.I)
 
 
 def _transport(data: RunData, cfg: CommConfig) -> list[Finding]:
@@ -280,7 +281,7 @@ def _transport(data: RunData, cfg: CommConfig) -> list[Finding]:
             summary=f"NCCL peer-to-peer is disabled on {', '.join(hosts)}: intra-node traffic goes through host memory",
             recommendation="Unset NCCL_P2P_DISABLE, check ACS/IOMMU settings and nvidia-smi topo -m.",
         ))
-    ib_err = ne[ne["error_class"].str.startswith("ib") | (ne["message"].str.contains(r"ibv_|IB.*(error|fail)", regex=True)
+    ib_err = ne[ne["error_class"].str.startswith("ib") | (ne["message"].str.contains(r"ibv_|IB.*(?:error|fail)", regex=True)
                                                           & ne["category"].isin(["warn", "error"]))]
     if not ib_err.empty:
         hosts = sorted(set(ib_err["host"]))

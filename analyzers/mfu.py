@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import confirmation_step, fnum, persistent_runs, robust_sigma
+from analyzers._common import confirmation_step, fnum, persistent_runs, robust_sigma, transfer_ms
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 from ranksight.simgpu import THROTTLE_HARMFUL
@@ -76,7 +76,7 @@ def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, di
         return "unknown", ev
 
     def per_step(df: pd.DataFrame) -> dict:
-        tr = (df["comm_ms"] - df["sync_wait_ms"].fillna(0)).clip(lower=0)
+        tr = transfer_ms(df)
         g = df.assign(transfer=tr).groupby("step")
         comp = g["compute_ms"]
         return dict(step=g["step_ms"].max().median(), data=g["data_ms"].max().median(),

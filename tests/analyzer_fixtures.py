@@ -190,4 +190,31 @@ def with_records(data: RunData, records: list) -> RunData:
     return RunData(run_id=data.run_id, manifest=data.manifest, nccl_tests=data.nccl_tests, **kw)
 
 
-__all__ = ["Spec", "build", "gpu_samples", "with_records", "step_time", "XidEvent", "EventRecord", "T0"]
+
+
+def write_run(data: RunData, store, run_id: str | None = None, truncate_last: bool = False) -> str:
+    """Write ``data`` as the trainer would: run.json + spool/rank-<R>.jsonl. Returns the run id."""
+    import msgspec
+
+    from ranksight.layout import RunDir
+    from ranksight.schema import encode
+
+    run_id = run_id or data.run_id
+    rd = RunDir(store, run_id)
+    rd.spool_dir.mkdir(parents=True, exist_ok=True)
+    m = msgspec.structs.replace(data.manifest, run_id=run_id)
+    rd.manifest.write_bytes(encode(m))
+    lines: dict[int, list[bytes]] = {}
+    for cls, df in ((StepRecord, data.steps), (CollectiveRecord, data.collectives)):
+        fields = set(cls.__struct_fields__)
+        for row in df.to_dict("records"):
+            kw = {k: v for k, v in row.items() if k in fields and not (isinstance(v, float) and v != v)}
+            kw["run_id"] = run_id
+            rec = msgspec.convert(kw, cls, strict=False)
+            lines.setdefault(int(row["rank"]), []).append(encode(rec))
+    for r, ls in lines.items():
+        body = b"\n".join(ls) + b"\n"
+        if truncate_last and r == max(lines):
+            body += ls[-1][: len(ls[-1]) // 2]  # a write cut short
+        rd.spool(r).write_bytes(body)
+    return run_id

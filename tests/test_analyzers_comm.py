@@ -1,0 +1,86 @@
+"""Communication: exposed share, slow links, bus bandwidth against nccl-tests, transport anomalies."""
+
+import pandas as pd
+from analyzer_fixtures import build, with_records
+
+from analyzers import comm
+from analyzers.comm import busbw_gbs
+from ranksight.schema import NcclEvent
+
+
+def test_slow_link_rank_named_with_normal_compute():
+    data = build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0)
+    fs = [f for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"]
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.ranks == [3] and f.step_start == 8 and f.severity == "warning"
+    assert 48.0 <= f.evidence["rank_transfer_ms"] <= 52.0
+    assert 9.0 <= f.evidence["peers_transfer_ms"] <= 11.0
+    assert f.evidence["compute_ratio"] < 1.05
+
+
+def test_straggler_is_not_a_slow_link():
+    # the victims of a slow computer block longer in the all-reduce, but that is waiting, not transfer
+    data = build(compute_factor=lambda r, s: 1.5 if (r == 1 and s >= 5) else 1.0)
+    assert [f for f in comm.analyze(data) if f.severity != "info"] == []
+
+
+def test_exposed_comm_share_is_info_on_a_clean_run():
+    data = build(transfer_ms=30.0)
+    fs = comm.analyze(data)
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.severity == "info" and f.evidence["cause"] == "exposed_comm"
+    assert 0.20 <= f.evidence["exposed_share"] <= 0.23  # 30 ms of ~132 ms
+
+
+def test_comm_growth_against_baseline():
+    data = build(transfer_ms=10.0, link_delay_ms=lambda r, s: 60.0 if s >= 12 else 0.0)  # every rank's link slows
+    fs = [f for f in comm.analyze(data) if f.severity == "warning"]
+    assert len(fs) == 1 and fs[0].evidence["cause"] == "comm_growth"
+    assert fs[0].step_start == 12 and fs[0].ranks == [0, 1, 2, 3]
+
+
+def test_busbw_formula_matches_nccl_tests():
+    # all_reduce of 1 GB in 100 ms on 8 ranks: algbw 10 GB/s, busbw 10 * 2*7/8 = 17.5
+    assert abs(busbw_gbs("all_reduce", 1e9, 100.0, 8) - 17.5) < 1e-9
+    assert abs(busbw_gbs("all_gather", 1e9, 100.0, 4) - 7.5) < 1e-9
+    assert busbw_gbs("send", 1e9, 1000.0, 2) == 1.0
+    assert busbw_gbs("unknown_op", 1e9, 1.0, 2) is None
+
+
+def test_busbw_below_nccl_tests_baseline():
+    data = build(nbytes=64 * 1024 * 1024, transfer_ms=10.0)
+    # the all-reduce's true time is the last arriver's: 10 ms for 64 MiB on 4 ranks
+    achieved = busbw_gbs("all_reduce", 64 * 1024 * 1024, 10.0, 4)
+    data.nccl_tests = pd.DataFrame({"op": ["all_reduce", "all_reduce"], "size_bytes": [8 * 1024 * 1024, 64 * 1024 * 1024],
+                                    "busbw": [5.0, achieved * 4], "nranks": [4, 4]})
+    fs = [f for f in comm.analyze(data) if f.evidence.get("cause") == "busbw"]
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.severity == "warning"
+    assert abs(f.evidence["fraction_of_baseline"] - 0.25) < 0.02
+    assert abs(f.evidence["achieved_busbw_gbs"] - achieved) / achieved < 0.02
+
+
+def test_transport_anomalies():
+    data = build(world=4, nodes=2)
+    ev = [
+        NcclEvent(host="node0", pid=1, t=None, category="transport", transport="NET/IB", message="via NET/IB/0"),
+        NcclEvent(host="node1", pid=2, t=None, category="transport", transport="NET/Socket", message="via NET/Socket/0"),
+        NcclEvent(host="node1", pid=2, t=None, category="init", message="NCCL_P2P_DISABLE=1 set, P2P disabled"),
+        NcclEvent(host="node0", pid=1, t=None, category="error", error_class="ib_completion",
+                  message="NET/IB : Got completion from peer with error 12"),
+    ]
+    fs = comm.analyze(with_records(data, ev))
+    by = {f.evidence.get("cause"): f for f in fs}
+    assert by["socket_fallback"].nodes == [1] and by["socket_fallback"].ranks == [2, 3]
+    assert by["socket_fallback"].severity == "warning"
+    assert by["p2p_disabled"].nodes == [1]
+    assert by["ib_error"].severity == "critical" and by["ib_error"].nodes == [0]
+
+
+def test_socket_without_ib_anywhere_is_fine():
+    data = build(world=4, nodes=2)
+    ev = [NcclEvent(host=f"node{i}", pid=i, t=None, category="transport", transport="NET/Socket") for i in range(2)]
+    assert [f for f in comm.analyze(with_records(data, ev)) if f.evidence.get("scope") == "transport"] == []

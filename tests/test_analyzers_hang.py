@@ -1,0 +1,73 @@
+"""Hangs: missing ranks at a collective, silent ranks live, watchdog lines."""
+
+from analyzer_fixtures import build, with_records
+
+from analyzers import hang
+from analyzers.loader import RunData
+from ranksight.schema import CollectiveRecord, EventRecord, NcclEvent
+
+
+def test_missing_rank_named_like_the_flight_recorder():
+    data = build(world=4, stop={3: 20}, finished=False)
+    (f,) = hang.analyze(data)
+    assert f.kind == "hang" and f.severity == "critical"
+    assert f.ranks == [3] and f.step_start == 20
+    ev = f.evidence
+    assert ev["cause"] == "missing_ranks" and ev["missing_ranks"] == [3] and ev["waiting_ranks"] == [0, 1, 2]
+    assert ev["op"] == "all_reduce" and ev["seq"] == 21 and ev["group"] == "dp"
+    assert f.summary.startswith("rank 3 never joined all_reduce seq 21 on group dp; ranks 0,1,2 waiting since")
+    assert ev["last_completed_collective"][0] == "all_reduce seq 20 on dp"
+
+
+def test_collective_joined_by_all_but_never_completed():
+    data = build(world=2, steps=5)
+    extra = [CollectiveRecord(run_id="synth", rank=r, step=5, seq=6, op="all_gather", group="dp", group_ranks=[0, 1],
+                              t_arrive=float(data.steps["t_end"].max()) + 0.01 * r) for r in (0, 1)]
+    (f,) = hang.analyze(with_records(data, extra))
+    assert f.evidence["cause"] == "collective_stuck" and f.ranks == [0, 1]
+    assert "never completed" in f.summary
+
+
+def test_live_silent_rank():
+    data = build(world=4, steps=20)
+    # rank 1 stops reporting after step 9; the others carry on
+    steps = data.steps[~((data.steps["rank"] == 1) & (data.steps["step"] >= 10))]
+    live = RunData(run_id="synth", manifest=data.manifest, steps=steps, now=float(data.steps["t_end"].max()) + 1.0)
+    assert hang.analyze(live) == []  # 1 s of silence is not a hang yet (stall threshold >= 60 s)
+    live.now += 120.0
+    fs = hang.analyze(live)
+    # everybody is silent now: the whole job is reported; rank 1 went first
+    assert len(fs) == 1 and fs[0].severity == "critical"
+    assert fs[0].ranks == [0, 1, 2, 3]
+    live2 = RunData(run_id="synth", manifest=data.manifest, steps=steps, now=float(steps[steps["rank"] == 1]["t_end"].max()) + 90)
+    live2.steps.loc[live2.steps["rank"] != 1, "t_end"] = live2.now - 0.5  # others reported just now
+    (g,) = hang.analyze(live2)
+    assert g.ranks == [1] and "continue" in g.summary and g.evidence["cause"] == "silent"
+
+
+def test_post_mortem_rank_behind_without_exit():
+    data = build(world=4, steps=20)
+    steps = data.steps[~((data.steps["rank"] == 2) & (data.steps["step"] >= 12))]
+    (f,) = hang.analyze(RunData(run_id="synth", manifest=data.manifest, steps=steps))
+    assert f.ranks == [2] and f.evidence["cause"] == "stopped_early" and f.step_start == 12
+    # an evicted rank that said goodbye is not a hang
+    ev = [EventRecord(run_id="synth", rank=2, step=11, t=0.0, event="evicted")]
+    d = RunData.from_records("synth", ev, manifest=data.manifest)
+    assert hang.analyze(RunData(run_id="synth", manifest=data.manifest, steps=steps, events=d.events)) == []
+
+
+def test_finished_run_is_clean_and_unfinished_short_run_is_a_warning():
+    assert hang.analyze(build(steps=20)) == []
+    data = build(steps=20, finished=False)
+    data.manifest.config["steps"] = 50
+    (f,) = hang.analyze(data)
+    assert f.severity == "warning" and f.evidence["cause"] == "ended_early"
+
+
+def test_watchdog_line():
+    data = build(world=4, nodes=2)
+    ev = [NcclEvent(host="node1", pid=7, t=None, category="watchdog", rank=3, error_class="timeout",
+                    message="[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=57, OpType=ALLREDUCE) ran for 600000 ms")]
+    (f,) = hang.analyze(with_records(data, ev))
+    assert f.severity == "critical" and f.ranks == [3] and f.nodes == [1]
+    assert f.evidence["cause"] == "watchdog_timeout" and "SeqNum=57" in f.evidence["example"]

@@ -1,0 +1,54 @@
+"""MFU drops against the run's own baseline, with their likely cause."""
+
+from analyzer_fixtures import build, gpu_samples, step_time, with_records
+
+from analyzers import mfu
+from ranksight.simgpu import THROTTLE_HW_THERMAL
+
+
+def test_mfu_series_is_palm_over_peak():
+    data = build(flops=5e12, peak_flops=100e12, compute_ms=100.0, data_ms=0.0, transfer_ms=0.0, noise=0.0)
+    ser = mfu.series(data)
+    # 5 TFLOP in ~0.1 s = 50 TFLOP/s of a 100 TFLOP/s peak
+    assert abs(ser["mfu"].median() - 0.5) < 0.01
+    label, simulated = mfu.peak_label(data)
+    assert "measured fp32 matmul on this CPU" in label and simulated
+
+
+def test_clean_run_no_drop():
+    for seed in range(3):
+        assert mfu.analyze(build(steps=40, noise=0.03, seed=seed)) == []
+
+
+def test_drop_attributed_to_clock_throttle():
+    # node 0 GPU 2 (rank 2) throttles from step 12: its compute is 1.4x; telemetry shows the clocks down
+    data = build(compute_factor=lambda r, s: 1.4 if (r == 2 and s >= 12) else 1.0)
+    t12 = step_time(data, 12)[0]
+    samples = gpu_samples(
+        data, sm_clock=lambda n, g, t: 1100.0 if (g == 2 and t >= t12) else 1980.0,
+        throttle=lambda n, g, t: THROTTLE_HW_THERMAL if (g == 2 and t >= t12) else 0)
+    (f,) = mfu.analyze(with_records(data, samples))
+    assert f.kind == "mfu_drop" and f.step_start == 12
+    assert f.evidence["cause"] == "clock_throttle"
+    assert f.ranks == [2]
+    assert f.evidence["throttled_gpus"][0]["gpu"] == 2
+    assert 0.2 <= f.evidence["drop"] <= 0.35
+    assert f.simulated
+
+
+def test_drop_without_telemetry_is_straggler():
+    data = build(compute_factor=lambda r, s: 1.4 if (r == 2 and s >= 12) else 1.0)
+    (f,) = mfu.analyze(data)
+    assert f.evidence["cause"] == "straggler" and f.ranks == [2]
+
+
+def test_drop_attributed_to_profiler():
+    data = build(compute_factor=lambda r, s: 1.3 if s >= 15 else 1.0, profiling=lambda r, s: s >= 15)
+    (f,) = mfu.analyze(data)
+    assert f.evidence["cause"] == "profiler_on" and f.step_start == 15
+
+
+def test_drop_attributed_to_data_stall():
+    data = build(data_extra_ms=lambda r, s: 50.0 if s >= 10 else 0.0)
+    (f,) = mfu.analyze(data)
+    assert f.evidence["cause"] == "data_stall" and f.step_start == 10

@@ -1,0 +1,86 @@
+"""Stragglers on constructed runs: the culprit is named, its victims are not."""
+
+from analyzer_fixtures import build
+
+from analyzers import stragglers
+from analyzers.stragglers import StragglerConfig
+
+
+def test_culprit_named_not_victims():
+    # rank 1 computes 1.15x from step 10; everybody's step time grows (they wait for it)
+    data = build(world=4, steps=30, compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0)
+    st = data.steps
+    late = st[st["step"] >= 12]
+    # the victims show the long step times too: step time alone cannot name the culprit
+    assert late.groupby("rank")["step_ms"].median().max() - late.groupby("rank")["step_ms"].median().min() < 1.0
+    assert late[late["rank"] != 1]["sync_wait_ms"].mean() > 10.0
+    fs = stragglers.analyze(data)
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.kind == "straggler" and f.severity == "warning"
+    assert f.ranks == [1] and f.nodes == [0]
+    assert f.step_start == 10 and f.step_end == 29
+    ev = f.evidence
+    assert 1.12 <= ev["ratio"] <= 1.18
+    assert ev["steps_affected"] == 20
+    assert ev["detected_at_step"] == 12
+    assert ev["last_arrival_share"] == 1.0
+    assert 12.0 <= ev["arrival_lag_ms"] <= 18.0
+    assert 12.0 <= ev["victims_mean_wait_ms"] <= 18.0
+    assert ev["own_wait_ms"] < 1.0
+    assert ev["compared_with"] == [0, 2, 3]
+    assert "rank 1" in f.summary and f.recommendation
+
+
+def test_clean_run_has_no_straggler():
+    for seed in range(3):
+        assert stragglers.analyze(build(world=8, steps=40, noise=0.02, seed=seed)) == []
+
+
+def test_one_noisy_step_is_not_a_finding():
+    # rank 2 is 1.8x slow in two isolated steps only
+    data = build(compute_factor=lambda r, s: 1.8 if (r == 2 and s in (7, 15)) else 1.0)
+    assert stragglers.analyze(data) == []
+
+
+def test_critical_at_twice_the_peers():
+    data = build(compute_factor=lambda r, s: 2.2 if (r == 3 and s >= 5) else 1.0)
+    (f,) = stragglers.analyze(data)
+    assert f.severity == "critical" and f.ranks == [3] and f.step_start == 5
+
+
+def test_slow_node_is_one_finding():
+    # 8 ranks on 2 nodes; every rank of node 1 (ranks 4..7) slows 1.3x from step 10
+    data = build(world=8, nodes=2, compute_factor=lambda r, s: 1.3 if (r >= 4 and s >= 10) else 1.0)
+    fs = stragglers.analyze(data)
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.nodes == [1] and f.ranks == [4, 5, 6, 7]
+    assert f.evidence["scope"] == "node" and f.step_start == 10
+    assert "node 1" in f.summary
+
+
+def test_slow_pipeline_stage():
+    # pp=2, dp=2: stage 1 (ranks 2,3) slows 1.3x from step 12; stage 0 waits for it (pipeline wait), computes normally
+    data = build(world=4, pp=2, compute_factor=lambda r, s: 1.3 if (r >= 2 and s >= 12) else 1.0)
+    fs = stragglers.analyze(data)
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.evidence["scope"] == "stage" and f.evidence["pp_stage"] == 1
+    assert f.ranks == [2, 3] and f.step_start == 12
+
+
+def test_rank_in_pipeline_compared_within_its_stage():
+    # stages do different amounts of work; the slow rank is compared with its own stage's ranks only
+    data = build(world=8, pp=2, stage_compute_ms=[80.0, 120.0],
+                 compute_factor=lambda r, s: 1.2 if (r == 5 and s >= 8) else 1.0)
+    fs = stragglers.analyze(data)
+    assert [f.ranks for f in fs] == [[5]]
+    assert fs[0].evidence["compared_with"] == [4, 6, 7]
+    assert fs[0].step_start == 8
+
+
+def test_persistence_config_is_honoured():
+    data = build(compute_factor=lambda r, s: 1.5 if (r == 1 and 10 <= s <= 12) else 1.0)
+    assert [f.ranks for f in stragglers.analyze(data)] == [[1]]
+    assert stragglers.analyze(data, StragglerConfig(persist=4, window=6)) == []
