@@ -121,6 +121,8 @@ def build_parser(prog: str = "python -m nccl_tests") -> argparse.ArgumentParser:
     p.add_argument("--check", "--health", dest="health", action="store_true",
                    help="health check: pairwise sendrecv bandwidth matrix and per-node groups; exit 1 when a rank, node or link is slow")
     p.add_argument("--check-bytes", type=_size, default=None, help="health-check message size (default 1M on gloo, 64M on NCCL)")
+    p.add_argument("--confirm", type=_int_in(0, None, "confirmation rounds"), default=1,
+                   help="health check: re-measure suspect pairs this many times, keeping each pair's best time (default 1)")
     p.add_argument("--threshold", type=_threshold, default=DEFAULT_THRESHOLD, help=f"health check: slow when below this x the median (default {DEFAULT_THRESHOLD})")
     p.add_argument("--store", default=None, help="run store directory: write the results as the bandwidth baseline (needs --run-id)")
     p.add_argument("--run-id", default=None, help="run id under --store")
