@@ -470,8 +470,6 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
                 bad += nbad
                 if not df.empty:
                     frames[name] = df
-            if "steps" in frames and "run_id" in frames["steps"].columns:
-                frames["steps"] = frames["steps"][frames["steps"]["run_id"].astype(str) == run_id]
         if not use_store or "steps" not in frames or frames["steps"].empty:
             records: list[msgspec.Struct] = []
             for sp in spools:

@@ -1,0 +1,113 @@
+"""diagnose: exit codes, the --json contract, the HTML page, load errors -> exit 3."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from analyzer_fixtures import build, write_run
+from typer.testing import CliRunner
+
+from ranksight.cli import main as ranksight_main
+from ranksight.schema import SCHEMA_VERSION, FaultSpec, FINDING_KINDS
+
+FINDING_KEYS = {"analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence", "recommendation",
+                "confidence", "summary", "simulated"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("store")
+    write_run(build(world=4, steps=30), d, "clean")
+    write_run(build(world=4, nodes=2, steps=30, compute_factor=lambda r, s: 1.5 if (r == 1 and s >= 10) else 1.0,
+                    faults=[FaultSpec(kind="slow_rank", rank=1, factor=1.5, start=10)]), d, "slow")
+    write_run(build(world=4, steps=30, stop={3: 20}, finished=False,
+                    faults=[FaultSpec(kind="hang", rank=3, start=20)]), d, "hung", truncate_last=True)
+    write_run(build(world=4, steps=30), d, "future")
+    m = json.loads((d / "future" / "run.json").read_text())
+    m["schema_version"] = SCHEMA_VERSION + 1
+    (d / "future" / "run.json").write_text(json.dumps(m))
+    (d / "empty" / "spool").mkdir(parents=True)
+    return d
+
+
+def run(store, *args):
+    r = CliRunner().invoke(ranksight_main, ["diagnose", *args, "--store", str(store)])
+    return r.exit_code, r.output
+
+
+def test_clean_run_exit_0(store):
+    code, out = run(store, "clean")
+    assert code == 0
+    assert "HEALTHY" in out and "No findings" in out
+    assert "compute time per rank" in out and "MFU" in out
+
+
+def test_slow_rank_exit_1_and_report(store):
+    code, out = run(store, "slow")
+    assert code == 1
+    assert "rank 1 (node 0) is the straggler since step 10" in out
+    assert "injected faults" in out and "slow_rank" in out and "yes, 2 step(s) after onset" in out
+    assert "What to do next" in out
+
+
+def test_json_contract(store):
+    code, out = run(store, "slow", "--json")
+    assert code == 1
+    obj = json.loads(out)  # exactly one JSON object
+    assert {"run_id", "verdict", "findings", "faults", "simulated"} <= set(obj)
+    assert obj["run_id"] == "slow" and obj["verdict"].startswith("WARNING")
+    assert isinstance(obj["simulated"], bool)
+    for f in obj["findings"]:
+        assert set(f) == FINDING_KEYS
+        assert f["kind"] in FINDING_KINDS and f["severity"] in ("info", "warning", "critical")
+    stragglers = [f for f in obj["findings"] if f["kind"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[1]] and stragglers[0]["step_start"] == 10
+    assert obj["faults"][0]["found"] and obj["faults"][0]["latency_steps"] == 2
+
+
+def test_hang_exit_2(store):
+    code, out = run(store, "hung", "--json")
+    assert code == 2
+    obj = json.loads(out)
+    assert obj["truncated_lines"] == 1
+    hangs = [f for f in obj["findings"] if f["kind"] == "hang"]
+    assert hangs[0]["ranks"] == [3] and "never joined" in hangs[0]["summary"]
+
+
+def test_since_until(store):
+    code, out = run(store, "slow", "--json", "--until", "9")
+    assert code == 0 and json.loads(out)["steps"] == [0, 9]
+    code, out = run(store, "slow", "--json", "--since", "12")
+    obj = json.loads(out)
+    assert obj["steps"] == [12, 29]
+
+
+@pytest.mark.parametrize("run_id,needle", [("nope", "unknown run id"), ("empty", "no step records"),
+                                           ("future", "schema version")])
+def test_load_errors_exit_3(store, run_id, needle):
+    code, out = run(store, run_id)
+    assert code == 3
+    assert needle in out
+    code, out = run(store, run_id, "--json")
+    assert code == 3 and needle in json.loads(out)["error"]
+
+
+def test_html_is_self_contained(store, tmp_path):
+    page = tmp_path / "r.html"
+    code, _ = run(store, "slow", "--html", str(page))
+    assert code == 1
+    text = page.read_text()
+    assert text.startswith("<!doctype html>") and "<svg" in text and "rank 1 (node 0) is the straggler" in text
+    for external in ("<script src", "<link ", "http://", "https://", "src=\"", "url("):
+        assert external not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_console_script_entry_point(store):
+    # the `diagnose` console script is analyzers.diagnose:main
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.argv=['diagnose','clean','--store',sys.argv[1],'--json'];"
+                        "from analyzers.diagnose import main; main()", str(store)], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["verdict"].startswith("HEALTHY")
