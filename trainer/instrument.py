@@ -10,7 +10,7 @@ How communication is measured (details per wrapper in docs/trainer.md):
   which gives a CollectiveRecord with the wall time this rank *arrived* (``t_arrive``)
   and the time it completed (``t_done``). A rank that arrives last waits ~0; ranks that
   arrived early wait for it. That, not step time, tells the culprit from the victims.
-- gradient-sync collectives (DDP buckets, FSDP2 reduce-scatters) are flagged ``sync``;
+- gradient-sync collectives (DDP buckets; FSDP2 reduce-scatters and backward all-gathers) are flagged ``sync``;
   ``StepRecord.sync_arrival`` is the step's first sync arrival and ``sync_wait_ms`` the
   time the rank then spent blocked in them.
 - fault hooks live here too, because a slow link or a hang happens *at* a collective.
@@ -83,6 +83,7 @@ class Recorder:
         self.group_ranks = group_ranks  # {"dp": [...], "tp": [...], "pp": [...], "world": [...]}
         self.seq: dict[str, int] = {}
         self.step = 0
+        self.phase = "forward"  # set by the loop / pipeline stage wrappers: forward | backward | optimizer
         self.t = StepTimes()
         # DDP buckets complete on gloo's thread; the autograd thread reads the result after backward.
         self._hang_announced = False
@@ -228,10 +229,14 @@ def make_fsdp_comms(recorder: Recorder):
             return None
 
     class TimedAllGather(DefaultAllGather):
-        """Parameter all-gather before forward/backward of each FSDP module (not gradient sync)."""
+        """Parameter all-gather before forward/backward of each FSDP module.
+
+        In backward it is part of the gradient sync: the first backward all-gather is where a
+        rank that finished forward early waits for the one that did not, so it is flagged sync."""
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
-            c = recorder.enter("all_gather", "dp", output_tensor.numel() * output_tensor.element_size())
+            c = recorder.enter("all_gather", "dp", output_tensor.numel() * output_tensor.element_size(),
+                               sync=recorder.phase == "backward")
             work = super().__call__(output_tensor, input_tensor, group, async_op=async_op)
             if work is not None:
                 work.wait()

@@ -198,6 +198,7 @@ def _wrap_stage(stage, recorder, slow_hook) -> None:
     orig_f, orig_b = stage.forward_one_chunk, stage.backward_one_chunk
 
     def forward_one_chunk(*a, **kw):
+        recorder.phase = "forward"
         t0 = time.perf_counter()
         comm0 = recorder.t.blocked_comm
         out = orig_f(*a, **kw)
@@ -207,6 +208,7 @@ def _wrap_stage(stage, recorder, slow_hook) -> None:
         return out
 
     def backward_one_chunk(*a, **kw):
+        recorder.phase = "backward"
         t0 = time.perf_counter()
         comm0 = recorder.t.blocked_comm
         out = orig_b(*a, **kw)

@@ -249,6 +249,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                 else:
                     sync_ctx = contextlib.nullcontext() if last else model.no_sync()
                 with sync_ctx:
+                    rec.phase = "forward"
                     tf, c0 = time.perf_counter(), rec.t.blocked_comm
                     with autocast():
                         logits = model(x)
@@ -257,6 +258,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                     # forward + backward (~2x forward) of extra compute, before the gradient sync
                     slow_sleep(3.0 * fwd_compute)
                     rec.t.forward += time.perf_counter() - tf
+                    rec.phase = "backward"
                     tb = time.perf_counter()
                     scaled = loss / cfg.grad_accum
                     (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -287,6 +289,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
             loader.advance(1)
 
         # -- optimizer -----------------------------------------------------------
+        rec.phase = "optimizer"
         to = time.perf_counter()
         found = 0.0
         if scaler is not None:

@@ -1,0 +1,222 @@
+"""The trainer under torchrun on CPU/gloo: every parallel layout trains, matches a 1-process
+reference where the maths says it must, and every runtime fault leaves its raw signal.
+
+Each run checks several things at once: the whole trainer suite must stay within a few
+minutes on a shared 2-core machine. No timing assertions: only orderings that the
+injected sleeps make large (factor 4 slowdowns, 150 ms delays) and lower bounds that
+hold by construction (a sleep inside a timed region).
+"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from ranksight.layout import RunDir
+from ranksight.schema import ControlAck, ControlRequest
+from ranksight.simgpu import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, read_state
+from trainer_helpers import TINY, check_ok, collectives, events, manifest, mean, reference_losses, spool, steps, torchrun
+
+pytestmark = pytest.mark.distributed
+
+
+def _losses_decrease(st: dict) -> None:
+    ks = sorted(st)
+    first, last = st[ks[0]].loss, mean(st[k].loss for k in ks[-2:])
+    assert last < first, f"loss did not decrease: {[st[k].loss for k in ks]}"
+
+
+def test_ddp_reference_culprit_and_slow_link(tmp_path):
+    """DDP on 2 ranks: = reference; slow_rank culprit vs victim; slow_link inside the comm timing."""
+    n = 8
+    res = torchrun(2, TINY + ["--steps", str(n), "--dp-mode", "ddp",
+                              "--inject", "slow_rank:rank=1,factor=4,start=3,end=5",
+                              "--inject", "slow_link:rank=1,delay_ms=150,start=7,end=8"], tmp_path, "ddp")
+    check_ok(res)
+    sp = spool(tmp_path, "ddp")
+    s0, s1 = steps(sp[0]), steps(sp[1])
+    assert sorted(s0) == list(range(1, n + 1)) == sorted(s1)
+    ref, ref_norms = reference_losses(n, batch=8)
+    for k in range(1, n + 1):  # the faults only sleep: the maths is untouched
+        assert abs(mean([s0[k].loss, s1[k].loss]) - ref[k - 1]) < 2e-4, (k, s0[k].loss, s1[k].loss, ref[k - 1])
+        assert abs(s0[k].grad_norm - ref_norms[k - 1]) < 2e-4
+    _losses_decrease(s0)
+    # culprit (rank 1) vs victim (rank 0) on the slow steps
+    for k in (3, 4, 5):
+        culprit, victim = s1[k], s0[k]
+        assert culprit.compute_ms > victim.compute_ms, k
+        assert victim.sync_wait_ms > culprit.sync_wait_ms, k
+        assert culprit.sync_arrival > victim.sync_arrival, k
+    assert mean(s0[k].sync_wait_ms for k in (3, 4, 5)) > 3 * mean(s1[k].sync_wait_ms for k in (3, 4, 5))
+    # every field filled
+    r = s1[4]
+    assert r.t_end > r.t_start and r.step_ms > 0 and r.forward_ms > 0 and r.backward_ms > 0 and r.optimizer_ms > 0
+    assert r.tokens == 4 * 16 and r.flops > 0 and r.mem_bytes > 0 and r.lr > 0 and r.world_size == 2
+    assert abs(r.step_ms - (r.data_ms + r.comm_ms + r.pipeline_wait_ms + r.compute_ms)) < 1e-3
+    # slow_link: rank 1's dp all-reduce includes its 150 ms delay (the sleep is inside the timing)
+    for k in (7, 8):
+        ar = [c for c in collectives(sp[1]) if c.step == k and c.group == "dp" and c.op == "all_reduce"]
+        assert ar and max(c.duration_ms for c in ar) >= 150.0
+        assert all(c.group_ranks == [0, 1] for c in ar)
+    # ground truth: fault events in the spool, onset in the manifest
+    starts = events(sp[1], "fault_start")
+    assert {(e.detail["fault"]["kind"], e.step) for e in starts} == {("slow_rank", 3), ("slow_link", 7)}
+    assert [e.step for e in events(sp[1], "fault_end")] == [6]
+    assert not events(sp[0], "fault_start")
+    m = manifest(tmp_path, "ddp")
+    assert [f["kind"] for f in m["faults"]] == ["slow_rank", "slow_link"]
+    assert all(f["onset_t"] is not None for f in m["faults"])
+    assert abs(m["faults"][0]["onset_t"] - s0[3].t_start) < 1.0
+    assert m["layout"]["dp"] == 2 and m["flops_per_token"] > 0 and m["peak_simulated"] is True
+    assert "not a GPU peak" in m["peak_source"] and m["finished"] is not None
+    assert sorted(p["rank"] for p in m["ranks"]) == [0, 1] and m["attempts"][0]["world_size"] == 2
+
+
+def test_fsdp_control_data_stall_throttle_xid(tmp_path):
+    """FSDP2 on 2 ranks: = reference; control requests (checkpoint, profile) acted on at the same
+    step by all ranks; data_stall, throttle and xid leave their signals; scheduled profiling."""
+    n = 7
+    run = RunDir(tmp_path, "fsdp")
+    run.control_requests.mkdir(parents=True)
+    for i, (action, steps_) in enumerate([("checkpoint", 0), ("profile", 2)]):
+        req = ControlRequest(id=f"req{i}", action=action, t=1000.0 + i, steps=steps_)
+        (run.control_requests / f"req{i}.json").write_bytes(msgspec.json.encode(req))
+    (run.control_requests / "bad.json").write_text("{not json")
+    res = torchrun(2, TINY + ["--steps", str(n), "--dp-mode", "fsdp",
+                              "--inject", "data_stall:rank=0,delay_ms=150,start=2,end=3",
+                              "--inject", "throttle:rank=1,factor=2,start=5",
+                              "--inject", "xid:node=0,code=79,start=4"], tmp_path, "fsdp")
+    check_ok(res)
+    sp = spool(tmp_path, "fsdp")
+    s0, s1 = steps(sp[0]), steps(sp[1])
+    ref, _ = reference_losses(n, batch=8)
+    for k in range(1, n + 1):
+        assert abs(mean([s0[k].loss, s1[k].loss]) - ref[k - 1]) < 2e-4, (k, ref[k - 1])
+    # FSDP2 collectives are recorded with arrival/done; reduce-scatters are gradient sync
+    rs = [c for c in collectives(sp[0]) if c.op == "reduce_scatter"]
+    assert rs and all(c.t_done >= c.t_arrive for c in rs)
+    assert all(s0[k].sync_arrival is not None and s0[k].sync_wait_ms is not None for k in s0)
+    # data_stall: the stalled rank's data wait contains the 150 ms sleep
+    for k in (2, 3):
+        assert s0[k].data_ms >= 150.0 and s1[k].data_ms < 150.0
+    # control: both requests acked, applied at the same step on every rank, oldest first
+    acks = {p.stem: msgspec.json.decode(p.read_bytes(), type=ControlAck) for p in run.control_acks.glob("*.json")}
+    assert acks["req0"].status == "applied" and acks["req1"].status == "applied"
+    assert acks["bad"].status == "refused"
+    assert acks["req0"].applied_step < acks["req1"].applied_step
+    for rank in (0, 1):
+        ctl = {e.detail["action"]: e.step for e in events(sp[rank], "control")}
+        assert ctl == {"checkpoint": acks["req0"].applied_step, "profile": acks["req1"].applied_step}
+    ck = acks["req0"].applied_step
+    assert (run.checkpoints_dir / f"step-{ck}" / ".metadata").exists()
+    assert events(sp[0], "checkpoint")[0].step == ck == events(sp[1], "checkpoint")[0].step
+    # on-demand profile: the 2 following steps traced on both ranks, one trace per rank
+    p = acks["req1"].applied_step
+    for rank, st in ((0, s0), (1, s1)):
+        assert [k for k in sorted(st) if st[k].profiling] == [p + 1, p + 2]
+        trace = run.traces_dir / f"rank-{rank}.ondemand-step{p + 1}-{p + 2}.json"
+        assert trace.exists() and "traceEvents" in json.loads(trace.read_text())
+    # simulated GPU: throttle on rank 1 (node 0, gpu 1), xid on node 0's GPUs
+    g0, g1 = read_state(run.simgpu_node_dir(0), 0), read_state(run.simgpu_node_dir(0), 1)
+    assert g1.sm_clock_mhz == g1.max_sm_clock_mhz // 2
+    assert g1.throttle_reasons & THROTTLE_HW_THERMAL and g1.throttle_reasons & THROTTLE_SW_POWER_CAP
+    assert g1.temp_c > g0.temp_c
+    assert g0.throttle_reasons == 0 and g0.sm_clock_mhz == g0.max_sm_clock_mhz
+    assert [c for c, _ in g0.xids] == [79] and [c for c, _ in g1.xids] == [79]
+    assert "simulated" in g0.name.lower()
+    # throttle is also a compute slowdown on rank 1
+    assert mean(s1[k].compute_ms for k in (5, 6, 7)) > mean(s0[k].compute_ms for k in (5, 6, 7))
+
+
+def test_tp_reference(tmp_path):
+    """TP=2 (FSDP2 on a size-1 dp mesh): loss and grad norm = 1-process reference."""
+    n = 5
+    res = torchrun(2, TINY + ["--steps", str(n), "--tp", "2"], tmp_path, "tp")
+    check_ok(res)
+    sp = spool(tmp_path, "tp")
+    s0, s1 = steps(sp[0]), steps(sp[1])
+    ref, ref_norms = reference_losses(n, batch=4)
+    for k in range(1, n + 1):
+        assert abs(s0[k].loss - ref[k - 1]) < 2e-4 and abs(s1[k].loss - ref[k - 1]) < 2e-4
+        assert abs(s0[k].grad_norm - ref_norms[k - 1]) < 2e-4
+    assert {s0[1].tp_rank, s1[1].tp_rank} == {0, 1}
+    _losses_decrease(s0)
+    assert manifest(tmp_path, "tp")["layout"]["dp_mode"] == "fsdp"
+
+
+def test_pp_1f1b_nan_loss(tmp_path):
+    """PP=2 1F1B: = reference; pipeline wait measured; nan_loss on stage 0 -> non-finite loss, step skipped."""
+    n = 6
+    res = torchrun(2, TINY + ["--steps", str(n), "--pp", "2", "--microbatches", "4",
+                              "--inject", "nan_loss:rank=0,start=5,end=5"], tmp_path, "pp")
+    check_ok(res)
+    sp = spool(tmp_path, "pp")
+    s0, s1 = steps(sp[0]), steps(sp[1])
+    ref, _ = reference_losses(4, batch=4)
+    for k in range(1, 5):
+        assert abs(s1[k].loss - ref[k - 1]) < 2e-4, (k, s1[k].loss, ref[k - 1])
+    assert s0[2].pp_stage == 0 and s1[2].pp_stage == 1 and s1[2].microbatches == 4
+    assert all(s.pipeline_wait_ms > 0 for s in list(s0.values()) + list(s1.values()))
+    assert s1[5].loss_nonfinite and s1[5].loss is None and s1[5].skipped and s0[5].skipped
+    assert not s1[6].loss_nonfinite and not s1[6].skipped
+    assert s1[4].loss < s1[1].loss
+    assert any(c.group == "pp" for c in collectives(sp[0]))
+
+
+def test_dp2_tp2(tmp_path):
+    """2 x 2 (dp=2 FSDP2 x tp=2) on 4 ranks: = reference on the global batch."""
+    n = 4
+    res = torchrun(4, TINY + ["--steps", str(n), "--dp", "2", "--tp", "2"], tmp_path, "dp2tp2")
+    check_ok(res)
+    sp = spool(tmp_path, "dp2tp2")
+    assert sorted(sp) == [0, 1, 2, 3]
+    ref, ref_norms = reference_losses(n, batch=8)
+    by = {r: steps(sp[r]) for r in sp}
+    for k in range(1, n + 1):
+        dp_losses = {by[r][k].dp_rank: by[r][k].loss for r in by}
+        assert abs(mean(dp_losses.values()) - ref[k - 1]) < 2e-4, (k, dp_losses, ref[k - 1])
+        assert abs(by[0][k].grad_norm - ref_norms[k - 1]) < 2e-4
+    assert by[0][n].loss < by[0][1].loss
+
+
+def test_pp2_dp2_tp2(tmp_path):
+    """2 x 2 x 2 (pp=2, dp=2, tp=2) on 8 ranks: every rank reports, the loss falls."""
+    n = 4
+    res = torchrun(8, TINY + ["--steps", str(n), "--pp", "2", "--dp", "2", "--tp", "2", "--microbatches", "2"],
+                   tmp_path, "3d", timeout=400)
+    check_ok(res)
+    sp = spool(tmp_path, "3d")
+    assert sorted(sp) == list(range(8))
+    layout = {(s.pp_stage, s.dp_rank, s.tp_rank) for r in sp for s in steps(sp[r]).values()}
+    assert len(layout) == 8
+    last = [r for r in sp if steps(sp[r])[1].pp_stage == 1]
+    ref, _ = reference_losses(n, batch=8)
+    for k in range(1, n + 1):
+        dp_losses = {steps(sp[r])[k].dp_rank: steps(sp[r])[k].loss for r in last}
+        assert abs(mean(dp_losses.values()) - ref[k - 1]) < 5e-4, (k, dp_losses, ref[k - 1])
+    assert steps(sp[0])[n].loss < steps(sp[0])[1].loss
+
+
+def test_fp16_overflow_then_hang(tmp_path):
+    """fp16 + GradScaler: an injected overflow skips the step and halves the scale on every rank.
+    Then a hang on rank 1: it never reaches its collective, rank 0 times out inside it."""
+    res = torchrun(2, TINY + ["--steps", "8", "--precision", "fp16", "--pg-timeout", "20",
+                              "--inject", "fp16_overflow:rank=1,start=3,end=3",
+                              "--inject", "hang:rank=1,start=5"], tmp_path, "fp16", timeout=240)
+    assert res.returncode != 0  # the job dies of the hang
+    sp = spool(tmp_path, "fp16")
+    s0, s1 = steps(sp[0]), steps(sp[1])
+    for st in (s0, s1):
+        assert st[3].overflow and st[3].skipped
+        assert st[3].loss_scale == st[2].loss_scale / 2
+        assert not st[2].skipped and not st[4].skipped
+        assert sorted(st) == [1, 2, 3, 4]  # step 5 never completed
+    assert events(sp[0], "overflow")[0].step == 3
+    # hang: rank 1 announced it and never arrived; rank 0 arrived and its collective never completed
+    assert events(sp[1], "hang_entered")[0].step == 5
+    assert not [c for c in collectives(sp[1]) if c.step == 5]
+    stuck = [c for c in collectives(sp[0]) if c.step == 5 and c.t_done is None]
+    assert stuck and stuck[0].group_ranks == [0, 1]
+    assert events(sp[0], "exit")[-1].detail["reason"] != "finished"

@@ -1,0 +1,191 @@
+"""Trainer pieces that need no process group: fault specs, config checks, control-request
+handling (including evict refusal), data determinism, FLOPs, stage splitting, spool writing."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import torch
+
+from ranksight.layout import RunDir
+from ranksight.schema import ControlAck, ControlRequest, StepRecord, decode_spool_line
+from trainer import control
+from trainer.config import ModelConfig, ParallelConfig, TrainConfig
+from trainer.data import DataLoader, SyntheticTokens, TextFileTokens, make_dataset
+from trainer.faults import FaultSpecError, FaultState, parse_fault
+from trainer.instrument import SpoolWriter
+from trainer.model import GPT, count_params, flops_per_token, init_weights
+from trainer.parallelize import stage_layers
+
+
+def test_parse_fault_specs():
+    f = parse_fault("slow_rank:rank=3,factor=1.3,start=15")
+    assert (f.kind, f.rank, f.factor, f.start, f.end) == ("slow_rank", 3, 1.3, 15, None)
+    x = parse_fault("xid:node=1,code=79,start=30")
+    assert (x.kind, x.node, x.code, x.start) == ("xid", 1, 79, 30)
+    assert parse_fault("data_stall:rank=0").delay_ms == 200.0  # documented default
+    assert parse_fault("hang:node=2,start=4,end=9").end == 9
+    for bad, msg in [
+        ("slow_rnk:rank=1", "unknown fault kind"),
+        ("slow_rank:factor=2", "needs rank"),
+        ("xid:rank=1", "needs node"),
+        ("slow_rank:rank=x", "not a valid int"),
+        ("slow_rank:rank=1,colour=red", "bad item"),
+        ("slow_rank:rank=1,factor=0.5", "factor must be >= 1"),
+        ("slow_link:rank=1,start=5,end=2", "start <= end"),
+        ("few_microbatches:rank=1", "config fault"),
+    ]:
+        with pytest.raises(FaultSpecError, match=msg):
+            parse_fault(bad)
+
+
+def test_fault_state_targets_and_windows():
+    specs = [parse_fault("slow_rank:rank=1,factor=2,start=3,end=4"), parse_fault("throttle:node=0,factor=1.5"),
+             parse_fault("data_stall:rank=1,delay_ms=100,start=2")]
+    fs = FaultState(specs, rank=1, node=1)
+    fs.set_step(2)
+    assert fs.compute_factor() == 1.0 and fs.data_delay_s() == pytest.approx(0.1)
+    fs.set_step(3)
+    assert fs.compute_factor() == 2.0
+    fs.set_step(5)
+    assert fs.compute_factor() == 1.0
+    on_node0 = FaultState(specs, rank=0, node=0)
+    on_node0.set_step(1)
+    assert on_node0.compute_factor() == 1.5 and on_node0.has("throttle") and not on_node0.has("slow_rank")
+
+
+def test_config_validation_errors():
+    ok = TrainConfig()
+    ok.validate()
+    bad = [
+        (TrainConfig(model=ModelConfig(d_model=30, n_heads=4)), "divisible by --n-heads"),
+        (TrainConfig(parallel=ParallelConfig(dp_mode="zero")), "--dp-mode"),
+        (TrainConfig(parallel=ParallelConfig(pp=2, pp_schedule="zb")), "--pp-schedule"),
+        (TrainConfig(precision="fp8"), "--precision"),
+        (TrainConfig(parallel=ParallelConfig(pp=4), model=ModelConfig(n_layers=2)), "pipeline stages"),
+        (TrainConfig(parallel=ParallelConfig(pp=2, microbatches=3), batch_size=8), "divisible by --microbatches"),
+        (TrainConfig(parallel=ParallelConfig(pp=2), grad_accum=2), "--grad-accum"),
+        (TrainConfig(dataset="parquet:x"), "--dataset"),
+    ]
+    for cfg, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            cfg.validate()
+
+
+def test_synthetic_data_is_a_function_of_global_index():
+    ds = SyntheticTokens(256, 16, seed=7)
+    assert torch.equal(ds.sample(5), SyntheticTokens(256, 16, seed=7).sample(5))
+    assert not torch.equal(ds.sample(5), ds.sample(6))
+    # dp=2 ranks of batch 4 together see exactly the rows of dp=1 with batch 8, at every position
+    one = DataLoader(ds, 8, 1, 0, position=24)
+    r0, r1 = DataLoader(ds, 4, 2, 0, position=24), DataLoader(ds, 4, 2, 1, position=24)
+    x, y = one.micro_batch(0)
+    assert torch.equal(torch.cat([r0.micro_batch(0)[0], r1.micro_batch(0)[0]]), x)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    r0.advance(1)
+    assert r0.position == 32
+
+
+def test_textfile_dataset(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("hello ranksight " * 20)
+    ds = make_dataset(f"textfile:{p}", 256, 16, 1)
+    s = ds.sample(3)
+    assert s.shape == (17,) and int(s.max()) < 256
+    assert bytes(s.tolist()).decode() in ("hello ranksight " * 21)
+    with pytest.raises(FileNotFoundError):
+        TextFileTokens(str(tmp_path / "missing"), 256, 16, 1)
+    with pytest.raises(ValueError, match="byte-level"):
+        TextFileTokens(str(p), 128, 16, 1)
+
+
+def test_flops_per_token_palm_convention():
+    cfg = ModelConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, seq_len=32)
+    model = GPT(cfg)
+    assert count_params(cfg) == sum(p.numel() for p in model.parameters())
+    n_no_emb = count_params(cfg) - model.tok.weight.numel() - model.pos.weight.numel()
+    assert flops_per_token(cfg) == 6 * n_no_emb + 12 * 2 * 4 * 16 * 32
+
+
+def test_stage_split_and_stage_agnostic_forward():
+    assert stage_layers(5, 2, 0) == ["0", "1", "2"] and stage_layers(5, 2, 1) == ["3", "4"]
+    cfg = ModelConfig(d_model=32, n_layers=4, n_heads=4, seq_len=8)
+    full = GPT(cfg)
+    init_weights(full, 1)
+    x = torch.randint(0, 256, (2, 8))
+    import copy
+
+    a, b = copy.deepcopy(full), copy.deepcopy(full)
+    for name in ["2", "3"]:
+        del a.layers[name]
+    a.norm = a.head = None
+    for name in ["0", "1"]:
+        del b.layers[name]
+    b.tok = b.pos = None
+    assert torch.allclose(b(a(x)), full(x), atol=1e-6)
+    assert "layers.3.attn.wq.weight" in dict(b.named_parameters())
+
+
+def _req(run: RunDir, rid: str, action: str, t: float, **kw) -> None:
+    run.control_requests.mkdir(parents=True, exist_ok=True)
+    (run.control_requests / f"{rid}.json").write_bytes(
+        msgspec.json.encode(ControlRequest(id=rid, action=action, t=t, **kw)))
+
+
+def test_control_requests_order_validation_and_acks(tmp_path):
+    run = RunDir(tmp_path, "ctl")
+    _req(run, "b", "profile", 2.0, steps=3)
+    _req(run, "a", "checkpoint", 1.0)
+    _req(run, "c", "evict", 3.0, node=1)
+    pend = control.pending_requests(run)
+    assert [r.id for r, _, _ in pend] == ["a", "b", "c"]  # oldest first
+    control.write_ack(run, "a", "checkpoint", 7)
+    assert [r.id for r, _, _ in control.pending_requests(run)] == ["b", "c"]
+    ack = msgspec.json.decode((run.control_acks / "a.json").read_bytes(), type=ControlAck)
+    assert (ack.applied_step, ack.status) == (7, "applied")
+
+
+def test_evict_refusals():
+    ev = lambda node: ControlRequest(id="e", action="evict", t=0.0, node=node)  # noqa: E731
+    assert control.validate(ev(1), {0, 1}, min_nodes=1) == ""
+    assert "below --min-nodes 2" in control.validate(ev(1), {0, 1}, min_nodes=2)
+    assert "unknown node 5" in control.validate(ev(5), {0, 1}, min_nodes=1)
+    assert "would leave 0 node" in control.validate(ev(0), {0}, min_nodes=1)
+    assert "needs a node" in control.validate(ev(None), {0, 1}, min_nodes=1)
+    assert "steps >= 1" in control.validate(ControlRequest(id="p", action="profile", t=0.0), {0}, 1)
+
+
+def test_refused_evict_is_acked_and_not_broadcast(tmp_path, monkeypatch):
+    """Rank 0's poll: a refused evict gets a 'refused' ack and the broadcast carries nothing."""
+    run = RunDir(tmp_path, "ctl2")
+    _req(run, "e1", "evict", 1.0, node=3)
+    _req(run, "bad", "checkpoint", 2.0)
+    (run.control_requests / "bad.json").write_text('{"id": "bad", "action": "explode", "t": 2}')
+    sent = []
+    monkeypatch.setattr(control.dist, "broadcast", lambda t, src: sent.append(t.clone()))
+    ch = control.ControlChannel(run, 0, nodes={0, 1}, min_nodes=1, device=torch.device("cpu"))
+    assert ch.poll(4) == (None, 0, None)
+    assert sent[0].tolist() == [0, 0, 0]
+    e1 = msgspec.json.decode((run.control_acks / "e1.json").read_bytes(), type=ControlAck)
+    bad = msgspec.json.decode((run.control_acks / "bad.json").read_bytes(), type=ControlAck)
+    assert (e1.status, e1.applied_step) == ("refused", 4) and "unknown node 3" in e1.detail
+    assert bad.status == "refused"
+    _req(run, "e2", "evict", 5.0, node=1)
+    assert ch.poll(5) == ("evict", 0, 1)
+    assert sent[-1].tolist() == [3, 0, 1]
+    ch.ack(5, "done")
+    assert msgspec.json.decode((run.control_acks / "e2.json").read_bytes(), type=ControlAck).status == "applied"
+    assert control.evicted_marker(run, 1) == run.root / "control" / "evicted" / "node-1"
+
+
+def test_spool_writer_appends_whole_lines(tmp_path):
+    path = tmp_path / "spool" / "rank-0.jsonl"
+    w = SpoolWriter(path)
+    rec = StepRecord(run_id="r", rank=0, step=1, node=0, host="h", world_size=1, t_start=1.0, t_end=2.0, step_ms=1000)
+    w.add(rec)
+    assert path.read_bytes() == b""  # nothing until flush
+    w.flush()
+    w2 = SpoolWriter(path)  # a restarted rank appends
+    w2.write_now(rec)
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 2 and decode_spool_line(lines[1]).step == 1
