@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-import click
+import typer
 
 from nccl_tests.formulas import (
     DTYPES,
@@ -199,15 +199,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m nccl_tests") -> i
     return code  # not reached: finish() exits
 
 
-@click.command(
+# A typer app with one command that hands every argument, --help included, to the argparse
+# parser above, so `ranksight nccl-tests` and `python -m nccl_tests` take the same flags.
+nccl_tests_command = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+@nccl_tests_command.command(
     name="nccl-tests",
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
     add_help_option=False,
 )
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def nccl_tests_command(args: tuple[str, ...]) -> None:
+def _nccl_tests(ctx: typer.Context) -> None:
     """Collective benchmarks (nccl-tests output) and the pre-flight health check.
 
     Run under torchrun; see `ranksight nccl-tests --help` for the flags.
     """
-    sys.exit(main(list(args), prog="ranksight nccl-tests"))
+    sys.exit(main(list(ctx.args), prog="ranksight nccl-tests"))
