@@ -244,6 +244,8 @@ class TraceSummary(Record, tag="trace_summary", kw_only=True):
     top_ops: list[dict[str, Any]] = []  # [{"name", "total_ms", "count"}]
     collectives: list[dict[str, Any]] = []  # [{"name", "ts", "dur_ms", "bytes"}]
     device: str = "cpu"
+    truncated: bool = False  # the trace ended early; the numbers cover what was read
+    notes: list[str] = []  # how the summary was made (truncation, rank source, caps)
 
 
 # --------------------------------------------------------------------------

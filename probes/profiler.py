@@ -1,0 +1,506 @@
+"""Summarize a PyTorch profiler (Kineto / Chrome trace JSON) trace per rank, streaming.
+
+Traces reach hundreds of MB (HTA users report 800 MB JSON needing 6 GB in memory), so the
+file is never loaded whole: ijson walks ``traceEvents`` one event at a time (C backend
+``yajl2_c`` when present, the fastest ijson has), and each event is reduced on the spot to
+interval unions and per-name totals. ``.json.gz`` is read through gzip, also streaming.
+A truncated trace (a crashed job, a copy in progress) is summarized as far as it goes and
+marked ``truncated=True`` with a note.
+
+Definitions (all in milliseconds, within the *window*):
+
+- **window**: CPU traces: from the first ``ProfilerStep#N`` start to the last one's end
+  (all complete events when there are none). GPU traces: from the first GPU kernel start
+  to the last kernel end (the device timeline, as HTA does).
+- **communication**: the union of the time intervals of collective activity.
+  GPU: kernels (cat ``kernel``) named ``ncclKernel_*`` / ``ncclDevKernel_*``, on any stream.
+  CPU/gloo: ``gloo:*`` (and ``nccl:*``) ``user_annotation`` events, which run on the
+  ``pt_gloo_runloop`` threads, united with the ``c10d::*`` ``cpu_op`` events on the
+  calling threads (issue, and for blocking ops the wait).
+- **compute**: GPU: the union of all other kernels on all streams. CPU: the union of
+  ``cpu_op`` events that are not communication ops, on threads that are not gloo
+  runloop threads.
+- **overlap**: |compute ∩ communication| (communication hidden under compute).
+- **idle**: window − |compute ∪ communication|.
+- **wall_ms**: the window's length. Hence wall = compute + comm − overlap + idle.
+- **top_ops**: per name, inclusive total time and count of ``cpu_op`` events (CPU) or
+  kernels (GPU); nested operators are each counted, as in the profiler's own tables.
+- **collectives**: each communication event as listed above, in trace order:
+  name, ts (µs, trace clock), dur_ms, bytes (from the args when present: NCCL kernels'
+  ``In msg nelems`` × dtype size, or gloo's ``Input Dims`` × ``Input type`` size with
+  ``record_shapes=True``), kind (``exec`` for gloo:*/NCCL kernels, ``issue`` for c10d::*),
+  and tid (CPU) or stream (GPU).
+
+Public API: :func:`summarize_trace` (one file -> :class:`~ranksight.schema.TraceSummary`),
+:func:`summarize_traces`, :func:`ijson_backend`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from array import array
+from typing import Any, BinaryIO, Iterable
+
+import ijson
+
+from ranksight.schema import TraceSummary
+
+_CHUNK = 1 << 20
+_COMPACT_AT = 1 << 20  # intervals kept before an in-place sort+merge (bounds memory)
+
+# Element sizes for the byte counts, keyed by the dtype names Kineto writes
+# ("Float", "BFloat16", "c10::Half", "float", "long int", ...), lower-cased.
+_DTYPE_SIZE = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "c10::half": 2, "c10::bfloat16": 2, "long": 8, "long int": 8, "int64": 8, "int": 4, "int32": 4,
+    "short": 2, "int16": 2, "char": 1, "signed char": 1, "int8": 1, "byte": 1, "unsigned char": 1, "uint8": 1,
+    "bool": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "c10::complex<float>": 8, "c10::complex<double>": 16,
+}
+_STEP_RE = re.compile(r"ProfilerStep#(\d+)")
+_RANK_IN_NAME_RE = re.compile(r"rank[_-]?(\d+)", re.I)
+
+
+class TraceError(ValueError):
+    """The file is not a readable trace at all (no events could be read)."""
+
+
+def ijson_backend() -> str:
+    """Name of the ijson backend in use (``yajl2_c`` is the fast C one)."""
+    return _IJSON.backend_name if hasattr(_IJSON, "backend_name") else str(_IJSON)
+
+
+def _pick_backend():
+    for name in ("yajl2_c", "yajl2_cffi", "yajl2", "python"):
+        try:
+            return ijson.get_backend(name)
+        except Exception:  # noqa: BLE001 - a missing native lib raises various errors
+            continue
+    return ijson
+
+
+_IJSON = _pick_backend()
+
+
+class _Union:
+    """Union of [start, end) intervals, streamed. Merges on the fly while events arrive in
+    order (the usual case per category) and keeps the rest in compact float arrays."""
+
+    __slots__ = ("cs", "ce", "starts", "ends")
+
+    def __init__(self) -> None:
+        self.cs = self.ce = None
+        self.starts = array("d")
+        self.ends = array("d")
+
+    def add(self, s: float, e: float) -> None:
+        cs = self.cs
+        if cs is not None and cs <= s <= self.ce:
+            if e > self.ce:
+                self.ce = e
+            return
+        if cs is not None:
+            self.starts.append(cs)
+            self.ends.append(self.ce)
+            if len(self.starts) >= _COMPACT_AT:
+                self._compact()
+        self.cs, self.ce = s, e
+
+    def _compact(self) -> None:
+        st, en = _merge(self.starts, self.ends)
+        self.starts, self.ends = array("d", st.tolist()), array("d", en.tolist())
+
+    def intervals(self):
+        """Sorted, disjoint intervals as two numpy arrays."""
+        import numpy as np
+
+        if self.cs is not None:
+            self.starts.append(self.cs)
+            self.ends.append(self.ce)
+            self.cs = self.ce = None
+        if not self.starts:
+            return np.zeros(0), np.zeros(0)
+        return _merge(self.starts, self.ends)
+
+
+def _merge(starts, ends):
+    import numpy as np
+
+    s = np.frombuffer(starts, dtype=np.float64) if isinstance(starts, array) else np.asarray(starts, dtype=np.float64)
+    e = np.frombuffer(ends, dtype=np.float64) if isinstance(ends, array) else np.asarray(ends, dtype=np.float64)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    run_end = np.maximum.accumulate(e)
+    # A new merged interval starts where the start is past every earlier end.
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > run_end[:-1]
+    idx = np.flatnonzero(new)
+    out_s = s[idx]
+    out_e = np.maximum.reduceat(e, idx) if len(idx) else e[:0]
+    # reduceat gives the max end within each group; groups are contiguous in sorted order.
+    return out_s.copy(), out_e.copy()
+
+
+def _clip(s, e, lo: float, hi: float):
+    import numpy as np
+
+    s = np.clip(s, lo, hi)
+    e = np.clip(e, lo, hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def _length(s, e) -> float:
+    return float((e - s).sum()) if len(s) else 0.0
+
+
+def _intersection(a_s, a_e, b_s, b_e) -> float:
+    """Total length of the intersection of two sorted disjoint interval sets."""
+    i = j = 0
+    total = 0.0
+    na, nb = len(a_s), len(b_s)
+    a_s, a_e, b_s, b_e = a_s.tolist(), a_e.tolist(), b_s.tolist(), b_e.tolist()
+    while i < na and j < nb:
+        lo = a_s[i] if a_s[i] > b_s[j] else b_s[j]
+        hi = a_e[i] if a_e[i] < b_e[j] else b_e[j]
+        if hi > lo:
+            total += hi - lo
+        if a_e[i] < b_e[j]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _nbytes(args: dict[str, Any]) -> int | None:
+    if not isinstance(args, dict):
+        return None
+    dt = args.get("dtype")
+    n = args.get("In msg nelems")
+    if n is not None and dt is not None:
+        size = _DTYPE_SIZE.get(str(dt).lower())
+        try:
+            return int(n) * size if size else None
+        except (TypeError, ValueError):
+            return None
+    dims = args.get("Input Dims")
+    types = args.get("Input type")
+    if isinstance(dims, list) and isinstance(types, list):
+        total = 0
+        found = False
+        for d, t in zip(dims, types):
+            size = _DTYPE_SIZE.get(str(t).lower())
+            if not size or not isinstance(d, list):
+                continue
+            # A tensor list arrives as a list of dims lists; a tensor as a list of ints.
+            shapes = d if d and isinstance(d[0], list) else [d]
+            for shp in shapes:
+                try:
+                    k = 1
+                    for x in shp:
+                        k *= int(x)
+                except (TypeError, ValueError):
+                    continue
+                total += k * size
+                found = True
+        return total if found else None
+    return None
+
+
+def _open(path: str) -> BinaryIO:
+    f = open(path, "rb")
+    magic = f.read(2)
+    f.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return f
+
+
+def _is_comm_cpu_op(name: str) -> bool:
+    return name.startswith(("c10d::", "nccl:", "gloo:")) or name == "record_param_comms"
+
+
+def summarize_trace(
+    path: str,
+    *,
+    run_id: str = "",
+    rank: int | None = None,
+    top_k: int = 15,
+    max_collectives: int = 10_000,
+) -> TraceSummary:
+    """Summarize one rank's trace file (``.json`` or ``.json.gz``) in one streaming pass.
+
+    Rank: ``distributedInfo.rank`` when the trace has it, else ``rank``, else ``rankN`` in
+    the file name. Raises OSError when the file cannot be opened and :class:`TraceError`
+    when not a single event can be read; a trace cut short returns what was read with
+    ``truncated=True``.
+    """
+    notes: list[str] = []
+    meta: dict[str, Any] = {}
+    thread_names: dict[tuple[Any, Any], str] = {}
+    gloo_tids: set[tuple[Any, Any]] = set()
+
+    cpu_compute = _Union()
+    cpu_comm = _Union()
+    gpu_compute = _Union()
+    gpu_comm = _Union()
+    steps: dict[int, tuple[float, float]] = {}
+    cpu_span = [float("inf"), float("-inf")]
+    gpu_span = [float("inf"), float("-inf")]
+    cpu_ops: dict[str, list[float]] = {}
+    kernels: dict[str, list[float]] = {}
+    collectives: list[dict[str, Any]] = []
+    n_coll = 0
+    n_events = 0
+    truncated = False
+    # Events on gloo runloop threads are only known as such once the thread_name metadata
+    # event is seen, which may come after them: such cpu_ops are held per thread until then.
+    held: dict[tuple[Any, Any], _Union] = {}
+
+    events = ijson.sendable_list()
+    ev_coro = _IJSON.items_coro(events, "traceEvents.item", use_float=True)
+    dist = ijson.sendable_list()
+    dist_coro = _IJSON.items_coro(dist, "distributedInfo", use_float=True)
+    dev = ijson.sendable_list()
+    dev_coro = _IJSON.items_coro(dev, "deviceProperties", use_float=True)
+    side = [dist_coro, dev_coro]
+
+    def handle(ev: dict[str, Any]) -> None:
+        nonlocal n_coll
+        ph = ev.get("ph")
+        if ph != "X":
+            if ph == "M" and ev.get("name") == "thread_name":
+                args = ev.get("args") or {}
+                tname = str(args.get("name", ""))
+                key = (ev.get("pid"), ev.get("tid"))
+                thread_names[key] = tname
+                if "gloo" in tname:
+                    gloo_tids.add(key)
+                    held.pop(key, None)
+            return
+        ts = ev.get("ts")
+        dur = ev.get("dur")
+        if ts is None or dur is None:
+            return
+        try:
+            ts = float(ts)
+            dur = float(dur)
+        except (TypeError, ValueError):
+            return
+        if dur < 0:
+            return
+        end = ts + dur
+        cat = ev.get("cat") or ""
+        name = ev.get("name") or ""
+        if cat == "kernel":
+            if ts < gpu_span[0]:
+                gpu_span[0] = ts
+            if end > gpu_span[1]:
+                gpu_span[1] = end
+            k = kernels.get(name)
+            if k is None:
+                kernels[name] = [dur, 1]
+            else:
+                k[0] += dur
+                k[1] += 1
+            if name.startswith(("ncclKernel", "ncclDevKernel")):
+                gpu_comm.add(ts, end)
+                n_coll += 1
+                if len(collectives) < max_collectives:
+                    args = ev.get("args") or {}
+                    collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(args),
+                                        "kind": "exec", "stream": args.get("stream", ev.get("tid")),
+                                        "device": "gpu"})
+            else:
+                gpu_compute.add(ts, end)
+            return
+        if ts < cpu_span[0]:
+            cpu_span[0] = ts
+        if end > cpu_span[1]:
+            cpu_span[1] = end
+        if cat == "cpu_op":
+            k = cpu_ops.get(name)
+            if k is None:
+                cpu_ops[name] = [dur, 1]
+            else:
+                k[0] += dur
+                k[1] += 1
+            if _is_comm_cpu_op(name):
+                cpu_comm.add(ts, end)
+                n_coll += 1
+                if len(collectives) < max_collectives:
+                    collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0,
+                                        "bytes": _nbytes(ev.get("args") or {}), "kind": "issue", "tid": ev.get("tid"),
+                                        "device": "cpu"})
+                return
+            key = (ev.get("pid"), ev.get("tid"))
+            if key in gloo_tids:
+                return
+            if key not in thread_names:
+                u = held.get(key)
+                if u is None:
+                    u = held[key] = _Union()
+                u.add(ts, end)
+            else:
+                cpu_compute.add(ts, end)
+            return
+        if cat == "user_annotation" or cat == "":
+            if name.startswith("ProfilerStep#"):
+                m = _STEP_RE.match(name)
+                if m:
+                    steps[int(m.group(1))] = (ts, end)
+                return
+            if name.startswith(("gloo:", "nccl:")):
+                cpu_comm.add(ts, end)
+                n_coll += 1
+                if len(collectives) < max_collectives:
+                    collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0,
+                                        "bytes": _nbytes(ev.get("args") or {}),
+                                        "kind": "exec" if name.startswith("gloo:") else "issue",
+                                        "tid": ev.get("tid"), "device": "cpu"})
+
+    f = _open(path)
+    # read1: a gzip member cut short raises EOFError only after handing out what it could
+    # decompress (read() would drop the last partial block).
+    read = getattr(f, "read1", f.read)
+    try:
+        while True:
+            try:
+                chunk = read(_CHUNK)
+            except (EOFError, zlib.error, OSError) as e:  # truncated/corrupt gzip member
+                truncated = True
+                notes.append(f"stopped reading: {type(e).__name__}: {e}")
+                break
+            if not chunk:
+                break
+            try:
+                ev_coro.send(chunk)
+            except ijson.common.JSONError as e:
+                truncated = True
+                notes.append(f"stopped at invalid JSON: {e}")
+                break
+            for c in list(side):
+                try:
+                    c.send(chunk)
+                except ijson.common.JSONError:
+                    side.remove(c)
+            if dist and dist_coro in side:
+                side.remove(dist_coro)  # found: stop paying for a second parse
+            if dev and dev_coro in side:
+                side.remove(dev_coro)
+            for ev in events:
+                if isinstance(ev, dict):
+                    handle(ev)
+            n_events += len(events)
+            del events[:]
+        if not truncated:
+            try:
+                ev_coro.close()
+            except ijson.common.IncompleteJSONError as e:
+                truncated = True
+                notes.append(f"trace ends early (truncated JSON): {e}")
+            except ijson.common.JSONError as e:
+                truncated = True
+                notes.append(f"invalid JSON at the end: {e}")
+            for ev in events:
+                if isinstance(ev, dict):
+                    handle(ev)
+            n_events += len(events)
+            del events[:]
+    finally:
+        f.close()
+    if n_events == 0:
+        raise TraceError(f"{path}: no trace events could be read" + (f" ({notes[-1]})" if notes else ""))
+    if truncated:
+        notes.insert(0, f"truncated: summarized the {n_events} events read before the trace ended")
+
+    # cpu_ops of threads never named: they are compute (no gloo runloop name was ever given).
+    for key, u in held.items():
+        if key in gloo_tids:
+            continue
+        hs, he = u.intervals()
+        for s, e in zip(hs.tolist(), he.tolist()):
+            cpu_compute.add(s, e)
+
+    distributed = dist[0] if dist and isinstance(dist[0], dict) else {}
+    if rank is None or distributed.get("rank") is not None:
+        r = distributed.get("rank")
+        if r is not None:
+            try:
+                rank = int(r)
+            except (TypeError, ValueError):
+                rank = None
+        if rank is None:
+            m = _RANK_IN_NAME_RE.search(os.path.basename(path))
+            if m:
+                rank = int(m.group(1))
+                notes.append("rank taken from the file name (no distributedInfo.rank)")
+            else:
+                rank = 0
+                notes.append("rank unknown (no distributedInfo.rank, none given, none in the file name): reported as 0")
+
+    is_gpu = gpu_span[0] <= gpu_span[1]
+    if is_gpu:
+        lo, hi = gpu_span
+        comp, comm = gpu_compute, gpu_comm
+        device = "gpu"
+    else:
+        comp, comm = cpu_compute, cpu_comm
+        device = "cpu"
+        if steps:
+            lo = min(s for s, _ in steps.values())
+            hi = max(e for _, e in steps.values())
+        else:
+            lo, hi = cpu_span
+            notes.append("no ProfilerStep#N events: window = all events")
+    if not lo <= hi:
+        lo = hi = 0.0
+    import numpy as np
+
+    cs, ce = _clip(*comp.intervals(), lo, hi)
+    ms, me = _clip(*comm.intervals(), lo, hi)
+    compute_us = _length(cs, ce)
+    comm_us = _length(ms, me)
+    overlap_us = _intersection(cs, ce, ms, me)
+    busy_us = compute_us + comm_us - overlap_us
+    wall_us = hi - lo
+    idle_us = max(0.0, wall_us - busy_us)
+
+    table = kernels if is_gpu else cpu_ops
+    top = sorted(table.items(), key=lambda kv: kv[1][0], reverse=True)[:top_k]
+    top_ops = [{"name": n, "total_ms": round(v[0] / 1000.0, 6), "count": int(v[1]),
+                "kind": "kernel" if is_gpu else "cpu_op"} for n, v in top]
+    if is_gpu:
+        collectives = [c for c in collectives if c["device"] == "gpu"]
+    collectives.sort(key=lambda c: c["ts"])
+    if n_coll > len(collectives) and len(collectives) >= max_collectives:
+        notes.append(f"{n_coll - len(collectives)} more communication events not listed (max_collectives={max_collectives})")
+    step_start = min(steps) if steps else -1
+    step_end = max(steps) if steps else -1
+    if distributed.get("backend"):
+        notes.append(f"backend {distributed.get('backend')}, world_size {distributed.get('world_size')}")
+    del np
+    return TraceSummary(
+        run_id=run_id, rank=int(rank), step_start=step_start, step_end=step_end, trace_file=path,
+        wall_ms=wall_us / 1000.0, compute_ms=compute_us / 1000.0, comm_ms=comm_us / 1000.0,
+        overlap_ms=overlap_us / 1000.0, idle_ms=idle_us / 1000.0, top_ops=top_ops, collectives=collectives,
+        device=device, truncated=truncated, notes=notes,
+    )
+
+
+def summarize_traces(paths: Iterable[str], **kw: Any) -> tuple[list[TraceSummary], dict[str, str]]:
+    """Summarize several rank traces; returns (summaries, {path: error}) and never raises on one bad file."""
+    out: list[TraceSummary] = []
+    errors: dict[str, str] = {}
+    for p in paths:
+        try:
+            out.append(summarize_trace(p, **kw))
+        except (OSError, TraceError) as e:
+            errors[p] = f"{type(e).__name__}: {e}"
+    return out, errors
+
+
+__all__ = ["summarize_trace", "summarize_traces", "ijson_backend", "TraceError"]
