@@ -181,8 +181,8 @@ class Head:
             try:
                 df = read_table(self.store.root, run_id, "actions")
                 for row in df.sort_values("t").to_dict("records") if len(df) else []:
-                    row.pop("run_id", None)
-                    row["ranks"] = list(row.get("ranks") or [])
+                    ranks = row.get("ranks")
+                    row["ranks"] = [int(r) for r in ranks] if ranks is not None else []
                     row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
                     acts[row["id"]] = msgspec.convert({**row, "run_id": run_id}, schema.Action, strict=False)
             except Exception as e:

@@ -220,3 +220,41 @@ def stored_steps(store: Path, run_id: str) -> pd.DataFrame:
 def stored_key_list(store: Path, run_id: str) -> list[tuple[int, int, int]]:
     df = stored_steps(store, run_id)
     return [tuple(int(x) for x in t) for t in df[["rank", "step", "attempt"]].itertuples(index=False)]
+
+
+class Prometheus:
+    """A real Prometheus (Debian package) on 127.0.0.1 from a temp dir, scraping every second."""
+
+    def __init__(self, workdir: Path, targets: list[str], procs: Procs, port: int):
+        import shutil
+
+        self.binary = shutil.which("prometheus")
+        if self.binary is None:
+            raise AssertionError("prometheus is not installed: `make debs` (apt-get install prometheus) provides it")
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        (self.dir / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: ranksight_agent\n"
+            f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
+        self.procs = procs
+
+    def start(self) -> "Prometheus":
+        self.procs.start("prometheus", [self.binary, f"--config.file={self.dir / 'prometheus.yml'}",
+                                        f"--storage.tsdb.path={self.dir / 'data'}",
+                                        f"--web.listen-address=127.0.0.1:{self.port}"])
+        return self
+
+    def query(self, q: str) -> list:
+        from urllib.parse import quote
+
+        status, body = http_json(f"{self.url}/api/v1/query?query={quote(q)}")
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_up(self, n_targets: int = 1, timeout: float = 30.0) -> None:
+        # the first scrape lands ~6 s after start (discovery manager's fixed throttle in 2.42)
+        wait_for(lambda: len([r for r in self.query("up == 1")]) >= n_targets, timeout, 0.5, "prometheus up == 1")
