@@ -1,0 +1,139 @@
+"""A fake head for the TUI tests: a stdlib HTTP server on 127.0.0.1 answering the head's API shapes.
+
+The data is deterministic (fixed clock T0): run ``run-a``, 8 ranks on 2 nodes, dp4×tp1×pp2, 40 steps;
+rank 5 (node 1) computes 1.8x its peers from step 20 on, and a straggler finding says so.
+POSTs to /api/runs/<id>/actions are recorded (headers and body) and answered like the real head.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+T0 = 1_700_000_000.0
+RUN = "run-a"
+TOKEN = "tui-test-token"
+
+
+def step_record(rank: int, step: int) -> dict:
+    node = rank // 4
+    stage = rank % 2
+    compute = 100.0 + rank + (80.0 if rank == 5 and step >= 20 else 0.0)
+    step_ms = 220.0 if step >= 20 else 140.0
+    comm = step_ms - compute - 10.0
+    return {"kind": "step", "run_id": RUN, "rank": rank, "step": step, "node": node, "host": f"node{node}",
+            "attempt": 0, "world_size": 8, "pp_stage": stage, "dp_rank": rank // 2, "tp_rank": 0,
+            "t_start": T0 + step * 0.2, "t_end": T0 + step * 0.2 + step_ms / 1000, "step_ms": step_ms,
+            "data_ms": 10.0, "forward_ms": compute / 3, "backward_ms": compute * 2 / 3, "optimizer_ms": 1.0,
+            "comm_ms": comm, "pipeline_wait_ms": 0.0, "compute_ms": compute, "sync_arrival": None,
+            "sync_wait_ms": None, "tokens": 4096, "loss": (4.0 - step * 0.02) if stage == 1 else None,
+            "loss_nonfinite": False, "grad_norm": 1.0, "loss_scale": None, "overflow": False, "skipped": False,
+            "lr": 1e-3, "mem_bytes": 1 << 30, "flops": 2.0e12, "profiling": False, "microbatches": 4}
+
+
+def default_data() -> dict:
+    steps = [step_record(r, s) for s in range(40) for r in range(8)]
+    ranks = [{"rank": r, "node": r // 4, "host": f"node{r // 4}", "step": 39, "attempt": 0, "t_end": T0 + 8.0,
+              "step_ms": 220.0, "last_seen": T0 + 8.0, "age_s": 0.5, "state": "running"} for r in range(8)]
+    ranks[7].update(step=31, age_s=42.0, state="stalled")
+    return {
+        "runs": [{"run_id": RUN, "status": "running", "start_time": T0, "world_size": 8,
+                  "layout": {"dp": 4, "tp": 1, "pp": 2, "world": 8}, "nodes": 2, "last_step": 39,
+                  "last_seen": T0 + 8.0, "ranks_live": 8, "steps_stored": 320,
+                  "peak_flops": 1.0e14, "peak_source": "measured fp32 matmul on this CPU", "peak_simulated": True},
+                 {"run_id": "run-b", "status": "finished", "start_time": T0 - 3600, "world_size": 4,
+                  "layout": {"dp": 4, "tp": 1, "pp": 1, "world": 4}, "nodes": 1, "last_step": 99,
+                  "last_seen": T0 - 1000, "ranks_live": 0, "steps_stored": 400}],
+        "ranks": ranks,
+        "steps": steps,
+        "findings": [
+            {"analyzer": "stragglers", "kind": "straggler", "severity": "warning", "ranks": [5], "nodes": [1],
+             "step_start": 20, "step_end": 39,
+             "evidence": {"own_compute_ms": 185.0, "peers_compute_ms": 103.5, "ratio": 1.787, "onset_step": 20},
+             "recommendation": "Inspect rank 5 on node 1: GPU clocks/throttling; if it persists, checkpoint and evict node 1.",
+             "confidence": 0.9, "summary": "rank 5 (node 1) is the straggler since step 20: compute 185.0 ms vs peers 103.5 ms (1.79x)",
+             "run_id": RUN, "t": T0 + 5.0, "simulated": False},
+            {"analyzer": "pipeline", "kind": "pipeline_bubble", "severity": "info", "ranks": [], "nodes": [],
+             "step_start": 0, "step_end": 39, "evidence": {"bubble_share": 0.21, "theory_share": 0.2},
+             "recommendation": "Nothing to do.", "confidence": 0.7, "summary": "bubble 21% vs 20% theory",
+             "run_id": RUN, "t": T0 + 4.0, "simulated": False},
+        ],
+        "actions": [{"run_id": RUN, "id": "ck0001", "t": T0 + 2.0, "action": "checkpoint", "node": None, "ranks": [],
+                     "steps": 0, "reason": "manual", "finding_kind": "", "dry_run": False, "status": "applied",
+                     "applied_step": 12, "requested_by": "api:127.0.0.1"}],
+        "health": {"ok": True, "stats": {}, "runs": 1},
+    }
+
+
+class FakeHead:
+    def __init__(self, data: dict | None = None):
+        self.data = data or default_data()
+        self.posts: list[dict] = []
+        self.raw: dict[str, bytes] = {}  # path -> raw body to answer instead (malformed-response tests)
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _send(self, status: int, body: bytes):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                url = urlsplit(self.path)
+                if url.path in fake.raw:
+                    return self._send(200, fake.raw[url.path])
+                q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                parts = url.path.rstrip("/").split("/")
+                d = fake.data
+                if url.path == "/api/health":
+                    return self._send(200, json.dumps(d["health"]).encode())
+                if url.path == "/api/runs":
+                    return self._send(200, json.dumps(d["runs"]).encode())
+                if len(parts) == 5 and parts[1:3] == ["api", "runs"]:
+                    what = parts[4]
+                    if parts[3] != RUN:
+                        return self._send(200, b"[]")
+                    if what == "steps":
+                        since = int(q.get("since", -1))
+                        out = [s for s in d["steps"] if s["step"] > since
+                               and ("rank" not in q or s["rank"] == int(q["rank"]))]
+                        return self._send(200, json.dumps(out).encode())
+                    if what in ("ranks", "findings", "actions"):
+                        return self._send(200, json.dumps(d[what]).encode())
+                self._send(404, json.dumps({"error": f"no such endpoint: GET {url.path}"}).encode())
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n)
+                fake.posts.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)})
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._send(401, b'{"error": "missing or bad token"}')
+                req = json.loads(body)
+                a = {"run_id": RUN, "id": f"act{len(fake.posts):04d}", "t": T0 + 9.0, "action": req["action"],
+                     "node": req.get("node"), "ranks": req.get("ranks") or [], "steps": req.get("steps") or 0,
+                     "reason": req.get("reason", ""), "finding_kind": "", "dry_run": bool(req.get("dry_run")),
+                     "status": "requested", "applied_step": None, "requested_by": "api:127.0.0.1"}
+                fake.data["actions"].append(a)
+                self._send(202, json.dumps(a).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        self.stopped = False
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.server.shutdown()
+            self.server.server_close()

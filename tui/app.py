@@ -1,0 +1,224 @@
+"""The ranksight TUI: a live view of one run, fed by the head's HTTP API.
+
+Every ``interval`` seconds (unless paused) a worker thread reads the head
+(``HeadClient.fetch``); the main thread turns the result into a ``RunView`` and
+hands each widget its part. A failed read never raises into Textual: it turns
+into the status line ("head unreachable since …", "head error: …") and the
+panels keep the last good data, marked stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer
+
+from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary
+from tui.model import RunView, build_view
+from tui.screens import ActionModal, ActionRequest, RunPicker
+from tui.widgets.actions import ActionsTable
+from tui.widgets.findings import FindingDetail, FindingsTable
+from tui.widgets.header import RunHeader, StatusBar, clock, status_text
+from tui.widgets.heatmap import HeatMap
+from tui.widgets.ranks import RankTable
+from tui.widgets.trends import Trends
+
+
+class RanksightApp(App):
+    CSS_PATH = "ranksight.tcss"
+    TITLE = "ranksight"
+    BINDINGS = [
+        Binding("p", "toggle_pause", "Pause/resume"),
+        Binding("r", "refresh_now", "Refresh"),
+        Binding("f", "focus_findings", "Findings"),
+        Binding("a", "request_action", "Action on node"),
+        Binding("g", "pick_run", "Runs"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, client: HeadClient, run_id: str | None = None, interval: float = 1.0, window: int = 60,
+                 clock_fn: Callable[[], float] = time.time):
+        super().__init__()
+        self.client = client
+        self.run_id = run_id
+        self.interval = interval
+        self.window = window
+        self.now = clock_fn
+        self.paused = False
+        self.view: RunView | None = None
+        self.runs: list[RunSummary] = []
+        self.last_ok: float | None = None
+        self.unreachable_since: float | None = None
+        self.error = ""
+        self.skipped: dict[str, int] = {}
+        self._fetching = False
+        self._picker: RunPicker | None = None
+        self.timer = None
+
+    # -- layout ---------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        yield RunHeader(id="header")
+        with Horizontal(id="body"):
+            with Vertical(id="left"):
+                yield RankTable(id="ranks")
+                yield HeatMap(id="heatmap")
+            with Vertical(id="right"):
+                yield Trends(id="trends")
+                yield FindingsTable(id="findings")
+                yield FindingDetail(id="detail")
+                yield ActionsTable(id="actions")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#ranks").border_title = "ranks"
+        self.query_one("#heatmap").border_title = "compute ms heat map (rank × step)"
+        self.query_one("#trends").border_title = "trends"
+        self.query_one("#findings").border_title = "findings"
+        self.query_one("#detail").border_title = "finding detail"
+        self.query_one("#actions").border_title = "actions"
+        self.query_one(RunHeader).show_view(None, self.run_id)
+        self._show_status()
+        self.timer = self.set_interval(self.interval, self._tick, name="refresh")
+        if self.run_id is None:
+            self.action_pick_run()
+        self._tick()
+
+    # -- refresh ----------------------------------------------------------------------
+    def _tick(self) -> None:
+        if not self._fetching:
+            self.run_worker(self.refresh_now(), group="fetch", exit_on_error=False)
+
+    async def refresh_now(self) -> None:
+        """Read the head once and update every panel. Safe to await from tests."""
+        if self._fetching:
+            return
+        self._fetching = True
+        try:
+            if self.run_id is None:
+                skipped: dict[str, int] = {}
+                runs = await asyncio.to_thread(self.client.runs, skipped)
+                self.runs, self.skipped = runs, skipped
+            else:
+                run_id = self.run_id
+                data = await asyncio.to_thread(self.client.fetch, run_id, self.window)
+                if run_id != self.run_id:  # the user switched runs meanwhile
+                    return
+                self.runs = data.runs
+                self.view = build_view(run_id, data, self.window)
+                self.skipped = self.view.skipped
+            self.last_ok = self.now()
+            self.unreachable_since = None
+            self.error = ""
+        except HeadUnreachable as e:
+            if self.unreachable_since is None:
+                self.unreachable_since = self.now()
+            self.error = str(e)
+        except ClientError as e:
+            self.unreachable_since = None
+            self.error = str(e)
+        except Exception as e:  # a bug in parsing/model code must not take the screen down
+            self.error = f"unexpected {type(e).__name__}: {e}"
+        finally:
+            self._fetching = False
+        self._apply()
+
+    def _apply(self) -> None:
+        self._show_status()
+        if self._picker is not None and self._picker.is_attached:
+            self._picker.show_runs(self.runs)
+        v = self.view
+        if v is None or v.run_id != self.run_id:
+            return
+        self.query_one(RunHeader).show_view(v)
+        ranks = self.query_one(RankTable)
+        ranks.show_rows(v.rows)
+        stale = self.unreachable_since is not None
+        ranks.border_title = (f"ranks — STALE: head unreachable since {clock(self.unreachable_since)}" if stale
+                              else f"ranks ({len(v.rows)}, {len(v.culprits)} culprit)" if v.culprits else f"ranks ({len(v.rows)})")
+        self.query_one("#body").set_class(stale, "stale")
+        self.query_one(HeatMap).show_view(v)
+        self.query_one(Trends).show_series(v.step_ms_series, v.loss_series)
+        ft = self.query_one(FindingsTable)
+        ft.show_findings(v.findings)
+        ft.border_title = f"findings ({len(v.findings)})"
+        self.query_one(FindingDetail).show_finding(ft.selected())
+        self.query_one(ActionsTable).show_actions(v.actions)
+
+    def _show_status(self) -> None:
+        t = status_text(self.client.base_url, unreachable_since=self.unreachable_since, error=self.error,
+                        last_ok=self.last_ok, paused=self.paused, skipped=self.skipped)
+        self.query_one(StatusBar).update(t)
+        if self._picker is not None and self._picker.is_attached:
+            self._picker.show_status(t)
+
+    # -- events -------------------------------------------------------------------------
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if isinstance(event.data_table, FindingsTable):
+            self.query_one(FindingDetail).show_finding(event.data_table.selected())
+
+    # -- actions (key bindings) --------------------------------------------------------------
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        if self.timer is not None:
+            (self.timer.pause if self.paused else self.timer.resume)()
+        self._show_status()
+
+    def action_refresh_now(self) -> None:
+        self._tick()
+
+    def action_focus_findings(self) -> None:
+        self.query_one(FindingsTable).focus()
+
+    def action_pick_run(self) -> None:
+        if self._picker is not None and self._picker.is_attached:
+            return
+        self._picker = RunPicker(self.runs)
+        self.push_screen(self._picker, self._picked)
+
+    def _picked(self, run_id: str | None) -> None:
+        self._picker = None
+        if run_id and run_id != self.run_id:
+            self.run_id = run_id
+            self.view = None
+            self.query_one(RunHeader).show_view(None, run_id)
+        self._tick()
+
+    def action_request_action(self) -> None:
+        v = self.view
+        rank = self.query_one(RankTable).selected_rank()
+        if v is None or rank is None:
+            self.notify("no rank selected", severity="warning")
+            return
+        row = next((r for r in v.rows if r.rank == rank), None)
+        node = row.node if row else None
+        ranks = sorted(r.rank for r in v.rows if node is not None and r.node == node) or [rank]
+        self.push_screen(ActionModal(v.run_id, node, ranks, v.dry_run_head), self._confirmed)
+
+    def _confirmed(self, req: ActionRequest | None) -> None:
+        if req is None:
+            self.notify("action cancelled")
+            return
+        self.run_worker(self._post_action(self.run_id, req), group="post", exit_on_error=False)
+
+    async def _post_action(self, run_id: str | None, req: ActionRequest) -> None:
+        if run_id is None:
+            return
+        try:
+            a = await asyncio.to_thread(self.client.request_action, run_id, req.action, node=req.node,
+                                        steps=req.steps, ranks=req.ranks, reason="requested from the TUI",
+                                        dry_run=req.dry_run)
+        except ClientError as e:
+            self.notify(f"{req.action} not requested: {e}", severity="error", timeout=8)
+            return
+        except Exception as e:
+            self.notify(f"{req.action} not requested: unexpected {type(e).__name__}: {e}", severity="error", timeout=8)
+            return
+        self.notify(f"{a.action} {a.id}: {a.status}{' (dry-run)' if a.dry_run else ''}",
+                    severity="error" if a.status in ("failed", "refused") else "information")
+        await self.refresh_now()

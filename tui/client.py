@@ -1,0 +1,299 @@
+"""A small typed client for the head's JSON API (stdlib ``urllib`` only).
+
+Every call either returns parsed, typed data or raises a :class:`ClientError`
+subclass with a message a person can read:
+
+- :class:`HeadUnreachable`: nothing answered (refused, timed out, DNS, reset);
+- :class:`HeadError`: the head answered with an HTTP error (its ``{"error": ...}`` text);
+- :class:`MalformedResponse`: it answered, but not with what the API documents.
+
+Lists whose items are individually broken (a finding with a non-numeric step, say)
+are not thrown away whole: the good items come back and the broken ones are counted
+in ``Fetched.skipped`` so the TUI can say so.
+
+Reads are open; ``request_action`` (POST) sends ``Authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+import msgspec
+
+from ranksight import schema
+
+DEFAULT_HEAD = "http://127.0.0.1:4318"
+T = TypeVar("T")
+
+
+class ClientError(Exception):
+    """Anything that kept a call from returning good data."""
+
+
+class HeadUnreachable(ClientError):
+    pass
+
+
+class HeadError(ClientError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class MalformedResponse(ClientError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    status: str = "unknown"
+    start_time: float | None = None
+    world_size: int | None = None
+    layout: dict[str, Any] = field(default_factory=dict)
+    nodes: int | None = None
+    last_step: int | None = None
+    last_seen: float | None = None
+    ranks_live: int = 0
+    steps_stored: int | None = None
+    # Manifest facts the head may add to the summary (MFU peak, device). Absent -> None.
+    peak_flops: float | None = None
+    peak_source: str = ""
+    peak_simulated: bool | None = None
+    device: str = ""
+    gpu_simulated: bool | None = None
+
+
+@dataclass(frozen=True)
+class RankState:
+    rank: int
+    node: int | None = None
+    host: str = ""
+    step: int | None = None
+    attempt: int = 0
+    step_ms: float | None = None
+    last_seen: float | None = None
+    age_s: float | None = None
+    state: str = "unknown"  # the head's: waiting | running | stalled | finished
+
+
+@dataclass
+class Fetched:
+    """One refresh worth of data for a run."""
+
+    run: RunSummary | None
+    ranks: list[RankState]
+    steps: list[schema.StepRecord]
+    findings: list[schema.Finding]
+    actions: list[schema.Action]
+    health: dict[str, Any]
+    runs: list[RunSummary] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # endpoint -> malformed items dropped
+
+
+def _num(v: Any, kind: type, name: str) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise MalformedResponse(f"{name} is {type(v).__name__}, expected a number")
+    return kind(v)
+
+
+def _parse_run(d: Any) -> RunSummary:
+    if not isinstance(d, dict) or not isinstance(d.get("run_id"), str):
+        raise MalformedResponse("run entry without a run_id")
+    m = d.get("manifest") if isinstance(d.get("manifest"), dict) else {}
+
+    def pick(key):
+        return d.get(key, m.get(key))
+
+    layout = d.get("layout") or m.get("layout") or {}
+    if not isinstance(layout, dict):
+        raise MalformedResponse("run layout is not an object")
+    ps = pick("peak_simulated")
+    gs = pick("gpu_simulated")
+    return RunSummary(
+        run_id=d["run_id"], status=str(d.get("status") or "unknown"),
+        start_time=_num(pick("start_time"), float, "start_time"),
+        world_size=_num(d.get("world_size"), int, "world_size"), layout=layout,
+        nodes=_num(pick("nodes"), int, "nodes"), last_step=_num(d.get("last_step"), int, "last_step"),
+        last_seen=_num(d.get("last_seen"), float, "last_seen"), ranks_live=_num(d.get("ranks_live"), int, "ranks_live") or 0,
+        steps_stored=_num(d.get("steps_stored"), int, "steps_stored"),
+        peak_flops=_num(pick("peak_flops"), float, "peak_flops"), peak_source=str(pick("peak_source") or ""),
+        peak_simulated=None if ps is None else bool(ps), device=str(pick("device") or ""),
+        gpu_simulated=None if gs is None else bool(gs))
+
+
+def _parse_rank(d: Any) -> RankState:
+    if not isinstance(d, dict) or "rank" not in d:
+        raise MalformedResponse("rank entry without a rank")
+    return RankState(rank=_num(d["rank"], int, "rank"), node=_num(d.get("node"), int, "node"), host=str(d.get("host") or ""),
+                     step=_num(d.get("step"), int, "step"), attempt=_num(d.get("attempt"), int, "attempt") or 0,
+                     step_ms=_num(d.get("step_ms"), float, "step_ms"), last_seen=_num(d.get("last_seen"), float, "last_seen"),
+                     age_s=_num(d.get("age_s"), float, "age_s"), state=str(d.get("state") or "unknown"))
+
+
+def _json_fields(d: dict, names: tuple[str, ...]) -> dict:
+    """Findings/actions read back from Parquet carry dict/list columns as JSON text."""
+    out = dict(d)
+    for n in names:
+        v = out.get(n)
+        if isinstance(v, str):
+            try:
+                out[n] = json.loads(v)
+            except ValueError:
+                pass
+        elif v is None and n in out:
+            out.pop(n)
+    return out
+
+
+def _struct(typ: type[T], json_names: tuple[str, ...] = ()) -> Callable[[Any], T]:
+    def parse(d: Any) -> T:
+        if not isinstance(d, dict):
+            raise MalformedResponse(f"{typ.__name__} entry is not an object")
+        d = _json_fields(d, json_names)
+        try:
+            return msgspec.convert(d, typ, strict=False)
+        except (msgspec.ValidationError, TypeError):
+            pass
+        # JSON null where the schema has a non-optional default (the head writes NaN as null): use the default.
+        try:
+            return msgspec.convert({k: v for k, v in d.items() if v is not None}, typ, strict=False)
+        except (msgspec.ValidationError, TypeError) as e:
+            raise MalformedResponse(f"{typ.__name__}: {e}") from None
+
+    return parse
+
+
+_parse_step = _struct(schema.StepRecord)
+_parse_finding = _struct(schema.Finding, ("evidence", "ranks", "nodes"))
+_parse_action = _struct(schema.Action, ("ranks",))
+
+
+class HeadClient:
+    def __init__(self, base_url: str = DEFAULT_HEAD, token: str | None = None, timeout: float = 3.0):
+        if "://" not in base_url:
+            base_url = "http://" + base_url
+        self.base_url = base_url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("RANKSIGHT_TOKEN", "")
+        self.timeout = timeout
+
+    # -- transport ----------------------------------------------------------------
+    def _request(self, method: str, path: str, body: dict | None = None, auth: bool = False) -> Any:
+        url = self.base_url + path
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as e:
+            try:
+                msg = json.loads(e.read() or b"{}").get("error") or e.reason
+            except (ValueError, AttributeError, OSError):
+                msg = str(e.reason)
+            raise HeadError(e.code, str(msg)) from None
+        except urllib.error.URLError as e:
+            raise HeadUnreachable(f"{self.base_url}: {e.reason}") from None
+        except (socket.timeout, TimeoutError):
+            raise HeadUnreachable(f"{self.base_url}: timed out after {self.timeout:g}s") from None
+        except (ConnectionError, OSError) as e:
+            raise HeadUnreachable(f"{self.base_url}: {e}") from None
+        except Exception as e:  # http.client.RemoteDisconnected/BadStatusLine and friends
+            raise HeadUnreachable(f"{self.base_url}: {type(e).__name__}: {e}") from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise MalformedResponse(f"{method} {path}: response is not JSON ({raw[:60]!r})") from None
+
+    def _get_list(self, path: str, parse: Callable[[Any], T], skipped: dict[str, int] | None = None) -> list[T]:
+        data = self._request("GET", path)
+        if not isinstance(data, list):
+            raise MalformedResponse(f"GET {path}: expected a JSON list, got {type(data).__name__}")
+        out = []
+        for item in data:
+            try:
+                out.append(parse(item))
+            except MalformedResponse:
+                if skipped is None:
+                    raise
+                key = path.rsplit("/", 1)[-1].split("?")[0]
+                skipped[key] = skipped.get(key, 0) + 1
+        return out
+
+    @staticmethod
+    def _rid(run_id: str) -> str:
+        return urllib.parse.quote(run_id, safe="")
+
+    # -- API ------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        d = self._request("GET", "/api/health")
+        if not isinstance(d, dict):
+            raise MalformedResponse("GET /api/health: expected an object")
+        return d
+
+    def runs(self, skipped: dict[str, int] | None = None) -> list[RunSummary]:
+        return self._get_list("/api/runs", _parse_run, skipped)
+
+    def ranks(self, run_id: str, skipped: dict[str, int] | None = None) -> list[RankState]:
+        return self._get_list(f"/api/runs/{self._rid(run_id)}/ranks", _parse_rank, skipped)
+
+    def steps(self, run_id: str, since: int = -1, rank: int | None = None, limit: int | None = None,
+              skipped: dict[str, int] | None = None) -> list[schema.StepRecord]:
+        q = {"since": since}
+        if rank is not None:
+            q["rank"] = rank
+        if limit is not None:
+            q["limit"] = limit
+        return self._get_list(f"/api/runs/{self._rid(run_id)}/steps?{urllib.parse.urlencode(q)}", _parse_step, skipped)
+
+    def findings(self, run_id: str, skipped: dict[str, int] | None = None) -> list[schema.Finding]:
+        return self._get_list(f"/api/runs/{self._rid(run_id)}/findings", _parse_finding, skipped)
+
+    def actions(self, run_id: str, skipped: dict[str, int] | None = None) -> list[schema.Action]:
+        return self._get_list(f"/api/runs/{self._rid(run_id)}/actions", _parse_action, skipped)
+
+    def request_action(self, run_id: str, action: str, node: int | None = None, steps: int | None = None,
+                       ranks: list[int] | None = None, reason: str = "", dry_run: bool = False) -> schema.Action:
+        if not self.token:
+            raise ClientError("no token: pass --token or set RANKSIGHT_TOKEN to request actions")
+        body: dict[str, Any] = {"action": action, "reason": reason, "dry_run": dry_run}
+        if node is not None:
+            body["node"] = node
+        if steps is not None:
+            body["steps"] = steps
+        if ranks:
+            body["ranks"] = list(ranks)
+        d = self._request("POST", f"/api/runs/{self._rid(run_id)}/actions", body, auth=True)
+        return _parse_action(d)
+
+    def fetch(self, run_id: str, window: int = 60) -> Fetched:
+        """Everything one refresh of the run view needs. Raises ClientError if the head cannot be read."""
+        skipped: dict[str, int] = {}
+        runs = self.runs(skipped)
+        run = next((r for r in runs if r.run_id == run_id), None)
+        ranks = self.ranks(run_id, skipped)
+        last = max([r.step for r in ranks if r.step is not None] + [run.last_step if run and run.last_step is not None else -1])
+        steps = self.steps(run_id, since=max(-1, last - window), skipped=skipped)
+        findings = self.findings(run_id, skipped)
+        actions = self.actions(run_id, skipped)
+        try:
+            health = self.health()
+        except MalformedResponse:
+            health = {}
+        return Fetched(run=run, ranks=ranks, steps=steps, findings=findings, actions=actions, health=health,
+                       runs=runs, skipped=skipped)

@@ -1,0 +1,1 @@
+"""The TUI's widgets, one concern each."""
