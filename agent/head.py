@@ -180,7 +180,11 @@ class Head:
             acts = {}
             try:
                 df = read_table(self.store.root, run_id, "actions")
-                for row in df.sort_values("t").to_dict("records") if len(df) else []:
+                # The latest status of each action wins: a final one (applied/refused/failed) over
+                # "requested" whatever the clocks say (an ack carries the trainer's time).
+                rows = df.to_dict("records") if len(df) else []
+                rows.sort(key=lambda r: (r["status"] != "requested", r["t"]))
+                for row in rows:
                     ranks = row.get("ranks")
                     row["ranks"] = [int(r) for r in ranks] if ranks is not None else []
                     row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}

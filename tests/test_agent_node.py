@@ -163,6 +163,10 @@ def test_action_flow_head_to_agent_to_trainer_files_and_back(tmp_path):
         h.head.store.flush_all()
         df = read_table(store, "r1", "actions")
         assert sorted(df["status"]) == ["applied", "requested"]
+        # a restarted head knows the action's latest status from the store
+        h2 = Head(store, TOKEN, analyzer=None)
+        assert [(x["status"], x["applied_step"]) for x in h2.actions_of("r1")] == [("applied", 2)]
+        h2.close()
         # an evict without a node is refused with a 400
         assert http_status(head_url + "/api/runs/r1/actions", b'{"action":"evict"}',
                            {"Authorization": f"Bearer {TOKEN}"}) == 400

@@ -1,0 +1,133 @@
+"""``ranksight runs``: list the runs in a store (from run.json and the steps table; no head needed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import typer
+
+from ranksight import schema
+
+runs_command = typer.Typer(add_completion=False, help="List the runs in a store.")
+
+# A run with no new step for this long and no `finished` in its manifest is shown as "stopped".
+STALE_S = 60.0
+
+
+def _steps_summary(run_root: Path) -> tuple[int | None, int | None, float | None, str]:
+    """(steps recorded, last step, last step end time, source) from the store table, else the spools."""
+    d = run_root / "steps"
+    if d.is_dir() and any(p.name.startswith("part-") for p in d.iterdir()):
+        import duckdb
+
+        con = duckdb.connect()
+        try:
+            n, last, t = con.execute(
+                "select count(*), max(step), max(t_end) from read_parquet(?)", [str(d / "part-*.parquet")]
+            ).fetchone()
+        finally:
+            con.close()
+        return int(n), (int(last) if last is not None else None), t, "store"
+    spool = run_root / "spool"
+    if spool.is_dir():
+        n, last, t = 0, None, None
+        for p in spool.glob("rank-*.jsonl"):
+            with open(p, "rb") as f:
+                for line in f:
+                    if b'"kind":"step"' not in line:
+                        continue
+                    try:
+                        rec = schema.decode_spool_line(line)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        continue
+                    n += 1
+                    last = rec.step if last is None else max(last, rec.step)
+                    t = rec.t_end if t is None else max(t, rec.t_end)
+        return n, last, t, "spool"
+    return None, None, None, "-"
+
+
+def list_runs(store: Path) -> list[dict[str, Any]]:
+    out = []
+    if not store.is_dir():
+        return out
+    now = time.time()
+    for d in sorted(store.iterdir()):
+        if not d.is_dir() or d.name.startswith("."):
+            continue
+        man_path = d / "run.json"
+        if not man_path.exists() and not (d / "steps").is_dir() and not (d / "spool").is_dir():
+            continue
+        m = None
+        problem = ""
+        if man_path.exists():
+            try:
+                m = msgspec.json.decode(man_path.read_bytes(), type=schema.Manifest)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+                problem = f"run.json unreadable: {e}"
+        try:
+            n, last, t_last, source = _steps_summary(d)
+        except Exception as e:  # a damaged part file must not hide the other runs
+            n, last, t_last, source = None, None, None, "-"
+            problem = problem or f"steps unreadable: {e}"
+        if problem:
+            status = "damaged"
+        elif m is not None and m.finished:
+            status = "finished"
+        elif t_last is not None and now - t_last < STALE_S:
+            status = "running"
+        elif n:
+            status = "stopped"
+        else:
+            status = "empty"
+        layout = m.layout if m else {}
+        out.append({
+            "run_id": d.name,
+            "start_time": m.start_time if m else None,
+            "layout": " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp") if k in layout) or "-",
+            "world_size": (layout.get("world") or len(m.ranks) or None) if m else None,
+            "nodes": m.nodes if m else None,
+            "steps_recorded": n,
+            "last_step": last,
+            "source": source,
+            "status": status,
+            "problem": problem,
+        })
+    return out
+
+
+@runs_command.command()
+def runs(
+    store: Path = typer.Option(Path("./runs"), "--store", help="Run store directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List the runs in a store: id, start, layout, world size, steps recorded, last step, status."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not store.is_dir():
+        typer.echo(f"no store at {store} (use --store DIR)", err=True)
+        raise typer.Exit(1)
+    rows = list_runs(store)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"runs in {store}")
+    for col in ("run id", "started (UTC)", "layout", "world", "nodes", "steps recorded", "last step", "status"):
+        table.add_column(col, justify="right" if col in ("world", "nodes", "steps recorded", "last step") else "left")
+    for r in rows:
+        started = (datetime.fromtimestamp(r["start_time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+                   if r["start_time"] else "-")
+        steps = "-" if r["steps_recorded"] is None else f"{r['steps_recorded']}" + (" (spool)" if r["source"] == "spool" else "")
+        status = r["status"] + (f": {r['problem']}" if r["problem"] else "")
+        table.add_row(r["run_id"], started, r["layout"], str(r["world_size"] or "-"), str(r["nodes"] or "-"), steps,
+                      "-" if r["last_step"] is None else str(r["last_step"]), status)
+    if not rows:
+        typer.echo(f"no runs in {store}")
+        return
+    Console().print(table)
