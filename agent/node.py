@@ -123,6 +123,11 @@ class NodeAgent:
         self._last_xid: dict[int, int] = {}
         self._pending_since: float | None = None
         self._init_exporter()
+        # Self-metrics exist (at 0) from the start: an absent series is not "no drops".
+        n = str(node)
+        for m in (self.metrics.shipped, self.metrics.dropped, self.metrics.ship_errors, self.metrics.lag,
+                  self.metrics.spooled, self.metrics.spooled_bytes, self.metrics.ranks):
+            m.labels(n)
 
     # -- OTLP -----------------------------------------------------------------------------
     def _resource_attrs(self) -> dict[str, Any]:
