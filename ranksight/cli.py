@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent.node_cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
     "head": ("agent.head_cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),
     "runs": ("agent.runs_cli:runs_command", "List the runs in a store."),
+    "dashboards": ("dashboards.cli:dashboards_command", "Build Grafana dashboards and push them to a Grafana."),
     "tui": ("tui.cli:tui_command", "Live terminal view of a run (talks to the head)."),
 }
 

@@ -1,0 +1,163 @@
+"""``ranksight dashboards``: build/push Grafana dashboards, install alert rules, receive/send signed webhooks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+RULES_DIR = Path(__file__).resolve().parent / "rules"
+RULES_FILE = RULES_DIR / "ranksight.rules.yml"
+RULES_TEST_FILE = RULES_DIR / "ranksight.rules_test.yml"
+ALERTMANAGER_EXAMPLE = Path(__file__).resolve().parent / "alertmanager.yml"
+RUNBOOK_PLACEHOLDER = "https://ranksight.invalid/docs/dashboards-alerts.md"
+
+dashboards_command = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                                 help="Build Grafana dashboards and push them to a Grafana; alert rules; signed webhooks.")
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+@dashboards_command.command("build")
+def build_cmd(out: Path = typer.Option(None, "--out", help="Directory for <uid>.json (default: dashboards/json).")) -> None:
+    """Generate the dashboards (grafana-foundation-sdk), lint them, write <uid>.json files."""
+    from dashboards.build import JSON_DIR, write_all
+    from dashboards.lint import LintError
+
+    try:
+        paths = write_all(out or JSON_DIR)
+    except LintError as e:
+        _fail(f"dashboard lint failed, nothing written: {e}")
+    except OSError as e:
+        _fail(f"cannot write dashboards: {e}")
+    for p in paths:
+        typer.echo(str(p))
+
+
+@dashboards_command.command("push")
+def push_cmd(
+    url: str = typer.Option(..., "--url", help="Grafana base URL, e.g. http://grafana:3000"),
+    token: str = typer.Option("", "--token", envvar="GRAFANA_TOKEN", help="Grafana service-account token (Bearer)."),
+    folder: str = typer.Option("ranksight", "--folder", help="Folder title (created if missing)."),
+    folder_uid: str = typer.Option("ranksight", "--folder-uid", help="Folder uid."),
+    src: Path = typer.Option(None, "--dir", help="Dashboards to push (default: dashboards/json, written by `build`)."),
+) -> None:
+    """Create or overwrite the dashboards in a Grafana folder."""
+    from dashboards.build import JSON_DIR, load_dir
+    from dashboards.lint import lint_dashboard
+    from dashboards.provision import ProvisionError, push
+
+    try:
+        models = load_dir(src or JSON_DIR)
+    except (OSError, ValueError) as e:
+        _fail(str(e))
+    for uid, m in models.items():
+        problems = lint_dashboard(m)
+        if problems:
+            _fail(f"{uid} fails lint, not pushed: {'; '.join(problems)}")
+    try:
+        answers = push(url, token, models, folder_title=folder, folder_uid=folder_uid)
+    except ProvisionError as e:
+        _fail(str(e))
+    for a in answers:
+        typer.echo(f"{a.get('status', 'ok')}: {a.get('uid', '?')} version {a.get('version', '?')} {a.get('url', '')}")
+
+
+def render_rules(runbook_base: str | None) -> str:
+    text = RULES_FILE.read_text()
+    if runbook_base:
+        if not runbook_base.startswith(("http://", "https://")):
+            raise ValueError(f"--runbook-base must be an http(s) URL, got {runbook_base!r}")
+        text = text.replace(RUNBOOK_PLACEHOLDER, runbook_base.rstrip("/"))
+    return text
+
+
+@dashboards_command.command("rules")
+def rules_cmd(
+    out: Path = typer.Option(None, "--out", help="Directory to write ranksight.rules.yml into (for Prometheus' rule_files)."),
+    runbook_base: str = typer.Option(None, "--runbook-base",
+                                     help="URL of your copy of docs/dashboards-alerts.md; replaces the placeholder in runbook_url."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Run promtool check rules and the rule unit tests."),
+) -> None:
+    """Install (or just check) the Prometheus alert rules."""
+    try:
+        text = render_rules(runbook_base)
+    except ValueError as e:
+        _fail(str(e))
+    target = RULES_FILE
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / RULES_FILE.name
+        target.write_text(text)
+        typer.echo(f"wrote {target}")
+    else:
+        typer.echo(str(RULES_FILE))
+    if not check:
+        return
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        _fail("promtool not found (apt-get install prometheus); use --no-check to skip the checks")
+    for args in ([promtool, "check", "rules", str(target)], [promtool, "test", "rules", str(RULES_TEST_FILE)]):
+        r = subprocess.run(args, capture_output=True, text=True, cwd=RULES_DIR)
+        typer.echo((r.stdout + r.stderr).strip())
+        if r.returncode != 0:
+            _fail(f"{' '.join(args[1:3])} failed")
+
+
+@dashboards_command.command("webhook-receiver")
+def receiver_cmd(
+    port: int = typer.Option(9095, "--port", help="Port on 127.0.0.1."),
+    secret: str = typer.Option("", "--secret", envvar="RANKSIGHT_WEBHOOK_SECRET", help="HMAC secret of signed ranksight webhooks."),
+    bearer_token: str = typer.Option("", "--bearer-token", envvar="RANKSIGHT_WEBHOOK_BEARER",
+                                     help="Also accept Alertmanager deliveries with this Bearer token."),
+    tolerance: float = typer.Option(300.0, "--tolerance", help="Largest accepted clock difference of a signed request (s)."),
+    out: Path = typer.Option(None, "--out", help="Append each accepted delivery as a JSON line to this file."),
+) -> None:
+    """Reference receiver: verify signed webhooks (and Alertmanager's), print each delivery as JSON."""
+    from dashboards.webhook_receiver import serve
+
+    if not secret and not bearer_token:
+        _fail("give --secret (or RANKSIGHT_WEBHOOK_SECRET) and/or --bearer-token")
+    if tolerance <= 0:
+        _fail("--tolerance must be positive")
+    try:
+        serve(port, secret, bearer_token=bearer_token, tolerance=tolerance, out_path=str(out) if out else None)
+    except OSError as e:
+        _fail(f"cannot listen on 127.0.0.1:{port}: {e}")
+
+
+@dashboards_command.command("webhook-send")
+def send_cmd(
+    url: list[str] = typer.Option(..., "--url", help="Receiver URL (repeatable)."),
+    secret: str = typer.Option("", "--secret", envvar="RANKSIGHT_WEBHOOK_SECRET", help="HMAC secret."),
+    fmt: str = typer.Option("finding", "--format", help="finding | alertmanager"),
+    timeout: float = typer.Option(20.0, "--timeout", help="Seconds to wait for delivery (retries included)."),
+) -> None:
+    """Send one signed test finding, to check a receiver end to end."""
+    from dashboards.webhook import WebhookSender
+    from ranksight.schema import Finding
+
+    try:
+        sender = WebhookSender.from_urls(url, secret, fmt=fmt, min_severity="info", backoff_s=0.5, max_attempts=4)
+    except ValueError as e:
+        _fail(str(e))
+    f = Finding(analyzer="webhook-send", kind="straggler", severity="info", ranks=[0], nodes=[0], summary=
+                "ranksight test webhook: ignore", evidence={"test": True}, run_id="webhook-test", t=time.time())
+    sender.send_finding(f)
+    sender.close(timeout=timeout)
+    st = sender.stats()
+    typer.echo(f"delivered {st['delivered']}/{len(url)}; failed {st['failed']}; abandoned {st['abandoned']}"
+               + (f"; last errors {st['last_error']}" if st["last_error"] else ""))
+    if st["delivered"] != len(url):
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    dashboards_command(sys.argv[1:])
