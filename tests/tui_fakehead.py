@@ -67,6 +67,19 @@ def default_data() -> dict:
     }
 
 
+def plain(x) -> str:
+    """The text of a cell or a widget's render (rich Text or Textual Content)."""
+    return x.plain if hasattr(x, "plain") else str(x)
+
+
+def make_app(fake: "FakeHead", run_id: str | None = RUN, token: str = TOKEN, **kw):
+    from tui.app import RanksightApp
+    from tui.client import HeadClient
+
+    return RanksightApp(HeadClient(fake.url, token=token, timeout=2.0), run_id=run_id, interval=3600,
+                        clock_fn=lambda: T0 + 9.0, **kw)
+
+
 class FakeHead:
     def __init__(self, data: dict | None = None):
         self.data = data or default_data()

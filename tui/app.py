@@ -42,9 +42,10 @@ class RanksightApp(App):
     ]
 
     def __init__(self, client: HeadClient, run_id: str | None = None, interval: float = 1.0, window: int = 60,
-                 clock_fn: Callable[[], float] = time.time):
+                 clock_fn: Callable[[], float] = time.time, head_label: str | None = None):
         super().__init__()
         self.client = client
+        self.head_label = head_label  # how the status line names the head (default: its URL)
         self.run_id = run_id
         self.interval = interval
         self.window = window
@@ -56,7 +57,7 @@ class RanksightApp(App):
         self.unreachable_since: float | None = None
         self.error = ""
         self.skipped: dict[str, int] = {}
-        self._fetching = False
+        self._lock = asyncio.Lock()
         self._picker: RunPicker | None = None
         self.timer = None
 
@@ -91,14 +92,20 @@ class RanksightApp(App):
 
     # -- refresh ----------------------------------------------------------------------
     def _tick(self) -> None:
-        if not self._fetching:
+        if not self._lock.locked():  # a slow head: skip this tick rather than pile up requests
             self.run_worker(self.refresh_now(), group="fetch", exit_on_error=False)
 
     async def refresh_now(self) -> None:
-        """Read the head once and update every panel. Safe to await from tests."""
-        if self._fetching:
-            return
-        self._fetching = True
+        """Read the head once and update every panel (waits for a read already in flight first)."""
+        async with self._lock:
+            await self._refresh_locked()
+        try:
+            self._apply()
+        except Exception as e:  # odd data a widget cannot show: say so, keep running
+            self.error = f"display error {type(e).__name__}: {e}"
+            self._show_status()
+
+    async def _refresh_locked(self) -> None:
         try:
             if self.run_id is None:
                 skipped: dict[str, int] = {}
@@ -124,9 +131,6 @@ class RanksightApp(App):
             self.error = str(e)
         except Exception as e:  # a bug in parsing/model code must not take the screen down
             self.error = f"unexpected {type(e).__name__}: {e}"
-        finally:
-            self._fetching = False
-        self._apply()
 
     def _apply(self) -> None:
         self._show_status()
@@ -140,7 +144,8 @@ class RanksightApp(App):
         ranks.show_rows(v.rows)
         stale = self.unreachable_since is not None
         ranks.border_title = (f"ranks — STALE: head unreachable since {clock(self.unreachable_since)}" if stale
-                              else f"ranks ({len(v.rows)}, {len(v.culprits)} culprit)" if v.culprits else f"ranks ({len(v.rows)})")
+                              else f"ranks ({len(v.rows)}, {len(v.culprits)} culprit) — ms of the last step"
+                              if v.culprits else f"ranks ({len(v.rows)}) — ms of the last step")
         self.query_one("#body").set_class(stale, "stale")
         self.query_one(HeatMap).show_view(v)
         self.query_one(Trends).show_series(v.step_ms_series, v.loss_series)
@@ -151,7 +156,7 @@ class RanksightApp(App):
         self.query_one(ActionsTable).show_actions(v.actions)
 
     def _show_status(self) -> None:
-        t = status_text(self.client.base_url, unreachable_since=self.unreachable_since, error=self.error,
+        t = status_text(self.head_label or self.client.base_url, unreachable_since=self.unreachable_since, error=self.error,
                         last_ok=self.last_ok, paused=self.paused, skipped=self.skipped)
         self.query_one(StatusBar).update(t)
         if self._picker is not None and self._picker.is_attached:

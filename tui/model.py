@@ -192,10 +192,10 @@ def fmt_age(v: float | None) -> str:
     if v is None:
         return "—"
     if v < 60:
-        return f"{v:.1f}s ago"
+        return f"{v:.1f}s"
     if v < 3600:
-        return f"{v / 60:.0f}m ago"
-    return f"{v / 3600:.1f}h ago"
+        return f"{v / 60:.0f}m"
+    return f"{v / 3600:.1f}h"
 
 
 def fmt_rate(v: float | None) -> str:

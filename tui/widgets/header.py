@@ -45,36 +45,39 @@ class StatusBar(Static):
     pass
 
 
-class RunHeader(Static):
-    """Run id, layout (dp×tp×pp, world, nodes), step, tokens/s, MFU and what its peak is."""
+def header_text(v: RunView) -> Text:
+    """Run id, layout (dp×tp×pp, world, nodes), step, SIMULATED GPU badge; tokens/s, MFU and its peak."""
+    r = v.run
+    lay = r.layout if r else {}
+    line1 = Text()
+    line1.append("run ", style="dim")
+    line1.append(v.run_id, style="bold")
+    if r:
+        line1.append(f"  [{r.status}]", style="green" if r.status == "running" else "yellow")
+    if lay:
+        line1.append(f"  layout dp{lay.get('dp', '?')}×tp{lay.get('tp', '?')}×pp{lay.get('pp', '?')}")
+    world = (r.world_size if r and r.world_size else None) or len(v.rows)
+    line1.append(f"  world {world}")
+    line1.append(f"  nodes {r.nodes if r and r.nodes is not None else len({x.node for x in v.rows})}")
+    line1.append("  step ", style="dim")
+    line1.append(str(v.step) if v.step is not None else "—", style="bold")
+    if v.gpu_simulated:
+        line1.append("  ")
+        line1.append(" SIMULATED GPU ", style="bold black on magenta")
+    line2 = Text()
+    line2.append("tokens/s ", style="dim")
+    line2.append(fmt_rate(v.tokens_per_s), style="bold")
+    line2.append("  achieved ", style="dim")
+    line2.append("—" if v.tflops_per_rank is None else f"{v.tflops_per_rank:.3g} TFLOP/s/rank")
+    line2.append("  MFU ", style="dim")
+    line2.append("—" if v.mfu is None else f"{v.mfu:.1%}", style="bold")
+    line2.append(f"  {v.peak_label}", style="magenta" if v.peak_simulated else "dim")
+    return Text("\n").join([line1, line2])
 
+
+class RunHeader(Static):
     def show_view(self, v: RunView | None, run_id: str | None = None) -> None:
         if v is None:
             self.update(Text(f"run {run_id or '—'}: no data yet", style="dim"))
             return
-        r = v.run
-        lay = r.layout if r else {}
-        line1 = Text()
-        line1.append("run ", style="dim")
-        line1.append(v.run_id, style="bold")
-        if r:
-            line1.append(f"  [{r.status}]", style="green" if r.status == "running" else "yellow")
-        if lay:
-            line1.append(f"  layout dp{lay.get('dp', '?')}×tp{lay.get('tp', '?')}×pp{lay.get('pp', '?')}")
-        world = (r.world_size if r and r.world_size else None) or len(v.rows)
-        line1.append(f"  world {world}")
-        line1.append(f"  nodes {r.nodes if r and r.nodes is not None else len({x.node for x in v.rows})}")
-        line1.append("  step ", style="dim")
-        line1.append(str(v.step) if v.step is not None else "—", style="bold")
-        if v.gpu_simulated:
-            line1.append("  ")
-            line1.append(" SIMULATED GPU ", style="bold black on magenta")
-        line2 = Text()
-        line2.append("tokens/s ", style="dim")
-        line2.append(fmt_rate(v.tokens_per_s), style="bold")
-        line2.append("  achieved ", style="dim")
-        line2.append("—" if v.tflops_per_rank is None else f"{v.tflops_per_rank:.3g} TFLOP/s/rank")
-        line2.append("  MFU ", style="dim")
-        line2.append("—" if v.mfu is None else f"{v.mfu:.1%}", style="bold")
-        line2.append(f"  {v.peak_label}", style="magenta" if v.peak_simulated else "dim")
-        self.update(Text("\n").join([line1, line2]))
+        self.update(header_text(v))

@@ -7,9 +7,10 @@ from textual.widgets import DataTable
 
 from tui.model import RankRow, fmt_age, fmt_ms
 
-COLUMNS = (("", "mark"), ("rank", "rank"), ("node", "node"), ("stage", "stage"), ("last step", "step"),
-           ("step ms", "step_ms"), ("compute ms", "compute_ms"), ("comm ms", "comm_ms"), ("data ms", "data_ms"),
-           ("last seen", "seen"), ("state", "state"))
+# Times are milliseconds of the rank's latest step; "seen" is how long ago the head last heard from it.
+COLUMNS = (("", "mark"), ("rank", "rank"), ("node", "node"), ("stage", "stage"), ("step", "step"),
+           ("step ms", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"), ("data", "data_ms"),
+           ("seen", "seen"), ("state", "state"))
 STATE_STYLE = {"ok": "green", "slow": "bold yellow", "stale": "bold magenta", "evicted": "bold red",
                "done": "dim", "waiting": "dim", "unknown": "dim"}
 CULPRIT_STYLE = "bold red"

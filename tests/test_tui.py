@@ -1,0 +1,338 @@
+"""The TUI against a fake head (stdlib http.server on 127.0.0.1 answering the head's API shapes).
+
+Driven with App.run_test() + Pilot; the refresh timer interval is an hour, so every refresh
+is one the test awaits (``app.refresh_now()``): no timed assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.text import Text
+
+from tui.client import ClientError, HeadClient, HeadError, HeadUnreachable, MalformedResponse
+from tui.model import build_view
+from tui.widgets.findings import FindingDetail, FindingsTable
+from tui.widgets.header import RunHeader, StatusBar, header_text
+from tui.widgets.heatmap import HeatMap, render_heat
+from tui.widgets.ranks import RankTable
+from tui.widgets.actions import ActionsTable
+from tui_fakehead import RUN, T0, TOKEN, FakeHead, make_app, plain
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fake():
+    fh = FakeHead()
+    try:
+        yield fh
+    finally:
+        fh.stop()
+
+
+# -- client -----------------------------------------------------------------------------
+
+
+def test_client_typed_reads_and_error_kinds(fake):
+    c = HeadClient(fake.url, token=TOKEN)
+    d = c.fetch(RUN, window=10)
+    assert d.run.run_id == RUN and d.run.layout["pp"] == 2 and d.run.peak_simulated is True
+    assert sorted({s.step for s in d.steps}) == list(range(30, 40))  # the last `window` steps (since is exclusive)
+    assert d.findings[0].evidence["ratio"] == pytest.approx(1.787)
+    assert [a.id for a in d.actions] == ["ck0001"] and d.skipped == {}
+
+    # Findings read back from Parquet carry evidence as JSON text; one broken item is skipped and counted.
+    f0 = dict(fake.data["findings"][0], evidence=json.dumps({"ratio": 2.5}), ranks="[5]")
+    fake.data["findings"] = [f0, {"analyzer": "x", "kind": "straggler", "severity": "warning", "step_start": "soon"}]
+    skipped: dict[str, int] = {}
+    got = c.findings(RUN, skipped)
+    assert len(got) == 1 and got[0].evidence == {"ratio": 2.5} and got[0].ranks == [5]
+    assert skipped == {"findings": 1}
+
+    fake.raw["/api/runs"] = b"<html>proxy error</html>"
+    with pytest.raises(MalformedResponse, match="not JSON"):
+        c.runs()
+    fake.raw["/api/runs"] = b'{"runs": []}'
+    with pytest.raises(MalformedResponse, match="expected a JSON list"):
+        c.runs()
+    with pytest.raises(HeadError) as e:
+        c._request("GET", "/api/nope")
+    assert e.value.status == 404 and "no such endpoint" in e.value.message
+    with pytest.raises(ClientError, match="no token"):
+        HeadClient(fake.url, token="").request_action(RUN, "checkpoint")
+    with pytest.raises(HeadError) as e:
+        HeadClient(fake.url, token="wrong").request_action(RUN, "checkpoint")
+    assert e.value.status == 401 and fake.posts[-1]["auth"] == "Bearer wrong"
+    fake.stop()
+    with pytest.raises(HeadUnreachable, match="refused"):
+        c.runs()
+
+
+# -- model -------------------------------------------------------------------------------
+
+
+def test_model_states_throughput_and_mfu(fake):
+    v = build_view(RUN, HeadClient(fake.url).fetch(RUN, 60))
+    states = {r.rank: r.state for r in v.rows}
+    assert states == {0: "ok", 1: "ok", 2: "ok", 3: "ok", 4: "ok", 5: "slow", 6: "ok", 7: "stale"}
+    assert v.culprits == {5}
+    # 8 ranks x 4096 tokens, each tp x pp (=2) group counts its replica once, 220 ms steps
+    assert v.tokens_per_s == pytest.approx(8 * 4096 / 2 / 0.22)
+    assert v.mfu == pytest.approx(2.0e12 / 0.22 / 1.0e14)
+    assert "simulated/CPU-measured peak" in v.peak_label
+    assert v.step_ms_series[:20] == [140.0] * 20 and v.step_ms_series[-1] == 220.0
+    assert v.loss_series[0] == pytest.approx(4.0) and v.loss_series[-1] == pytest.approx(4.0 - 39 * 0.02)
+
+    # An applied evict of node 1 with its ranks finished -> "evicted"; a dry-run evict would not count.
+    data = HeadClient(fake.url).fetch(RUN, 60)
+    for r in data.ranks:
+        if r.node == 1:
+            object.__setattr__(r, "state", "finished")
+    ev = data.actions[0].__class__(run_id=RUN, id="ev1", t=T0, action="evict", node=1, status="applied")
+    assert {r.rank: r.state for r in build_view(RUN, data).rows if r.node == 1} == {4: "done", 5: "done", 6: "done", 7: "done"}
+    data.actions.append(ev)
+    assert {r.state for r in build_view(RUN, data).rows if r.node == 1} == {"evicted"}
+
+
+def test_heat_map_marks_the_slow_rank_hot(fake):
+    v = build_view(RUN, HeadClient(fake.url).fetch(RUN, 60))
+    t = render_heat(v, max_cols=40)
+    lines = t.split("\n")
+    r5 = next(line for line in lines if line.plain.startswith("r5"))
+    r0 = next(line for line in lines if line.plain.startswith("r0"))
+    hot = "#d0021b"
+    assert sum(str(s.style) == hot for s in r5.spans) == 20  # steps 20..39 at 1.79x the median
+    assert not any(str(s.style) == hot for s in r0.spans)
+
+
+# -- the app --------------------------------------------------------------------------------
+
+
+async def test_table_culprit_header_findings(fake):
+    app = make_app(fake)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        t = app.query_one(RankTable)
+        assert t.row_count == 8
+        row5 = t.get_row("5")
+        assert [plain(c) for c in row5] == ["▶", "5", "1", "1", "39", "220.0", "185.0", "25.0", "10.0", "0.5s", "slow"]
+        assert "red" in str(row5[1].style) and "reverse" in str(row5[-1].style)
+        row0 = t.get_row("0")
+        assert plain(row0[0]) == "" and "red" not in str(row0[1].style) and plain(row0[-1]) == "ok"
+        assert plain(t.get_row("7")[-1]) == "stale" and plain(t.get_row("7")[4]) == "31"
+        assert "1 culprit" in str(t.border_title)
+
+        header = plain(app.query_one(RunHeader).render())
+        assert "run-a" in header and "dp4×tp1×pp2" in header and "world 8" in header and "nodes 2" in header
+        assert "step 39" in header and "tokens/s 74.47k" in header and "MFU 9.1%" in header
+        assert "simulated/CPU-measured peak" in header
+
+        ft = app.query_one(FindingsTable)
+        assert ft.row_count == 2 and plain(ft.get_row_at(0)[1]) == "straggler"  # warning sorts before info
+        detail = plain(app.query_one(FindingDetail).render())
+        assert "own_compute_ms=185" in detail and "peers_compute_ms=103.5" in detail and "ratio=1.787" in detail
+        assert "checkpoint and evict node 1" in detail
+
+        await pilot.press("f")
+        assert app.focused is ft
+        await pilot.press("down")
+        await pilot.pause()
+        assert "bubble_share=0.21" in plain(app.query_one(FindingDetail).render())
+
+        assert app.query_one(ActionsTable).row_count == 1
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_dead_head_shows_unreachable_and_keeps_last_data(fake):
+    app = make_app(fake)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        assert "UNREACHABLE" not in plain(app.query_one(StatusBar).render())
+        fake.stop()
+        await app.refresh_now()
+        await pilot.press("r")  # the key path too: a refresh worker against a dead head
+        await app.refresh_now()
+        await pilot.pause()
+        status = plain(app.query_one(StatusBar).render())
+        assert "HEAD UNREACHABLE" in status and "unreachable since 22:13:29" in status and "refused" in status
+        t = app.query_one(RankTable)
+        assert "STALE" in str(t.border_title) and t.row_count == 8 and plain(t.get_row("5")[6]) == "185.0"
+        assert app.query_one("#body").has_class("stale")
+        # The head comes back (a new server on another port stands in): the state clears.
+        fh2 = FakeHead()
+        try:
+            app.client.base_url = fh2.url
+            await app.refresh_now()
+            await pilot.pause()
+            assert "UNREACHABLE" not in plain(app.query_one(StatusBar).render())
+            assert not app.query_one("#body").has_class("stale")
+        finally:
+            fh2.stop()
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_malformed_responses_are_shown_not_raised(fake):
+    app = make_app(fake)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.refresh_now()
+        fake.raw[f"/api/runs/{RUN}/ranks"] = b'{"not": "a list"}'
+        await app.refresh_now()
+        await pilot.pause()
+        status = plain(app.query_one(StatusBar).render())
+        assert "HEAD ERROR" in status and "expected a JSON list" in status
+        assert app.query_one(RankTable).row_count == 8  # last good data stays
+        del fake.raw[f"/api/runs/{RUN}/ranks"]
+        fake.data["steps"].append({"rank": "zero", "step": 39})
+        fake.data["findings"].append({"severity": "warning"})
+        await app.refresh_now()
+        await pilot.pause()
+        status = plain(app.query_one(StatusBar).render())
+        assert "HEAD ERROR" not in status and "malformed items skipped: findings 1, steps 1" in status
+        assert app.query_one(FindingsTable).row_count == 2
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_action_posts_bearer_and_body_only_after_confirmation(fake):
+    app = make_app(fake)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        t = app.query_one(RankTable)
+        t.move_cursor(row=5)
+        assert t.selected_rank() == 5
+        await pilot.press("a")
+        await pilot.pause()
+        text = plain(app.screen.query_one("#action-title").render())
+        assert "node 1" in text and "ranks 4,5,6,7" in text
+        await pilot.press("e", "n")  # chosen, then cancelled
+        await pilot.pause()
+        assert fake.posts == []
+        await pilot.press("a", "p", "plus", "plus")
+        await pilot.pause()
+        assert "PROFILE 7 steps on node 1" in plain(app.screen.query_one("#action-text").render())
+        await pilot.press("y")
+        for w in list(app.workers):
+            await w.wait()
+        await pilot.pause()
+        assert fake.posts == [{"path": f"/api/runs/{RUN}/actions", "auth": f"Bearer {TOKEN}",
+                               "body": {"action": "profile", "node": 1, "steps": 7, "ranks": [4, 5, 6, 7],
+                                        "reason": "requested from the TUI", "dry_run": False}}]
+        assert app.query_one(ActionsTable).row_count == 2  # refreshed after the POST
+
+        # The head says it is in dry-run: the modal says so and the request is dry-run.
+        fake.data["health"]["dry_run"] = True
+        await app.refresh_now()
+        await pilot.press("a", "e")
+        await pilot.pause()
+        assert "DRY-RUN (the head is in dry-run)" in plain(app.screen.query_one("#action-text").render())
+        await pilot.press("y")
+        for w in list(app.workers):
+            await w.wait()
+        assert fake.posts[-1]["body"] == {"action": "evict", "node": 1, "ranks": [4, 5, 6, 7],
+                                          "reason": "requested from the TUI", "dry_run": True}
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_action_without_token_is_refused_visibly(fake):
+    app = make_app(fake, token="")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.refresh_now()
+        await pilot.press("a", "c", "y")
+        for w in list(app.workers):
+            await w.wait()
+        await pilot.pause()
+        assert fake.posts == []
+        assert any("no token" in str(n.message) for n in app._notifications)
+        await pilot.press("q")
+
+
+async def test_run_picker_and_pause(fake):
+    app = make_app(fake, run_id=None)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        from textual.widgets import DataTable
+
+        from tui.screens import RunPicker
+        assert isinstance(app.screen, RunPicker)
+        rt = app.screen.query_one("#runs-table", DataTable)
+        assert [plain(rt.get_row_at(i)[0]) for i in range(rt.row_count)] == ["run-a", "run-b"]
+        assert plain(rt.get_row_at(0)[3]) == "dp4×tp1×pp2"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, RunPicker) and app.run_id == RUN
+        await app.refresh_now()
+        await pilot.pause()
+        assert app.query_one(RankTable).row_count == 8
+
+        await pilot.press("p")
+        assert app.paused and app.timer._active.is_set() is False
+        assert "PAUSED" in plain(app.query_one(StatusBar).render())
+        await pilot.press("p")
+        assert not app.paused and "PAUSED" not in plain(app.query_one(StatusBar).render())
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+def test_gpu_simulated_badge(fake):
+    fake.data["runs"][0]["gpu_simulated"] = True
+    v = build_view(RUN, HeadClient(fake.url).fetch(RUN, 60))
+    assert v.gpu_simulated
+    assert "SIMULATED GPU" in header_text(v).plain
+    fake.data["runs"][0]["gpu_simulated"] = False
+    assert not build_view(RUN, HeadClient(fake.url).fetch(RUN, 60)).gpu_simulated
+
+
+def test_snapshot(fake, snap_compare, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+
+    async def run_before(pilot):
+        pilot.app.timer.pause()
+        await pilot.app.refresh_now()
+        await pilot.pause()
+
+    try:
+        # The fake head's port is random: name it by a fixed label (the data is what the snapshot checks).
+        app = make_app(fake, head_label="http://fake-head:4318")
+        assert snap_compare(app, terminal_size=(150, 45), run_before=run_before)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_tmux_smoke(fake, tmp_path):
+    sock = f"rs-tui-{os.getpid()}"
+    cmd = (f"cd {REPO} && TERM=xterm-256color {sys.executable} -m ranksight.cli tui --head {fake.url} "
+           f"--run {RUN} --interval 0.5; echo exited-$? > {tmp_path}/rc; sleep 5")
+    subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", "t", "-x", "150", "-y", "45", cmd], check=True)
+    try:
+        screen = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "dp4×tp1×pp2" not in screen:
+            time.sleep(0.3)
+            screen = subprocess.run(["tmux", "-L", sock, "capture-pane", "-p", "-t", "t"], capture_output=True,
+                                    text=True).stdout
+        assert "run-a" in screen and "dp4×tp1×pp2" in screen and "straggler" in screen, screen
+        subprocess.run(["tmux", "-L", sock, "send-keys", "-t", "t", "q"], check=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (tmp_path / "rc").exists():
+            time.sleep(0.2)
+        assert (tmp_path / "rc").read_text().strip() == "exited-0"
+    finally:
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
