@@ -15,8 +15,9 @@ from nccl_tests.health_report import analyze, format_report
 from nccl_tests.runtime import Hooks, Identity, all_identities, sync
 
 
-def _exchange(buf, rbuf, peer: int, hooks: Hooks) -> None:
-    hooks.before_comm()
+def _exchange(buf, rbuf, peer: int, hooks: Hooks | None) -> None:
+    if hooks is not None:
+        hooks.before_comm()
     reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, rbuf, peer)])
     for r in reqs:
         r.wait()
@@ -24,30 +25,41 @@ def _exchange(buf, rbuf, peer: int, hooks: Hooks) -> None:
 
 def measure_pairs(me: Identity, size: int, iters: int, warmup: int, hooks: Hooks, progress=None,
                   pairs: list[tuple[int, int]] | None = None) -> dict[tuple[int, int], float]:
-    """Median seconds per bidirectional exchange of ``size`` bytes, for every pair i < j (or the
-    given ``pairs``, the same list on every rank), the slower of the two ranks' medians."""
+    """Median seconds per bidirectional exchange of ``size`` bytes for every pair i < j (or the
+    given ``pairs``, the same list on every rank); the slower of the two ranks' medians.
+
+    One pair exchanges at a time while the others wait at a barrier. The samples are taken in
+    rounds (round k measures every pair once), so a burst of load from something else on the
+    host lands on one sample of many pairs rather than on all samples of one pair.
+    """
     n, dev = me.world, me.device
     if pairs is None:
         pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
     buf = torch.ones(max(size, 1), dtype=torch.uint8, device=dev)
     rbuf = torch.empty_like(buf)
-    times = torch.zeros(n, n, dtype=torch.float64, device=dev)
-    for i, j in pairs:
-        dist.barrier()
-        if me.rank in (i, j):
-            peer = j if me.rank == i else i
-            for _ in range(warmup):
-                _exchange(buf, rbuf, peer, hooks)
-            sync(dev)
-            samples = []
-            for _ in range(iters):
+    tiny = torch.ones(1, dtype=torch.uint8, device=dev)
+    rtiny = torch.empty_like(tiny)
+    mine = [(i, j) for i, j in pairs if me.rank in (i, j)]
+    samples: dict[tuple[int, int], list[float]] = {p: [] for p in mine}
+    for k in range(warmup + iters):
+        for i, j in pairs:
+            dist.barrier()
+            if me.rank in (i, j):
+                peer = j if me.rank == i else i
+                # align the two ranks with a 1-byte exchange (untimed, no self-test delay), so the
+                # timed exchange does not include waiting for a peer that left the barrier late
+                _exchange(tiny, rtiny, peer, None)
+                sync(dev)
                 t0 = time.perf_counter()
                 _exchange(buf, rbuf, peer, hooks)
                 sync(dev)
-                samples.append(time.perf_counter() - t0)
-            times[i, j] = times[j, i] = statistics.median(samples)
+                if k >= warmup:
+                    samples[(i, j)].append(time.perf_counter() - t0)
         if progress is not None:
             progress()
+    times = torch.zeros(n, n, dtype=torch.float64, device=dev)
+    for (i, j), ss in samples.items():
+        times[i, j] = times[j, i] = statistics.median(ss)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     t = times.cpu()
     return {(i, j): float(t[i, j]) for i, j in pairs}
@@ -130,7 +142,7 @@ def run(args, me: Identity, backend: str) -> int:
 
         progress = Progress(transient=True)
         progress.start()
-        task = progress.add_task("pairs", total=n * (n - 1) // 2)
+        task = progress.add_task("rounds over all pairs", total=args.warmup_iters + args.iters)
         tick = lambda: progress.advance(task)  # noqa: E731
     try:
         pair_s = measure_pairs(me, size, args.iters, args.warmup_iters, hooks, tick)

@@ -357,7 +357,7 @@ def test_health_check_names_delayed_rank(tmp_path):
 
 @pytest.mark.distributed
 def test_health_check_passes_without_delay():
-    p = _torchrun(4, ["--check", "--check-bytes", "256K", "-n", "10"])
+    p = _torchrun(4, ["--check", "--check-bytes", "256K", "-n", "20"])
     assert p.returncode == 0, p.stdout + p.stderr
     assert "# Health check: OK" in p.stdout
     assert "# Pairwise sendrecv bandwidth" in p.stdout
