@@ -264,9 +264,9 @@ def summarize_trace(
     ev_coro = _IJSON.items_coro(events, "traceEvents.item", use_float=True)
     dist = ijson.sendable_list()
     dist_coro = _IJSON.items_coro(dist, "distributedInfo", use_float=True)
-    dev = ijson.sendable_list()
-    dev_coro = _IJSON.items_coro(dev, "deviceProperties", use_float=True)
-    side = [dist_coro, dev_coro]
+    # distributedInfo comes before traceEvents in Kineto's output, so this second parser is
+    # dropped after the first chunk or so; a trace without it pays for a second (C-only) parse.
+    side = [dist_coro]
 
     def handle(ev: dict[str, Any]) -> None:
         nonlocal n_coll
@@ -389,8 +389,6 @@ def summarize_trace(
                     side.remove(c)
             if dist and dist_coro in side:
                 side.remove(dist_coro)  # found: stop paying for a second parse
-            if dev and dev_coro in side:
-                side.remove(dev_coro)
             for ev in events:
                 if isinstance(ev, dict):
                     handle(ev)
