@@ -86,7 +86,7 @@ def test_fsdp_control_data_stall_throttle_xid(tmp_path):
     (run.control_requests / "bad.json").write_text("{not json")
     res = torchrun(2, TINY + ["--steps", str(n), "--dp-mode", "fsdp",
                               "--inject", "data_stall:rank=0,delay_ms=150,start=2,end=3",
-                              "--inject", "throttle:rank=1,factor=2,start=5",
+                              "--inject", "throttle:rank=1,factor=4,start=5",
                               "--inject", "xid:node=0,code=79,start=4"], tmp_path, "fsdp")
     check_ok(res)
     sp = spool(tmp_path, "fsdp")
@@ -120,14 +120,14 @@ def test_fsdp_control_data_stall_throttle_xid(tmp_path):
         assert trace.exists() and "traceEvents" in json.loads(trace.read_text())
     # simulated GPU: throttle on rank 1 (node 0, gpu 1), xid on node 0's GPUs
     g0, g1 = read_state(run.simgpu_node_dir(0), 0), read_state(run.simgpu_node_dir(0), 1)
-    assert g1.sm_clock_mhz == g1.max_sm_clock_mhz // 2
+    assert g1.sm_clock_mhz == g1.max_sm_clock_mhz // 4
     assert g1.throttle_reasons & THROTTLE_HW_THERMAL and g1.throttle_reasons & THROTTLE_SW_POWER_CAP
     assert g1.temp_c > g0.temp_c
     assert g0.throttle_reasons == 0 and g0.sm_clock_mhz == g0.max_sm_clock_mhz
     assert [c for c, _ in g0.xids] == [79] and [c for c, _ in g1.xids] == [79]
     assert "simulated" in g0.name.lower()
-    # throttle is also a compute slowdown on rank 1
-    assert mean(s1[k].compute_ms for k in (5, 6, 7)) > mean(s0[k].compute_ms for k in (5, 6, 7))
+    # throttle is also a compute slowdown on rank 1 (extra compute inside its forward)
+    assert mean(s1[k].forward_ms for k in (5, 6, 7)) > mean(s0[k].forward_ms for k in (5, 6, 7))
 
 
 def test_tp_reference(tmp_path):

@@ -115,7 +115,7 @@ def reference_losses(n_steps: int, batch: int, d_model=32, n_layers=2, n_heads=4
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, norms
 
 

@@ -201,8 +201,9 @@ def make_ddp_comm_hook(recorder: Recorder):
         fut = allreduce_hook(process_group, bucket)
 
         def done(f):
+            value = f.value()  # raises if the all-reduce failed (e.g. timed out): t_done stays None
             c.t_done = time.time()
-            return f.value()
+            return value
 
         return fut.then(done)
 
