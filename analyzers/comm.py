@@ -35,8 +35,8 @@ NAME = "comm"
 class CommConfig:
     exposed_info: float = 0.15  # exposed comm share of step time reported (info)
     exposed_warn: float = 0.60  # ... and a warning above this
-    growth_factor: float = 1.5  # exposed comm grew this much against the run's baseline ...
-    growth_min_share: float = 0.10  # ... and now costs at least this share of step time
+    growth_factor: float = 2.0  # exposed comm grew this much against the run's baseline ...
+    growth_min_share: float = 0.20  # ... and now costs at least this share of step time
     rank_ratio: float = 1.3  # a rank's transfer time / peers' median
     min_extra_ms: float = 2.0  # ... and at least this many ms more
     mad_k: float = 4.0

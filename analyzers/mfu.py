@@ -173,7 +173,12 @@ def analyze(data: RunData, cfg: MfuConfig | None = None) -> list[Finding]:
             col = "compute_ms" if cause == "straggler" else "data_ms"
             win = st[(st["step"] >= s0) & (st["step"] <= s1)]
             ranks = [int(win.groupby("rank")[col].median().idxmax())]
-        sev = "critical" if drop >= cfg.critical_frac else "warning"
+        # a drop with a named cause is actionable; one that only says "every rank got slower" (another job
+        # on the host, a changed workload) or "the profiler was on" is reported as info
+        if cause in ("compute_slowdown", "unknown", "profiler_on"):
+            sev = "info"
+        else:
+            sev = "critical" if drop >= cfg.critical_frac else "warning"
         metric = "MFU" if use_mfu else "throughput"
         fmt = (lambda v: f"{v:.1%}") if use_mfu else (lambda v: f"{v:.3g}")
         ev.update(metric=metric, reference=fnum(ref, 4), level=fnum(level, 4), drop=fnum(drop, 3), threshold_drop=fnum(drop_thr, 3),

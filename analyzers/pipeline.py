@@ -40,7 +40,7 @@ def theory_bubble(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> float:
     if p <= 1 or m <= 0:
         return 0.0
     sched = (schedule or "1f1b").lower()
-    if "interleav" in sched or v > 1:
+    if "interleav" in sched:
         v = max(v, 1)
         return (p - 1) / (v * m + p - 1)
     return (p - 1) / (m + p - 1)
@@ -50,7 +50,7 @@ def microbatches_for(p: int, target: float, schedule: str = "1f1b", v: int = 1) 
     """Smallest M with theory_bubble(p, M) <= target."""
     if p <= 1:
         return 1
-    v = v if ("interleav" in (schedule or "").lower() or v > 1) else 1
+    v = v if "interleav" in (schedule or "").lower() else 1
     return max(1, math.ceil((p - 1) * (1 - target) / (target * max(v, 1)) - 1e-9))
 
 
@@ -67,8 +67,8 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
     if st.empty:
         return []
     m = int(layout.get("microbatches") or int(st["microbatches"].median()) or 1)
-    v = int(layout.get("virtual_stages") or 1)
     schedule = str(layout.get("pp_schedule") or "1f1b")
+    v = int(layout.get("virtual_stages") or 1) if "interleav" in schedule.lower() else 1
     theory = theory_bubble(p, m, schedule, v)
     span = st["compute_ms"] + st["pipeline_wait_ms"]
     st = st.assign(bubble=np.where(span > 0, st["pipeline_wait_ms"] / span.where(span > 0, 1), np.nan))
@@ -115,7 +115,7 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
             step_start=s0, step_end=s1, evidence=dict(ev, cause="too_few_microbatches"), confidence=0.9,
             summary=(f"pipeline bubble {measured:.0%} (theory {theory:.0%} for P={p}, M={m}, {schedule}): too few micro-batches"),
             recommendation=(f"Raise micro-batches to M >= {m_needed} (same global batch, smaller micro-batch) to bring the bubble under "
-                            f"{cfg.target:.0%}" + ("" if v > 1 else ", or use an interleaved schedule") + "."),
+                            f"{cfg.target:.0%}" + ("" if "interleav" in schedule.lower() else ", or use an interleaved schedule") + "."),
         ))
     elif theory > cfg.target:
         out.append(Finding(

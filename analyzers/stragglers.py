@@ -7,10 +7,11 @@ gradient all-reduce for the slowest. Step time therefore names nobody. This anal
    data loading and pipeline waits) against the median of its comparable peers in the same
    step (leave-one-out median; peers = the ranks of the same pipeline stage when pp > 1,
    since stages do different work): score = own / peers, NVRx's relative score inverted;
-2. a robust noise floor: the threshold is max(min_ratio, 1 + k * sigma), sigma = 1.4826 * MAD
-   of all scores, so noisy machines need a bigger deviation;
-3. a persistence window: a rank is a straggler only when ``persist`` of any ``window``
-   consecutive steps are flagged; the onset is the first flagged step of that run;
+2. a one-sided CUSUM over log(score) with drift log(min_ratio): it alarms when the accumulated
+   excess exceeds h = max(h_sigma x sigma, 2 log(min_ratio)), sigma the robust (MAD) noise of the
+   scores over time, after at least ``min_steps`` steps, most of them slow. Quiet runs confirm a
+   1.15x straggler in 3 steps; noisy ones need more evidence; one noisy step never alarms;
+3. the onset is the first step of the CUSUM excursion that alarmed, the end its last slow step;
 4. arrival order as corroboration: the culprit arrives last at the step's gradient sync
    (``sync_arrival``; or ``CollectiveRecord.t_arrive``) and waits least; its victims wait
    ``sync_wait_ms``, which is reported as evidence, never as a cause.
@@ -35,9 +36,13 @@ NAME = "stragglers"
 
 @dataclass
 class StragglerConfig:
-    min_ratio: float = 1.08  # own compute / peers' median compute, per step
-    mad_k: float = 4.0  # ... and above the run's own noise: 1 + k * sigma
-    persist: int = 3  # flagged steps needed ...
+    min_ratio: float = 1.08  # own compute / peers' median: the CUSUM's drift (a step below it is evidence against)
+    h_sigma: float = 10.0  # CUSUM alarm threshold in units of the scores' noise ...
+    min_h_factor: float = 2.0  # ... and at least this many times log(min_ratio)
+    min_steps: int = 3  # an alarm needs at least this many steps ...
+    high_share: float = 0.6  # ... most of them above min_ratio
+    mad_k: float = 4.0  # stage drift: threshold 1 + k * sigma
+    persist: int = 3  # stage drift: flagged steps needed ...
     window: int = 5  # ... within this many consecutive steps
     warmup_steps: int = 1  # first steps of the run are not judged (compilation, allocator warm-up)
     critical_ratio: float = 2.0  # a rank at 2x its peers is critical
@@ -89,8 +94,47 @@ def _arrival_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: i
     return ev
 
 
+def cusum_runs(logr: pd.Series, k: float, h: float, min_steps: int, high_share: float) -> list[dict]:
+    """One-sided CUSUM (Page) on a rank's log-score: S = max(0, S + x - k); an alarm when S >= h after at
+    least ``min_steps`` steps of which ``high_share`` scored above k. Returns runs with onset (first step of
+    the excursion), detection step (the alarm) and end (last slow step before S fell back to 0)."""
+    runs: list[dict] = []
+    S, start, n, n_high, cur, last_high = 0.0, None, 0, 0, None, None
+    for step, x in logr.items():
+        if not np.isfinite(x):
+            continue
+        S_new = S + x - k
+        if S_new <= 0:
+            if cur is not None:
+                cur["end"] = last_high
+                runs.append(cur)
+            S, start, n, n_high, cur, last_high = 0.0, None, 0, 0, None, None
+            continue
+        if start is None:
+            start = int(step)
+        S = S_new
+        n += 1
+        if x > k:
+            n_high += 1
+            last_high = int(step)
+        if cur is None and S >= h and n >= min_steps and n_high >= high_share * n:
+            cur = dict(onset=start, detected=int(step))
+    if cur is not None:
+        cur["end"] = last_high
+        runs.append(cur)
+    return runs
+
+
 def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> list[dict]:
-    """Per-rank candidates: dicts with rank, onset, end, counts, medians."""
+    """Per-rank candidates: dicts with rank, onset, end, counts, medians.
+
+    Each step, a rank's score is log(its compute / the leave-one-out median of its peers). A one-sided
+    CUSUM with drift log(min_ratio) accumulates the evidence; it alarms when the sum exceeds
+    h = max(h_sigma x sigma, min_h_factor x log(min_ratio)) after at least ``min_steps`` steps, most of
+    them slow. sigma is the robust noise of the scores over time (median across ranks), so a quiet run
+    confirms a 1.15x straggler in three steps while a noisy one needs a larger or longer slow-down;
+    one noisy step never does it.
+    """
     out = []
     groups = _peer_groups(data, list(comp.index))
     ratios: dict[int, pd.Series] = {}
@@ -107,19 +151,21 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
             refs[r] = ref.loc[r]
     if not ratios:
         return out
-    sigma = temporal_sigma(pd.DataFrame(ratios).T)
-    thr = max(cfg.min_ratio, 1.0 + cfg.mad_k * sigma)
-    for r, ratio in ratios.items():
-        flags = (ratio >= thr).fillna(False)
-        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            span = ratio.loc[s0:s1]
-            own = comp.loc[r, s0:s1]
-            peers = refs[r].loc[s0:s1]
+    ratio_df = pd.DataFrame(ratios).T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logr = np.log(ratio_df.where(ratio_df > 0))
+    sigma = temporal_sigma(logr)
+    k = float(np.log(cfg.min_ratio))
+    h = max(cfg.h_sigma * sigma, cfg.min_h_factor * k)
+    for r in ratio_df.index:
+        for run in cusum_runs(logr.loc[r], k, h, cfg.min_steps, cfg.high_share):
+            onset, s1 = run["onset"], run["end"]
+            span = ratio_df.loc[r, onset:s1]
             group = next(m for m in groups.values() if r in m)
-            out.append(dict(rank=r, onset=s0, end=s1, flagged=n, ratio=float(np.nanmedian(span)),
-                            own_ms=float(np.nanmedian(own)), peers_ms=float(np.nanmedian(peers)),
-                            threshold=thr, sigma=sigma, group=group,
-                            confirmed_at=confirmation_step(flags, s0, cfg.persist)))
+            out.append(dict(rank=r, onset=onset, end=s1, flagged=int((logr.loc[r, onset:s1] > k).sum()),
+                            ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
+                            peers_ms=float(np.nanmedian(refs[r].loc[onset:s1])), threshold=float(np.exp(k)),
+                            cusum_h=h, sigma=sigma, group=group, confirmed_at=run["detected"]))
     return out
 
 
@@ -212,7 +258,7 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         ev = dict(scope="rank", onset_step=c["onset"], detected_at_step=c["confirmed_at"],
                   rank_median_compute_ms=fnum(c["own_ms"], 1), peers_median_compute_ms=fnum(c["peers_ms"], 1),
                   ratio=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]), threshold_ratio=fnum(c["threshold"], 3),
-                  noise_sigma=fnum(c["sigma"], 4), compared_with=sorted(int(x) for x in c["group"] if x != r))
+                  cusum_threshold=fnum(c["cusum_h"], 3), noise_sigma=fnum(c["sigma"], 4), compared_with=sorted(int(x) for x in c["group"] if x != r))
         ev.update(_arrival_evidence(data, r, c["group"], c["onset"], c["end"]))
         conf = 0.7
         if ev.get("last_arrival_share") is not None and ev["last_arrival_share"] >= 0.5:

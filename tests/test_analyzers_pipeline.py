@@ -11,6 +11,7 @@ def test_theory_numbers():
     assert theory_bubble(4, 8, "1f1b") == pytest.approx(3 / 11)
     assert theory_bubble(4, 8, "gpipe") == pytest.approx(3 / 11)
     assert theory_bubble(4, 8, "interleaved_1f1b", v=2) == pytest.approx(3 / 19)
+    assert theory_bubble(4, 8, "1f1b", v=2) == pytest.approx(3 / 11)  # virtual stages only count when interleaved
     assert theory_bubble(2, 1) == pytest.approx(0.5)
     assert theory_bubble(1, 8) == 0.0
     # smallest M under 10 %: (P-1)(1-t)/(t V) -> P=4: 27; P=2: 9; interleaved V=2, P=4: 14

@@ -83,4 +83,16 @@ def test_rank_in_pipeline_compared_within_its_stage():
 def test_persistence_config_is_honoured():
     data = build(compute_factor=lambda r, s: 1.5 if (r == 1 and 10 <= s <= 12) else 1.0)
     assert [f.ranks for f in stragglers.analyze(data)] == [[1]]
-    assert stragglers.analyze(data, StragglerConfig(persist=4, window=6)) == []
+    # a 3-step burst: with 4 steps required, 80 % of them slow, it is not a straggler
+    assert stragglers.analyze(data, StragglerConfig(min_steps=4, high_share=0.8)) == []
+
+
+def test_noisy_run_needs_more_evidence():
+    # same 1.15x straggler, but 10 % per-step noise: the CUSUM threshold rises with the noise
+    quiet = stragglers.analyze(build(steps=40, compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0))
+    noisy = stragglers.analyze(build(steps=40, noise=0.10, seed=3,
+                                     compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0))
+    assert [f.ranks for f in quiet] == [[1]] and [f.ranks for f in noisy] == [[1]]
+    assert quiet[0].evidence["cusum_threshold"] < noisy[0].evidence["cusum_threshold"]
+    assert quiet[0].evidence["detected_at_step"] <= noisy[0].evidence["detected_at_step"]
+    assert 4 <= noisy[0].step_start <= 13  # the onset is less certain under noise
