@@ -278,6 +278,12 @@ async def test_run_picker_and_pause(fake):
         await app.refresh_now()
         await pilot.pause()
         assert app.query_one(RankTable).row_count == 8
+        await pilot.press("g")
+        await pilot.pause()
+        assert isinstance(app.screen, RunPicker)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, RunPicker) and app.run_id == RUN
 
         await pilot.press("p")
         assert app.paused and app.timer._active.is_set() is False

@@ -19,8 +19,8 @@ ACTIONS = ("profile", "checkpoint", "evict")
 class RunPicker(Screen):
     """The runs the head knows; Enter opens one."""
 
-    BINDINGS = [Binding("enter", "choose", "Open run"), Binding("r", "app.refresh_now", "Refresh"),
-                Binding("q", "app.quit", "Quit")]
+    BINDINGS = [Binding("enter", "choose", "Open run"), Binding("escape", "back", "Back"),
+                Binding("r", "app.refresh_now", "Refresh"), Binding("q", "app.quit", "Quit")]
 
     def __init__(self, runs: list[RunSummary] | None = None) -> None:
         super().__init__()
@@ -64,6 +64,11 @@ class RunPicker(Screen):
         t = self.query_one(DataTable)
         if self.runs and 0 <= t.cursor_row < len(self.runs):
             self.dismiss(self.runs[t.cursor_row].run_id)
+
+    def action_back(self) -> None:
+        """Back to the run already open (if any); with none open there is nothing behind this screen."""
+        if getattr(self.app, "run_id", None) is not None:
+            self.dismiss(None)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
