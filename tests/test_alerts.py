@@ -1,0 +1,115 @@
+"""Alert rules and Alertmanager config, offline: promtool check/test rules, amtool check-config and routing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dashboards.cli import ALERTMANAGER_EXAMPLE, RULES_FILE, RULES_TEST_FILE, RUNBOOK_PLACEHOLDER, render_rules
+
+REPO = Path(__file__).resolve().parent.parent
+ALERTS = ("RanksightStragglingRank", "RanksightRankStalled", "RanksightGpuXid", "RanksightGpuThermalThrottling",
+          "RanksightGpuPowerThrottling", "RanksightAgentDown", "RanksightAgentDroppingRecords", "RanksightAgentLagHigh")
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (make debs)")
+needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="needs amtool (make debs)")
+
+
+def _run(args, cwd=None):
+    return subprocess.run(args, capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+@needs_promtool
+def test_promtool_check_rules():
+    r = _run(["promtool", "check", "rules", str(RULES_FILE)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(ALERTS)} rules found" in r.stdout
+
+
+@needs_promtool
+def test_promtool_rule_unit_tests():
+    r = _run(["promtool", "test", "rules", RULES_TEST_FILE.name], cwd=RULES_FILE.parent)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout
+
+
+def test_every_alert_has_a_unit_test_and_runbook_annotations():
+    rules = RULES_FILE.read_text()
+    tests = RULES_TEST_FILE.read_text()
+    names = re.findall(r"^\s+- alert: (\w+)$", rules, flags=re.M)
+    assert sorted(names) == sorted(ALERTS)
+    for name in ALERTS:
+        assert re.search(rf"alertname: {name}\n\s+exp_alerts:\n\s+- exp_labels", tests), f"no firing test for {name}"
+        block = rules.split(f"- alert: {name}\n", 1)[1].split("- alert:", 1)[0]
+        for key in ("summary:", "description: |-", "runbook_url:", "severity:"):
+            assert key in block, (name, key)
+        assert f"#{name.lower()}'" in block, name
+    docs = (REPO / "docs" / "dashboards-alerts.md").read_text()
+    for name in ALERTS:
+        assert f"### {name}" in docs, f"docs/dashboards-alerts.md has no runbook section for {name}"
+
+
+@needs_promtool
+def test_rule_unit_tests_fail_on_a_wrong_expectation(tmp_path):
+    """The promtool tests are not vacuous: a changed expected value or a weakened rule fails them."""
+    shutil.copy(RULES_FILE, tmp_path / RULES_FILE.name)
+    (tmp_path / RULES_TEST_FILE.name).write_text(
+        RULES_TEST_FILE.read_text().replace("compute 1.30x the job median", "compute 1.31x the job median"))
+    r = _run(["promtool", "test", "rules", RULES_TEST_FILE.name], cwd=tmp_path)
+    assert r.returncode != 0 and "RanksightStragglingRank" in r.stdout + r.stderr
+    # A rule that forgot the "changed to non-zero" guard would alert on an agent restart (XID gauge back to 0).
+    shutil.copy(RULES_TEST_FILE, tmp_path / RULES_TEST_FILE.name)
+    (tmp_path / RULES_FILE.name).write_text(
+        RULES_FILE.read_text().replace(" and DCGM_FI_DEV_XID_ERRORS > 0)", ")"))
+    r = _run(["promtool", "test", "rules", RULES_TEST_FILE.name], cwd=tmp_path)
+    assert r.returncode != 0 and 'gpu="2"' in r.stdout + r.stderr
+
+
+@needs_promtool
+def test_rules_cli_writes_with_runbook_base_and_checks(tmp_path):
+    r = _run([sys.executable, "-m", "ranksight.cli", "dashboards", "rules", "--out", str(tmp_path),
+              "--runbook-base", "https://wiki.example.com/ranksight/alerts"], cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = (tmp_path / "ranksight.rules.yml").read_text()
+    assert RUNBOOK_PLACEHOLDER not in text
+    assert "runbook_url: 'https://wiki.example.com/ranksight/alerts#ranksightgpuxid'" in text
+    assert "SUCCESS" in r.stdout
+    with pytest.raises(ValueError, match="http"):
+        render_rules("wiki/alerts")
+    r = _run([sys.executable, "-m", "ranksight.cli", "dashboards", "rules", "--runbook-base", "ftp://x"], cwd=REPO)
+    assert r.returncode == 2 and "http(s) URL" in r.stderr
+
+
+@needs_amtool
+def test_amtool_check_config():
+    r = _run(["amtool", "check-config", str(ALERTMANAGER_EXAMPLE)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout and "3 receivers" in r.stdout
+
+
+@needs_amtool
+@pytest.mark.parametrize("labels, receiver", [
+    (["severity=critical", "alertname=RanksightGpuXid"], "ranksight-critical"),
+    (["severity=critical", "alertname=RanksightRankStalled", "run_id=r1"], "ranksight-critical"),
+    (["severity=warning", "alertname=RanksightStragglingRank"], "ranksight-warning"),
+    (["severity=info", "alertname=Something"], "ranksight-default"),
+    (["alertname=NoSeverity"], "ranksight-default"),
+])
+def test_alertmanager_routes_by_severity(labels, receiver):
+    r = _run(["amtool", "config", "routes", "test", f"--config.file={ALERTMANAGER_EXAMPLE}", *labels])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == receiver
+
+
+def test_rule_severities_route_somewhere_specific():
+    rules = RULES_FILE.read_text()
+    sev = dict(re.findall(r"- alert: (\w+)\n(?:.*\n)*?\s+severity: (\w+)", rules))
+    assert sev == {"RanksightStragglingRank": "warning", "RanksightRankStalled": "critical",
+                   "RanksightGpuXid": "critical", "RanksightGpuThermalThrottling": "warning",
+                   "RanksightGpuPowerThrottling": "warning", "RanksightAgentDown": "warning",
+                   "RanksightAgentDroppingRecords": "warning", "RanksightAgentLagHigh": "warning"}
