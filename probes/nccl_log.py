@@ -625,20 +625,23 @@ class NcclLogParser:
         return cid, self._comm_rank.get((pre[0], pre[1], cid)) if cid else None
 
     def _channel(self, pre, msg: bytes) -> NcclEvent | None:
+        return self._deduped(pre, msg, self._channel_event)
+
+    def _deduped(self, pre, msg: bytes, build) -> NcclEvent | None:
+        """Per-channel repeats of the same connection or ring: one event, channels appended."""
         c = msg.find(b" : ")
         if c < 0:
             cid, _ = self._comm_ctx(pre)
             return self._ev(pre, "channel", msg, comm_id=cid)
         key = (self._lead, self._thread_comm.get(pre[:3]), msg[c:])
         seen = self._dedupe.get(key)
-        try:
-            ch = int(msg[8:10])
-        except ValueError:
-            ch = -1
         if seen is not None:
-            seen.append(ch)
+            try:
+                seen.append(int(msg[: c].split(b" ", 2)[1].split(b"/", 1)[0]))
+            except (ValueError, IndexError):
+                pass
             return None
-        ev = self._channel_event(pre, msg)
+        ev = build(pre, msg)
         if ev is not None and "channel" in ev.fields:
             ev.fields["channels"] = self._dedupe[key] = [ev.fields["channel"]]
             if len(self._dedupe) > 100_000:  # bounded: a later duplicate becomes an event again
@@ -682,7 +685,10 @@ class NcclLogParser:
         cid, _ = self._comm_ctx(pre)
         return self._ev(pre, "transport", msg, rank=me, peer=peer, transport=transport, comm_id=cid, fields=f)
 
-    def _ring_line(self, pre, msg: bytes) -> NcclEvent:
+    def _ring_line(self, pre, msg: bytes) -> NcclEvent | None:
+        return self._deduped(pre, msg, self._ring_event)
+
+    def _ring_event(self, pre, msg: bytes) -> NcclEvent:
         m = _CONN_RE.match(msg)
         if m is not None:
             return self._conn(pre, msg, m)
@@ -979,7 +985,7 @@ class NcclLogSummary:
         c = self.comms.get(cid)
         if c is None:
             c = self.comms[cid] = {"comm_id": cid, "nranks": None, "ranks": {}, "rings": {}, "trees": {},
-                                   "ring_neighbors": {},
+                                   "ring_neighbors": {}, "ring_fields": [], "nbr_fields": [],
                                    "nchannels": None, "init_time_s": {}, "complete": set()}
         return c
 
@@ -1060,11 +1066,11 @@ class NcclLogSummary:
         if ev.category == "ring":
             ch = f.get("channel")
             if "order" in f:
-                c["rings"].setdefault(ch, f["order"])
+                c["ring_fields"].append(f)  # channels may still grow (shared list): expand in to_dict
                 if f.get("nchannels"):
                     c["nchannels"] = f["nchannels"]
             elif "prev" in f:
-                c["ring_neighbors"].setdefault(ch, {})[rank] = {"prev": f["prev"], "next": f["next"]}
+                c["nbr_fields"].append((rank, f))
         elif ev.category == "tree":
             for ch, node in f.get("trees", {}).items():
                 c["trees"].setdefault(ch, {})[node.get("rank", rank)] = {
@@ -1076,9 +1082,22 @@ class NcclLogSummary:
                 t = self.transports[key] = {
                     "comm_id": ev.comm_id, "src": f["src"], "dst": f["dst"], "transport": ev.transport,
                     "direction": f.get("direction", ""), "via": f.get("via", ""), "gdrdma": f.get("gdrdma"),
-                    "net_dev": f.get("net_dev"), "pxn": bool(f.get("pxn")), "channels": [], "host": ev.host}
-            if f.get("channel") not in t["channels"]:
-                t["channels"].append(f.get("channel"))
+                    "net_dev": f.get("net_dev"), "pxn": bool(f.get("pxn")), "_lists": [], "host": ev.host}
+            t["_lists"].append(f.get("channels") or [f.get("channel")])
+
+    def transports_lists(self, t: dict[str, Any]) -> list[list[int]]:
+        key = (t["comm_id"], t["src"], t["dst"], t["transport"], t["direction"])
+        return self.transports[key]["_lists"]
+
+    def add_collectives(self, parser: "NcclLogParser") -> None:
+        """Fold a parser's COLL-line counters (lines that became no events) into the summary."""
+        counts = parser.collective_counts
+        for (host, pid, comm), info in parser.last_collective.items():
+            key = f"{host}:{pid}:{comm}"
+            c = self.collectives.setdefault(key, {"count": 0})
+            c["count"] += counts.get((host, pid, comm), 0)
+            c.update(last_op=info.get("op"), last_opCount=info.get("opCount"),
+                     rank=parser.proc_rank.get((host, pid), (None,))[0])
 
     def finish(self) -> None:
         # Topology lines whose comm never announced itself still count, under "unknown".
@@ -1111,6 +1130,12 @@ class NcclLogSummary:
                           "busId": p["busId"], "version": p["version"], "files": sorted(p["files"])})
         comms = {}
         for cid, c in self.comms.items():
+            for f in c["ring_fields"]:
+                for ch in f.get("channels") or [f.get("channel")]:
+                    c["rings"].setdefault(ch, f["order"])
+            for rank, f in c["nbr_fields"]:
+                for ch in f.get("channels") or [f.get("channel")]:
+                    c["ring_neighbors"].setdefault(ch, {})[rank] = {"prev": f["prev"], "next": f["next"]}
             comms[cid] = {
                 "nranks": c["nranks"], "ranks_seen": sorted(r for r in c["ranks"] if r is not None),
                 "ranks": {str(r): v for r, v in sorted(c["ranks"].items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
@@ -1120,7 +1145,11 @@ class NcclLogSummary:
                 "ring_neighbors": {str(k): {str(r): n for r, n in v.items()} for k, v in c["ring_neighbors"].items()},
                 "trees": {str(k): {str(r): n for r, n in v.items()} for k, v in c["trees"].items()},
             }
-        transports = sorted(self.transports.values(), key=lambda t: (t["comm_id"], t["src"], t["dst"], t["transport"]))
+        transports = []
+        for t in sorted(self.transports.values(), key=lambda t: (t["comm_id"], t["src"], t["dst"], t["transport"])):
+            t = {k: v for k, v in t.items() if k != "_lists"}
+            t["channels"] = sorted({ch for lst in self.transports_lists(t) for ch in lst if ch is not None})
+            transports.append(t)
         tcount = Counter(t["transport"] for t in transports)
         return {
             "files": self.files,
@@ -1170,6 +1199,7 @@ def summarize(paths: Iterable[str], **kw: Any) -> dict[str, Any]:
                 continue
         s.files.append(path)
         s.lines += p.line_no
+        s.add_collectives(p)
         for n in p.notes:
             if n not in s.notes:
                 s.notes.append(n)

@@ -27,6 +27,8 @@ def _render(s: dict[str, Any]) -> None:
     from rich.table import Table
 
     con = Console()
+    if not con.is_terminal:  # piped: don't squeeze the tables into 80 columns
+        con = Console(width=200)
     con.print(f"[bold]NCCL logs[/bold]: {len(s['files'])} file(s), {s['lines']} lines, {s['events']} events "
               f"({s['categories'].get('unclassified', 0)} unclassified)")
     if s["versions"]:
