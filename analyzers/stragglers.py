@@ -11,7 +11,8 @@ gradient all-reduce for the slowest. Step time therefore names nobody. This anal
    excess exceeds h = max(h_sigma x sigma, 2 log(min_ratio)), sigma the robust (MAD) noise of the
    scores over time, after at least ``min_steps`` steps, most of them slow. Quiet runs confirm a
    1.15x straggler in 3 steps; noisy ones need more evidence; one noisy step never alarms;
-3. the onset is the first step of the CUSUM excursion that alarmed, the end its last slow step;
+3. the onset is the least-squares change point of the CUSUM excursion that alarmed (CUSUM alone
+   starts on the first noisy-high step), the end its last slow step;
 4. arrival order as corroboration: the culprit arrives last at the step's gradient sync
    (``sync_arrival``; or ``CollectiveRecord.t_arrive``) and waits least; its victims wait
    ``sync_wait_ms``, which is reported as evidence, never as a cause.
@@ -125,6 +126,30 @@ def cusum_runs(logr: pd.Series, k: float, h: float, min_steps: int, high_share: 
     return runs
 
 
+def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int:
+    """Least-squares change point in [first, last]: the split maximising n1*n2/(n1+n2) * (mean_after - mean_before)^2,
+    with up to ``lookback`` steps before ``first`` as the baseline. CUSUM starts accumulating on the first
+    noisy-high step, which can be early; this is the onset the data supports best."""
+    x = x.dropna()
+    idx = list(x.index)
+    if first not in idx:
+        return first
+    i0 = max(0, idx.index(first) - lookback)
+    seg = x.loc[idx[i0]:last].to_numpy(dtype=float)
+    steps = idx[i0: i0 + len(seg)]
+    best, best_t = -1.0, first
+    for j in range(1, len(seg)):
+        if steps[j] < first:
+            continue
+        a, b = seg[:j], seg[j:]
+        if b.mean() <= a.mean():
+            continue
+        stat = len(a) * len(b) / len(seg) * (b.mean() - a.mean()) ** 2
+        if stat > best:
+            best, best_t = stat, steps[j]
+    return int(best_t)
+
+
 def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> list[dict]:
     """Per-rank candidates: dicts with rank, onset, end, counts, medians.
 
@@ -159,7 +184,8 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
     h = max(cfg.h_sigma * sigma, cfg.min_h_factor * k)
     for r in ratio_df.index:
         for run in cusum_runs(logr.loc[r], k, h, cfg.min_steps, cfg.high_share):
-            onset, s1 = run["onset"], run["end"]
+            s1 = run["end"]
+            onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
             span = ratio_df.loc[r, onset:s1]
             group = next(m for m in groups.values() if r in m)
             out.append(dict(rank=r, onset=onset, end=s1, flagged=int((logr.loc[r, onset:s1] > k).sum()),

@@ -1,0 +1,196 @@
+"""Detection benchmark: run the real trainer with injected faults, score every analyzer against the manifest.
+
+    python bench/detect.py                       # the full matrix (slow: one torchrun per cell)
+    python bench/detect.py --layouts dp4 --faults slow_rank,data_stall --steps 20
+    python bench/detect.py --replay DIR          # fast mode: re-score runs recorded earlier (no trainer)
+
+Each cell is one run of ``torchrun --standalone --nproc-per-node 4 -m trainer`` with one fault
+(``--inject``) at one magnitude, on one parallel layout; clean runs of every layout are scored
+too (any finding of warning or worse there is a false positive). Scoring is analyzers.score:
+recall (faults found by a finding of their primary kind naming the right rank/node), precision
+(warning+ findings that match an injected fault), latency in steps from the fault's start to
+the step the finding was confirmed.
+
+Results: a JSON file per invocation under bench/results/ and a table in bench/RESULTS.md between
+the ``detect`` markers. Runs are kept under --store (default bench/results/detect-runs) so
+``--replay`` can score them again after an analyzer change in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analyzers import run_all  # noqa: E402
+from analyzers.loader import LoadError, load_run  # noqa: E402
+from analyzers.score import score  # noqa: E402
+from ranksight.schema import FaultSpec  # noqa: E402
+
+MODEL = ["--d-model", "96", "--n-layers", "4", "--n-heads", "4", "--seq-len", "48", "--batch-size", "8"]
+LAYOUTS = {
+    "dp4": ["--dp", "4"],
+    "dp2pp2": ["--dp", "2", "--pp", "2", "--microbatches", "4"],
+    "dp2tp2": ["--dp", "2", "--tp", "2"],
+}
+# fault -> (inject template, two magnitudes, extra trainer args)
+FAULTS = {
+    "slow_rank": ("slow_rank:rank=1,factor={m},start={start}", (1.15, 1.5), []),
+    "slow_link": ("slow_link:rank=1,delay_ms={m},start={start}", (20, 80), []),
+    "throttle": ("throttle:rank=2,factor={m},start={start}", (1.15, 1.5), []),
+    "data_stall": ("data_stall:rank=3,delay_ms={m},start={start}", (30, 150), []),
+    "fp16_overflow": ("fp16_overflow:rank=0,start={start}", (1,), ["--precision", "fp16"]),
+    "nan_loss": ("nan_loss:rank=2,start={start}", (1,), []),
+    "hang": ("hang:rank=3,start={start}", (1,), ["--pg-timeout", "20"]),
+    "xid": ("xid:node=0,code={m},start={start}", (79, 13), []),
+    "few_microbatches": (None, (1,), ["--microbatches", "1"]),
+}
+
+
+def torchrun(store: Path, run_id: str, args: list[str], nproc: int = 4, timeout: float = 300) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--max-restarts=0",
+           "--monitor-interval=0.5", "-m", "trainer", *args, "--store", str(store), "--run-id", run_id, "--quiet"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def cells(layouts: list[str], faults: list[str], clean: bool) -> list[dict]:
+    out = []
+    for lay in layouts:
+        if clean:
+            out.append(dict(layout=lay, fault="clean", magnitude=None))
+        for f in faults:
+            if f == "few_microbatches" and "pp" not in lay:
+                continue
+            for m in FAULTS[f][1]:
+                out.append(dict(layout=lay, fault=f, magnitude=m))
+    return out
+
+
+def run_id_of(cell: dict) -> str:
+    mag = "" if cell["magnitude"] is None else f"-{cell['magnitude']}".replace(".", "p")
+    return f"det-{cell['layout']}-{cell['fault']}{mag}"
+
+
+def score_run(store: Path, run_id: str, cell: dict) -> dict:
+    try:
+        data = load_run(store, run_id)
+    except LoadError as e:
+        return dict(cell, run_id=run_id, error=str(e))
+    findings = run_all(data)
+    faults = list(data.manifest.faults) if data.manifest else []
+    if cell["fault"] == "few_microbatches":
+        faults.append(FaultSpec(kind="few_microbatches", start=0))
+    s = score(findings, faults, manifest=data.manifest)
+    return dict(cell, run_id=run_id, precision=s.precision, recall=s.recall, latencies=s.latencies,
+                false_findings=s.false_findings, faults=[r.__dict__ for r in s.faults],
+                findings=[f"{f.severity} {f.kind} ranks={f.ranks} steps={f.step_start}-{f.step_end}" for f in findings])
+
+
+def summarize(rows: list[dict]) -> str:
+    lines = ["| layout | fault | magnitude | recall | precision | latency (steps) | false findings |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['layout']} | {r['fault']} | {r['magnitude']} | error | | | {r['error'][:60]} |")
+            continue
+        rec = "-" if r["recall"] is None else f"{r['recall']:.0%}"
+        prec = "-" if r["precision"] is None else f"{r['precision']:.0%}"
+        lat = ",".join(str(x) for x in r["latencies"]) or "-"
+        lines.append(f"| {r['layout']} | {r['fault']} | {r['magnitude'] if r['magnitude'] is not None else ''} | {rec} | {prec} | "
+                     f"{lat} | {len(r['false_findings'])} |")
+    faulty = [r for r in rows if r["fault"] != "clean" and "error" not in r]
+    clean = [r for r in rows if r["fault"] == "clean" and "error" not in r]
+    strag = [x for r in faulty if r["fault"] == "slow_rank" for x in r["latencies"]]
+    lines.append("")
+    if faulty:
+        lines.append(f"- recall over faulty runs: {statistics.mean(r['recall'] or 0 for r in faulty):.0%}")
+        precs = [r["precision"] for r in faulty if r["precision"] is not None]
+        if precs:
+            lines.append(f"- precision over faulty runs: {statistics.mean(precs):.0%}")
+    if clean:
+        lines.append(f"- clean runs with a warning or worse: {sum(bool(r['false_findings']) for r in clean)} of {len(clean)}")
+    if strag:
+        lines.append(f"- straggler median latency: {statistics.median(strag)} steps")
+    return "\n".join(lines)
+
+
+def write_results(rows: list[dict], md: str, args: argparse.Namespace) -> None:
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    (out_dir / f"detect-{stamp}.json").write_text(json.dumps(rows, indent=1, default=str))
+    if args.no_results_md:
+        return
+    res = ROOT / "bench" / "RESULTS.md"
+    text = res.read_text() if res.exists() else "# Benchmark results\n"
+    block = (f"<!-- detect:begin -->\n## Detection benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{'replay' if args.replay else 'live runs'}, {args.steps} steps, 4 ranks on this CPU)\n\n{md}\n<!-- detect:end -->")
+    if "<!-- detect:begin -->" in text:
+        a, b = text.index("<!-- detect:begin -->"), text.index("<!-- detect:end -->") + len("<!-- detect:end -->")
+        text = text[:a] + block + text[b:]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    res.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--start", type=int, default=8, help="step at which faults start")
+    ap.add_argument("--no-clean", action="store_true")
+    ap.add_argument("--store", default=str(ROOT / "bench" / "results" / "detect-runs"))
+    ap.add_argument("--replay", action="store_true", help="score runs already in --store; run nothing")
+    ap.add_argument("--no-results-md", action="store_true")
+    args = ap.parse_args(argv)
+    store = Path(args.store)
+    store.mkdir(parents=True, exist_ok=True)
+    todo = cells(args.layouts.split(","), [f for f in args.faults.split(",") if f], not args.no_clean)
+    rows = []
+    for cell in todo:
+        rid = run_id_of(cell)
+        if not args.replay:
+            shutil.rmtree(store / rid, ignore_errors=True)
+            tmpl, _, extra = FAULTS.get(cell["fault"], (None, None, []))
+            inject = ["--inject", tmpl.format(m=cell["magnitude"], start=args.start)] if tmpl else []
+            t0 = time.time()
+            rc = torchrun(store, rid, [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject])
+            cell = dict(cell, rc=rc, wall_s=round(time.time() - t0, 1))
+        elif not (store / rid).exists():
+            continue
+        row = score_run(store, rid, cell)
+        rows.append(row)
+        print(f"{rid}: recall={row.get('recall')} precision={row.get('precision')} latency={row.get('latencies')} "
+              f"false={len(row.get('false_findings', []))} {row.get('error', '')}", flush=True)
+    md = summarize(rows)
+    print(md)
+    write_results(rows, md, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""diagnose on real trainer runs: two recorded 4-rank CPU runs (replayed, fast) and one live run (torchrun).
+
+The recorded runs (tests/fixtures/runs/) are the trainer's own output on this 2-core machine:
+d_model 96, 3 layers, seq 48, 20 steps, 4 ranks (gloo, DDP); one with
+``--inject slow_rank:rank=1,factor=2.0,start=6``, one clean.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from analyzers.diagnose import diagnose_command
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+
+
+def diagnose_json(store, run_id, *extra):
+    r = CliRunner().invoke(diagnose_command, [run_id, "--store", str(store), "--json", *extra])
+    return r.exit_code, json.loads(r.output)
+
+
+def check_slow_rank(code, obj, rank, start):
+    assert code == 1, obj["verdict"]
+    stragglers = [f for f in obj["findings"] if f["kind"] == "straggler"]
+    assert len(stragglers) == 1, obj["findings"]
+    f = stragglers[0]
+    assert f["ranks"] == [rank]  # that rank and no other
+    assert abs(f["step_start"] - start) <= 3
+    assert f["evidence"]["ratio"] > 1.2
+    # no other finding of warning or worse accuses another rank
+    for g in obj["findings"]:
+        if g["severity"] != "info" and g["kind"] in ("straggler", "comm_bottleneck", "data_stall", "hang", "gpu_health"):
+            assert g["ranks"] == [rank], g
+    assert obj["faults"][0]["found"]
+
+
+def test_recorded_slow_rank_run():
+    code, obj = diagnose_json(FIXTURES, "real-4rank-slow")
+    check_slow_rank(code, obj, rank=1, start=6)
+
+
+def test_recorded_clean_run():
+    code, obj = diagnose_json(FIXTURES, "real-4rank-clean")
+    assert code == 0, obj["findings"]
+    assert all(f["severity"] == "info" for f in obj["findings"])
+
+
+@pytest.mark.distributed
+def test_live_4rank_slow_rank(tmp_path):
+    from trainer_helpers import torchrun
+
+    args = ["--d-model", "96", "--n-layers", "3", "--n-heads", "4", "--seq-len", "48", "--batch-size", "8", "--steps", "16",
+            "--quiet", "--pg-timeout", "90", "--inject", "slow_rank:rank=2,factor=2.0,start=6"]
+    res = torchrun(4, args, tmp_path, "live-slow", timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:]
+    code, obj = diagnose_json(tmp_path, "live-slow")
+    check_slow_rank(code, obj, rank=2, start=6)
+    # the steps before the fault are a clean run: nothing worse than info
+    code, obj = diagnose_json(tmp_path, "live-slow", "--until", "5")
+    assert code == 0 and all(f["severity"] == "info" for f in obj["findings"]), obj["findings"]
