@@ -238,7 +238,12 @@ def test_cli_push(httpserver, tmp_path):
                         "--token", TOKEN, "--dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "success: ranksight-job version 1" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "ranksight.cli", "dashboards", "push", "--url", httpserver.url_for("/"),
-                        "--token", TOKEN, "--dir", str(tmp_path / "empty")], capture_output=True, text=True, cwd=REPO,
-                       timeout=60)
-    assert r.returncode == 2 and "dashboards build" in r.stderr
+    from typer.testing import CliRunner
+
+    from ranksight.cli import main
+
+    r = CliRunner().invoke(main, ["dashboards", "push", "--url", httpserver.url_for("/"), "--token", TOKEN,
+                                  "--dir", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "dashboards build" in r.output
+    r = CliRunner().invoke(main, ["dashboards", "push", "--url", "grafana:3000", "--token", TOKEN, "--dir", str(tmp_path)])
+    assert r.exit_code == 2 and "must start with http" in r.output
