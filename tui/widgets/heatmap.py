@@ -37,11 +37,15 @@ def render_heat(v: RunView, max_cols: int = 60, max_rows: int = 64) -> Text:
     t.append(f"compute ms / median {med:.1f} ms, steps {steps[0]}–{steps[-1]}\n", style="dim")
     for i, (rank, row) in enumerate(sorted(v.heat.items())[:max_rows]):
         t.append(f"r{rank:<3}", style="bold red" if rank in v.culprits else "")
-        for x in row[off:]:
-            if x is None:
-                t.append("·", style="dim")
-            else:
-                t.append(BLOCK, style=colour(x / med))
+        # One span per run of equal colour: far fewer segments to render than one per block.
+        cells = [("·", "dim") if x is None else (BLOCK, colour(x / med)) for x in row[off:]]
+        j = 0
+        while j < len(cells):
+            k = j
+            while k < len(cells) and cells[k] == cells[j]:
+                k += 1
+            t.append(cells[j][0] * (k - j), style=cells[j][1])
+            j = k
         t.append("\n")
     if len(v.heat) > max_rows:
         t.append(f"… {len(v.heat) - max_rows} more ranks\n", style="dim")
