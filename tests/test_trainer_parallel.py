@@ -32,7 +32,7 @@ def test_ddp_reference_culprit_and_slow_link(tmp_path):
     """DDP on 2 ranks: = reference; slow_rank culprit vs victim; slow_link inside the comm timing."""
     n = 8
     res = torchrun(2, TINY + ["--steps", str(n), "--dp-mode", "ddp",
-                              "--inject", "slow_rank:rank=1,factor=4,start=3,end=5",
+                              "--inject", "slow_rank:rank=1,factor=15,start=3,end=5",
                               "--inject", "slow_link:rank=1,delay_ms=150,start=7,end=8"], tmp_path, "ddp")
     check_ok(res)
     sp = spool(tmp_path, "ddp")
@@ -44,12 +44,13 @@ def test_ddp_reference_culprit_and_slow_link(tmp_path):
         assert abs(s0[k].grad_norm - ref_norms[k - 1]) < 2e-4
     _losses_decrease(s0)
     # culprit (rank 1) vs victim (rank 0) on the slow steps
+    # (a x15 slowdown of the tiny model's compute: ~100 ms per step, far above scheduling noise)
     for k in (3, 4, 5):
         culprit, victim = s1[k], s0[k]
         assert culprit.compute_ms > victim.compute_ms, k
-        assert victim.sync_wait_ms > culprit.sync_wait_ms, k
         assert culprit.sync_arrival > victim.sync_arrival, k
     assert mean(s0[k].sync_wait_ms for k in (3, 4, 5)) > 3 * mean(s1[k].sync_wait_ms for k in (3, 4, 5))
+    assert mean(s0[k].comm_ms for k in (3, 4, 5)) > mean(s1[k].comm_ms for k in (3, 4, 5))
     # every field filled
     r = s1[4]
     assert r.t_end > r.t_start and r.step_ms > 0 and r.forward_ms > 0 and r.backward_ms > 0 and r.optimizer_ms > 0
@@ -202,7 +203,7 @@ def test_pp2_dp2_tp2(tmp_path):
 def test_fp16_overflow_then_hang(tmp_path):
     """fp16 + GradScaler: an injected overflow skips the step and halves the scale on every rank.
     Then a hang on rank 1: it never reaches its collective, rank 0 times out inside it."""
-    res = torchrun(2, TINY + ["--steps", "8", "--precision", "fp16", "--pg-timeout", "20",
+    res = torchrun(2, TINY + ["--steps", "8", "--precision", "fp16", "--pg-timeout", "10",
                               "--inject", "fp16_overflow:rank=1,start=3,end=3",
                               "--inject", "hang:rank=1,start=5"], tmp_path, "fp16", timeout=240)
     assert res.returncode != 0  # the job dies of the hang
