@@ -340,15 +340,14 @@ class NcclLogParser:
         cache_get = self._prefix_cache.get
         dedupe_get = self._dedupe.get
         thread_comm = self._thread_comm
-        ln = self.line_no
+        ln = ln0 = self.line_no
         # Fast paths, no event: the bulk of big logs is per-call COLL lines and the same peer
         # connection repeated on every channel. Both are recognised with a few C-level byte
         # operations and folded into parser state instead of becoming events.
         fast_coll = not self.emit_collectives
         colls = self._coll_stats
         colls_get = colls.get
-        for line in lines:
-            ln += 1
+        for ln, line in enumerate(lines, ln + 1):
             if fast_coll and b": opCount " in line:
                 i = line.find(b" NCCL INFO ")
                 k = line.rfind(b" comm 0x")
@@ -380,7 +379,7 @@ class NcclLogParser:
             ev = parse(line)
             if ev is not None:
                 append(ev)
-        self.line_no = ln
+        self.line_no = ln0 + len(lines)
         self.bytes_parsed += len(data) - len(self._pending)
         return out
 
