@@ -70,6 +70,42 @@ def push_cmd(
         typer.echo(f"{a.get('status', 'ok')}: {a.get('uid', '?')} version {a.get('version', '?')} {a.get('url', '')}")
 
 
+@dashboards_command.command("lint")
+def lint_cmd(
+    src: Path = typer.Option(None, "--dir", help="Dashboards to check (default: dashboards/json)."),
+    prometheus: str = typer.Option(None, "--prometheus",
+                                   help="Also evaluate every panel query on this Prometheus (e.g. http://prom:9090)."),
+) -> None:
+    """Check dashboard JSON (refIds, datasource uids, units, grid, variables); optionally run each query on a Prometheus."""
+    from dashboards.build import JSON_DIR, load_dir
+    from dashboards.lint import PromQLError, check_promql, lint_dashboard, panel_queries, promql_for_prometheus
+
+    try:
+        models = load_dir(src or JSON_DIR)
+    except (OSError, ValueError) as e:
+        _fail(str(e))
+    bad = 0
+    for uid, m in models.items():
+        for p in lint_dashboard(m):
+            typer.echo(f"{uid}: {p}")
+            bad += 1
+        if prometheus:
+            for title, ref, expr in panel_queries(m):
+                try:
+                    data = check_promql(prometheus, promql_for_prometheus(expr))
+                except PromQLError as e:
+                    typer.echo(f"{uid}: {title} / {ref}: {e}")
+                    bad += 1
+                    continue
+                except OSError as e:
+                    _fail(f"cannot reach Prometheus at {prometheus}: {e}")
+                if not data.get("result"):
+                    typer.echo(f"{uid}: {title} / {ref}: ok, no data (yet)")
+    if bad:
+        _fail(f"{bad} problem(s)")
+    typer.echo(f"ok: {len(models)} dashboard(s)" + (f", queries evaluated on {prometheus}" if prometheus else ""))
+
+
 def render_rules(runbook_base: str | None) -> str:
     text = RULES_FILE.read_text()
     if runbook_base:

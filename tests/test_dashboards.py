@@ -247,3 +247,18 @@ def test_cli_push(httpserver, tmp_path):
     assert r.exit_code == 2 and "dashboards build" in r.output
     r = CliRunner().invoke(main, ["dashboards", "push", "--url", "grafana:3000", "--token", TOKEN, "--dir", str(tmp_path)])
     assert r.exit_code == 2 and "must start with http" in r.output
+
+
+def test_cli_lint(tmp_path):
+    from typer.testing import CliRunner
+
+    from ranksight.cli import main
+
+    write_all(tmp_path)
+    r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path)])
+    assert r.exit_code == 0 and "ok: 1 dashboard(s)" in r.output, r.output
+    m = json.loads((tmp_path / "ranksight-job.json").read_text())
+    m["panels"][1]["targets"][1]["refId"] = "A"
+    (tmp_path / "ranksight-job.json").write_text(json.dumps(m))
+    r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path)])
+    assert r.exit_code == 2 and "duplicate refId 'A'" in r.output and "1 problem(s)" in r.output

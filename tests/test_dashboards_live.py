@@ -301,3 +301,21 @@ def test_broken_promql_is_reported_by_prometheus(stack):
 
     with pytest.raises(PromQLError, match="HTTP 400"):
         check_promql(stack.prom, "sum(rate(ranksight_steps_total[1m])")
+
+
+def test_cli_lint_against_prometheus(stack, tmp_path):
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from dashboards.build import write_all
+    from ranksight.cli import main
+
+    write_all(tmp_path)
+    r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path), "--prometheus", stack.prom])
+    assert r.exit_code == 0 and f"queries evaluated on {stack.prom}" in r.output, r.output
+    m = _json.loads((tmp_path / "ranksight-job.json").read_text())
+    m["panels"][1]["targets"][0]["expr"] = "rate(ranksight_steps_total[$__rate_interval]"
+    (tmp_path / "ranksight-job.json").write_text(_json.dumps(m))
+    r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path), "--prometheus", stack.prom])
+    assert r.exit_code == 2 and "HTTP 400" in r.output and "Step time p50 / p95 per rank / A" in r.output, r.output
