@@ -364,3 +364,25 @@ def test_cli_receiver_and_send(tmp_path):
 
     r = CliRunner().invoke(main, ["dashboards", "webhook-receiver"], env={"RANKSIGHT_WEBHOOK_SECRET": ""})
     assert r.exit_code == 2 and "--secret" in r.output
+
+
+def test_head_findings_through_sender(receiver, tmp_path):
+    """The wiring the head uses: new findings from Head.analyze_once go to WebhookSender.send_findings."""
+    from agent.head import Head
+
+    produced = [_finding(run_id="", t=0.0), _finding(kind="hang", severity="critical", ranks=[2], summary="rank 2 hung", run_id="")]
+    head = Head(tmp_path / "store", "tok", analyzer=lambda frames: list(produced))
+    sender = WebhookSender.from_env({"RANKSIGHT_WEBHOOK_URLS": receiver.url + "/hook",
+                                     "RANKSIGHT_WEBHOOK_SECRET": SECRET})
+    try:
+        new = head.analyze_once("run-h")
+        assert len(new) == 2
+        assert sender.send_findings(new) == 2
+        assert head.analyze_once("run-h") == []  # the head deduplicates: nothing is sent twice
+        assert sender.flush(10)
+    finally:
+        sender.close()
+        head.close()
+    got = sorted((msgspec.convert(d["payload"], Finding) for d in receiver.deliveries), key=lambda f: f.kind)
+    assert [f.kind for f in got] == ["hang", "straggler"]
+    assert all(f.run_id == "run-h" and f.t > 0 for f in got)  # filled in by the head
