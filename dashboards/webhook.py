@@ -24,8 +24,8 @@ Delivery: a bounded in-memory queue (``queue_size``; beyond it new deliveries ar
 and counted) served by ``workers`` threads. A 2xx answer is success; a connection error,
 timeout, 408, 429 or 5xx is retried with exponential backoff and jitter (``backoff_s``
 doubling up to ``backoff_max_s``, a ``Retry-After`` is honoured within that bound) up to
-``max_attempts``; any other 4xx is a permanent failure (the receiver refused: wrong
-secret, bad URL). The timestamp and signature are recomputed on each attempt. Nothing
+``max_attempts``; any other 4xx, and any redirect (not followed), is a permanent failure
+(the receiver refused: wrong secret, bad URL). The timestamp and signature are recomputed on each attempt. Nothing
 here blocks the caller for more than a lock acquisition. ``stats()`` has the counters.
 """
 
@@ -164,6 +164,15 @@ class _Delivery:
     attempt: int = field(default=0, compare=False)
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A signed POST is not followed to another URL (urllib would turn it into a GET): a 3xx is a failure."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
 _COUNTERS = ("queued", "delivered", "retried", "failed", "dropped", "abandoned")
 
 
@@ -265,7 +274,7 @@ class WebhookSender:
                    HDR_DELIVERY: d.id, **sign(d.target.secret, d.body)}
         req = urllib.request.Request(d.target.url, data=d.body, method="POST", headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=d.target.timeout_s) as r:
+            with _OPENER.open(req, timeout=d.target.timeout_s) as r:
                 r.read(65536)
                 return True, False, None, ""
         except urllib.error.HTTPError as e:

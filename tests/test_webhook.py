@@ -386,3 +386,17 @@ def test_head_findings_through_sender(receiver, tmp_path):
     got = sorted((msgspec.convert(d["payload"], Finding) for d in receiver.deliveries), key=lambda f: f.kind)
     assert [f.kind for f in got] == ["hang", "straggler"]
     assert all(f.run_id == "run-h" and f.t > 0 for f in got)  # filled in by the head
+
+
+def test_sender_does_not_follow_redirects(httpserver):
+    httpserver.expect_request("/hook", method="POST").respond_with_data("", status=302,
+                                                                       headers={"Location": "/elsewhere"})
+    sender = WebhookSender([WebhookTarget(url=httpserver.url_for("/hook"), secret=SECRET)], backoff_s=0.05)
+    try:
+        sender.send_finding(_finding())
+        assert sender.flush(10)
+    finally:
+        sender.close()
+    st = sender.stats()
+    assert (st["delivered"], st["failed"]) == (0, 1) and st["last_error"][httpserver.url_for("/hook")] == "HTTP 302"
+    assert [r.path for r, _ in httpserver.log] == ["/hook"]
