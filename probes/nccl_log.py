@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any, BinaryIO, Iterable, Iterator
@@ -1184,15 +1185,17 @@ def summarize(paths: Iterable[str], **kw: Any) -> dict[str, Any]:
         try:
             opener = _open(path)
             with opener as f:
+                # read1: a truncated .gz hands out what it could decompress before EOFError
+                read = getattr(f, "read1", f.read)
                 while True:
-                    chunk = f.read(_CHUNK)
+                    chunk = read(_CHUNK)
                     if not chunk:
                         break
                     for ev in p.feed(chunk):
                         s.add(ev)
                 for ev in p.close():
                     s.add(ev)
-        except (OSError, EOFError) as e:  # EOFError: truncated .gz; what was read still counts
+        except (OSError, EOFError, zlib.error) as e:  # EOFError: truncated .gz; what was read still counts
             s.file_errors[path] = f"{type(e).__name__}: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
             if p.line_no == 0:
                 continue

@@ -296,3 +296,16 @@ def test_every_fixture_parses_line_for_line(name):
     p.feed(raw)
     p.close()
     assert p.line_no == raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
+
+
+def test_truncated_and_corrupt_gzip_logs(tmp_path: Path):
+    raw = (FIX / "v218_ib.log").read_bytes()
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(gzip.compress(raw)[:-30])
+    bad = tmp_path / "bad.log.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00 not really gzip")
+    s = summarize([str(cut), str(bad)])
+    # What could be decompressed is used; both problems are reported per file.
+    assert s["files"] == [str(cut)] and 0 < s["lines"] <= raw.count(b"\n")
+    assert set(s["file_errors"]) == {str(cut), str(bad)}
+    assert "2.18.5+cuda12.2" in s["versions"]
