@@ -14,17 +14,18 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
-from rich.text import Text
 
-from tui.client import ClientError, HeadClient, HeadError, HeadUnreachable, MalformedResponse
+from tui.client import ClientError, HeadClient, HeadError, HeadUnreachable, MalformedResponse, StepWindow
 from tui.model import build_view
 from tui.widgets.findings import FindingDetail, FindingsTable
 from tui.widgets.header import RunHeader, StatusBar, header_text
 from tui.widgets.heatmap import BLOCK, render_heat
 from tui.widgets.ranks import RankTable
 from tui.widgets.actions import ActionsTable
-from tui_fakehead import RUN, T0, TOKEN, FakeHead, make_app, plain
+from ranksight import schema
+from tui_fakehead import RUN, T0, TOKEN, FakeHead, make_app, plain, step_record
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,6 +77,40 @@ def test_client_typed_reads_and_error_kinds(fake):
         c.runs()
 
 
+def test_step_window_fetches_only_what_is_new(fake):
+    c = HeadClient(fake.url)
+    w = StepWindow(window=20)
+
+    def since_asked():
+        return [int(p.split("since=")[1].split("&")[0]) for p in fake.gets if "/steps?" in p][-1]
+
+    d = c.fetch(RUN, 20, w)
+    assert since_asked() == 19 and sorted({s.step for s in d.steps}) == list(range(20, 40))
+    # Rank 7 is stalled at 31: it does not hold the window back; the live ranks all hold step 39.
+    d = c.fetch(RUN, 20, w)
+    assert since_asked() == 39 and len(d.steps) == 20 * 8 - 0  # nothing new, the window is kept
+    # Node 1's agent is behind: its ranks report step 41, node 0's 43. Ask from the slowest live rank.
+    for s in (40, 41, 42, 43):
+        for r in range(8):
+            if r < 4 or (s <= 41 and r != 7):
+                fake.data["steps"].append(step_record(r, s))
+    for r in fake.data["ranks"]:
+        if r["state"] == "running":
+            r["step"] = 43 if r["rank"] < 4 else 41
+    d = c.fetch(RUN, 20, w)
+    assert since_asked() == 39
+    assert min(s.step for s in d.steps) == 24 and max(s.step for s in d.steps) == 43  # pruned to the window
+    d = c.fetch(RUN, 20, w)
+    assert since_asked() == 41
+    # A restart (attempt 1, resumed from step 30): the cache starts over.
+    for r in fake.data["ranks"]:
+        r.update(attempt=1, step=32)
+    fake.data["runs"][0]["last_step"] = 32
+    fake.data["steps"] = [dict(step_record(r, s), attempt=1) for s in range(30, 33) for r in range(8)]
+    d = c.fetch(RUN, 20, w)
+    assert since_asked() == 12 and {(s.step, s.attempt) for s in d.steps} == {(30, 1), (31, 1), (32, 1)}
+
+
 # -- model -------------------------------------------------------------------------------
 
 
@@ -90,6 +125,12 @@ def test_model_states_throughput_and_mfu(fake):
     assert "simulated/CPU-measured peak" in v.peak_label
     assert v.step_ms_series[:20] == [140.0] * 20 and v.step_ms_series[-1] == 220.0
     assert v.loss_series[0] == pytest.approx(4.0) and v.loss_series[-1] == pytest.approx(4.0 - 39 * 0.02)
+
+    # After a restart (attempt 1 resumed at step 30) the old attempt's steps 30..39 are superseded.
+    data = HeadClient(fake.url).fetch(RUN, 60)
+    data.steps += [msgspec.convert(dict(step_record(r, s), attempt=1), schema.StepRecord) for s in (30, 31) for r in range(8)]
+    v2 = build_view(RUN, data)
+    assert v2.steps[-1] == 31 and len(v2.steps) == 32 and v2.heat[0][-1] == 100.0
 
     # An applied evict of node 1 with its ranks finished -> "evicted"; a dry-run evict would not count.
     data = HeadClient(fake.url).fetch(RUN, 60)
@@ -197,7 +238,7 @@ async def test_malformed_responses_are_shown_not_raised(fake):
         assert "HEAD ERROR" in status and "expected a JSON list" in status
         assert app.query_one(RankTable).row_count == 8  # last good data stays
         del fake.raw[f"/api/runs/{RUN}/ranks"]
-        fake.data["steps"].append({"rank": "zero", "step": 39})
+        fake.data["steps"].append({"rank": "zero", "step": 40})
         fake.data["findings"].append({"severity": "warning"})
         await app.refresh_now()
         await pilot.pause()

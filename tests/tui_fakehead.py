@@ -84,6 +84,7 @@ class FakeHead:
     def __init__(self, data: dict | None = None):
         self.data = data or default_data()
         self.posts: list[dict] = []
+        self.gets: list[str] = []  # request paths with query, in order
         self.raw: dict[str, bytes] = {}  # path -> raw body to answer instead (malformed-response tests)
         fake = self
 
@@ -101,6 +102,7 @@ class FakeHead:
                 self.wfile.write(body)
 
             def do_GET(self):
+                fake.gets.append(self.path)
                 url = urlsplit(self.path)
                 if url.path in fake.raw:
                     return self._send(200, fake.raw[url.path])

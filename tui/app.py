@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer
 
-from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary
+from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary, StepWindow
 from tui.model import RunView, build_view
 from tui.screens import ActionModal, ActionRequest, RunPicker
 from tui.widgets.actions import ActionsTable
@@ -58,6 +58,7 @@ class RanksightApp(App):
         self.error = ""
         self.skipped: dict[str, int] = {}
         self._lock = asyncio.Lock()
+        self._steps = StepWindow(window)
         self._picker: RunPicker | None = None
         self.timer = None
 
@@ -113,7 +114,7 @@ class RanksightApp(App):
                 self.runs, self.skipped = runs, skipped
             else:
                 run_id = self.run_id
-                data = await asyncio.to_thread(self.client.fetch, run_id, self.window)
+                data = await asyncio.to_thread(self.client.fetch, run_id, self.window, self._steps)
                 if run_id != self.run_id:  # the user switched runs meanwhile
                     return
                 self.runs = data.runs

@@ -281,14 +281,23 @@ class HeadClient:
         d = self._request("POST", f"/api/runs/{self._rid(run_id)}/actions", body, auth=True)
         return _parse_action(d)
 
-    def fetch(self, run_id: str, window: int = 60) -> Fetched:
-        """Everything one refresh of the run view needs. Raises ClientError if the head cannot be read."""
+    def fetch(self, run_id: str, window: int = 60, cache: "StepWindow | None" = None) -> Fetched:
+        """Everything one refresh of the run view needs. Raises ClientError if the head cannot be read.
+
+        With a ``StepWindow`` (kept by the caller between refreshes) only step records newer than
+        what every live rank already has are requested; without one, the whole window is.
+        """
         skipped: dict[str, int] = {}
         runs = self.runs(skipped)
         run = next((r for r in runs if r.run_id == run_id), None)
         ranks = self.ranks(run_id, skipped)
         last = max([r.step for r in ranks if r.step is not None] + [run.last_step if run and run.last_step is not None else -1])
-        steps = self.steps(run_id, since=max(-1, last - window), skipped=skipped)
+        if cache is None:
+            steps = self.steps(run_id, since=max(-1, last - window), skipped=skipped)
+        else:
+            since = cache.since(run_id, last, ranks)
+            cache.add(self.steps(run_id, since=since, skipped=skipped), last)
+            steps = cache.records()
         findings = self.findings(run_id, skipped)
         actions = self.actions(run_id, skipped)
         try:
@@ -297,3 +306,53 @@ class HeadClient:
             health = {}
         return Fetched(run=run, ranks=ranks, steps=steps, findings=findings, actions=actions, health=health,
                        runs=runs, skipped=skipped)
+
+
+class StepWindow:
+    """The last ``window`` steps of every rank, fetched incrementally.
+
+    Each refresh asks only for steps after the oldest "newest step" among the ranks the head
+    reports running (agents ship per node, so ranks arrive at different paces), never before
+    the window. A stalled or finished rank does not hold the window back. A restart (a rank's
+    attempt grows, or the head's newest step goes backwards) drops the cache and starts over.
+    """
+
+    def __init__(self, window: int = 60):
+        self.window = window
+        self.run_id: str | None = None
+        self.recs: dict[tuple[int, int], schema.StepRecord] = {}
+        self.newest: dict[int, int] = {}  # rank -> newest step held
+        self.attempt: dict[int, int] = {}
+        self.last = -1
+
+    def reset(self, run_id: str | None = None) -> None:
+        self.run_id = run_id
+        self.recs.clear()
+        self.newest.clear()
+        self.attempt.clear()
+        self.last = -1
+
+    def since(self, run_id: str, last: int, ranks: list[RankState]) -> int:
+        if run_id != self.run_id or last < self.last or any(r.attempt > self.attempt.get(r.rank, r.attempt)
+                                                             for r in ranks):
+            self.reset(run_id)
+        lo = max(-1, last - self.window)
+        live = [r.rank for r in ranks if r.state == "running"]
+        if not self.recs or not live or any(r not in self.newest for r in live):
+            return lo
+        return max(lo, min(self.newest[r] for r in live))
+
+    def add(self, recs: list[schema.StepRecord], last: int) -> None:
+        self.last = max(self.last, last)
+        for s in recs:
+            prev = self.recs.get((s.rank, s.step))
+            if prev is None or s.attempt >= prev.attempt:
+                self.recs[(s.rank, s.step)] = s
+            self.newest[s.rank] = max(self.newest.get(s.rank, -1), s.step)
+            self.attempt[s.rank] = max(self.attempt.get(s.rank, 0), s.attempt)
+        floor = self.last - self.window
+        if any(k[1] <= floor for k in self.recs):
+            self.recs = {k: v for k, v in self.recs.items() if k[1] > floor}
+
+    def records(self) -> list[schema.StepRecord]:
+        return sorted(self.recs.values(), key=lambda s: (s.step, s.rank))

@@ -87,8 +87,20 @@ def evicted_nodes(actions: list[schema.Action]) -> set[int]:
 
 def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
     run = data.run
+    # One record per (rank, step): after a restart the newest attempt's.
+    latest: dict[tuple[int, int], schema.StepRecord] = {}
+    for s in sorted(data.steps, key=lambda s: s.attempt):
+        latest[(s.rank, s.step)] = s
+    # Steps an older attempt ran past the point the newest attempt resumed from are superseded.
+    newest_attempt: dict[int, tuple[int, int]] = {}  # rank -> (attempt, its first step)
+    for (r, k), s in latest.items():
+        a = newest_attempt.get(r)
+        if a is None or s.attempt > a[0] or (s.attempt == a[0] and k < a[1]):
+            newest_attempt[r] = (s.attempt, k)
+    steps = sorted((s for s in latest.values() if s.attempt == newest_attempt[s.rank][0]
+                    or s.step < newest_attempt[s.rank][1]), key=lambda s: (s.step, s.rank))
     by_rank: dict[int, list[schema.StepRecord]] = {}
-    for s in sorted(data.steps, key=lambda s: (s.step, s.attempt)):
+    for s in steps:
         by_rank.setdefault(s.rank, []).append(s)
     states: dict[int, RankState] = {r.rank: r for r in data.ranks}
     all_ranks = sorted(set(states) | set(by_rank))
@@ -126,7 +138,7 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
 
     # Per step, over the window: step time (max over ranks: the job waits for the slowest), loss (mean).
     per_step: dict[int, list[schema.StepRecord]] = {}
-    for s in data.steps:
+    for s in steps:
         per_step.setdefault(s.step, []).append(s)
     steps_sorted = sorted(per_step)[-window:]
     step_ms_series = [max(s.step_ms for s in per_step[k]) for k in steps_sorted]
