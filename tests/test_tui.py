@@ -296,6 +296,13 @@ async def test_action_posts_bearer_and_body_only_after_confirmation(fake):
             await w.wait()
         assert fake.posts[-1]["body"] == {"action": "evict", "node": 1, "ranks": [4, 5, 6, 7],
                                           "reason": "requested from the TUI", "dry_run": True}
+        # The mouse path: the dialog's buttons do the same.
+        await pilot.press("a")
+        await pilot.click("#btn-checkpoint")
+        await pilot.click("#btn-confirm")
+        for w in list(app.workers):
+            await w.wait()
+        assert fake.posts[-1]["body"]["action"] == "checkpoint" and len(fake.posts) == 3
         await pilot.press("q")
     assert app.return_code == 0
 

@@ -107,12 +107,12 @@ class ActionModal(ModalScreen[ActionRequest | None]):
                         f"(ranks {','.join(map(str, self.ranks)) or '?'}) of run {self.run_id}", id="action-title")
             yield Static("", id="action-text")
             with Horizontal(id="action-buttons"):
-                yield Button("Profile [p]", id="btn-profile")
-                yield Button("Checkpoint [c]", id="btn-checkpoint")
-                yield Button("Evict [e]", id="btn-evict", variant="error")
+                yield Button("Profile (p)", id="btn-profile")
+                yield Button("Checkpoint (c)", id="btn-checkpoint")
+                yield Button("Evict (e)", id="btn-evict", variant="error")
             with Horizontal(id="confirm-buttons"):
-                yield Button("Confirm [y]", id="btn-confirm", variant="success", disabled=True)
-                yield Button("Cancel [n]", id="btn-cancel")
+                yield Button("Confirm (y)", id="btn-confirm", variant="success", disabled=True)
+                yield Button("Cancel (n)", id="btn-cancel")
 
     def on_mount(self) -> None:
         self._update_text()
