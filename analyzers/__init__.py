@@ -43,9 +43,38 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
             f.run_id = f.run_id or data.run_id
             f.t = f.t or now
         findings.extend(got)
+    _reconcile(findings)
     findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], KIND_ORDER.get(f.kind, 99),
                                  f.step_start if f.step_start is not None else -1))
     return findings
+
+
+# An MFU drop is a symptom; the cause it names must be confirmed by that cause's own analyzer.
+MFU_CAUSE_KIND = {"straggler": "straggler", "data_stall": "data_stall", "comm_growth": "comm_bottleneck",
+                  "pipeline_wait": "pipeline_bubble"}
+
+
+def _reconcile(findings: list) -> None:
+    """Downgrade an MFU drop to info when no warning-or-worse finding of the kind it blames overlaps it.
+
+    (Clock throttle rests on GPU telemetry of its own and is kept.)"""
+    from ranksight.schema import SEVERITY_ORDER
+
+    for f in findings:
+        if f.kind != "mfu_drop" or f.severity == "info":
+            continue
+        want = MFU_CAUSE_KIND.get((f.evidence or {}).get("cause", ""))
+        if want is None:
+            continue
+        s0 = f.step_start if f.step_start is not None else -(10**9)
+        s1 = f.step_end if f.step_end is not None else 10**9
+        confirmed = any(g.kind == want and SEVERITY_ORDER[g.severity] >= 1
+                        and (g.step_start is None or g.step_start <= s1) and (g.step_end is None or g.step_end >= s0)
+                        for g in findings)
+        if not confirmed:
+            f.severity = "info"
+            f.evidence = dict(f.evidence, cause_confirmed=False)
+            f.summary += f" (no {want} finding confirms it)"
 
 
 __all__ = ["ANALYZERS", "run_all"]

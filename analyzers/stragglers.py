@@ -14,8 +14,11 @@ gradient all-reduce for the slowest. Step time therefore names nobody. This anal
 3. the onset is the least-squares change point of the CUSUM excursion that alarmed (CUSUM alone
    starts on the first noisy-high step), the end its last slow step;
 4. arrival order as corroboration: the culprit arrives last at the step's gradient sync
-   (``sync_arrival``; or ``CollectiveRecord.t_arrive``) and waits least; its victims wait
-   ``sync_wait_ms``, which is reported as evidence, never as a cause.
+   (``sync_arrival``; or ``CollectiveRecord.t_arrive``), late by about its extra compute, and waits
+   least; its victims wait ``sync_wait_ms``, which is reported as evidence, never as a cause. A rank
+   that computes longer but is not the last to arrive in most of those steps (or arrives less than
+   half its extra compute late) is reported as info only: its slowness is after the sync point or
+   host noise spread over the step, and it is not what the others wait for.
 
 A node whose ranks are all flagged becomes one node finding; with pp > 1, a stage whose ranks
 all slowed against their own baseline (while other stages did not) becomes a stage finding.
@@ -49,6 +52,8 @@ class StragglerConfig:
     critical_ratio: float = 2.0  # a rank at 2x its peers is critical
     baseline_steps: int = 5  # for stage/node drift: the first steps after warm-up form the baseline
     min_ranks: int = 2
+    last_arrival_share: float = 0.5  # corroboration: the culprit is the last to arrive in this share of its slow steps ...
+    lag_fraction: float = 0.5  # ... and arrives late by at least this fraction of its extra compute
 
 
 def _rank_matrix(steps: pd.DataFrame, col: str) -> pd.DataFrame:
@@ -286,22 +291,36 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
                   ratio=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]), threshold_ratio=fnum(c["threshold"], 3),
                   cusum_threshold=fnum(c["cusum_h"], 3), noise_sigma=fnum(c["sigma"], 4), compared_with=sorted(int(x) for x in c["group"] if x != r))
         ev.update(_arrival_evidence(data, r, c["group"], c["onset"], c["end"]))
+        # The culprit of a synchronous job arrives last at the sync, late by about its extra compute.
+        # A rank that computes longer but does not arrive later (slowness after the sync point, OS noise
+        # spread over the step) is reported as info only.
+        extra_ms = c["own_ms"] - c["peers_ms"]
+        share, lag = ev.get("last_arrival_share"), ev.get("arrival_lag_ms")
+        corroborated = None
+        if share is not None:
+            corroborated = share >= cfg.last_arrival_share and (lag is None or lag >= cfg.lag_fraction * extra_ms)
+        ev["arrival_corroborated"] = corroborated
         conf = 0.7
-        if ev.get("last_arrival_share") is not None and ev["last_arrival_share"] >= 0.5:
+        if corroborated:
             conf += 0.15
         if c["ratio"] >= 1.2:
             conf += 0.1
+        if corroborated is False:
+            conf = 0.35
         node = node_of.get(r)
-        lag = ev.get("arrival_lag_ms")
         lag_txt = f", arrives {lag:.0f} ms after its peers" if lag is not None else ""
         wait = ev.get("victims_mean_wait_ms")
         wait_txt = f"; peers wait {wait:.0f} ms per step for it" if wait is not None else ""
+        sev = _severity(c["ratio"], cfg) if corroborated is not False else "info"
+        note = "" if corroborated is not False else (
+            f" (not confirmed by arrival order: last to arrive in {share:.0%} of those steps"
+            + (f", {lag:.0f} ms late for {extra_ms:.0f} ms of extra compute" if lag is not None else "") + ")")
         findings.append(Finding(
-            analyzer=NAME, kind="straggler", severity=_severity(c["ratio"], cfg), ranks=[r],
+            analyzer=NAME, kind="straggler", severity=sev, ranks=[r],
             nodes=[node] if node is not None else [], step_start=c["onset"], step_end=c["end"], evidence=ev,
             confidence=round(min(conf, 0.99), 2),
             summary=(f"rank {r} (node {node}) is the straggler since step {c['onset']}: compute {c['own_ms']:.1f} ms vs "
-                     f"peers {c['peers_ms']:.1f} ms ({c['ratio']:.2f}x){lag_txt}{wait_txt}"),
+                     f"peers {c['peers_ms']:.1f} ms ({c['ratio']:.2f}x){lag_txt}{wait_txt}{note}"),
             recommendation=(f"Inspect rank {r} on node {node}: GPU clocks/throttling, a noisy neighbour, data on a slow disk; "
                             f"if it persists, checkpoint and evict node {node}."),
         ))

@@ -52,3 +52,14 @@ def test_drop_attributed_to_data_stall():
     data = build(data_extra_ms=lambda r, s: 50.0 if s >= 10 else 0.0)
     (f,) = mfu.analyze(data)
     assert f.evidence["cause"] == "data_stall" and f.step_start == 10
+
+
+def test_run_all_downgrades_an_unconfirmed_cause():
+    from analyzers import run_all
+
+    data = build(compute_factor=lambda r, s: 1.4 if (r == 2 and s >= 12) else 1.0)
+    both = run_all(data, only=["stragglers", "mfu"])
+    assert [(f.kind, f.severity) for f in both] == [("straggler", "warning"), ("mfu_drop", "warning")]
+    (alone,) = run_all(data, only=["mfu"])  # no straggler finding confirms the blamed cause
+    assert alone.severity == "info" and alone.evidence["cause_confirmed"] is False
+    assert "no straggler finding confirms it" in alone.summary

@@ -96,3 +96,15 @@ def test_noisy_run_needs_more_evidence():
     assert quiet[0].evidence["cusum_threshold"] < noisy[0].evidence["cusum_threshold"]
     assert quiet[0].evidence["detected_at_step"] <= noisy[0].evidence["detected_at_step"]
     assert 4 <= noisy[0].step_start <= 13  # the onset is less certain under noise
+
+
+def test_slow_compute_without_late_arrival_is_only_info():
+    # rank 1's compute grows after the gradient sync (it never arrives late, nobody waits for it)
+    data = build()
+    st = data.steps
+    mask = (st["rank"] == 1) & (st["step"] >= 10)
+    st.loc[mask, "compute_ms"] *= 1.4
+    (f,) = stragglers.analyze(data)
+    assert f.ranks == [1] and f.severity == "info" and f.confidence < 0.5
+    assert f.evidence["arrival_corroborated"] is False
+    assert "not confirmed by arrival order" in f.summary
