@@ -389,3 +389,10 @@ def test_tmux_smoke(fake, tmp_path):
         assert (tmp_path / "rc").read_text().strip() == "exited-0"
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+
+
+def test_unknown_run_says_so(fake):
+    v = build_view("nope", HeadClient(fake.url).fetch("nope", 60))
+    assert v.rows == [] and v.step is None and v.tokens_per_s is None
+    text = header_text(v).plain
+    assert "run nope" in text and "not in the head's run list" in text and "MFU —" in text

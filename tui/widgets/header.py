@@ -54,6 +54,8 @@ def header_text(v: RunView) -> Text:
     line1.append(v.run_id, style="bold")
     if r:
         line1.append(f"  [{r.status}]", style="green" if r.status == "running" else "yellow")
+    else:
+        line1.append("  [not in the head's run list]", style="bold yellow")
     if lay:
         line1.append(f"  layout dp{lay.get('dp', '?')}×tp{lay.get('tp', '?')}×pp{lay.get('pp', '?')}")
     world = (r.world_size if r and r.world_size else None) or len(v.rows)

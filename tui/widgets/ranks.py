@@ -49,7 +49,7 @@ class RankTable(DataTable):
         if keys == current:
             for r in rows:
                 for (_, col), cell in zip(COLUMNS, row_cells(r)):
-                    self.update_cell(str(r.rank), col, cell)
+                    self.update_cell(str(r.rank), col, cell, update_width=True)
             return
         keep = self.selected_rank()
         self.clear()
