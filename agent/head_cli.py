@@ -30,13 +30,14 @@ def head(
 ) -> None:
     """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
     from agent.api import make_server
-    from agent.head import Head
+    from agent.head import Head, tune_gc
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not token:
         token = secrets.token_urlsafe(24)
         print(f"ranksight head: generated token (give it to agents as --token or RANKSIGHT_TOKEN): {token}", flush=True)
+    tune_gc()
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync)
     try:
         srv = make_server(h, bind, port)

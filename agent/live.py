@@ -69,17 +69,18 @@ class RunLive:
         now = now or time.time()
         with self.lock:
             self.last_seen = now
+            ranks = self.ranks
             if table == "steps":
                 for r in rows:
-                    rl = self._rank(r.rank)
+                    rl = ranks.get(r.rank) or self._rank(r.rank)
                     rl.steps.append(r)
                     rl.last_seen = now
-                    rl.node, rl.host = r.node, r.host
                     if r.step >= rl.last_step or r.attempt > rl.attempt:
+                        rl.node, rl.host = r.node, r.host
                         rl.last_step, rl.last_t_end, rl.last_step_ms, rl.attempt = r.step, r.t_end, r.step_ms, r.attempt
             elif table == "collectives":
                 for r in rows:
-                    rl = self._rank(r.rank)
+                    rl = ranks.get(r.rank) or self._rank(r.rank)
                     rl.collectives.append(r)
                     rl.last_seen = now
             elif table == "events":

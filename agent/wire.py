@@ -51,7 +51,7 @@ BATCH_KINDS: dict[str, tuple[Any, str | None]] = {
     "xid": (schema.XidEvent, "xid"),
     "nccl": (schema.NcclEvent, "nccl_events"),
     "trace_summary": (schema.TraceSummary, "trace_summaries"),
-    "ack": (schema.ControlAck, None),  # the trainer's control acks: become action status updates
+    "ack": (schema.ControlAck, None),  # the trainer's control acks: become action status updates (not a table)
 }
 OBJECT_KINDS = ("manifest", "heartbeat")
 
@@ -121,8 +121,8 @@ class Batch:
     run_id: str
     kind: str
     items: Any  # list of records, a Manifest, or a Heartbeat
-    attrs: dict[str, Any]
-    resource: dict[str, Any]
+    attrs: dict[str, Any]  # the ranksight.* attributes only
+    body: bytes | str = b""  # the body as received: the head logs it as is when nothing was a duplicate
 
 
 def any_value(v) -> Any:
@@ -154,15 +154,22 @@ def decode_body(kind: str, body: bytes | str) -> Any:
     raise WireError(f"unknown ranksight.kind {kind!r}")
 
 
+_HEAD_ATTRS = frozenset((A_RUN, A_KIND, A_MTIME))
+
+
 def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
     """Walk an ExportLogsServiceRequest: (batch, None) per ranksight log record,
     (None, reason) per record that is not decodable. Foreign log records (no
     ranksight.kind attribute) are skipped silently: a Collector may mix streams."""
     for rl in request.resource_logs:
-        res = attributes(rl.resource.attributes)
         for sl in rl.scope_logs:
             for lr in sl.log_records:
-                attrs = attributes(lr.attributes)
+                # Only the attributes the head uses, read directly: this runs per log record at fleet rate.
+                attrs = {}
+                for kv in lr.attributes:
+                    k = kv.key
+                    if k in _HEAD_ATTRS:
+                        attrs[k] = any_value(kv.value)
                 kind = attrs.get(A_KIND)
                 if kind is None:
                     continue
@@ -183,4 +190,4 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                 except WireError as e:
                     yield None, str(e)
                     continue
-                yield Batch(run_id=run_id, kind=kind, items=items, attrs=attrs, resource=res), None
+                yield Batch(run_id=run_id, kind=kind, items=items, attrs=attrs, body=body), None

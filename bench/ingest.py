@@ -1,0 +1,270 @@
+"""Step records per second through the head: decode -> dedupe -> store, on one core.
+
+    .venv/bin/python bench/ingest.py [--ranks 16384] [--seconds 6] [--ranks-per-node 8] [--http]
+
+What is measured (CPU seconds of this process, pyarrow limited to one thread):
+
+- **head path**: ``Head.ingest_logs`` on OTLP/HTTP request bodies exactly as the node agents
+  send them (gzip, ExportLogsServiceRequest built by the OpenTelemetry SDK's encoder, one
+  log record per rank whose body is a JSON array of that rank's spool lines): gunzip,
+  protobuf parse, msgspec decode, natural-key dedupe, write-ahead log, live window, and the
+  Parquet flush once per simulated second (amortized in).
+- **baselines, same payloads, same run**: gunzip + protobuf parse alone (what any OTLP
+  receiver must pay), and that plus the msgspec body decode.
+- optionally (``--http``) the same requests through the head's stdlib HTTP server over
+  loopback, to show what the transport adds.
+
+The fleet shape: ``--ranks`` ranks at one step per second, ``--ranks-per-node`` ranks per
+node agent, one request per agent per second, each step record followed by its two
+collective records (as the trainer writes them). Goal: 16,384 ranks in < 10 % of a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa  # noqa: E402
+
+pa.set_cpu_count(1)
+pa.set_io_thread_count(1)
+
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs  # noqa: E402
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+
+from agent import otlp_receiver, wire  # noqa: E402
+from agent.head import Head, tune_gc  # noqa: E402
+from ranksight import schema  # noqa: E402
+
+RUN = "bench"
+
+
+def step_lines(rank: int, node: int, step: int, world: int) -> list[bytes]:
+    t = 1.8e9 + step
+    s = schema.StepRecord(run_id=RUN, rank=rank, step=step, node=node, host=f"node{node:05d}", world_size=world,
+                          dp_rank=rank, t_start=t, t_end=t + 0.95, step_ms=950.0, data_ms=3.0, forward_ms=300.0,
+                          backward_ms=550.0, optimizer_ms=40.0, comm_ms=57.0, compute_ms=890.0, sync_arrival=t + 0.9,
+                          sync_wait_ms=12.0, tokens=16384, loss=2.3456, grad_norm=0.71, lr=3e-4, mem_bytes=71_000_000_000,
+                          flops=1.2e15)
+    c1 = schema.CollectiveRecord(run_id=RUN, rank=rank, step=step, seq=2 * step, op="all_reduce", group="dp",
+                                 nbytes=1 << 28, t_arrive=t + 0.9, t_done=t + 0.94, duration_ms=40.0)
+    c2 = schema.CollectiveRecord(run_id=RUN, rank=rank, step=step, seq=2 * step + 1, op="broadcast", group="world",
+                                 nbytes=24, t_arrive=t + 0.94, t_done=t + 0.95, duration_ms=10.0)
+    return [schema.encode(c1), schema.encode(c2), schema.encode(s)]
+
+
+COLLECTIVES_PER_STEP = 2
+
+
+def agent_records(node: int, ranks_per_node: int, step: int, world: int) -> list:
+    """One node agent's log records for one second, as agent.node ships them: one log record per
+    kind holding every local rank's records."""
+    res = Resource.create({"service.name": "ranksight-agent", wire.R_NODE: node, wire.R_HOST: f"node{node:05d}"})
+    colls, steps = [], []
+    for lr in range(ranks_per_node):
+        c1, c2, s = step_lines(node * ranks_per_node + lr, node, step, world)
+        colls += [c1, c2][:COLLECTIVES_PER_STEP]
+        steps.append(s)
+    out = [wire.make_log_record(RUN, "step", wire.join_array(steps), node=node, count=len(steps),
+                                step_min=step, step_max=step, resource=res)]
+    if colls:
+        out.append(wire.make_log_record(RUN, "collective", wire.join_array(colls), node=node, count=len(colls),
+                                        step_min=step, step_max=step, resource=res))
+    return out
+
+
+def agent_request(nodes: range, ranks_per_node: int, step: int, world: int) -> bytes:
+    """One OTLP request: one agent's records, or (Collector batching) several agents' merged."""
+    recs = [r for n in nodes for r in agent_records(n, ranks_per_node, step, world)]
+    return gzip.compress(encode_logs(recs).SerializeToString(), compresslevel=6)
+
+
+def build_payloads(ranks: int, ranks_per_node: int, seconds: int, agents_per_request: int) -> list[list[bytes]]:
+    nodes = ranks // ranks_per_node
+    k = agents_per_request
+    return [[agent_request(range(n, min(n + k, nodes)), ranks_per_node, step, ranks) for n in range(0, nodes, k)]
+            for step in range(seconds)]
+
+
+def cpu(fn) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=16384)
+    ap.add_argument("--ranks-per-node", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=6, help="simulated seconds (steps per rank)")
+    ap.add_argument("--agents-per-request", type=int, default=1,
+                    help="requests carry this many agents' records (1: agents ship straight to the head; "
+                         ">1: an OpenTelemetry Collector's batch processor in between merges them)")
+    ap.add_argument("--collectives-per-step", type=int, default=2, choices=(0, 1, 2),
+                    help="collective records shipped with each step record (the trainer writes 2 for DP)")
+    ap.add_argument("--repeat", type=int, default=3, help="head-path runs (fresh store each); min and median shown")
+    ap.add_argument("--http", action="store_true", help="also measure through the HTTP server (loopback)")
+    args = ap.parse_args()
+    global COLLECTIVES_PER_STEP
+    COLLECTIVES_PER_STEP = args.collectives_per_step
+    try:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, really
+    except (AttributeError, OSError):
+        pass
+
+    t0 = time.time()
+    payloads = build_payloads(args.ranks, args.ranks_per_node, args.seconds, args.agents_per_request)
+    flat = [p for sec in payloads for p in sec]
+    n_steps = args.ranks * args.seconds
+    per_step = 1 + COLLECTIVES_PER_STEP
+    n_records = per_step * n_steps
+    wire_bytes = sum(map(len, flat))
+    print(f"built {len(flat)} requests ({wire_bytes / 1e6:.1f} MB gzip) for {args.ranks} ranks x {args.seconds} s "
+          f"in {time.time() - t0:.1f} s", flush=True)
+
+    # -- baseline 1: gunzip + protobuf parse, touching every body --------------------------
+    def parse_only():
+        for body in flat:
+            req = ExportLogsServiceRequest()
+            req.ParseFromString(otlp_receiver.decompress(body, "gzip"))
+            for rl in req.resource_logs:
+                for sl in rl.scope_logs:
+                    for lr in sl.log_records:
+                        lr.body.string_value  # noqa: B018 - materialize the body
+
+    def parse_decode():
+        for body in flat:
+            req = ExportLogsServiceRequest()
+            req.ParseFromString(otlp_receiver.decompress(body, "gzip"))
+            for _b, _err in wire.iter_batches(req):
+                pass
+
+    base_parse = min(cpu(parse_only) for _ in range(2))
+    base_decode = min(cpu(parse_decode) for _ in range(2))
+
+    # -- the head path: decode -> dedupe -> WAL -> live window -> Parquet ----------------------
+    tmp = Path(tempfile.mkdtemp(prefix="ranksight-bench-"))
+    tune_gc()  # as `ranksight head` does
+
+    def measure_head(store: Path) -> tuple[float, float, int]:
+        head = Head(store, "t", analyzer=None, flush_rows=10**9)
+        # warm-up (imports, pyarrow's first conversions) on another run id, outside the timing
+        warm = ExportLogsServiceRequest()
+        warm.ParseFromString(otlp_receiver.decompress(agent_request(range(4), args.ranks_per_node, 0, 64), "gzip"))
+        for b in warm.resource_logs:
+            for lr in b.scope_logs[0].log_records:
+                for kv in lr.attributes:
+                    if kv.key == wire.A_RUN:
+                        kv.value.string_value = "warmup"
+        head.ingest_logs(warm)
+        head.store.flush_all()
+
+        def head_path():
+            for sec in payloads:
+                for body in sec:
+                    req = otlp_receiver.parse("logs", otlp_receiver.decompress(body, "gzip"), "application/x-protobuf")
+                    head.ingest_logs(req)
+                head.store.flush_all()  # once per simulated second: the head's flush interval
+
+        c = cpu(head_path)
+        assert head.store.run(RUN).rows_stored["steps"] == n_steps
+        dup = cpu(lambda: [head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(b, "gzip"), ""))
+                           for b in payloads[0]])
+        assert head.store.run(RUN).rows_stored["steps"] + len(head.store.run(RUN).buffers["steps"]) == n_steps
+        head.close()
+        nbytes = sum(p.stat().st_size for p in (store / RUN).rglob("part-*.parquet"))
+        return c, dup * args.seconds, nbytes
+
+    try:
+        runs = [measure_head(tmp / f"store{i}") for i in range(args.repeat)]
+        head_cpus = sorted(r[0] for r in runs)
+        head_cpu, head_median = head_cpus[0], head_cpus[len(head_cpus) // 2]
+        dup_cpu = min(r[1] for r in runs)
+        parquet_bytes = runs[0][2]
+        http_cpu = None
+        if args.http:
+            http_cpu = bench_http(tmp / "store-http", flat)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def rate(c):
+        return n_steps / c if c > 0 else float("inf")
+
+    goal_rate = args.ranks  # steps per second the fleet produces
+    frac = goal_rate / rate(head_cpu)
+    print()
+    print(f"fleet: {args.ranks} ranks x 1 step/s, {args.ranks_per_node} ranks/agent, "
+          f"{args.agents_per_request} agent(s)/request -> {len(payloads[0])} requests/s, {n_records // args.seconds} records/s "
+          f"(1 step + {COLLECTIVES_PER_STEP} collectives per rank-step)")
+    print(f"{'path':58s} {'CPU s':>8s} {'step rec/s':>12s} {'all rec/s':>12s} {'core for fleet':>15s}")
+    rows = [
+        ("baseline: gunzip + protobuf parse", base_parse),
+        ("baseline: + msgspec decode of the bodies", base_decode),
+        ("head: decode -> dedupe -> WAL -> live -> Parquet (min)", head_cpu),
+        (f"head: the same, median of {args.repeat}", head_median),
+    ]
+    for name, c in rows:
+        print(f"{name:58s} {c:8.3f} {rate(c):12,.0f} {per_step * rate(c):12,.0f} {100 * args.ranks / rate(c):14.1f}%")
+    print(f"{'head: every request again (all duplicates)':58s} {dup_cpu:8.3f} "
+          f"{rate(dup_cpu):12,.0f} {'':12s} {100 * args.ranks / rate(dup_cpu):14.1f}%")
+    if http_cpu is not None:
+        print(f"{'head over HTTP (loopback, client excluded)':58s} {http_cpu:8.3f} {rate(http_cpu):12,.0f} "
+              f"{per_step * rate(http_cpu):12,.0f} {100 * args.ranks / rate(http_cpu):14.1f}%")
+    print(f"Parquet written: {parquet_bytes / 1e6:.1f} MB for {n_records} records")
+    print(f"RESULT: {rate(head_cpu):,.0f} step records/s per core; {args.ranks} ranks at 1 step/s take "
+          f"{100 * frac:.1f}% of one core (goal < 10%)")
+
+
+def bench_http(store: Path, flat: list[bytes]) -> float:
+    """Head CPU time (server process only) for the same requests over loopback HTTP."""
+    import http.client
+    import subprocess
+
+    import psutil
+
+    from ranksight.layout import RunDir  # noqa: F401
+
+    port_sock = __import__("socket").socket()
+    port_sock.bind(("127.0.0.1", 0))
+    port = port_sock.getsockname()[1]
+    port_sock.close()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    p = subprocess.Popen([sys.executable, "-m", "ranksight.cli", "head", "--store", str(store), "--port", str(port),
+                          "--token", "t", "--log-level", "WARNING"], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        proc = psutil.Process(p.pid)
+        for _ in range(100):
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/api/health")
+                c.getresponse().read()
+                break
+            except OSError:
+                time.sleep(0.1)
+        ct0 = proc.cpu_times()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        hdr = {"Authorization": "Bearer t", "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+        for body in flat:
+            c.request("POST", "/v1/logs", body=body, headers=hdr)
+            r = c.getresponse()
+            r.read()
+            assert r.status == 200, r.status
+        ct1 = proc.cpu_times()
+        return (ct1.user + ct1.system) - (ct0.user + ct0.system)
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
+if __name__ == "__main__":
+    main()
