@@ -266,6 +266,7 @@ def test_synthetic_500mb_trace_streams_in_bounded_memory(tmp_path: Path):
         r = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         path.unlink(missing_ok=True)
+    print(f"500 MB trace: {size / 1e6:.0f} MB, {nsteps * 5} events, peak RSS growth {r['growth'] / 2**20:.1f} MiB")
     # Memory: the peak RSS growth while summarizing 500 MB stays far below the file size.
     assert r["growth"] < 200 * 1024 * 1024, r["growth"]
     # And the numbers are exact, step by step.
