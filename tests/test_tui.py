@@ -162,7 +162,7 @@ def test_heat_map_marks_the_slow_rank_hot(fake):
 
 async def test_table_culprit_header_findings(fake):
     app = make_app(fake)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await app.refresh_now()
         await pilot.pause()
         t = app.query_one(RankTable)
@@ -199,7 +199,7 @@ async def test_table_culprit_header_findings(fake):
 
 async def test_dead_head_shows_unreachable_and_keeps_last_data(fake):
     app = make_app(fake)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await app.refresh_now()
         await pilot.pause()
         assert "UNREACHABLE" not in plain(app.query_one(StatusBar).render())
@@ -229,7 +229,7 @@ async def test_dead_head_shows_unreachable_and_keeps_last_data(fake):
 
 async def test_malformed_responses_are_shown_not_raised(fake):
     app = make_app(fake)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await app.refresh_now()
         fake.raw[f"/api/runs/{RUN}/ranks"] = b'{"not": "a list"}'
         await app.refresh_now()
@@ -251,7 +251,7 @@ async def test_malformed_responses_are_shown_not_raised(fake):
 
 async def test_action_posts_bearer_and_body_only_after_confirmation(fake):
     app = make_app(fake)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await app.refresh_now()
         await pilot.pause()
         # Without a token nothing is sent, and the user is told why.
@@ -309,7 +309,7 @@ async def test_action_posts_bearer_and_body_only_after_confirmation(fake):
 
 async def test_run_picker_and_pause(fake):
     app = make_app(fake, run_id=None)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=(100, 30)) as pilot:
         await app.refresh_now()
         await pilot.pause()
         from textual.widgets import DataTable
