@@ -274,7 +274,7 @@ class NcclLogParser:
         self._last_collective: dict[tuple[str, int, str], dict[str, Any]] = {}
         self._collective_lines = 0
         # (prefix bytes, comm) -> [count, prefix, last line]: COLL lines folded by the fast path.
-        self._coll_stats: dict[bytes, list] = {}  # prefix + ' comm 0x..' -> [count, last line]
+        self._coll_stats: dict[bytes, list] = {}  # prefix + ' comm 0x.. ...' -> [count, last line]
         # (prefix bytes, comm, text after " : ") -> the channel list of the event already emitted.
         self._dedupe: dict[tuple[bytes, str | None, bytes], list[int]] = {}
         self._lead = b""
@@ -294,7 +294,7 @@ class NcclLogParser:
         for key_b, (n, line) in self._coll_stats.items():
             k = key_b.rfind(b" comm 0x")
             pre = self._prefix(key_b[:k]) or ("", 0)
-            key = (pre[0], pre[1], _s(key_b[k + 6 :]))
+            key = (pre[0], pre[1], _s(key_b[k + 6 :].split(b" ", 1)[0]))
             out[key] = out.get(key, 0) + n
         return out
 
@@ -353,7 +353,7 @@ class NcclLogParser:
                 i = line.find(b" NCCL INFO ")
                 k = line.rfind(b" comm 0x")
                 if i > 0 and k > i:
-                    key = line[:i] + line[k : line.find(b" ", k + 6)]  # prefix + " comm 0x..."
+                    key = line[:i] + line[k:]  # prefix + " comm 0x.. [nranks=N] stream 0x.."
                     st = colls_get(key)
                     if st is None:
                         colls[key] = [1, line]
