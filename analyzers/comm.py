@@ -44,6 +44,7 @@ class CommConfig:
     window: int = 5
     warmup_steps: int = 1
     baseline_steps: int = 5
+    deficit_k: float = 2.0  # slow link by wait deficit: unexplained wait above k sigma (and 10 % of the step)
     busbw_warn_frac: float = 0.5  # achieved busbw below this fraction of the nccl-tests baseline
     size_match: float = 4.0  # baseline row within this factor of the message size
     expect_ib: bool | None = None  # None: expected when any host uses NET/IB
@@ -136,8 +137,11 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
     min_extra = max(cfg.min_extra_ms, cfg.mad_k * sigma_ms)
     comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
     cands = []
+    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last").reindex(index=tr.index, columns=tr.columns)
+    # a slow link makes its peers wait for it: its own sync wait is not above theirs
+    others_wait_more = (leave_one_out_median(wait) >= wait) | wait.isna()
     for r in tr.index:
-        flags = ((ratio.loc[r] >= cfg.rank_ratio) & (extra.loc[r] >= min_extra)).fillna(False)
+        flags = ((ratio.loc[r] >= cfg.rank_ratio) & (extra.loc[r] >= min_extra) & others_wait_more.loc[r]).fillna(False)
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1]))
             if cr >= 1.08:
@@ -145,6 +149,7 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
             cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
+    cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
     used: set[int] = set()
@@ -170,6 +175,20 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
         if c["rank"] in used:
             continue
         node = node_of.get(c["rank"])
+        if c.get("method") == "wait_deficit":
+            out.append(Finding(
+                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
+                step_start=c["onset"], step_end=c["end"],
+                evidence=dict(scope="rank", cause="slow_link", method="wait_deficit", onset_step=c["onset"], detected_at_step=c["confirmed"],
+                              rank_sync_wait_ms=fnum(c["own"], 1), peers_sync_wait_ms=fnum(c["peers"], 1),
+                              unexplained_wait_ms=fnum(c["unexplained"], 1), arrival_lag_ms=fnum(c["lag"], 1), steps_affected=c["n"]),
+                confidence=0.7,
+                summary=(f"rank {c['rank']} (node {node}) has a slow link since step {c['onset']}: it arrives on time "
+                         f"(lag {c['lag']:.0f} ms) yet its peers wait {c['peers']:.0f} ms per step vs its own {c['own']:.0f} ms, "
+                         f"{c['unexplained']:.0f} ms unexplained by its arrival: its data reaches them late"),
+                recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
+            ))
+            continue
         out.append(Finding(
             analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
             step_start=c["onset"], step_end=c["end"],
@@ -182,6 +201,42 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
                      f"peers {c['peers']:.1f} ms ({c['ratio']:.1f}x) with normal compute"),
             recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
         ))
+    return out
+
+
+def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]) -> list[dict]:
+    """Peers wait for a rank that arrived on time: its data reaches them late (a slow link).
+
+    Per step: deficit = peers' median sync wait - own sync wait (how much longer the others wait than
+    it does); a compute straggler explains that by arriving late, so the unexplained part is
+    deficit - max(arrival lag, 0). Persistent (3 of 5 steps) and above max(min_extra_ms, deficit_k sigma,
+    10 % of the step) -> slow link of that rank.
+    """
+    if st["sync_wait_ms"].isna().all() or st["sync_arrival"].isna().all():
+        return []
+    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last").sort_index(axis=1)
+    arr = st.pivot_table(index="rank", columns="step", values="sync_arrival", aggfunc="last").sort_index(axis=1)
+    step_ms = st.groupby("step")["step_ms"].median()
+    if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
+        return []
+    deficit = leave_one_out_median(wait) - wait
+    lag = (arr - leave_one_out_median(arr)) * 1000.0
+    unexplained = deficit - lag.clip(lower=0)
+    sigma = temporal_sigma(unexplained)
+    floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
+    floor = np.maximum(floor, 0.10 * step_ms.reindex(unexplained.columns).fillna(0))
+    out = []
+    for r in unexplained.index:
+        if int(r) in skip:
+            continue
+        flags = (unexplained.loc[r] >= floor).fillna(False)
+        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            peers_wait = float(np.nanmedian(leave_one_out_median(wait).loc[r, s0:s1]))
+            out.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(wait.loc[r, s0:s1])), peers=peers_wait,
+                            ratio=peers_wait / max(float(np.nanmedian(wait.loc[r, s0:s1])), 1e-3), comp_ratio=float("nan"),
+                            confirmed=confirmation_step(flags, s0, cfg.persist), method="wait_deficit",
+                            unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
+                            lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
     return out
 
 

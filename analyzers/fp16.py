@@ -41,8 +41,9 @@ def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
         return []
     out: list[Finding] = []
     node_of = data.rank_node()
-    # NaN / inf losses
-    nf = st[st["loss_nonfinite"]]
+    # NaN / inf losses. The first recorded step is not judged: a pipeline schedule's shape inference
+    # computes a throw-away loss there; a real divergence at step 1 stays non-finite afterwards.
+    nf = st[st["loss_nonfinite"] & (st["step"] > int(st["step"].min()))]
     if not nf.empty:
         ranks = sorted(int(r) for r in nf["rank"].unique())
         s0, s1 = int(nf["step"].min()), int(nf["step"].max())
