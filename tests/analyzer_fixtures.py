@@ -51,7 +51,8 @@ class Spec:
     # (rank, step) -> multiplier of compute / extra ms
     compute_factor: Callable[[int, int], float] = lambda r, s: 1.0
     data_extra_ms: Callable[[int, int], float] = lambda r, s: 0.0
-    link_delay_ms: Callable[[int, int], float] = lambda r, s: 0.0
+    link_delay_ms: Callable[[int, int], float] = lambda r, s: 0.0  # blocked before the sync (arrives late)
+    send_delay_ms: Callable[[int, int], float] = lambda r, s: 0.0  # arrives on time, its data leaves late (DDP hook)
     mem_bytes: Callable[[int, int], int] = lambda r, s: 2 * 1024**3
     fp16: bool = False
     overflow: Callable[[int, int], bool] = lambda r, s: False
@@ -113,13 +114,15 @@ def build(spec: Spec | None = None, **kw) -> RunData:
             hung_at = s
             break
         last = max(arrivals.values())
-        end = last + spec.transfer_ms / 1000.0
+        sd = {p.rank: spec.send_delay_ms(p.rank, s) for p in pl}
+        dmax = max(sd.values())
+        end = last + (spec.transfer_ms + dmax) / 1000.0
         any_overflow = any(spec.overflow(r, s) for r in range(spec.world))
         if spec.fp16:
             scale = scale / 2 if any_overflow else scale
         for p in pl:
             data, wait_pp, delay = rows[p.rank]
-            wait = (last - arrivals[p.rank]) * 1000.0
+            wait = (last - arrivals[p.rank]) * 1000.0 + (dmax - sd[p.rank])
             comm = wait + spec.transfer_ms + delay
             step_ms = (end - t) * 1000.0
             nonfinite = spec.nonfinite(p.rank, s)
@@ -127,7 +130,7 @@ def build(spec: Spec | None = None, **kw) -> RunData:
                 run_id="synth", rank=p.rank, step=s, node=p.node, host=p.host, world_size=spec.world,
                 pp_stage=p.pp_stage, dp_rank=p.dp_rank, t_start=t, t_end=end, step_ms=step_ms, data_ms=data,
                 forward_ms=comp[p.rank] / 3, backward_ms=comp[p.rank] * 2 / 3, comm_ms=comm,
-                pipeline_wait_ms=wait_pp, compute_ms=comp[p.rank], sync_arrival=arrivals[p.rank], sync_wait_ms=wait,
+                pipeline_wait_ms=wait_pp, compute_ms=comp[p.rank] + sd[p.rank], sync_arrival=arrivals[p.rank], sync_wait_ms=wait,
                 tokens=4096, loss=None if nonfinite else 5.0 - 0.01 * s, loss_nonfinite=nonfinite,
                 loss_scale=scale if spec.fp16 else None, overflow=spec.fp16 and any_overflow,
                 skipped=spec.fp16 and any_overflow, mem_bytes=spec.mem_bytes(p.rank, s), flops=spec.flops,

@@ -19,6 +19,21 @@ def test_slow_link_rank_named_with_normal_compute():
     assert f.evidence["compute_ratio"] < 1.05
 
 
+def test_slow_link_by_wait_deficit():
+    # rank 1 arrives on time, but its data leaves 60 ms late (delay inside the DDP hook): everybody waits for it
+    data = build(send_delay_ms=lambda r, s: 60.0 if (r == 1 and s >= 8) else 0.0)
+    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    assert len(fs) == 1
+    f = fs[0]
+    assert f.ranks == [1] and f.evidence["method"] == "wait_deficit" and f.step_start == 8
+    assert 55.0 <= f.evidence["unexplained_wait_ms"] <= 65.0 and abs(f.evidence["arrival_lag_ms"]) < 5
+    # its compute looks longer (the delay runs on the backward thread) but it does not arrive late:
+    # the straggler analyzer reports it as info only
+    from analyzers import stragglers
+
+    assert [(g.ranks, g.severity) for g in stragglers.analyze(data)] == [([1], "info")]
+
+
 def test_straggler_is_not_a_slow_link():
     # the victims of a slow computer block longer in the all-reduce, but that is waiting, not transfer
     data = build(compute_factor=lambda r, s: 1.5 if (r == 1 and s >= 5) else 1.0)
