@@ -58,8 +58,10 @@ def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
             recommendation="Lower the learning rate or add warm-up, clip gradients (max_norm 1.0), and prefer bf16 over fp16; check the data of that step.",
         ))
     # Overflow / skipped steps: GradScaler is synchronised, so look at the world per step
-    per_step = st.groupby("step").agg(overflow=("overflow", "any"), skipped=("skipped", "any"), scale=("loss_scale", "min"))
-    ov = per_step["overflow"] | per_step["skipped"]
+    per_step = st.groupby("step").agg(overflow=("overflow", "any"), skipped=("skipped", "any"), scale=("loss_scale", "min"),
+                                      nonfinite=("loss_nonfinite", "any"))
+    # steps skipped because the loss itself was NaN/inf are the non-finite finding's, not overflow
+    ov = (per_step["overflow"] | per_step["skipped"]) & ~per_step["nonfinite"]
     if not ov.any():
         return out
     clean_steps = per_step.index[~ov]
@@ -68,8 +70,8 @@ def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
     flags = ov.copy()
     if first_clean is not None and calib_len <= cfg.calibration_max:
         flags.loc[: first_clean - 1] = False  # the scale's calibration at the start of the run
-    after = per_step.loc[first_clean:] if first_clean is not None else per_step
-    skip_rate = float((after["overflow"] | after["skipped"]).mean()) if len(after) else 1.0
+    after = ov.loc[first_clean:] if first_clean is not None else ov
+    skip_rate = float(after.mean()) if len(after) else 1.0
     scale = per_step["scale"].dropna()
     peak = float(scale.max()) if not scale.empty else None
     low = float(scale.min()) if not scale.empty else None
@@ -95,7 +97,7 @@ def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
         out.append(Finding(
             analyzer=NAME, kind="fp16_overflow", severity="warning", ranks=ranks, nodes=data.nodes_of(ranks),
             step_start=int(after.index.min()), step_end=int(after.index.max()),
-            evidence=dict(cause="skip_rate", skipped_rate=fnum(skip_rate, 3), skipped_steps=int((after["overflow"] | after["skipped"]).sum()),
+            evidence=dict(cause="skip_rate", skipped_rate=fnum(skip_rate, 3), skipped_steps=int(after.sum()),
                           steps=int(len(after)), scale_min=fnum(low, 6), scale_peak=fnum(peak, 4)),
             confidence=0.7,
             summary=f"fp16: {skip_rate:.0%} of steps skipped for overflow after calibration",

@@ -90,21 +90,30 @@ def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
     st = data.steps
     last_step = int(st["step"].max()) if not st.empty else None
     xids = count_xids(data)
+    # one finding per node and set of codes: a node-wide event (all its GPUs) is one event to act on
+    groups: dict[tuple, list] = {}
     for _, x in xids.iterrows():
-        node, gpu = int(x["node"]), int(x["gpu"])
-        ranks = data.gpu_ranks(node, gpu)
-        codes = list(x["codes"])
+        groups.setdefault((int(x["node"]), tuple(x["codes"])), []).append(x)
+    for (node, codes_t), rows in sorted(groups.items()):
+        codes = list(codes_t)
+        gpus = sorted(int(x["gpu"]) for x in rows)
+        ranks = sorted({r for g in gpus for r in data.gpu_ranks(node, g)})
         crit = bool(set(codes) & CRITICAL_XIDS) or not codes
-        onset = step_of_time(st, x["first_t"]) if x["first_t"] is not None else None
+        firsts = [x["first_t"] for x in rows if x["first_t"] is not None]
+        first_t = min(firsts) if firsts else None
+        onset = step_of_time(st, first_t) if first_t is not None else None
+        count = int(sum(int(x["count"]) for x in rows))
         meaning = "; ".join(f"{c}: {XID_MEANING.get(c, 'see NVIDIA XID catalog')}" for c in codes) or "codes unknown (counter only)"
+        where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {fmt_ranks(gpus)}"
         out.append(Finding(
             analyzer=NAME, kind="gpu_health", severity="critical" if crit else "warning", ranks=ranks, nodes=[node],
             step_start=onset, step_end=last_step,
-            evidence=dict(cause="xid", node=node, gpu=gpu, xid_count=int(x["count"]), xid_events=int(x["events"]),
-                          xid_counter_increase=int(x["counter"]), codes=codes, first_t=fnum(x["first_t"], 3),
-                          onset_step=onset, detected_at_step=onset),
+            evidence=dict(cause="xid", node=node, gpus=gpus, xid_count=count, xid_events=int(sum(int(x["events"]) for x in rows)),
+                          xid_counter_increase=int(sum(int(x["counter"]) for x in rows)),
+                          per_gpu={int(x["gpu"]): int(x["count"]) for x in rows}, codes=codes,
+                          first_t=fnum(first_t, 3), onset_step=onset, detected_at_step=onset),
             confidence=0.95, simulated=sim,
-            summary=f"{int(x['count'])} XID event(s) on node {node} GPU {gpu} (ranks {fmt_ranks(ranks)}): {meaning}" + (" [simulated]" if sim else ""),
+            summary=f"{count} XID event(s) on node {node} {where} (ranks {fmt_ranks(ranks)}): {meaning}" + (" [simulated]" if sim else ""),
             recommendation=(f"Drain node {node}: checkpoint and evict it, then run the NVIDIA field diagnostics (dcgmi diag -r 3) before returning it."
                             if crit else f"Check the application on ranks {fmt_ranks(ranks)} and the driver log (dmesg) for XID {codes}."),
         ))

@@ -50,3 +50,11 @@ def test_nonfinite_loss_on_one_rank():
 
 def test_bf16_run_without_scale_is_clean():
     assert fp16.analyze(build()) == []
+
+
+def test_steps_skipped_for_a_nan_loss_are_not_also_overflow():
+    # fp32 run: the trainer skips the optimizer step when the loss is NaN; one finding, the non-finite one
+    data = build(nonfinite=lambda r, s: r == 2 and s >= 10)
+    data.steps.loc[data.steps["step"] >= 10, "skipped"] = True
+    (f,) = fp16.analyze(data)
+    assert f.evidence["cause"] == "nonfinite_loss" and f.ranks == [2]

@@ -79,3 +79,12 @@ def test_benign_throttle_reasons_are_clean():
     data = build(world=4)
     d = with_records(data, gpu_samples(data, throttle=lambda n, g, t: THROTTLE_GPU_IDLE | THROTTLE_APP_CLOCKS))
     assert gpu_health.analyze(d) == []
+
+
+def test_node_wide_xid_is_one_finding():
+    data = build(world=4, nodes=2)
+    t = step_time(data, 4)[0]
+    xs = [XidEvent(node=0, host="node0", gpu=g, t=t + 0.01 * g, code=79, source="simulated-nvml", simulated=True) for g in (0, 1)]
+    (f,) = gpu_health.analyze(with_records(data, xs))
+    assert f.nodes == [0] and f.ranks == [0, 1] and f.evidence["gpus"] == [0, 1]
+    assert f.evidence["xid_count"] == 2 and f.evidence["per_gpu"] == {0: 1, 1: 1}
