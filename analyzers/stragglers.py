@@ -142,16 +142,19 @@ def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int
     i0 = max(0, idx.index(first) - lookback)
     seg = x.loc[idx[i0]:last].to_numpy(dtype=float)
     steps = idx[i0: i0 + len(seg)]
-    best, best_t = -1.0, first
-    for j in range(1, len(seg)):
-        if steps[j] < first:
-            continue
-        a, b = seg[:j], seg[j:]
-        if b.mean() <= a.mean():
-            continue
-        stat = len(a) * len(b) / len(seg) * (b.mean() - a.mean()) ** 2
-        if stat > best:
-            best, best_t = stat, steps[j]
+    n = len(seg)
+    if n < 2:
+        return first
+    csum = np.cumsum(seg)
+    j = np.arange(1, n)
+    mean_a = csum[:-1] / j
+    mean_b = (csum[-1] - csum[:-1]) / (n - j)
+    stat = j * (n - j) / n * (mean_b - mean_a) ** 2
+    valid = (mean_b > mean_a) & (np.asarray(steps[1:]) >= first)
+    if not valid.any():
+        return first
+    stat = np.where(valid, stat, -1.0)
+    best_t = steps[1 + int(np.argmax(stat))]
     return int(best_t)
 
 
