@@ -143,6 +143,18 @@ def test_model_states_throughput_and_mfu(fake):
     assert {r.state for r in build_view(RUN, data).rows if r.node == 1} == {"evicted"}
 
 
+def test_culprits_are_the_ranks_of_the_worst_findings(fake):
+    c = HeadClient(fake.url)
+    assert build_view(RUN, c.fetch(RUN, 60)).culprits == {5}  # the warning; the info finding names none
+    fake.data["findings"].append({"analyzer": "gpu_health", "kind": "gpu_health", "severity": "critical", "ranks": [],
+                                  "nodes": [0], "evidence": {"xid": 79}, "summary": "XID 79 on node 0"})
+    v = build_view(RUN, c.fetch(RUN, 60))
+    assert v.culprits == {0, 1, 2, 3}  # a critical finding about node 0: its ranks; the older warning steps back
+    assert {r.rank: r.state for r in v.rows if r.rank in (0, 5)} == {0: "slow", 5: "slow"}  # 5 still computes 1.8x
+    fake.data["findings"] = [f for f in fake.data["findings"] if f["severity"] == "info"]
+    assert build_view(RUN, c.fetch(RUN, 60)).culprits == set()
+
+
 def test_heat_map_marks_the_slow_rank_hot(fake):
     v = build_view(RUN, HeadClient(fake.url).fetch(RUN, 60))
     t = render_heat(v, max_cols=40)
@@ -177,7 +189,7 @@ async def test_table_culprit_header_findings(fake):
 
         header = plain(app.query_one(RunHeader).render())
         assert "run-a" in header and "dp4×tp1×pp2" in header and "world 8" in header and "nodes 2" in header
-        assert "step 39" in header and "tokens/s 74.47k" in header and "MFU 9.1%" in header
+        assert "step 39" in header and "tokens/s 74.47k" in header and "9.09 TFLOP/s/rank" in header and "MFU 9.1%" in header
         assert "simulated/CPU-measured peak" in header
 
         ft = app.query_one(FindingsTable)

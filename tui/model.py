@@ -7,10 +7,11 @@ Rank state (the table's last column):
 - ``stale``: the head reports the rank ``stalled`` (no record for much longer than its own step time);
 - ``waiting``: in the manifest, no record yet;
 - ``slow``: its median compute time over the window is ``SLOW_RATIO``x the median of all ranks,
-  or a warning/critical finding names it;
+  or it is a culprit;
 - ``ok``: otherwise.
 
-Culprits are the ranks (and the ranks of the nodes) that warning/critical findings name.
+Culprits are the ranks (and the ranks of the nodes) named by the most severe findings present:
+critical ones if there are any, otherwise warnings (info findings never make a culprit).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class RunView:
     rows: list[RankRow]
     step: int | None
     tokens_per_s: float | None
-    tflops_per_rank: float | None
+    tflops_per_rank: float | None  # achieved, mean over ranks
     mfu: float | None
     peak_label: str
     peak_simulated: bool
@@ -70,9 +71,17 @@ def _median(xs: list[float]) -> float | None:
 
 
 def culprit_ranks(findings: list[schema.Finding], rank_nodes: dict[int, int | None]) -> set[int]:
+    """Ranks named by the most severe findings present (critical if any, else warning; never info).
+
+    The head appends findings and does not close them, so an old warning stays in the list after
+    the rank recovered; highlighting only the top severity keeps "the culprit" to the worst problem.
+    """
+    top = max((schema.SEVERITY_ORDER.get(f.severity, 0) for f in findings), default=0)
+    if top < schema.SEVERITY_ORDER["warning"]:
+        return set()
     out: set[int] = set()
     for f in findings:
-        if schema.SEVERITY_ORDER.get(f.severity, 0) < schema.SEVERITY_ORDER["warning"]:
+        if schema.SEVERITY_ORDER.get(f.severity, 0) < top:
             continue
         out.update(f.ranks)
         if not f.ranks:
@@ -217,6 +226,15 @@ def fmt_rate(v: float | None) -> str:
         if v >= div:
             return f"{v / div:.2f}{unit}"
     return f"{v:.0f}"
+
+
+def fmt_flops(v: float | None) -> str:
+    if v is None:
+        return "—"
+    for unit, div in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if v >= div:
+            return f"{v / div:.3g} {unit}"
+    return f"{v:.3g} FLOP/s"
 
 
 def fmt_evidence_value(v) -> str:

@@ -7,7 +7,7 @@ import time
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.model import RunView, fmt_rate
+from tui.model import RunView, fmt_flops, fmt_rate
 
 
 def clock(t: float) -> str:
@@ -70,7 +70,7 @@ def header_text(v: RunView) -> Text:
     line2.append("tokens/s ", style="dim")
     line2.append(fmt_rate(v.tokens_per_s), style="bold")
     line2.append("  achieved ", style="dim")
-    line2.append("—" if v.tflops_per_rank is None else f"{v.tflops_per_rank:.3g} TFLOP/s/rank")
+    line2.append("—" if v.tflops_per_rank is None else f"{fmt_flops(v.tflops_per_rank * 1e12)}/rank")
     line2.append("  MFU ", style="dim")
     line2.append("—" if v.mfu is None else f"{v.mfu:.1%}", style="bold")
     line2.append(f"  {v.peak_label}", style="magenta" if v.peak_simulated else "dim")
