@@ -111,7 +111,7 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
                      f"point-to-point transfers between stages are slow"),
             recommendation="Check the links between pipeline stages (place neighbouring stages on one node, nccl-tests send/recv).",
         ))
-    elif theory >= cfg.theory_warn or measured >= cfg.theory_warn:
+    elif theory >= cfg.theory_warn:
         sev = "critical" if theory >= cfg.theory_critical else "warning"
         out.append(Finding(
             analyzer=NAME, kind="pipeline_bubble", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks),
