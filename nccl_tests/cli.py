@@ -91,6 +91,16 @@ def _threshold(text: str) -> float:
     return v
 
 
+def _quantile(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"quantile must be a number, got {text!r}") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"quantile must be in [0, 1], got {v}")
+    return v
+
+
 def build_parser(prog: str = "python -m nccl_tests") -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description="Collective benchmarks with nccl-tests' output and formulas "
                 "(torch.distributed: gloo on CPU, NCCL on GPU), and a pairwise health check (--check).",
@@ -122,7 +132,10 @@ def build_parser(prog: str = "python -m nccl_tests") -> argparse.ArgumentParser:
                    help="health check: pairwise sendrecv bandwidth matrix and per-node groups; exit 1 when a rank, node or link is slow")
     p.add_argument("--check-bytes", type=_size, default=None, help="health-check message size (default 1M on gloo, 64M on NCCL)")
     p.add_argument("--confirm", type=_int_in(0, None, "confirmation rounds"), default=1,
-                   help="health check: re-measure suspect pairs this many times, keeping each pair's best time (default 1)")
+                   help="health check: when something looks slow, measure every pair again up to this many times, keeping each pair's best time (default 1)")
+    p.add_argument("--quantile", type=_quantile, default=0.2,
+                   help="health check: a pair's time is this quantile of its samples (default 0.2: robust to "
+                        "bursts of load from elsewhere; 0.5 is the median)")
     p.add_argument("--threshold", type=_threshold, default=DEFAULT_THRESHOLD, help=f"health check: slow when below this x the median (default {DEFAULT_THRESHOLD})")
     p.add_argument("--store", default=None, help="run store directory: write the results as the bandwidth baseline (needs --run-id)")
     p.add_argument("--run-id", default=None, help="run id under --store")

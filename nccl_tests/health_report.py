@@ -121,7 +121,7 @@ def format_report(rep: HealthReport, hosts: list[str], nodes: list[str], pair_bw
                   size: int, iters: int, backend: str) -> list[str]:
     n = rep.nranks
     thr = rep.threshold
-    lines = ["#", f"# Pairwise sendrecv bandwidth (GB/s per direction, {size} B messages, median of {iters} iterations)"]
+    lines = ["#", f"# Pairwise sendrecv bandwidth (GB/s per direction, {size} B messages, {iters} samples per pair)"]
     head = f"# {'rank':>4s}  {'node':>10s}  {'host':>12s} " + "".join(f" {('r' + str(j)):>7s}" for j in range(n))
     lines.append(head)
     for i in range(n):

@@ -1,7 +1,9 @@
 """nccl_tests: formulas, checks, the health-check verdict, the CLI, and real gloo runs.
 
-Process tests launch torchrun (4 ranks) or fork a small world in-process; each has a generous
-timeout and is stopped by process group in ``finally``. No assertion depends on timing.
+One test launches the real thing, ``torchrun -m nccl_tests`` with 4 ranks; the other process tests
+fork small worlds from this process (the imported torch is shared, so they skip the per-rank start-up
+that dominates on 2 cores) and run the same entry point with the environment torchrun would set.
+Every process has a generous timeout and is killed in ``finally``. No assertion depends on timing.
 """
 
 from __future__ import annotations
@@ -325,42 +327,91 @@ def test_all_reduce_perf_4_ranks_table_json_and_store(tmp_path):
     assert all(len(h) == 4 for h in df["hosts"])
 
 
+def _cli_rank(rank: int, n: int, port: int, outdir: str, argv: list[str], env_extra: dict) -> None:
+    """One rank of a forked world running the real entry point (cli.main), with the environment
+    torchrun would give it. cli.main leaves through runtime.finish (os._exit with its status)."""
+    code = 3
+    try:
+        for k in ("NCCL_TESTS_CORRUPT_RANK", "NCCL_TESTS_DELAY_RANK", "NCCL_TESTS_DELAY_US", "RANKSIGHT_NODE", "GROUP_RANK"):
+            os.environ.pop(k, None)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env_extra)
+        sys.stdout = open(os.path.join(outdir, f"out-{rank}.txt"), "w")
+        sys.stderr = open(os.path.join(outdir, f"err-{rank}.txt"), "w")
+        torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1: no intra-op pool competing for 2 cores
+        from nccl_tests.cli import main
+
+        main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _fork_cli(n: int, argv: list[str], outdir: Path, env_extra: dict | None = None) -> tuple[list[int], str]:
+    """Run ``python -m nccl_tests <argv>`` as an n-rank world of forked processes (the imported
+    torch is shared, so no per-rank start-up cost); returns (exit codes, rank 0's stdout)."""
+    ctx = mp.get_context("fork")
+    port = free_port()
+    procs = [ctx.Process(target=_cli_rank, args=(r, n, port, str(outdir), argv, env_extra or {})) for r in range(n)]
+    try:
+        for pr in procs:
+            pr.start()
+        for pr in procs:
+            pr.join(timeout=240)
+        codes = [pr.exitcode for pr in procs]
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                os.kill(pr.pid, signal.SIGKILL)
+                pr.join()
+    return codes, (outdir / "out-0.txt").read_text()
+
+
 @pytest.mark.distributed
-def test_corrupted_result_is_counted_and_fails():
-    p = _torchrun(4, ["all_reduce_perf", "-b", "64", "-e", "4K", "-f", "8", "-n", "2"], {"NCCL_TESTS_CORRUPT_RANK": "3"})
-    assert p.returncode != 0
-    rows = output.parse_table(p.stdout)
+def test_corrupted_result_is_counted_and_fails(tmp_path):
+    codes, out = _fork_cli(4, ["all_reduce_perf", "-b", "64", "-e", "4K", "-f", "8", "-n", "2"], tmp_path,
+                           {"NCCL_TESTS_CORRUPT_RANK": "3"})
+    assert codes == [1, 1, 1, 1], (codes, out)
+    rows = output.parse_table(out)
     assert len(rows) == 3
     for r in rows:  # one element of rank 3's result, in each placement
         assert r["out_of_place"]["wrong"] == 1 and r["in_place"]["wrong"] == 1
-    assert "# Out of bounds values : 6 FAILED" in p.stdout
-    assert "SELF-TEST: NCCL_TESTS_CORRUPT_RANK=3" in p.stdout
+    assert "# Out of bounds values : 6 FAILED" in out
+    assert "SELF-TEST: NCCL_TESTS_CORRUPT_RANK=3" in out
 
 
 @pytest.mark.distributed
 def test_health_check_names_delayed_rank(tmp_path):
-    p = _torchrun(4, ["--check", "--check-bytes", "256K", "-n", "5", "--store", str(tmp_path), "--run-id", "pre"],
-                  {"NCCL_TESTS_DELAY_RANK": "2", "NCCL_TESTS_DELAY_US": "30000"})
-    assert p.returncode == 1, p.stdout + p.stderr
-    assert "# Health check: FAILED - slow rank(s): 2 (host" in p.stdout
-    assert "! rank 2" in p.stdout
+    store = tmp_path / "store"
+    codes, out = _fork_cli(4, ["--check", "--check-bytes", "256K", "-n", "5", "--store", str(store), "--run-id", "pre"],
+                           tmp_path, {"NCCL_TESTS_DELAY_RANK": "2", "NCCL_TESTS_DELAY_US": "30000"})
+    assert codes == [1, 1, 1, 1], (codes, out)
+    assert "# Health check: FAILED - slow rank(s): 2 (host" in out
+    assert "! rank 2" in out
     for r in (0, 1, 3):
-        assert f"! rank {r} " not in p.stdout
-    ents = pd.read_parquet(tmp_path / "pre" / "nccl_tests" / "health_entities")
+        assert f"! rank {r} " not in out
+    ents = pd.read_parquet(store / "pre" / "nccl_tests" / "health_entities")
     flagged_ranks = ents[(ents["kind"] == "rank") & ents["flagged"]]
     assert [list(x) for x in flagged_ranks["ranks"]] == [[2]]
-    pairs = pd.read_parquet(tmp_path / "pre" / "nccl_tests" / "health_pairs")
+    pairs = pd.read_parquet(store / "pre" / "nccl_tests" / "health_pairs")
     assert len(pairs) == 6
     slow = pairs[pairs["flagged"]]
     assert set(zip(slow["rank_a"], slow["rank_b"])) <= {(0, 2), (1, 2), (2, 3)}
 
 
 @pytest.mark.distributed
-def test_health_check_passes_without_delay():
-    p = _torchrun(4, ["--check", "--check-bytes", "256K", "-n", "20"])
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "# Health check: OK" in p.stdout
-    assert "# Pairwise sendrecv bandwidth" in p.stdout
+def test_health_check_passes_without_delay(tmp_path):
+    codes, out = _fork_cli(4, ["--check", "--check-bytes", "256K", "-n", "20"], tmp_path)
+    assert codes == [0, 0, 0, 0], (codes, out)
+    assert "# Health check: OK" in out
+    assert "# Pairwise sendrecv bandwidth" in out
 
 
 # ---------------------------------------------------------------------------
@@ -443,3 +494,12 @@ def test_every_op_is_checked(tmp_path, corrupt):
         assert all(c == 1 for c in codes), codes
     else:
         assert codes == [0, 0, 0]
+
+
+def test_pair_time_quantile():
+    from nccl_tests.health import quantile
+
+    assert quantile([5.0, 1.0, 3.0], 0.5) == 3.0
+    assert quantile([4.0, 1.0, 2.0, 3.0], 0.5) == 2.5
+    assert quantile([10.0, 1.0, 2.0, 3.0, 4.0], 0.0) == 1.0
+    assert quantile(list(range(11)), 0.2) == pytest.approx(2.0)
