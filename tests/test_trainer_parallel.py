@@ -76,7 +76,7 @@ def test_ddp_reference_culprit_and_slow_link(tmp_path):
 
 
 def test_fsdp_control_data_stall_throttle_xid(tmp_path):
-    """FSDP2 on 2 ranks: = reference; control requests (checkpoint, profile) acted on at the same
+    """FSDP2 on 2 ranks with grad accumulation and activation checkpointing: = reference; control requests (checkpoint, profile) acted on at the same
     step by all ranks; data_stall, throttle and xid leave their signals; scheduled profiling."""
     n = 7
     run = RunDir(tmp_path, "fsdp")
@@ -85,8 +85,9 @@ def test_fsdp_control_data_stall_throttle_xid(tmp_path):
         req = ControlRequest(id=f"req{i}", action=action, t=1000.0 + i, steps=steps_)
         (run.control_requests / f"req{i}.json").write_bytes(msgspec.json.encode(req))
     (run.control_requests / "bad.json").write_text("{not json")
-    res = torchrun(2, TINY + ["--steps", str(n), "--dp-mode", "fsdp",
-                              "--inject", "data_stall:rank=0,delay_ms=150,start=2,end=3",
+    args = TINY + ["--steps", str(n), "--dp-mode", "fsdp", "--grad-accum", "2", "--activation-checkpointing"]
+    args[args.index("--batch-size") + 1] = "2"  # 2 micro-steps of 2 = the reference's 4 per rank
+    res = torchrun(2, args + ["--inject", "data_stall:rank=0,delay_ms=150,start=2,end=3",
                               "--inject", "throttle:rank=1,factor=4,start=5",
                               "--inject", "xid:node=0,code=79,start=4"], tmp_path, "fsdp")
     check_ok(res)
@@ -101,7 +102,8 @@ def test_fsdp_control_data_stall_throttle_xid(tmp_path):
     assert all(s0[k].sync_arrival is not None and s0[k].sync_wait_ms is not None for k in s0)
     # data_stall: the stalled rank's data wait contains the 150 ms sleep
     for k in (2, 3):
-        assert s0[k].data_ms >= 150.0 and s1[k].data_ms < 150.0
+        assert s0[k].data_ms >= 2 * 150.0 and s1[k].data_ms < 150.0  # once per micro-step
+    assert s0[1].microbatches == 2 and s0[1].tokens == 2 * 2 * 16
     # control: both requests acked, applied at the same step on every rank, oldest first
     acks = {p.stem: msgspec.json.decode(p.read_bytes(), type=ControlAck) for p in run.control_acks.glob("*.json")}
     assert acks["req0"].status == "applied" and acks["req1"].status == "applied"
@@ -132,9 +134,10 @@ def test_fsdp_control_data_stall_throttle_xid(tmp_path):
 
 
 def test_tp_reference(tmp_path):
-    """TP=2 (FSDP2 on a size-1 dp mesh): loss and grad norm = 1-process reference."""
+    """TP=2 (FSDP2 on a size-1 dp mesh): loss and grad norm = 1-process reference; scheduled profiling."""
     n = 5
-    res = torchrun(2, TINY + ["--steps", str(n), "--tp", "2"], tmp_path, "tp")
+    res = torchrun(2, TINY + ["--steps", str(n), "--tp", "2", "--profile-every", "3", "--profile-steps", "1",
+                              "--profile-warmup", "1"], tmp_path, "tp")
     check_ok(res)
     sp = spool(tmp_path, "tp")
     s0, s1 = steps(sp[0]), steps(sp[1])
@@ -145,25 +148,34 @@ def test_tp_reference(tmp_path):
     assert {s0[1].tp_rank, s1[1].tp_rank} == {0, 1}
     _losses_decrease(s0)
     assert manifest(tmp_path, "tp")["layout"]["dp_mode"] == "fsdp"
+    # scheduled profiler: window at step 3 = 1 warm-up step, then step 4 traced, one trace per rank
+    for rank, st in ((0, s0), (1, s1)):
+        assert [k for k in sorted(st) if st[k].profiling] == [4]
+        trace = RunDir(tmp_path, "tp").traces_dir / f"rank-{rank}.step4-4.json"
+        assert "traceEvents" in json.loads(trace.read_text())
 
 
-def test_pp_1f1b_nan_loss(tmp_path):
-    """PP=2 1F1B: = reference; pipeline wait measured; nan_loss on stage 0 -> non-finite loss, step skipped."""
+def test_pp_interleaved_nan_loss(tmp_path):
+    """PP=2 interleaved 1F1B (2 stages per rank, 4 layers): = reference; pipeline wait measured;
+    nan_loss on stage 0 -> non-finite loss on the last stage, step skipped on every stage."""
     n = 6
-    res = torchrun(2, TINY + ["--steps", str(n), "--pp", "2", "--microbatches", "4",
-                              "--inject", "nan_loss:rank=0,start=5,end=5"], tmp_path, "pp")
+    res = torchrun(2, TINY + ["--steps", str(n), "--pp", "2", "--pp-schedule", "interleaved", "--n-layers", "4",
+                              "--microbatches", "4", "--inject", "nan_loss:rank=0,start=5,end=5"], tmp_path, "pp")
     check_ok(res)
     sp = spool(tmp_path, "pp")
     s0, s1 = steps(sp[0]), steps(sp[1])
-    ref, _ = reference_losses(4, batch=4)
+    ref, ref_norms = reference_losses(4, batch=4, n_layers=4)
     for k in range(1, 5):
         assert abs(s1[k].loss - ref[k - 1]) < 2e-4, (k, s1[k].loss, ref[k - 1])
+        assert s0[k].loss == s1[k].loss  # every stage reports the pipeline's loss
+        assert abs(s0[k].grad_norm - ref_norms[k - 1]) < 2e-4
     assert s0[2].pp_stage == 0 and s1[2].pp_stage == 1 and s1[2].microbatches == 4
     assert all(s.pipeline_wait_ms > 0 for s in list(s0.values()) + list(s1.values()))
     assert s1[5].loss_nonfinite and s1[5].loss is None and s1[5].skipped and s0[5].skipped
     assert not s1[6].loss_nonfinite and not s1[6].skipped
     assert s1[4].loss < s1[1].loss
     assert any(c.group == "pp" for c in collectives(sp[0]))
+    assert manifest(tmp_path, "pp")["layout"]["virtual_stages"] == 2
 
 
 def test_dp2_tp2(tmp_path):

@@ -73,15 +73,12 @@ def _model_sd(parts) -> dict:
 
 
 def _optim_sd(parts, optims) -> dict:
+    # Flattened ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr"): keys of different pipeline
+    # parts are disjoint, so the parts of an interleaved stage merge with a plain update and
+    # DCP can reshard them into any other layout (as torchtitan does).
     sd = {}
     for p, o in zip(parts, optims):
-        part = get_optimizer_state_dict(p, o)
-        # get_optimizer_state_dict keys state/param_groups by FQN; merge parts (disjoint FQNs).
-        for k, v in part.items():
-            if isinstance(v, dict):
-                sd.setdefault(k, {}).update(v)
-            else:
-                sd.setdefault(k, []).extend(v)
+        sd.update(get_optimizer_state_dict(p, o, options=_options()))
     return sd
 
 
@@ -135,7 +132,7 @@ def load(run: RunDir, name: str, parts, optims, scaler, rank: int, world: int, s
     for p in parts:
         set_model_state_dict(p, state["model"], options=_non_strict())
     for p, o in zip(parts, optims):
-        set_optimizer_state_dict(p, o, state["optim"], options=_non_strict())
+        set_optimizer_state_dict(p, o, state["optim"], options=_options())
     scaler_state = pickle.loads(train["scaler"]) if train.get("scaler") else None
     if scaler is not None and scaler_state is not None:
         scaler.load_state_dict(scaler_state)
@@ -153,3 +150,9 @@ def _non_strict():
 
     # Each pipeline part holds a subset of the model's FQNs: load what this part owns.
     return StateDictOptions(strict=False)
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(strict=False, flatten_optimizer_state_dict=True)
