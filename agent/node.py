@@ -62,7 +62,8 @@ class AgentState(msgspec.Struct, kw_only=True):
     positions: dict[int, TailPosition] = {}
     acks_shipped: list[str] = []
     manifest_mtime: float = 0.0
-    nccl: dict[str, list[int]] = {}  # file name -> [offset, line_no]
+    nccl: dict[str, list[int]] = {}  # NCCL log file name -> [offset, line_no, inode]
+    traces_done: list[str] = []  # profiler trace files already summarized and shipped
 
 
 def load_state(path: Path, node: int) -> AgentState:
@@ -122,6 +123,9 @@ class NodeAgent:
         self._host_probe = None
         self._last_xid: dict[int, int] = {}
         self._pending_since: float | None = None
+        self._nccl_parsers: dict[str, Any] = {}
+        self._pending_nccl: dict[str, list[int]] = {}
+        self._pending_traces: list[str] = []
         self._init_exporter()
         # Self-metrics exist (at 0) from the start: an absent series is not "no drops".
         n = str(node)
@@ -257,6 +261,16 @@ class NodeAgent:
             if group:
                 items.append(Item(kind=kind, body=msgspec.json.encode(group), count=len(group),
                                   t_first=min(getattr(s, "t", now) for s in group)))
+        nccl_events, nccl_pos = self._read_nccl_logs()
+        if nccl_events:
+            items.append(Item(kind="nccl", body=msgspec.json.encode(nccl_events), count=len(nccl_events), t_first=now))
+        self._pending_nccl = nccl_pos
+        summaries, trace_names = self._summarize_traces()
+        if summaries:
+            items.append(Item(kind="trace_summary", body=msgspec.json.encode(summaries), count=len(summaries),
+                              step_min=min(s.step_start for s in summaries), step_max=max(s.step_end for s in summaries),
+                              t_first=now))
+        self._pending_traces = trace_names
         # control acks written by the trainer
         acks, ack_names = self._new_acks()
         if acks:
@@ -276,6 +290,95 @@ class NodeAgent:
                                   event="spool_reset" if g.reason == "reset" else "spool_gap",
                                   detail={"reason": g.reason, "offset": g.offset, "bytes": g.nbytes, "lines": g.lines,
                                           "inode": g.inode, "sample": g.sample, "node": self.node})
+
+    # -- NCCL logs and profiler traces (probes.nccl_log, probes.profiler) -------------------------
+    def _local_hosts(self) -> set[str]:
+        hosts = {self.host, socket.gethostname()}
+        m = self._manifest()
+        if m is not None:
+            hosts |= {p.host for p in m.ranks if p.node == self.node}
+        return hosts
+
+    def _read_nccl_logs(self) -> tuple[list, dict[str, list[int]]]:
+        """New complete lines of this node's NCCL_DEBUG_FILEs, parsed; positions to save after shipping."""
+        d = self.rd.nccl_dir
+        if not d.is_dir():
+            return [], {}
+        try:
+            from probes.nccl_log import NcclLogParser, host_pid_from_filename
+        except ImportError:
+            return [], {}
+        hosts = self._local_hosts()
+        events, pos = [], {}
+        for p in sorted(d.iterdir()):
+            if p.name.startswith(".") or not p.is_file():
+                continue
+            fhost, _ = host_pid_from_filename(p.name)
+            if fhost and fhost not in hosts:
+                continue  # another node's log (a shared file system)
+            off, line_no, ino = (list(self.state.nccl.get(p.name) or []) + [0, 0, 0])[:3]
+            try:
+                st = p.stat()
+                if ino and (st.st_ino != ino or st.st_size < off):
+                    off, line_no = 0, 0  # rotated or truncated: read it again (the head dedupes)
+                if st.st_size <= off:
+                    continue
+                with open(p, "rb") as f:
+                    f.seek(off)
+                    data = f.read(READ_BYTES_PER_RANK)
+            except OSError as e:
+                log.warning("agent: cannot read NCCL log %s: %s", p, e)
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            parser = self._nccl_parsers.get(p.name)
+            if parser is None or parser.line_no != line_no:
+                parser = self._nccl_parsers[p.name] = NcclLogParser(source_file=p.name)
+                parser.line_no = line_no  # line numbers are part of the dedupe key: keep them stable
+            try:
+                evs = parser.feed(data[: end + 1])
+            except Exception as e:  # the parser promises not to raise; never let it stop shipping
+                log.error("agent: NCCL parser failed on %s: %s", p, e)
+                evs = []
+            events.extend(evs)
+            pos[p.name] = [off + end + 1, parser.line_no, st.st_ino]
+        return events, pos
+
+    def _summarize_traces(self) -> tuple[list, list[str]]:
+        """Summaries of finished profiler traces of local ranks (at most 2 per cycle: they can be large)."""
+        d = self.rd.traces_dir
+        if not d.is_dir():
+            return [], []
+        try:
+            from probes.profiler import TraceError, summarize_trace
+        except ImportError:
+            return [], []
+        done = set(self.state.traces_done)
+        local = set(self.local_ranks)
+        out, names = [], []
+        now = time.time()
+        for p in sorted(d.iterdir()):
+            if len(names) >= 2:
+                break
+            n = p.name
+            if n in done or not n.startswith("rank-") or not (n.endswith(".json") or n.endswith(".json.gz")):
+                continue
+            try:
+                rank = int(n[5:].split(".", 1)[0])
+                if rank not in local or now - p.stat().st_mtime < 2.0:
+                    continue  # not ours, or still being written
+            except (ValueError, OSError):
+                continue
+            try:
+                s = summarize_trace(str(p), run_id=self.run_id, rank=rank)
+            except (TraceError, OSError) as e:
+                log.warning("agent: trace %s not summarized: %s", p, e)
+                names.append(n)  # do not retry a broken file every cycle
+                continue
+            out.append(s)
+            names.append(n)
+        return out, names
 
     def _new_acks(self) -> tuple[list[schema.ControlAck], list[str]]:
         d = self.rd.control_acks
@@ -382,7 +485,11 @@ class NodeAgent:
         self.state.positions.update(positions)
         if ack_names:
             self.state.acks_shipped = sorted(set(self.state.acks_shipped) | set(ack_names))[-10_000:]
-        if positions or ack_names or mrec is not None:
+        if self._pending_nccl:
+            self.state.nccl.update(self._pending_nccl)
+        if self._pending_traces:
+            self.state.traces_done = (self.state.traces_done + self._pending_traces)[-10_000:]
+        if positions or ack_names or mrec is not None or self._pending_nccl or self._pending_traces:
             self.save_state()
         if self.outbox.dropped_records > self._dropped_reported:
             self.metrics.dropped.labels(str(self.node)).inc(self.outbox.dropped_records - self._dropped_reported)

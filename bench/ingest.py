@@ -158,14 +158,14 @@ def main() -> None:
     def measure_head(store: Path) -> tuple[float, float, int]:
         head = Head(store, "t", analyzer=None, flush_rows=10**9)
         # warm-up (imports, pyarrow's first conversions) on another run id, outside the timing
-        warm = ExportLogsServiceRequest()
-        warm.ParseFromString(otlp_receiver.decompress(agent_request(range(4), args.ranks_per_node, 0, 64), "gzip"))
-        for b in warm.resource_logs:
-            for lr in b.scope_logs[0].log_records:
-                for kv in lr.attributes:
-                    if kv.key == wire.A_RUN:
-                        kv.value.string_value = "warmup"
-        head.ingest_logs(warm)
+        global RUN
+        RUN = "warmup"
+        try:
+            warm = agent_request(range(4), args.ranks_per_node, 0, 64)
+        finally:
+            RUN = "bench"
+        accepted, rejected, msg = head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(warm, "gzip"), ""))
+        assert rejected == 0 and accepted > 0, msg
         head.store.flush_all()
 
         def head_path():

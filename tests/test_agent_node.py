@@ -187,3 +187,68 @@ def test_unreadable_state_file_means_reread_not_crash(tmp_path):
     assert st.positions == {} and st.node == 0
     atomic_write(rd.agent_state(0), b'{"node": 5}')
     assert load_state(rd.agent_state(0), 0).node == 0
+
+
+def test_nccl_logs_traces_and_dcgm_flow_into_the_store(tmp_path):
+    import os
+    import shutil
+    import socket
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    store = tmp_path / "store"
+    rd = RunDir(store, "r1")
+    write_steps(rd, 3, 0, range(3))  # the fixture trace is rank 3's (its distributedInfo says so)
+    rd.nccl_dir.mkdir(parents=True)
+    shutil.copy(fixtures / "nccl" / "v27_ib.log", rd.nccl_dir / f"{socket.gethostname()}.4242.log")
+    shutil.copy(fixtures / "nccl" / "v27_ib.log", rd.nccl_dir / "some-other-host.99.log")  # not this node's
+    rd.traces_dir.mkdir(parents=True)
+    trace = rd.traces_dir / "rank-3.step1-2.json"
+    shutil.copy(fixtures / "traces" / "hand_cpu.json", trace)
+    old = time.time() - 60
+    os.utime(trace, (old, old))
+    prom_text = (fixtures / "dcgm" / "scrape1.prom").read_bytes()
+
+    class Dcgm(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(prom_text)))
+            self.end_headers()
+            self.wfile.write(prom_text)
+
+        def log_message(self, *a):
+            pass
+
+    dcgm = ThreadingHTTPServer(("127.0.0.1", 0), Dcgm)
+    threading.Thread(target=dcgm.serve_forever, daemon=True).start()
+    port = free_port()
+    h = HeadThread(store, port)
+    a = NodeAgent(rd, 0, f"http://127.0.0.1:{port}", TOKEN, otlp_metrics=False,
+                  dcgm_url=f"http://127.0.0.1:{dcgm.server_address[1]}/metrics")
+    try:
+        a._build_probes()
+        a.sample_once()
+        a.cycle()
+        a.cycle()
+        h.head.store.flush_all()
+        nccl = read_table(store, "r1", "nccl_events")
+        assert len(nccl) > 0 and set(nccl["source_file"]) == {f"{socket.gethostname()}.4242.log"}
+        assert "version" in set(nccl["category"])
+        ts = read_table(store, "r1", "trace_summaries")
+        assert list(ts["rank"]) == [3] and list(ts["trace_file"]) == [str(trace)]
+        gpu = read_table(store, "r1", "gpu")
+        assert len(gpu) > 0 and set(gpu["source"]) == {"dcgm"} and not gpu["simulated"].any()
+        # a restarted agent that lost its state re-reads the log and the trace: nothing doubles
+        n_nccl = len(nccl)
+        rd.agent_state(0).unlink()
+        b = NodeAgent(rd, 0, f"http://127.0.0.1:{port}", TOKEN, sim_gpu="off", otlp_metrics=False)
+        b.cycle()
+        h.head.store.flush_all()
+        assert len(read_table(store, "r1", "nccl_events")) == n_nccl
+        assert len(read_table(store, "r1", "trace_summaries")) == 1
+    finally:
+        a.exporter.shutdown()
+        dcgm.shutdown()
+        h.close()
