@@ -340,6 +340,9 @@ async def test_run_picker_and_pause(fake):
         await pilot.press("g")
         await pilot.pause()
         assert isinstance(app.screen, RunPicker)
+        await pilot.press("a")  # the main view's keys do not apply over the picker
+        await pilot.pause()
+        assert isinstance(app.screen, RunPicker)
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, RunPicker) and app.run_id == RUN

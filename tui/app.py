@@ -169,6 +169,12 @@ class RanksightApp(App):
             self.query_one(FindingDetail).show_finding(event.data_table.selected())
 
     # -- actions (key bindings) --------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Over the run picker or the action dialog only quit, pause and refresh apply.
+        if action in ("request_action", "focus_findings", "pick_run") and self.screen is not self.screen_stack[0]:
+            return False
+        return True
+
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
         if self.timer is not None:
