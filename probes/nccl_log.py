@@ -384,6 +384,19 @@ class NcclLogParser:
         self.bytes_parsed += len(data) - len(self._pending)
         return out
 
+    def prime(self, data: bytes) -> None:
+        """Rebuild per-process state (ranks, communicators) from lines already shipped, e.g.
+        the file up to a tailer's saved offset after a restart, without emitting events or
+        moving ``line_no``/``bytes_parsed``. Later error lines then carry their rank again."""
+        saved = (self.line_no, self.bytes_parsed, self._pending, self.unclassified)
+        self._pending = b""
+        self.feed(data if data.endswith(b"\n") else data[: data.rfind(b"\n") + 1])
+        self.line_no, self.bytes_parsed, self._pending, self.unclassified = saved
+        self._dedupe.clear()  # repeats of connections already shipped become events again
+        self._coll_stats.clear()
+        self._last_collective.clear()
+        self._collective_lines = 0
+
     def feed_line(self, line: bytes | str) -> NcclEvent | None:
         """Parse one complete line (without or with its newline)."""
         if isinstance(line, str):

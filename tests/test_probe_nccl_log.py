@@ -309,3 +309,17 @@ def test_truncated_and_corrupt_gzip_logs(tmp_path: Path):
     assert s["files"] == [str(cut)] and 0 < s["lines"] <= raw.count(b"\n")
     assert set(s["file_errors"]) == {str(cut), str(bad)}
     assert "2.18.5+cuda12.2" in s["versions"]
+
+
+def test_prime_restores_ranks_after_a_restart():
+    raw = (FIX / "v218_ib.log").read_bytes()
+    cut = raw.index(b"dgx-b07:91234:92011 [3] NCCL WARN")  # all comm lines come before this
+    fresh = NcclLogParser()
+    assert all(e.rank is None for e in fresh.feed(raw[cut:]) if e.category == "error")
+    p = NcclLogParser()
+    p.line_no = raw[:cut].count(b"\n")
+    p.prime(raw[:cut])
+    assert p.line_no == raw[:cut].count(b"\n") and p.bytes_parsed == 0
+    errs = [e for e in p.feed(raw[cut:]) if e.category == "error"]
+    assert errs and all(e.rank == 3 for e in errs)
+    assert errs[0].line_no == raw[:cut].count(b"\n") + 1
