@@ -158,6 +158,22 @@ def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int
     return int(best_t)
 
 
+def _wait_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: int) -> dict:
+    """Total blocked time (sync wait + pipeline wait) of ``rank`` against the others of its group."""
+    st = data.steps[(data.steps["step"] >= s0) & (data.steps["step"] <= s1) & (data.steps["rank"].isin(group))]
+    if st.empty or st["rank"].nunique() < 2:
+        return {}
+    st = st.assign(total_wait=st["sync_wait_ms"].fillna(0.0) + st["pipeline_wait_ms"].fillna(0.0))
+    w = st.pivot_table(index="rank", columns="step", values="total_wait", aggfunc="last")
+    if rank not in w.index:
+        return {}
+    own = w.loc[rank]
+    others = w.drop(index=rank).median()
+    return dict(least_wait_share=fnum((w.idxmin() == rank).mean(), 2),
+                own_total_wait_ms=fnum(own.median(), 1),
+                peers_wait_minus_own_ms=fnum((others - own).median(), 1))
+
+
 def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> list[dict]:
     """Per-rank candidates: dicts with rank, onset, end, counts, medians.
 
@@ -257,6 +273,7 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
     stage_of = data.rank_stage()
     node_ranks = data.node_ranks()
     cands = _rank_findings(data, cfg, comp)
+    pipelined = len(set(stage_of.get(r, 0) for r in comp.index)) > 1
     findings: list[Finding] = []
     used: set[int] = set()
 
@@ -302,6 +319,14 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         corroborated = None
         if share is not None:
             corroborated = share >= cfg.last_arrival_share and (lag is None or lag >= cfg.lag_fraction * extra_ms)
+        if not corroborated and pipelined:
+            # With pipeline parallelism the p2p waits equalise arrival at the gradient sync: the victims wait
+            # in pipeline_wait instead. The culprit is the rank of its stage that waits least in total.
+            w = _wait_evidence(data, r, c["group"], c["onset"], c["end"])
+            ev.update(w)
+            if w.get("least_wait_share") is not None:
+                corroborated = (w["least_wait_share"] >= cfg.last_arrival_share
+                                and w["peers_wait_minus_own_ms"] >= cfg.lag_fraction * extra_ms)
         ev["arrival_corroborated"] = corroborated
         conf = 0.7
         if corroborated:

@@ -78,6 +78,9 @@ def test_rank_in_pipeline_compared_within_its_stage():
     assert [f.ranks for f in fs] == [[5]]
     assert fs[0].evidence["compared_with"] == [4, 6, 7]
     assert fs[0].step_start == 8
+    # p2p waits equalise arrival at the gradient sync; the culprit is the rank of its stage that waits least
+    assert fs[0].severity == "warning" and fs[0].evidence["arrival_corroborated"] is True
+    assert fs[0].evidence["least_wait_share"] == 1.0 and fs[0].evidence["peers_wait_minus_own_ms"] > 15
 
 
 def test_persistence_config_is_honoured():
