@@ -156,11 +156,13 @@ def test_tp_reference(tmp_path):
 
 
 def test_pp_interleaved_nan_loss(tmp_path):
-    """PP=2 interleaved 1F1B (2 stages per rank, 4 layers): = reference; pipeline wait measured;
-    nan_loss on stage 0 -> non-finite loss on the last stage, step skipped on every stage."""
+    """PP=2 interleaved 1F1B (2 stages per rank, 4 layers): = reference; a slow stage shows as its
+    own compute and as the other stage's pipeline wait; nan_loss on stage 0 -> non-finite loss
+    on the last stage, step skipped on every stage."""
     n = 6
     res = torchrun(2, TINY + ["--steps", str(n), "--pp", "2", "--pp-schedule", "interleaved", "--n-layers", "4",
-                              "--microbatches", "4", "--inject", "nan_loss:rank=0,start=5,end=5"], tmp_path, "pp")
+                              "--microbatches", "4", "--inject", "nan_loss:rank=0,start=5,end=5",
+                              "--inject", "slow_rank:rank=1,factor=15,start=2,end=3"], tmp_path, "pp")
     check_ok(res)
     sp = spool(tmp_path, "pp")
     s0, s1 = steps(sp[0]), steps(sp[1])
@@ -171,6 +173,8 @@ def test_pp_interleaved_nan_loss(tmp_path):
         assert abs(s0[k].grad_norm - ref_norms[k - 1]) < 2e-4
     assert s0[2].pp_stage == 0 and s1[2].pp_stage == 1 and s1[2].microbatches == 4
     assert all(s.pipeline_wait_ms > 0 for s in list(s0.values()) + list(s1.values()))
+    for k in (2, 3):  # rank 1 slow: its compute grows, rank 0 waits for it in the pipeline
+        assert s1[k].compute_ms > s0[k].compute_ms and s0[k].pipeline_wait_ms > s1[k].pipeline_wait_ms, k
     assert s1[5].loss_nonfinite and s1[5].loss is None and s1[5].skipped and s0[5].skipped
     assert not s1[6].loss_nonfinite and not s1[6].skipped
     assert s1[4].loss < s1[1].loss

@@ -189,3 +189,17 @@ def test_spool_writer_appends_whole_lines(tmp_path):
     w2.write_now(rec)
     lines = path.read_bytes().splitlines()
     assert len(lines) == 2 and decode_spool_line(lines[1]).step == 1
+
+
+def test_cli_rejects_bad_input_before_starting(tmp_path):
+    """Bad flags exit 2 with one clear line, without creating a process group or a run directory."""
+    import subprocess
+    import sys
+
+    for args, msg in [(["--inject", "slow_rank:factor=2"], "needs rank"),
+                      (["--d-model", "30"], "divisible by --n-heads"),
+                      (["--pp-schedule", "zigzag"], "--pp-schedule")]:
+        res = subprocess.run([sys.executable, "-m", "trainer", "--store", str(tmp_path), *args],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and msg in res.stderr, (args, res.stderr)
+    assert not any(tmp_path.iterdir())
