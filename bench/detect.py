@@ -2,7 +2,8 @@
 
     python bench/detect.py                       # the full matrix (slow: one torchrun per cell)
     python bench/detect.py --layouts dp4 --faults slow_rank,data_stall --steps 20
-    python bench/detect.py --replay DIR          # fast mode: re-score runs recorded earlier (no trainer)
+    python bench/detect.py --replay --store DIR  # fast mode: re-score every run recorded in DIR (no trainer)
+    python bench/detect.py --replay --store tests/fixtures/runs --no-results-md   # the CI slice
 
 Each cell is one run of ``torchrun --standalone --nproc-per-node 4 -m trainer`` with one fault
 (``--inject``) at one magnitude, on one parallel layout; clean runs of every layout are scored
@@ -90,6 +91,31 @@ def cells(layouts: list[str], faults: list[str], clean: bool) -> list[dict]:
     return out
 
 
+def replay_cells(store: Path, planned: list[dict]) -> list[dict]:
+    """Every recorded run in ``store``: the matrix's own runs by name, any other run described by its manifest."""
+    from analyzers.loader import known_runs
+    import msgspec
+
+    from ranksight.schema import Manifest
+
+    by_id = {run_id_of(c): c for c in planned}
+    out = []
+    for rid in known_runs(store):
+        if rid in by_id:
+            out.append(dict(by_id[rid], run_id=rid))
+            continue
+        try:
+            m = msgspec.json.decode((store / rid / "run.json").read_bytes(), type=Manifest)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        lay = m.layout or {}
+        layout = "".join(f"{k}{lay[k]}" for k in ("dp", "tp", "pp") if lay.get(k, 1) and lay.get(k, 1) > 1) or "single"
+        fault = m.faults[0] if m.faults else None
+        mag = None if fault is None else (fault.factor or fault.delay_ms or fault.code)
+        out.append(dict(layout=layout, fault=fault.kind if fault else "clean", magnitude=mag, run_id=rid))
+    return out
+
+
 def run_id_of(cell: dict) -> str:
     mag = "" if cell["magnitude"] is None else f"-{cell['magnitude']}".replace(".", "p")
     return f"det-{cell['layout']}-{cell['fault']}{mag}"
@@ -139,7 +165,7 @@ def summarize(rows: list[dict]) -> str:
 
 
 def write_results(rows: list[dict], md: str, args: argparse.Namespace) -> None:
-    out_dir = ROOT / "bench" / "results"
+    out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (out_dir / f"detect-{stamp}.json").write_text(json.dumps(rows, indent=1, default=str))
@@ -166,14 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-clean", action="store_true")
     ap.add_argument("--store", default=str(ROOT / "bench" / "results" / "detect-runs"))
     ap.add_argument("--replay", action="store_true", help="score runs already in --store; run nothing")
-    ap.add_argument("--no-results-md", action="store_true")
+    ap.add_argument("--no-results-md", action="store_true", help="do not update bench/RESULTS.md")
+    ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"), help="where the JSON results go")
     args = ap.parse_args(argv)
     store = Path(args.store)
     store.mkdir(parents=True, exist_ok=True)
     todo = cells(args.layouts.split(","), [f for f in args.faults.split(",") if f], not args.no_clean)
+    if args.replay:
+        todo = replay_cells(store, todo)
     rows = []
     for cell in todo:
-        rid = run_id_of(cell)
+        rid = cell.get("run_id") or run_id_of(cell)
         if not args.replay:
             shutil.rmtree(store / rid, ignore_errors=True)
             tmpl, _, extra = FAULTS.get(cell["fault"], (None, None, []))
@@ -190,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     md = summarize(rows)
     print(md)
     write_results(rows, md, args)
-    return 0
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

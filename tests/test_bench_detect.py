@@ -1,0 +1,31 @@
+"""The detection benchmark's fast mode (replay) on the recorded real runs: the CI slice."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import detect  # noqa: E402
+
+
+def test_replay_scores_recorded_runs(tmp_path, capsys):
+    rc = detect.main(["--replay", "--store", str(ROOT / "tests" / "fixtures" / "runs"), "--no-results-md",
+                      "--results-dir", str(tmp_path)])
+    assert rc == 0
+    (out,) = tmp_path.glob("detect-*.json")
+    rows = {r["run_id"]: r for r in json.loads(out.read_text())}
+    assert rows["real-4rank-slow"]["recall"] == 1.0 and rows["real-4rank-slow"]["precision"] == 1.0
+    assert rows["real-4rank-slow"]["fault"] == "slow_rank" and rows["real-4rank-slow"]["latencies"][0] <= 3
+    assert rows["real-4rank-clean"]["false_findings"] == []
+    assert "straggler median latency: 3 steps" in capsys.readouterr().out
+
+
+def test_cells_cover_every_fault_and_layout():
+    cells = detect.cells(list(detect.LAYOUTS), list(detect.FAULTS), clean=True)
+    kinds = {c["fault"] for c in cells}
+    assert kinds == set(detect.FAULTS) | {"clean"}
+    assert not any(c["fault"] == "few_microbatches" and "pp" not in c["layout"] for c in cells)
+    assert {c["magnitude"] for c in cells if c["fault"] == "slow_rank"} == {1.15, 1.5}
+    assert len({detect.run_id_of(c) for c in cells}) == len(cells)
