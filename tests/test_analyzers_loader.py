@@ -100,3 +100,29 @@ def test_restart_keeps_newest_attempt():
     d = RunData(run_id="x", manifest=data.manifest, steps=pd.concat([data.steps, again]))
     assert len(d.steps) == 8
     assert d.steps[d.steps["step"] == 3]["compute_ms"].tolist() == [999.0, 999.0]
+
+
+def test_reads_the_heads_store_tables(tmp_path):
+    """Contract with agent.store: what the head writes, the loader reads (steps, collectives, xid)."""
+    store_mod = pytest.importorskip("agent.store")
+    import msgspec
+
+    from analyzers import run_all
+    from ranksight.schema import CollectiveRecord, StepRecord, XidEvent
+
+    data = build(world=4, steps=20, compute_factor=lambda r, s: 1.5 if (r == 2 and s >= 8) else 1.0)
+    rs = store_mod.Store(tmp_path).run("headrun")
+    steps = [msgspec.convert({k: v for k, v in row.items() if k in StepRecord.__struct_fields__ and v == v}
+                             | {"run_id": "headrun"}, StepRecord, strict=False) for row in data.steps.to_dict("records")]
+    colls = [msgspec.convert({k: v for k, v in row.items() if k in CollectiveRecord.__struct_fields__ and (not isinstance(v, float) or v == v)}
+                             | {"run_id": "headrun"}, CollectiveRecord, strict=False) for row in data.collectives.to_dict("records")]
+    rs.add("steps", steps)
+    rs.add("collectives", colls)
+    rs.add("xid", [XidEvent(node=0, host="node0", gpu=1, t=float(data.steps["t_start"].max()), code=79,
+                           source="simulated-nvml", simulated=True)])
+    rs.write_manifest(msgspec.structs.replace(data.manifest, run_id="headrun"), None)
+    rs.flush()
+    got = load_run(tmp_path, "headrun")
+    assert got.source == "store" and len(got.steps) == 80 and len(got.collectives) == 80 and len(got.xid) == 1
+    kinds = {(f.kind, tuple(f.ranks)) for f in run_all(got) if f.severity != "info"}
+    assert ("straggler", (2,)) in kinds and ("gpu_health", (1,)) in kinds
