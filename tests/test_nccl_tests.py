@@ -1,8 +1,8 @@
 """nccl_tests: formulas, checks, the health-check verdict, the CLI, and real gloo runs.
 
 One test launches the real thing, ``torchrun -m nccl_tests`` with 4 ranks; the other process tests
-fork small worlds from this process (the imported torch is shared, so they skip the per-rank start-up
-that dominates on 2 cores) and run the same entry point with the environment torchrun would set.
+fork small worlds from a forkserver that imported torch once (so they skip the per-rank start-up that
+dominates on 2 cores) and run the same entry point with the environment torchrun would set.
 Every process has a generous timeout and is killed in ``finally``. No assertion depends on timing.
 """
 
@@ -327,6 +327,19 @@ def test_all_reduce_perf_4_ranks_table_json_and_store(tmp_path):
     assert all(len(h) == 4 for h in df["hosts"])
 
 
+_CTX = None
+
+
+def _ctx():
+    """A forkserver: ranks fork from a clean single-threaded server that has imported torch once,
+    so they start fast and never inherit threads (or held locks) of the pytest process."""
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "pandas", "nccl_tests.cli", "nccl_tests.perf", "nccl_tests.health"])
+    return _CTX
+
+
 def _cli_rank(rank: int, n: int, port: int, outdir: str, argv: list[str], env_extra: dict) -> None:
     """One rank of a forked world running the real entry point (cli.main), with the environment
     torchrun would give it. cli.main leaves through runtime.finish (os._exit with its status)."""
@@ -355,9 +368,9 @@ def _cli_rank(rank: int, n: int, port: int, outdir: str, argv: list[str], env_ex
 
 
 def _fork_cli(n: int, argv: list[str], outdir: Path, env_extra: dict | None = None) -> tuple[list[int], str]:
-    """Run ``python -m nccl_tests <argv>`` as an n-rank world of forked processes (the imported
-    torch is shared, so no per-rank start-up cost); returns (exit codes, rank 0's stdout)."""
-    ctx = mp.get_context("fork")
+    """Run ``python -m nccl_tests <argv>`` as an n-rank world of processes forked from the
+    forkserver (torch already imported there); returns (exit codes, rank 0's stdout)."""
+    ctx = _ctx()
     port = free_port()
     procs = [ctx.Process(target=_cli_rank, args=(r, n, port, str(outdir), argv, env_extra or {})) for r in range(n)]
     try:
@@ -415,7 +428,7 @@ def test_health_check_passes_without_delay(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# every op, checked, in one forked 3-rank world (no torchrun: fork shares the imported torch)
+# every op, checked, in one forked 3-rank world (no torchrun: forked from the forkserver)
 # ---------------------------------------------------------------------------
 
 ALL_OPS = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "reduce", "sendrecv"]
@@ -458,7 +471,7 @@ def _world_main(rank: int, n: int, port: int, outdir: str, corrupt: bool) -> Non
 
 
 def _fork_world(n: int, tmp_path: Path, corrupt: bool) -> list[int]:
-    ctx = mp.get_context("fork")
+    ctx = _ctx()
     port = free_port()
     procs = [ctx.Process(target=_world_main, args=(r, n, port, str(tmp_path), corrupt)) for r in range(n)]
     try:
