@@ -122,6 +122,7 @@ def test_reads_the_heads_store_tables(tmp_path):
                            source="simulated-nvml", simulated=True)])
     rs.write_manifest(msgspec.structs.replace(data.manifest, run_id="headrun"), None)
     rs.flush()
+    rs.close()
     got = load_run(tmp_path, "headrun")
     assert got.source == "store" and len(got.steps) == 80 and len(got.collectives) == 80 and len(got.xid) == 1
     kinds = {(f.kind, tuple(f.ranks)) for f in run_all(got) if f.severity != "info"}
