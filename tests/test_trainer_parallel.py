@@ -199,10 +199,11 @@ def test_dp2_tp2(tmp_path):
 
 
 def test_pp2_dp2_tp2(tmp_path):
-    """2 x 2 x 2 (pp=2, dp=2, tp=2) on 8 ranks: every rank reports, the loss falls."""
+    """2 x 2 x 2 (pp=2, dp=2, tp=2) on 8 ranks: = reference, every rank reports; the
+    few_microbatches config fault runs the pipeline with M = pp = 2 and is ground truth."""
     n = 4
-    res = torchrun(8, TINY + ["--steps", str(n), "--pp", "2", "--dp", "2", "--tp", "2", "--microbatches", "2"],
-                   tmp_path, "3d", timeout=400)
+    res = torchrun(8, TINY + ["--steps", str(n), "--pp", "2", "--dp", "2", "--tp", "2", "--microbatches", "4",
+                              "--inject", "few_microbatches"], tmp_path, "3d", timeout=400)
     check_ok(res)
     sp = spool(tmp_path, "3d")
     assert sorted(sp) == list(range(8))
@@ -214,6 +215,10 @@ def test_pp2_dp2_tp2(tmp_path):
         dp_losses = {steps(sp[r])[k].dp_rank: steps(sp[r])[k].loss for r in last}
         assert abs(mean(dp_losses.values()) - ref[k - 1]) < 5e-4, (k, dp_losses, ref[k - 1])
     assert steps(sp[0])[n].loss < steps(sp[0])[1].loss
+    assert all(s.microbatches == 2 for r in sp for s in steps(sp[r]).values())
+    m = manifest(tmp_path, "3d")
+    assert m["layout"]["microbatches"] == 2 and m["faults"][0]["kind"] == "few_microbatches"
+    assert m["faults"][0]["onset_t"] is not None and len(events(sp[5], "fault_start")) == 1
 
 
 def test_fp16_overflow_then_hang(tmp_path):

@@ -33,10 +33,24 @@ def test_parse_fault_specs():
         ("slow_rank:rank=1,colour=red", "bad item"),
         ("slow_rank:rank=1,factor=0.5", "factor must be >= 1"),
         ("slow_link:rank=1,start=5,end=2", "start <= end"),
-        ("few_microbatches:rank=1", "config fault"),
+        ("few_microbatches:rank=1", "takes no keys"),
     ]:
         with pytest.raises(FaultSpecError, match=msg):
             parse_fault(bad)
+
+
+def test_few_microbatches_is_a_config_fault():
+    from trainer.faults import apply_config_faults
+
+    spec = parse_fault("few_microbatches")
+    cfg = TrainConfig(parallel=ParallelConfig(pp=2, microbatches=8))
+    apply_config_faults(cfg, [spec])
+    assert cfg.parallel.microbatches == 2 and spec.start == 1
+    fs = FaultState([spec], rank=3, node=1)
+    fs.set_step(1)
+    assert not fs.has("few_microbatches") and fs.compute_factor() == 1.0  # nothing at run time
+    with pytest.raises(FaultSpecError, match="needs --pp > 1"):
+        apply_config_faults(TrainConfig(), [spec])
 
 
 def test_fault_state_targets_and_windows():

@@ -74,11 +74,11 @@ def train(
         checkpoint_at_end=checkpoint_at_end, resume=resume, run_id=run_id, store=store, node=node,
         min_nodes=min_nodes, pg_timeout_s=pg_timeout, inject=list(inject), quiet=quiet, stop_after=crash_after_step,
     )
-    from trainer.faults import FaultSpecError, parse_faults
+    from trainer.faults import FaultSpecError, apply_config_faults, parse_faults
 
     try:
+        apply_config_faults(cfg, parse_faults(cfg.inject))
         cfg.validate()
-        parse_faults(cfg.inject)
     except (ValueError, FaultSpecError) as e:
         typer.echo(f"ranksight train: {e}", err=True)
         raise typer.Exit(2)

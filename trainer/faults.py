@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from ranksight.schema import FAULT_KINDS, FaultSpec
 
-# Kinds the trainer injects at run time. ("few_microbatches" is a config fault: run
-# with a small --microbatches; it needs no runtime injection.)
+# Kinds the trainer injects at run time, and the one configuration fault: few_microbatches
+# runs the pipeline with the fewest micro-batches its schedule allows (M = pp), so the
+# bubble (P-1)/(M+P-1) is as large as it gets. It applies to the whole job.
 RUNTIME_KINDS = ("slow_rank", "slow_link", "throttle", "fp16_overflow", "nan_loss", "hang", "data_stall", "xid")
+CONFIG_KINDS = ("few_microbatches",)
+# Every kind the schema promises to the analyzers is injectable here.
+assert set(RUNTIME_KINDS + CONFIG_KINDS) == set(FAULT_KINDS), "trainer.faults out of sync with ranksight.schema"
 KEYS = {"rank": int, "node": int, "factor": float, "delay_ms": float, "code": int, "start": int, "end": int}
 # Which target each kind needs, and which parameter (with its default when omitted).
 NEEDS_TARGET = {k: "rank" for k in RUNTIME_KINDS}
@@ -33,9 +37,13 @@ def parse_fault(text: str) -> FaultSpec:
     """Parse one ``KIND:key=value,...``; raises FaultSpecError with the reason on bad input."""
     kind, sep, rest = text.strip().partition(":")
     kind = kind.strip()
+    if kind in CONFIG_KINDS:
+        if rest.strip():
+            raise FaultSpecError(f"--inject {text!r}: {kind} takes no keys (it applies to the whole job from step 1)")
+        return FaultSpec(kind=kind, start=1)
     if kind not in RUNTIME_KINDS:
-        hint = " (a config fault: run with a small --microbatches instead)" if kind in FAULT_KINDS else ""
-        raise FaultSpecError(f"--inject {text!r}: unknown fault kind {kind!r}{hint}; kinds: {', '.join(RUNTIME_KINDS)}")
+        known = ", ".join(RUNTIME_KINDS + CONFIG_KINDS)
+        raise FaultSpecError(f"--inject {text!r}: unknown fault kind {kind!r}; kinds: {known}")
     values: dict = dict(DEFAULTS.get(kind, {}))
     if rest.strip():
         for item in rest.split(","):
@@ -69,8 +77,20 @@ def active(spec: FaultSpec, step: int) -> bool:
     return step >= spec.start and (spec.end is None or step <= spec.end)
 
 
+def apply_config_faults(cfg, specs: list[FaultSpec]) -> None:
+    """Configuration faults change the config before anything is built."""
+    if any(s.kind == "few_microbatches" for s in specs):
+        p = cfg.parallel
+        if p.pp < 2:
+            raise FaultSpecError("--inject few_microbatches needs --pp > 1 (it starves the pipeline)")
+        p.microbatches = p.pp
+
+
 def targets(spec: FaultSpec, rank: int, node: int) -> bool:
-    """A fault hits this rank if it names the rank, or names the node (all its ranks)."""
+    """A fault hits this rank if it names the rank, or names the node (all its ranks).
+    A configuration fault hits every rank."""
+    if spec.kind in CONFIG_KINDS:
+        return True
     if spec.rank is not None:
         return spec.rank == rank
     return spec.node is not None and spec.node == node
@@ -87,6 +107,8 @@ class FaultState:
         self.step = step
 
     def mine(self, kind: str) -> list[FaultSpec]:
+        if kind in CONFIG_KINDS:
+            return []
         return [s for s in self.specs if s.kind == kind and targets(s, self.rank, self.node) and active(s, self.step)]
 
     def compute_factor(self) -> float:

@@ -25,7 +25,7 @@ from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.control import REFORM_EXIT_CODE, REFORM_SLEEP_S, ControlChannel, evicted_marker
 from trainer.data import DataLoader, make_dataset
-from trainer.faults import FaultState, parse_faults, targets
+from trainer.faults import FaultState, apply_config_faults, parse_faults, targets
 from trainer.instrument import MemoryProbe, Recorder
 from trainer.manifest import ManifestWriter, attempt_entry, make_manifest
 from trainer.model import count_params, flops_per_token, loss_fn
@@ -70,8 +70,9 @@ def _exit(code: int) -> None:
 
 
 def main(cfg: TrainConfig) -> None:
-    cfg.validate()
     specs = parse_faults(cfg.inject)  # bad --inject fails here, before any process group
+    apply_config_faults(cfg, specs)
+    cfg.validate()
     run = RunDir(cfg.store, cfg.run_id)
     backend, device = pick_backend()
     if backend == "nccl":
