@@ -71,18 +71,28 @@ class RunLive:
             self.last_seen = now
             ranks = self.ranks
             if table == "steps":
+                # Append everything; update each rank's "latest" once per batch (its newest record).
+                newest: dict[int, Any] = {}
                 for r in rows:
                     rl = ranks.get(r.rank) or self._rank(r.rank)
                     rl.steps.append(r)
+                    n = newest.get(r.rank)
+                    if n is None or (r.attempt, r.step) >= (n.attempt, n.step):
+                        newest[r.rank] = r
+                for rank, r in newest.items():
+                    rl = ranks[rank]
                     rl.last_seen = now
                     if r.step >= rl.last_step or r.attempt > rl.attempt:
                         rl.node, rl.host = r.node, r.host
                         rl.last_step, rl.last_t_end, rl.last_step_ms, rl.attempt = r.step, r.t_end, r.step_ms, r.attempt
             elif table == "collectives":
+                seen = set()
                 for r in rows:
                     rl = ranks.get(r.rank) or self._rank(r.rank)
                     rl.collectives.append(r)
-                    rl.last_seen = now
+                    seen.add(r.rank)
+                for rank in seen:
+                    ranks[rank].last_seen = now
             elif table == "events":
                 for r in rows:
                     self.events.append(r)

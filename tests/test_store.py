@@ -128,3 +128,39 @@ def test_manifest_written_if_absent_and_only_replaced_by_newer(tmp_path):
     assert rs.write_manifest(newer, mtime=path.stat().st_mtime + 10)
     assert b'"finished":5.0' in path.read_bytes()
     rs.close()
+
+
+def test_a_value_parquet_cannot_hold_drops_that_row_only(tmp_path):
+    rs = RunStore(tmp_path / "r1", "r1")
+    rs.add("steps", [step(0, 0), step(0, 1, mem_bytes=2**70), step(0, 2)])
+    rs.flush()  # must not raise, must not keep failing
+    rs.add("steps", [step(0, 3)])
+    rs.close()
+    assert sorted(read_table(tmp_path, "r1", "steps")["step"]) == [0, 2, 3]
+    assert rs.unstorable == 1
+
+
+def test_a_failed_flush_keeps_rows_and_wal_until_a_later_flush(tmp_path, monkeypatch):
+    rs = RunStore(tmp_path / "r1", "r1")
+    rs.add("steps", [step(0, s) for s in range(3)])
+    rs.add("collectives", [schema.CollectiveRecord(run_id="r1", rank=0, step=1, seq=0, op="x", group="dp", t_arrive=1.0)])
+    real = RunStore._write_part
+    calls = []
+
+    def flaky(self, table, rows):
+        calls.append(table)
+        if table == "collectives":
+            raise OSError(28, "No space left on device")
+        return real(self, table, rows)
+
+    monkeypatch.setattr(RunStore, "_write_part", flaky)
+    assert rs.flush() == 0
+    assert rs.buffered == 1  # steps were written; the collective is kept
+    monkeypatch.setattr(RunStore, "_write_part", real)
+    # a crash now must still find the collective in a WAL file
+    assert any(p.stat().st_size for p in (tmp_path / "r1" / ".head").glob("wal-*.jsonl"))
+    rs.flush()
+    rs.close()
+    assert len(read_table(tmp_path, "r1", "steps")) == 3
+    assert len(read_table(tmp_path, "r1", "collectives")) == 1
+    assert not [p for p in (tmp_path / "r1" / ".head").glob("wal-*.jsonl") if p.stat().st_size]
