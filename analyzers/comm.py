@@ -248,13 +248,13 @@ def _busbw(data: RunData, cfg: CommConfig) -> list[Finding]:
     co = co[co["duration_ms"].notna() & (co["nbytes"] > 0)]
     if co.empty:
         return out
-    g = co.groupby(["group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("nbytes", "max"), n=("rank", "nunique"),
+    g = co.groupby(["gkey", "group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("nbytes", "max"), n=("rank", "nunique"),
                                                step=("step", "min"))
     g = g.reset_index()
-    gsize = co.groupby(["group", "seq"])["group_ranks"].first()
+    gsize = co.groupby(["gkey", "seq"])["group_ranks"].first()
     rows = []
     for _, row in g.iterrows():
-        members = gsize.get((row["group"], row["seq"]))
+        members = gsize.get((row["gkey"], row["seq"]))
         n = len(members) if isinstance(members, (list, np.ndarray)) and len(members) else int(row["n"])
         bw = busbw_gbs(str(row["op"]), float(row["nbytes"]), float(row["dur"]), n)
         if bw is None:

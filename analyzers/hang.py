@@ -53,7 +53,7 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     out: list[Finding] = []
     node_of = data.rank_node()
     members_by_group: dict[str, set[int]] = {}
-    for grp, sub in co.groupby("group"):
+    for grp, sub in co.groupby("gkey"):
         mem: set[int] = set()
         for gr in sub["group_ranks"]:
             if isinstance(gr, (list, tuple, np.ndarray)):
@@ -63,14 +63,14 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     if incomplete.empty:
         return []
     problems = []
-    for (grp, seq), sub in incomplete.groupby(["group", "seq"]):
-        allrec = co[(co["group"] == grp) & (co["seq"] == seq)]
+    for (grp, seq), sub in incomplete.groupby(["gkey", "seq"]):
+        allrec = co[(co["gkey"] == grp) & (co["seq"] == seq)]
         gr = allrec["group_ranks"].iloc[0]
         members = {int(x) for x in gr} if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) else members_by_group[str(grp)]
         arrived = {int(r) for r in allrec["rank"]}
         waiting = sorted(int(r) for r in sub["rank"])
         missing = sorted(members - arrived)
-        problems.append(dict(group=str(grp), seq=int(seq), op=str(sub["op"].iloc[0]), missing=missing, waiting=waiting,
+        problems.append(dict(group=str(sub["group"].iloc[0]), gkey=str(grp), seq=int(seq), op=str(sub["op"].iloc[0]), missing=missing, waiting=waiting,
                              since=float(sub["t_arrive"].min()), step=int(sub["step"].min())))
     if data.now is not None:
         # live: a collective in flight right now is not a hang until it has waited long enough
@@ -83,18 +83,24 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     for r, sub in co[co["t_done"].notna()].groupby("rank"):
         row = sub.sort_values("t_arrive").iloc[-1]
         last_coll[int(r)] = f"{row['op']} seq {int(row['seq'])} on {row['group']}"
+    names = co.groupby("group")["gkey"].nunique()
+    if names.get(first["group"], 1) <= 1:
+        first["gkey"] = first["group"]  # one communicator of that name: say it as the flight recorder does
+    else:
+        first["gkey"] = first["gkey"].replace("[", " [")
+    wait_who = f"rank{'s' if len(first['waiting']) > 1 else ''} {fmt_ranks(first['waiting'])}"
     if first["missing"]:
         miss = first["missing"]
         who = f"rank{'s' if len(miss) > 1 else ''} {fmt_ranks(miss)}"
-        summary = (f"{who} never joined {first['op']} seq {first['seq']} on group {first['group']}; "
-                   f"ranks {fmt_ranks(first['waiting'])} waiting since {_fmt_t(first['since'])} (step {first['step']})")
+        summary = (f"{who} never joined {first['op']} seq {first['seq']} on group {first['gkey']}; "
+                   f"{wait_who} waiting since {_fmt_t(first['since'])} (step {first['step']})")
         ranks = miss
         rec = (f"Dump the stacks of {who} (py-spy dump --pid, or the flight recorder) to see where it is stuck; "
                f"set TORCH_NCCL_DUMP_ON_TIMEOUT=1 and restart from the last checkpoint without node(s) "
                f"{fmt_ranks(data.nodes_of(miss))} if it does not recover.")
         cause = "missing_ranks"
     else:
-        summary = (f"{first['op']} seq {first['seq']} on group {first['group']}: all ranks ({fmt_ranks(first['waiting'])}) joined "
+        summary = (f"{first['op']} seq {first['seq']} on group {first['gkey']}: all ranks ({fmt_ranks(first['waiting'])}) joined "
                    f"at step {first['step']} but it never completed (since {_fmt_t(first['since'])})")
         ranks = first["waiting"]
         rec = "The collective itself is stuck: check the network (NCCL_DEBUG=INFO, ibstat), then restart from the last checkpoint."
@@ -102,7 +108,7 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     out.append(Finding(
         analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=data.nodes_of(ranks),
         step_start=first["step"], step_end=first["step"],
-        evidence=dict(cause=cause, group=first["group"], seq=first["seq"], op=first["op"], missing_ranks=first["missing"],
+        evidence=dict(cause=cause, group=first["group"], communicator=first["gkey"], seq=first["seq"], op=first["op"], missing_ranks=first["missing"],
                       waiting_ranks=first["waiting"], waiting_since=fnum(first["since"], 3),
                       incomplete_collectives=len(problems), last_completed_collective=last_coll,
                       onset_step=first["step"], detected_at_step=first["step"]),

@@ -90,6 +90,14 @@ def frame_from_records(records: Iterable[msgspec.Struct], cls: type[msgspec.Stru
     return df
 
 
+def _group_key(group: Any, members: Any) -> str:
+    try:
+        ranks = sorted(int(x) for x in members) if members is not None and len(members) else []
+    except TypeError:
+        ranks = []
+    return f"{group}[{','.join(map(str, ranks))}]" if ranks else str(group)
+
+
 @dataclass
 class RunData:
     """Everything the analyzers look at, for one run (or one live window of it)."""
@@ -159,6 +167,8 @@ class RunData:
             need = co["duration_ms"].isna() & co["t_done"].notna()
             co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
             # A collective may be written at arrival and again when done: keep the completed one.
+            # one communicator = group name + its member ranks (dp groups of different tp/pp coordinates share the name)
+            co["gkey"] = [_group_key(g, m) for g, m in zip(co["group"], co["group_ranks"])]
             co["_done"] = co["t_done"].notna()
             co = co.sort_values(["rank", "group", "seq", "_done"]).drop_duplicates(["rank", "group", "seq"], keep="last")
             self.collectives = co.drop(columns="_done").reset_index(drop=True)

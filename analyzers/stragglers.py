@@ -89,7 +89,7 @@ def _arrival_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: i
         co = data.collectives
         co = co[(co["step"] >= s0) & (co["step"] <= s1) & co["rank"].isin(group)]
         if not co.empty and co["rank"].nunique() > 1:
-            last = co.loc[co.groupby(["group", "seq"])["t_arrive"].idxmax()]
+            last = co.loc[co.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
             ev["last_arrival_share"] = fnum((last["rank"] == rank).mean(), 2)
     wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last")
     if rank in wait.index and wait.notna().values.any():

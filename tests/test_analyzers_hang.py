@@ -71,3 +71,19 @@ def test_watchdog_line():
     (f,) = hang.analyze(with_records(data, ev))
     assert f.severity == "critical" and f.ranks == [3] and f.nodes == [1]
     assert f.evidence["cause"] == "watchdog_timeout" and "SeqNum=57" in f.evidence["example"]
+
+
+def test_missing_rank_in_one_of_two_dp_groups():
+    # dp2 x tp2: two communicators named "dp" ([0,2] and [1,3]) count their own sequence numbers
+    recs = []
+    for seq in range(1, 6):
+        for grp in ([0, 2], [1, 3]):
+            for r in grp:
+                done = not (seq == 5 and grp == [1, 3])
+                if seq == 5 and r == 3:
+                    continue  # rank 3 never arrives at its group's 5th all_gather
+                recs.append(CollectiveRecord(run_id="synth", rank=r, step=seq, seq=seq, op="all_gather", group="dp", group_ranks=grp,
+                                             t_arrive=100.0 + seq, t_done=(100.5 + seq) if done else None))
+    (f,) = hang.analyze(RunData.from_records("synth", recs))
+    assert f.ranks == [3] and f.evidence["missing_ranks"] == [3] and f.evidence["waiting_ranks"] == [1]
+    assert f.summary.startswith("rank 3 never joined all_gather seq 5 on group dp [1,3]; rank 1 waiting since")
