@@ -168,6 +168,10 @@ def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
             recommendation="Read the stopped ranks' logs for a crash or hang; restart from the last checkpoint without their node if it is faulty.",
         ))
         return out
+    crash = _crash(data)
+    if crash is not None:
+        out.append(crash)
+        return out
     m = data.manifest
     planned = (m.config or {}).get("steps") if m is not None else None
     if m is not None and m.finished is None and isinstance(planned, int) and top + 1 < planned and data.until is None:
@@ -180,6 +184,37 @@ def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
             recommendation="Check the launcher's exit status and each rank's log; if it hung, rerun with TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get flight-recorder dumps.",
         ))
     return out
+
+
+def _crash(data: RunData) -> Finding | None:
+    """Ranks that exited with an error (the trainer's ``exit`` event with a reason other than finished):
+    the first one to fail is the likely origin; the others usually fail on a broken connection after it."""
+    ev = data.events
+    if ev.empty:
+        return None
+    ex = ev[ev["event"] == "exit"].copy()
+    if ex.empty:
+        return None
+    ex["reason"] = [str((d or {}).get("reason", "")) if isinstance(d, dict) else "" for d in ex["detail"]]
+    bad = ex[~ex["reason"].isin(["", "finished", "evicted", "stop_after"]) & ~ex["reason"].str.startswith("finished")]
+    if bad.empty:
+        return None
+    bad = bad.sort_values("t")
+    first = bad.iloc[0]
+    reason = " ".join(first["reason"].split())[:200]
+    # the ranks that failed with the same first error (peers failing on a closed connection come later)
+    origin = sorted(int(r) for r in bad.loc[bad["reason"] == first["reason"], "rank"].unique())
+    others = sorted(int(r) for r in bad["rank"].unique() if int(r) not in origin)
+    step = int(first["step"])
+    return Finding(
+        analyzer=NAME, kind="hang", severity="critical", ranks=origin, nodes=data.nodes_of(origin), step_start=step, step_end=step,
+        evidence=dict(cause="crashed", first_error=reason, failed_ranks=sorted(int(r) for r in bad["rank"].unique()),
+                      followers=others, onset_step=step, detected_at_step=step),
+        confidence=0.8,
+        summary=(f"rank{'s' if len(origin) > 1 else ''} {fmt_ranks(origin)} failed first at step {step}: {reason[:120]}"
+                 + (f"; rank(s) {fmt_ranks(others)} failed after it" if others else "")),
+        recommendation="Fix the error in the first failing rank's log (the others failed on the broken connection), then resume from the last checkpoint.",
+    )
 
 
 def _watchdog(data: RunData) -> list[Finding]:

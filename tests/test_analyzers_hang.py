@@ -87,3 +87,15 @@ def test_missing_rank_in_one_of_two_dp_groups():
     (f,) = hang.analyze(RunData.from_records("synth", recs))
     assert f.ranks == [3] and f.evidence["missing_ranks"] == [3] and f.evidence["waiting_ranks"] == [1]
     assert f.summary.startswith("rank 3 never joined all_gather seq 5 on group dp [1,3]; rank 1 waiting since")
+
+
+def test_crash_names_the_first_failing_rank():
+    data = build(world=4, steps=8, finished=False)
+    data.manifest.config["steps"] = 20
+    t = float(data.steps["t_end"].max())
+    ev = [EventRecord(run_id="synth", rank=2, step=8, t=t + 0.1, event="exit", detail={"reason": "RuntimeError: CUDA error: an illegal memory access"}),
+          EventRecord(run_id="synth", rank=0, step=8, t=t + 0.3, event="exit", detail={"reason": "RuntimeError: Connection closed by peer"}),
+          EventRecord(run_id="synth", rank=1, step=8, t=t + 0.3, event="exit", detail={"reason": "RuntimeError: Connection closed by peer"})]
+    (f,) = hang.analyze(with_records(data, ev))
+    assert f.severity == "critical" and f.ranks == [2] and f.evidence["cause"] == "crashed"
+    assert f.evidence["followers"] == [0, 1] and "illegal memory access" in f.summary
