@@ -60,3 +60,14 @@ def test_live_4rank_slow_rank(tmp_path):
     # the steps before the fault are a clean run: nothing worse than info
     code, obj = diagnose_json(tmp_path, "live-slow", "--until", "5")
     assert code == 0 and all(f["severity"] == "info" for f in obj["findings"]), obj["findings"]
+
+
+def test_run_without_manifest_still_diagnosed(tmp_path):
+    # agents never ran and run.json is missing: the spool alone names the culprit
+    import shutil
+
+    shutil.copytree(FIXTURES / "real-4rank-slow", tmp_path / "nomanifest")
+    (tmp_path / "nomanifest" / "run.json").unlink()
+    code, obj = diagnose_json(tmp_path, "nomanifest")
+    assert code == 1 and obj["faults"] == [] and obj["peak"].startswith("no peak FLOPs")
+    assert [f["ranks"] for f in obj["findings"] if f["kind"] == "straggler"] == [[1]]
