@@ -418,14 +418,19 @@ def _save(cfg, run, rec, step, parts, optims, scaler, loader, rank, world, reaso
 
 def _evict(run: RunDir, rec: Recorder, step: int, my_node: int, evict_node: int, profiler) -> None:
     profiler.close()
-    if my_node == evict_node:
+    leaving = my_node == evict_node
+    if leaving:
         rec.event("evicted", {"node": evict_node, "step": step})
         atomic_write(evicted_marker(run, evict_node), f"step={step}\nt={time.time()}\n".encode())
+    else:
+        rec.event("reform", {"evicted_node": evict_node, "step": step, "exit_code": REFORM_EXIT_CODE})
+    # Every rank has written its event (and node N its marker) before any agent is taken down.
+    dist.barrier()
+    if leaving:
         if "TORCHELASTIC_RUN_ID" in os.environ:
             # Our parent is this node's torchrun agent: take it down so the node leaves the
             # rendezvous instead of restarting us.
             os.kill(os.getppid(), signal.SIGTERM)
         _exit(0)
-    rec.event("reform", {"evicted_node": evict_node, "step": step, "exit_code": REFORM_EXIT_CODE})
     time.sleep(REFORM_SLEEP_S)  # let the evicted node's torchrun go away before we re-rendezvous
     _exit(REFORM_EXIT_CODE)
