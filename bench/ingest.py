@@ -239,7 +239,7 @@ def bench_http(store: Path, flat: list[bytes]) -> float:
     port_sock.close()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     p = subprocess.Popen([sys.executable, "-m", "ranksight.cli", "head", "--store", str(store), "--port", str(port),
-                          "--token", "t", "--log-level", "WARNING"], env=env, stdout=subprocess.DEVNULL,
+                          "--token", "t", "--log-level", "WARNING", "--analyze-interval", "3600"], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:
         proc = psutil.Process(p.pid)
