@@ -339,6 +339,10 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         lag_txt = f", arrives {lag:.0f} ms after its peers" if lag is not None else ""
         wait = ev.get("victims_mean_wait_ms")
         wait_txt = f"; peers wait {wait:.0f} ms per step for it" if wait is not None else ""
+        if ev.get("least_wait_share") is not None:  # pipeline: the victims wait in p2p, not at the sync
+            lag_txt = ""
+            wait_txt = (f"; its stage peers wait {ev['peers_wait_minus_own_ms']:.0f} ms more per step than it does "
+                        f"(sync + pipeline waits)")
         sev = _severity(c["ratio"], cfg) if corroborated is not False else "info"
         note = "" if corroborated is not False else (
             f" (not confirmed by arrival order: last to arrive in {share:.0%} of those steps"
