@@ -60,7 +60,9 @@ def test_real_run_exactly_once_through_agent_kills_and_head_outage(tmp_path):
         # kill -9 agent 1 three times while its ranks keep writing
         for i in range(3):
             before = node_steps(store, 1)
-            wait_for(lambda: node_steps(store, 1) >= before + 10, 60, 0.3, "node 1 progress")
+            wait_for(lambda: node_steps(store, 1) >= before + 10 or launch.poll() is not None, 60, 0.3,
+                     "node 1 progress")
+            assert launch.poll() is None, f"the run ended before kill {i + 1}: raise STEPS for this machine"
             procs.kill("agent1", signal.SIGKILL)
             procs.agent(store, RUN, 1, hp, mp1, name="agent1")
         # the head dies mid-run and stays away for 30 s; agents spool to disk meanwhile
@@ -81,6 +83,10 @@ def test_real_run_exactly_once_through_agent_kills_and_head_outage(tmp_path):
         got = stored_key_list(store, RUN)
         assert len(got) == len(set(got)), "duplicates in the store"
         assert sorted(got) == sorted(want)
+
+        # the agents' OTLP metrics (SDK periodic reader) reach the restarted head too
+        wait_for(lambda: http_json(head_url + "/api/health")[1]["stats"]["metric_points"] > 0, 20, 0.5,
+                 "OTLP metric points at the head")
 
         # the checkpoint action was applied by the trainer and its status came back
         acts = wait_for(lambda: [a for a in http_json(head_url + f"/api/runs/{RUN}/actions")[1]
