@@ -263,8 +263,18 @@ def install_pipeline_timing(recorder: Recorder) -> None:
     orig_wait, orig_batch = schedules._wait_batch_p2p, schedules._batch_p2p
 
     def _wait_batch_p2p(work):
-        t0 = time.perf_counter()
-        out = orig_wait(work)
+        t0, w0 = time.perf_counter(), time.time()
+        try:
+            out = orig_wait(work)
+        except BaseException:
+            # The peer never sent/received (it hung or died): leave the evidence, a p2p wait
+            # that this rank entered and that never completed. (Successful waits are only
+            # summed into pipeline_wait_ms, to keep the spool small.)
+            seq = recorder.seq.get("pp", 0)
+            recorder.seq["pp"] = seq + 1
+            recorder.t.collectives.append(_OpenCollective("p2p_wait", "pp", recorder.group_ranks.get("pp", []),
+                                                          0, w0, False, seq))
+            raise
         recorder.add_pipeline_wait(time.perf_counter() - t0)
         return out
 

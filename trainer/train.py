@@ -207,6 +207,11 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     announced: set[int] = set()
     ended: set[int] = set()
 
+    if scaler is not None:
+        # Pipeline stages without the loss never call scaler.scale(); initialize the scale
+        # (from the init value or the checkpoint) so every stage unscales by the same factor.
+        scaler.scale(torch.ones((), device=device))
+
     step = start_step
     while step < cfg.steps:
         step += 1
