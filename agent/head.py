@@ -88,6 +88,8 @@ class Head:
         self.analyzer: AnalyzerFn | None = resolve_analyzers() if analyzer == "auto" else analyzer  # type: ignore[assignment]
         self.analyzer_interval = analyzer_interval
         self.findings: dict[str, list[schema.Finding]] = {}
+        # Called with each analyzer pass's new findings (alerts: dashboards.webhook.WebhookSender.send_findings).
+        self.finding_listeners: list[Callable[[list[schema.Finding]], Any]] = []
         self._finding_keys: dict[str, set] = {}
         self.actions: dict[str, dict[str, schema.Action]] = {}
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
@@ -325,6 +327,11 @@ class Head:
         if new:
             self.findings.setdefault(run_id, []).extend(new)
             self.store.run(run_id).add("findings", new)
+            for listener in self.finding_listeners:
+                try:
+                    listener(new)
+                except Exception:  # an alert channel failing must not stop analysis or ingestion
+                    log.exception("head: finding listener %r failed", listener)
         return new
 
     def _analyzer_loop(self) -> None:

@@ -44,6 +44,20 @@ def head(
     except OSError as e:
         h.close()
         raise typer.BadParameter(f"cannot listen on {bind}:{port}: {e}") from None
+    sender = None
+    try:
+        from dashboards.webhook import WebhookSender
+
+        sender = WebhookSender.from_env()  # RANKSIGHT_WEBHOOK_URLS / _SECRET / _FORMAT / _MIN_SEVERITY
+    except ImportError:
+        pass
+    except ValueError as e:
+        h.close()
+        srv.server_close()
+        raise typer.BadParameter(f"webhook configuration: {e}") from None
+    if sender is not None:
+        h.finding_listeners.append(sender.send_findings)
+        print(f"ranksight head: findings go to {len(sender.targets)} webhook target(s)", flush=True)
     h.start_background()
     stop = threading.Event()
 
@@ -60,4 +74,6 @@ def head(
     srv.shutdown()
     srv.server_close()
     h.close()
+    if sender is not None:
+        sender.close()
     print("ranksight head: stopped, store flushed", flush=True)

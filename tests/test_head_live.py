@@ -54,12 +54,16 @@ def test_analyzer_hook_stores_new_findings_once_and_serves_them(tmp_path):
         got = h.analyze_once("r1")
         assert [(f.kind, f.ranks, f.run_id) for f in got] == [("straggler", [3], "r1")]
         assert h.analyze_once("r1") == []  # the same finding is not stored twice
+        heard = []
+        h.finding_listeners += [lambda fs: 1 / 0, heard.extend]  # a failing listener does not stop the others
+        h.run_live("r1").add("steps", rs.add("steps", [step(1, 9, 200, step_ms=400.0)]))
+        assert [f.ranks for f in h.analyze_once("r1")] == [[1, 3]] and [f.ranks for f in heard] == [[1, 3]]
         assert len(calls[0]["steps"]) == 20 and set(calls[0]) >= {"collectives", "gpu", "events", "xid", "liveness"}
         url = f"http://127.0.0.1:{srv.server_address[1]}"
-        assert [f["summary"] for f in http_json(url + "/api/runs/r1/findings")[1]] == ["ranks [3] slow"]
+        assert [f["summary"] for f in http_json(url + "/api/runs/r1/findings")[1]] == ["ranks [3] slow", "ranks [1, 3] slow"]
         h.store.flush_all()
         df = read_table(h.store.root, "r1", "findings")
-        assert list(df["kind"]) == ["straggler"] and list(df["ranks"].iloc[0]) == [3]
+        assert list(df["kind"]) == ["straggler"] * 2 and list(df["ranks"].iloc[0]) == [3]
         # a broken analyzer is counted and logged; ingestion is not affected
         h.analyzer = lambda frames: 1 / 0
         assert h.analyze_once("r1") == [] and h.stats["analyzer_errors"] == 1
