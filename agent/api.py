@@ -166,6 +166,8 @@ class HeadHandler(BaseHTTPRequestHandler):
         parts = path.split("/")
         if len(parts) == 5 and parts[1] == "api" and parts[2] == "runs":
             run_id = self._run_id(parts[1:])
+            if run_id not in head.live and not (head.store.root / run_id).is_dir():
+                raise HttpError(404, f"unknown run {run_id!r}")  # a GET never creates a run
             what = parts[4]
             if what == "ranks":
                 self._json(200, head.run_live(run_id).rank_states())

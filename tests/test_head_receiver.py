@@ -67,6 +67,7 @@ def test_sdk_exporter_to_store_exactly_once(head):
     assert [(r["rank"], r["step"], r["state"]) for r in ranks] == [(0, 59, "running"), (1, 59, "running")]
     series = http_json(head.url + "/api/runs/runA/steps?since=55&rank=1")[1]
     assert [s["step"] for s in series] == [56, 57, 58, 59]
+    assert http_status(head.url + "/api/runs/nope/ranks", None, method="GET") == 404
     runs = http_json(head.url + "/api/runs")[1]
     assert runs[0]["run_id"] == "runA" and runs[0]["steps_stored"] == 120
 
