@@ -1,0 +1,109 @@
+"""Start and stop the data path (a head and one agent per node) next to a local run.
+
+For ``ranksight launch`` (and tests, demos): ``DataPath(store, run_id, nodes).start()`` runs
+``ranksight head`` and ``ranksight agent --node N`` as child processes, logs under
+``<run>/logs/``, and ``stop()`` ends them in the order that loses nothing: agents first
+(SIGTERM: each ships its last batch, or keeps it in its outbox), then the head (SIGTERM:
+flushes every buffered row to Parquet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from ranksight.layout import RunDir
+
+
+def _free_port(bind: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((bind, 0))
+        return s.getsockname()[1]
+
+
+class DataPath:
+    def __init__(self, store: str | os.PathLike, run_id: str, nodes: int, *, head_port: int | None = None,
+                 head_url: str | None = None, token: str | None = None, metrics_ports: list[int] | None = None,
+                 sim_gpu: str = "auto", python: str = sys.executable, extra_env: dict | None = None):
+        self.rd = RunDir(store, run_id)
+        self.nodes = nodes
+        self.token = token or os.environ.get("RANKSIGHT_TOKEN") or secrets.token_urlsafe(24)
+        self.own_head = head_url is None
+        self.head_port = head_port or (_free_port() if self.own_head else None)
+        self.head_url = head_url or f"http://127.0.0.1:{self.head_port}"
+        self.metrics_ports = metrics_ports or [_free_port() for _ in range(nodes)]
+        self.sim_gpu = sim_gpu
+        self.python = python
+        self.env = {**os.environ, "RANKSIGHT_TOKEN": self.token, **(extra_env or {})}
+        self.head: subprocess.Popen | None = None
+        self.agents: list[subprocess.Popen] = []
+        self._logs: list = []
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        logdir = self.rd.root / "logs"
+        logdir.mkdir(parents=True, exist_ok=True)
+        log = open(logdir / f"{name}.log", "ab")
+        self._logs.append(log)
+        # The token travels in the environment, not on the command line (ps shows arguments).
+        return subprocess.Popen([self.python, "-m", "ranksight.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env, start_new_session=True)
+
+    def start(self, timeout: float = 30.0) -> "DataPath":
+        if self.own_head:
+            self.head = self._spawn("head", ["head", "--store", str(self.rd.store), "--port", str(self.head_port)])
+            self.wait_head(timeout)
+        for n in range(self.nodes):
+            self.agents.append(self._spawn(f"agent-node{n}", [
+                "agent", "--store", str(self.rd.store), "--run-id", self.rd.run_id, "--node", str(n),
+                "--head", self.head_url, "--metrics-port", str(self.metrics_ports[n]), "--sim-gpu", self.sim_gpu]))
+        return self
+
+    def wait_head(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.head is not None and self.head.poll() is not None:
+                raise RuntimeError(f"the head exited with code {self.head.returncode}; see {self.rd.root / 'logs' / 'head.log'}")
+            try:
+                with urllib.request.urlopen(self.head_url + "/api/health", timeout=2) as r:
+                    if json.loads(r.read()).get("ok"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the head did not answer at {self.head_url} within {timeout:.0f} s")
+
+    @staticmethod
+    def _term(p: subprocess.Popen, timeout: float) -> int | None:
+        if p.poll() is not None:
+            return p.returncode
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            return p.wait(5)
+        except ProcessLookupError:
+            return p.poll()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        for p in self.agents:
+            self._term(p, timeout)
+        if self.head is not None:
+            self._term(self.head, timeout)
+        for f in self._logs:
+            f.close()
+        self._logs = []
+
+    def __enter__(self) -> "DataPath":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
