@@ -146,7 +146,9 @@ class NodeAgent:
         self._headers = {"Authorization": f"Bearer {self.token}"}
         self.exporter = OTLPLogExporter(endpoint=self.head_url + "/v1/logs", headers=self._headers,
                                         timeout=self.ship_timeout, compression=Compression.Gzip)
-        self._scope = InstrumentationScope("ranksight.agent", schema.SCHEMA_VERSION and "1")
+        from ranksight import __version__
+
+        self._scope = InstrumentationScope("ranksight.agent", __version__)
 
     def _resource(self):
         from opentelemetry.sdk.resources import Resource
@@ -601,6 +603,14 @@ class NodeAgent:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            wbufsize = -1  # headers and body in one send (see agent/api.py)
+
+            def setup(self):
+                super().setup()
+                try:
+                    self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
 
             def log_message(self, fmt, *args):
                 log.debug("agent http: " + fmt, *args)
