@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.config import PP_SCHEDULES, TrainConfig
-from trainer.model import GPT, init_weights, loss_fn
+from trainer.model import GPT, init_weights
 
 
 def pick_backend() -> tuple[str, torch.device]:
@@ -250,5 +250,3 @@ def clip_grad_norm_(params, max_norm: float, pp_group=None, recorder=None) -> to
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
     return total
 
-
-__all__ = ["loss_fn"]
