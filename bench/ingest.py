@@ -231,7 +231,6 @@ def bench_http(store: Path, flat: list[bytes]) -> float:
 
     import psutil
 
-    from ranksight.layout import RunDir  # noqa: F401
 
     port_sock = __import__("socket").socket()
     port_sock.bind(("127.0.0.1", 0))

@@ -9,7 +9,7 @@ from agent.api import make_server
 from agent.head import Head
 from agent.node import NodeAgent, load_state
 from agent.store import read_table
-from agent_helpers import TOKEN, FakeRanks, http_json, http_status, wait_for
+from agent_helpers import TOKEN, FakeRanks, http_json, http_status
 from conftest import free_port
 from ranksight import schema
 from ranksight.layout import RunDir, atomic_write
