@@ -123,6 +123,7 @@ class NodeAgent:
         self._host_probe = None
         self._last_xid: dict[int, int] = {}
         self._pending_since: float | None = None
+        self._last_ship_ok = True
         self._nccl_parsers: dict[str, Any] = {}
         self._pending_nccl: dict[str, list[int]] = {}
         self._pending_traces: list[str] = []
@@ -462,8 +463,11 @@ class NodeAgent:
     def save_state(self) -> None:
         atomic_write(self.state_path, msgspec.json.encode(self.state))
 
-    def cycle(self) -> bool:
-        """One collect+ship round. Returns True when a spool still has a backlog."""
+    def cycle(self, final: bool = False) -> bool:
+        """One collect+ship round. Returns True when a spool still has a backlog.
+
+        ``final``: the agent is stopping; if the head was unreachable on the last try, do not wait
+        for it again: the batch goes straight to the outbox."""
         items, positions, ack_names, manifest_mtime, more = self.collect()
         extra = []
         mrec = self._manifest_record(manifest_mtime) if manifest_mtime is not None else None
@@ -472,8 +476,12 @@ class NodeAgent:
         n = sum(i.count for i in items)
         if items and self._pending_since is None:
             self._pending_since = min((i.t_first for i in items if i.t_first), default=time.time())
-        drained = self._drain_outbox()
-        shipped = drained and self._export(items, extra + [self._heartbeat_record()])
+        if final and not self._last_ship_ok:
+            drained, shipped = False, False
+        else:
+            drained = self._drain_outbox()
+            shipped = drained and self._export(items, extra + [self._heartbeat_record()])
+            self._last_ship_ok = shipped
         if shipped:
             self.shipped += n
             self.metrics.shipped.labels(str(self.node)).inc(n)
@@ -695,7 +703,7 @@ class NodeAgent:
     def close(self) -> None:
         self._stop.set()
         try:
-            self.cycle()  # last records, or into the outbox
+            self.cycle(final=True)  # last records, or into the outbox
         except Exception:
             log.exception("agent: final cycle failed")
         if self.server is not None:

@@ -60,9 +60,14 @@ def test_head_down_outbox_then_delivery_exactly_once(tmp_path):
         a.cycle()
         assert a.outbox.records() == 40 and a.ship_errors >= 2
         assert a._lag() > 0
+        # stopping while the head is away: the last batch goes to the outbox without another try
+        errors = a.ship_errors
+        write_steps(rd, 0, 0, range(40, 42))
+        a.cycle(final=True)
+        assert a.ship_errors == errors and a.outbox.records() == 42
         h = HeadThread(store, port)
         try:
-            write_steps(rd, 0, 0, range(40, 45))
+            write_steps(rd, 0, 0, range(42, 45))
             a.cycle()  # drains the outbox oldest first, then ships the new batch
             assert len(a.outbox) == 0 and a._lag() == 0.0
             h.head.store.flush_all()
