@@ -132,9 +132,9 @@ def cusum_runs(logr: pd.Series, k: float, h: float, min_steps: int, high_share: 
 
 
 def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int:
-    """Least-squares change point in [first, last]: the split maximising n1*n2/(n1+n2) * (mean_after - mean_before)^2,
-    with up to ``lookback`` steps before ``first`` as the baseline. CUSUM starts accumulating on the first
-    noisy-high step, which can be early; this is the onset the data supports best."""
+    """Least-squares change point over [first - lookback, last]: the split maximising
+    n1*n2/(n1+n2) * (mean_after - mean_before)^2. CUSUM starts accumulating on the first noisy-high step,
+    which can be early, and a noisy dip can restart it late; this is the onset the data supports best."""
     x = x.dropna()
     idx = list(x.index)
     if first not in idx:
@@ -150,7 +150,8 @@ def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int
     mean_a = csum[:-1] / j
     mean_b = (csum[-1] - csum[:-1]) / (n - j)
     stat = j * (n - j) / n * (mean_b - mean_a) ** 2
-    valid = (mean_b > mean_a) & (np.asarray(steps[1:]) >= first)
+    # candidates may precede the excursion's start: in noisy data a dip can reset the CUSUM after the true onset
+    valid = mean_b > mean_a
     if not valid.any():
         return first
     stat = np.where(valid, stat, -1.0)

@@ -22,7 +22,7 @@ def diagnose_json(store, run_id, *extra):
 
 
 def check_slow_rank(code, obj, rank, start):
-    assert code == 1, obj["verdict"]
+    assert code in (1, 2), obj["verdict"]  # warning, or critical for a slow-down of 2x or more
     stragglers = [f for f in obj["findings"] if f["kind"] == "straggler"]
     assert len(stragglers) == 1, obj["findings"]
     f = stragglers[0]
@@ -51,8 +51,8 @@ def test_recorded_clean_run():
 def test_live_4rank_slow_rank(tmp_path):
     from trainer_helpers import torchrun
 
-    args = ["--d-model", "96", "--n-layers", "3", "--n-heads", "4", "--seq-len", "48", "--batch-size", "8", "--steps", "16",
-            "--quiet", "--pg-timeout", "90", "--inject", "slow_rank:rank=2,factor=2.0,start=6"]
+    args = ["--d-model", "96", "--n-layers", "3", "--n-heads", "4", "--seq-len", "48", "--batch-size", "8", "--steps", "18",
+            "--quiet", "--pg-timeout", "90", "--inject", "slow_rank:rank=2,factor=3.0,start=6"]
     res = torchrun(4, args, tmp_path, "live-slow", timeout=240)
     assert res.returncode == 0, res.stdout[-3000:]
     code, obj = diagnose_json(tmp_path, "live-slow")
