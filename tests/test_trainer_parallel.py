@@ -134,10 +134,12 @@ def test_fsdp_control_data_stall_throttle_xid(tmp_path):
 
 
 def test_tp_reference(tmp_path):
-    """TP=2 (FSDP2 on a size-1 dp mesh): loss and grad norm = 1-process reference; scheduled profiling."""
+    """TP=2 (FSDP2 on a size-1 dp mesh): loss and grad norm = 1-process reference; TP all-reduces
+    timed (slow_rank culprit vs victim); scheduled profiling."""
     n = 5
     res = torchrun(2, TINY + ["--steps", str(n), "--tp", "2", "--profile-every", "3", "--profile-steps", "1",
-                              "--profile-warmup", "1"], tmp_path, "tp")
+                              "--profile-warmup", "1", "--inject", "slow_rank:rank=1,factor=15,start=2,end=3"],
+                   tmp_path, "tp")
     check_ok(res)
     sp = spool(tmp_path, "tp")
     s0, s1 = steps(sp[0]), steps(sp[1])
@@ -146,6 +148,14 @@ def test_tp_reference(tmp_path):
         assert abs(s0[k].loss - ref[k - 1]) < 2e-4 and abs(s1[k].loss - ref[k - 1]) < 2e-4
         assert abs(s0[k].grad_norm - ref_norms[k - 1]) < 2e-4
     assert {s0[1].tp_rank, s1[1].tp_rank} == {0, 1}
+    # TP all-reduces are timed (DTensor's functional collectives, forward and backward); with
+    # dp = 1 the backward ones stand in for the gradient sync: culprit vs victim is visible
+    tp_ops = [c for c in collectives(sp[0]) if c.group == "tp" and c.step == 1]
+    assert tp_ops and all(c.t_done is not None and c.group_ranks == [0, 1] for c in tp_ops)
+    for k in (2, 3):
+        assert s1[k].compute_ms > s0[k].compute_ms and s1[k].sync_arrival > s0[k].sync_arrival, k
+    assert mean(s0[k].sync_wait_ms for k in (2, 3)) > 3 * mean(s1[k].sync_wait_ms for k in (2, 3))
+    assert mean(s0[k].comm_ms for k in (2, 3)) > mean(s1[k].comm_ms for k in (2, 3))
     _losses_decrease(s0)
     assert manifest(tmp_path, "tp")["layout"]["dp_mode"] == "fsdp"
     # scheduled profiler: window at step 3 = 1 warm-up step, then step 4 traced, one trace per rank

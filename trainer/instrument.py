@@ -85,6 +85,8 @@ class Recorder:
         self.step = 0
         self.phase = "forward"  # set by the loop / pipeline stage wrappers: forward | backward | optimizer
         self.t = StepTimes()
+        self.tp_pending: dict[int, _OpenCollective] = {}  # functional all-reduces issued, not yet waited
+        self.tp_is_sync = False  # set when dp == 1 and tp > 1 (see install_tp_timing)
         # DDP buckets complete on gloo's thread; the autograd thread reads the result after backward.
         self._hang_announced = False
 
@@ -163,6 +165,11 @@ class Recorder:
         return exposed, sync_arrival, sync_wait
 
     def finish_step(self, rec: StepRecord) -> None:
+        # A functional all-reduce whose result was never waited for in this step has no
+        # completion to report; drop it rather than make it look like a hang.
+        unwaited = {id(c) for c in self.tp_pending.values()}
+        self.tp_pending.clear()
+        self.t.collectives = [c for c in self.t.collectives if id(c) not in unwaited]
         for c in self.t.collectives:
             self.spool.add(CollectiveRecord(
                 run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
@@ -245,6 +252,58 @@ def make_fsdp_comms(recorder: Recorder):
             return None
 
     return TimedReduceScatter(), TimedAllGather()
+
+
+# --------------------------------------------------------------------------
+# Tensor parallel: DTensor's functional all-reduces (issue -> wait)
+# --------------------------------------------------------------------------
+
+
+def install_tp_timing(recorder: Recorder) -> None:
+    """DTensor redistributions (TP forward outputs, backward input-grads, norms) call
+    ``torch.distributed._functional_collectives.all_reduce`` (arrival: the collective is issued)
+    and later block in its ``wait_tensor`` (done). Both are looked up as module globals, so
+    wrapping them times every TP all-reduce in forward *and* backward. Only the time actually
+    spent inside ``wait_tensor`` counts as blocked communication."""
+    import torch.distributed._functional_collectives as funcol
+
+    if getattr(funcol, "_ranksight_wrapped", False):
+        return
+    orig_all_reduce, orig_wait = funcol.all_reduce, funcol.wait_tensor
+
+    def _group_name(group) -> str:
+        if isinstance(group, tuple) and len(group) == 2 and hasattr(group[0], "mesh_dim_names"):
+            names = group[0].mesh_dim_names
+            if names:
+                return names[group[1]]
+        return "tp"
+
+    def all_reduce(self, reduceOp, group, tag=""):
+        name = _group_name(group)
+        # Without data parallelism the backward TP all-reduces are where the ranks synchronize
+        # in backward: they stand in for the gradient sync (sync_arrival / sync_wait_ms).
+        sync = recorder.tp_is_sync and recorder.phase == "backward" and name == "tp"
+        c = recorder.enter("all_reduce", name, self.numel() * self.element_size(), sync=sync)
+        out = orig_all_reduce(self, reduceOp, group, tag)
+        elem = out.elem if isinstance(out, funcol.AsyncCollectiveTensor) else out
+        recorder.tp_pending[id(elem)] = c
+        if not isinstance(out, funcol.AsyncCollectiveTensor):  # already waited (tracing path)
+            recorder.tp_pending.pop(id(elem), None)
+            recorder.leave(c)
+        return out
+
+    def wait_tensor(tensor):
+        c = recorder.tp_pending.pop(id(tensor), None)
+        t0 = time.time()
+        out = orig_wait(tensor)
+        if c is not None:
+            c.t_done = time.time()
+            recorder.t.blocked_comm += c.t_done - t0
+        return out
+
+    funcol.all_reduce = all_reduce
+    funcol.wait_tensor = wait_tensor
+    funcol._ranksight_wrapped = True
 
 
 # --------------------------------------------------------------------------

@@ -89,8 +89,13 @@ def stage_layers(n_layers: int, n_stages: int, stage: int) -> list[str]:
     return [str(i) for i in range(start, start + count)]
 
 
-def apply_tp(module: nn.Module, tp_mesh) -> None:
+def apply_tp(module: nn.Module, tp_mesh, recorder=None) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if recorder is not None:
+        from trainer.instrument import install_tp_timing
+
+        install_tp_timing(recorder)
 
     for blk in module.layers.values():
         parallelize_module(blk, tp_mesh, {
@@ -158,7 +163,7 @@ def build_model_parts(cfg: TrainConfig, mesh, layout: Layout, device: torch.devi
                 m.norm = m.head = None
         m.to(device)
         if p.tp > 1:
-            apply_tp(m, mesh["tp"])
+            apply_tp(m, mesh["tp"], recorder)
         if uses_fsdp(cfg):
             apply_fsdp(m, mesh["dp"], recorder, reshard_after_forward=p.pp == 1)
         else:

@@ -113,6 +113,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
 
     faults = FaultState(specs, rank, node)
     rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks)
+    rec.tp_is_sync = dp == 1 and tp > 1
     _RECORDER[0] = rec
     ckpt.seed_rng(cfg.seed, rank, 0)
 
