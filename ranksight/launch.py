@@ -4,20 +4,28 @@ One torchrun per simulated node (see ranksight.local_cluster), all on 127.0.0.1,
 with elastic c10d rendezvous so a node can leave (evict) and the job re-forms
 without it. Options the launcher does not know are passed to the trainer as is
 (``ranksight launch ... -- --d-model 128``).
+
+By default it also runs the data path beside the job, as a user would on a
+cluster: a head and one node agent per node (agent.launcher.DataPath, started as
+commands), and shows the findings the head's live analyzers report.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
 import msgspec
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ranksight import schema
 from ranksight.layout import DEFAULT_STORE, RunDir
@@ -52,6 +60,51 @@ def last_step_record(spool: Path, window: int = 16384) -> schema.StepRecord | No
         if isinstance(rec, schema.StepRecord):
             return rec
     return None
+
+
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+class FindingsFeed:
+    """The head's live findings for this run, polled over its HTTP API (read-only, no token needed)."""
+
+    def __init__(self, head_url: str, run_id: str, every_s: float = 2.0):
+        self.url = f"{head_url}/api/runs/{run_id}/findings"
+        self.every_s = every_s
+        self.findings: list[dict] = []
+        self.error = ""
+        self._last = 0.0
+
+    def poll(self) -> list[dict]:
+        """Fetch if due; return the findings not seen before (to log them as they appear)."""
+        if time.monotonic() - self._last < self.every_s:
+            return []
+        self._last = time.monotonic()
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as r:
+                body = json.loads(r.read())
+        except (OSError, ValueError) as e:
+            self.error = f"head unreachable: {e}"
+            return []
+        self.error = ""
+        items = body.get("findings", body) if isinstance(body, dict) else body
+        items = [f for f in items if isinstance(f, dict)]
+        new = items[len(self.findings):]
+        self.findings = items
+        return new
+
+    def render(self, limit: int = 6) -> Text:
+        text = Text()
+        if self.error:
+            text.append(self.error + "\n", style="red")
+        if not self.findings:
+            text.append("head: no findings yet", style="dim")
+            return text
+        text.append(f"head: {len(self.findings)} finding(s), newest last\n", style="bold")
+        for f in self.findings[-limit:]:
+            text.append(f"  [{f.get('severity', '?')}] ", style=SEVERITY_STYLE.get(f.get("severity"), ""))
+            text.append(f"{f.get('summary') or f.get('kind')}\n")
+        return text
 
 
 def progress_table(run: RunDir, cluster: LocalCluster, steps: int) -> Table:
@@ -99,6 +152,8 @@ def launch(
     last_call_timeout: int = typer.Option(5, help="Seconds the rendezvous waits for late nodes."),
     timeout: float = typer.Option(0, help="Give up after this many seconds (0: no limit)."),
     live: bool = typer.Option(True, help="Show live progress on the terminal."),
+    agents: bool = typer.Option(True, help="Run a head and one node agent per node beside the job."),
+    head_url: str = typer.Option("", help="Ship to this running head instead of starting one."),
 ) -> None:
     """Start a local multi-node run on this host (one torchrun per node on 127.0.0.1) and wait for it."""
     world = nnodes * nproc_per_node
@@ -127,18 +182,35 @@ def launch(
     console.print(f"[bold]ranksight launch[/]: run [cyan]{run.run_id}[/] in {run.root} — {nnodes} nodes × "
                   f"{nproc_per_node} ranks, dp={dp} tp={tp} pp={pp}, {precision}, {steps} steps"
                   + (f", inject {', '.join(inject)}" if inject else ""))
-    rc = run_cluster(cluster, run, steps, timeout=timeout, live=live)
+    data_path = None
+    if agents:
+        from agent.launcher import DataPath  # started as processes; imported only for their orchestration
+
+        data_path = DataPath(store, run.run_id, nnodes, head_url=head_url or None)
+    rc = run_cluster(cluster, run, steps, timeout=timeout, live=live, data_path=data_path)
     raise typer.Exit(rc)
 
 
-def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float = 0, live: bool = True) -> int:
-    """Start the cluster, show progress until every non-evicted node has exited, return an exit code."""
+def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float = 0, live: bool = True,
+                data_path=None) -> int:
+    """Start the cluster (and the data path), show progress until every non-evicted node has exited."""
     start = time.monotonic()
     interrupted = False
+    feed = None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+
+    def view_now():
+        table = progress_table(run, cluster, steps)
+        return Group(table, feed.render()) if feed else table
+
     try:
+        if data_path is not None:
+            data_path.start()
+            feed = FindingsFeed(data_path.head_url, run.run_id)
+            console.print(f"data path: head {data_path.head_url}, {cluster.nnodes} node agents "
+                          f"(watch it live: RANKSIGHT_TOKEN=… ranksight tui --head {data_path.head_url} --run {run.run_id})")
         cluster.start()
-        with Live(progress_table(run, cluster, steps), console=console, refresh_per_second=2,
+        with Live(view_now(), console=console, refresh_per_second=2,
                   transient=False, auto_refresh=False) if live else _NoLive() as view:
             while not cluster.done:
                 cluster.poll()
@@ -146,15 +218,26 @@ def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float =
                     console.print(f"[red]timeout after {timeout:.0f} s[/]: stopping the run")
                     interrupted = True
                     break
-                view.update(progress_table(run, cluster, steps), refresh=True)
+                if feed is not None:
+                    for f in feed.poll():
+                        if not live:  # with a live view the findings panel shows them
+                            console.print(escape(f"[head] new finding [{f.get('severity')}]: "
+                                                 f"{f.get('summary') or f.get('kind')}"))
+                view.update(view_now(), refresh=True)
                 time.sleep(0.5)
             cluster.poll()
-            view.update(progress_table(run, cluster, steps), refresh=True)
+            if feed is not None:
+                feed._last = 0.0
+                feed.poll()
+            view.update(view_now(), refresh=True)
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted[/]: stopping every node")
     finally:
         cluster.stop()
+        if data_path is not None:
+            # Agents first: each drains its spools and ships the last records before the head flushes.
+            data_path.stop()
         signal.signal(signal.SIGTERM, previous)
 
     codes = cluster.exit_codes()
