@@ -48,8 +48,7 @@ TABLE_TYPES: dict[str, type] = {
     "trace_summaries": schema.TraceSummary,
     "findings": schema.Finding,
     "actions": schema.Action,
-    # Not (yet) in schema.STORE_TABLES: XID events of the node agents' GPU probes, one row per
-    # event. The analyzers' loader reads <run>/xid/ when present.
+    # XID events of the node agents' GPU probes, one row per event.
     "xid": schema.XidEvent,
 }
 assert set(schema.STORE_TABLES) <= set(TABLE_TYPES)

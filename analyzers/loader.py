@@ -49,7 +49,7 @@ TABLE_TYPES: dict[str, type[msgspec.Struct]] = {
     "host": HostSample,
     "nccl_events": NcclEvent,
     "trace_summaries": TraceSummary,
-    "xid": XidEvent,  # not (yet) a STORE_TABLES entry; read when some writer provides it
+    "xid": XidEvent,
 }
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024  # show a progress bar when a run is bigger than this

@@ -61,6 +61,7 @@ STORE_TABLES = (
     "collectives",
     "events",
     "gpu",
+    "xid",
     "host",
     "nccl_events",
     "trace_summaries",

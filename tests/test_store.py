@@ -110,7 +110,7 @@ def test_reader_never_sees_a_partial_file_while_appending(tmp_path):
 
 
 def test_every_table_has_a_spec_and_key():
-    assert set(SPECS) == set(schema.STORE_TABLES) | {"xid"}
+    assert set(SPECS) == set(schema.STORE_TABLES)
     for name, spec in SPECS.items():
         assert "run_id" in spec.schema.names
         for k in KEYS[name]:
