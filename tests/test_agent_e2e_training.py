@@ -46,7 +46,7 @@ def test_real_run_exactly_once_through_agent_kills_and_head_outage(tmp_path):
         wait_for(lambda: head_ready(hp), 30, what="head")
         launch = procs.start("launch", [PY, "-m", "ranksight.cli", "launch", "--nnodes", "2", "--nproc-per-node", "2",
                                         "--steps", str(STEPS), "--run-id", RUN, "--store", str(store), "--no-live",
-                                        "--timeout", "400"])
+                                        "--timeout", "400", "--no-agents"])  # this test runs its own
         prom.wait_up(1, timeout=40)
         # training is under way and flowing through both agents
         wait_for(lambda: len([r for r in http_json(head_url + f"/api/runs/{RUN}/ranks")[1]
