@@ -73,6 +73,13 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+
+def _gpu_simulated(live) -> bool | None:
+    """True when the run's recent GPU samples come from the simulator, None when there are none."""
+    if live is None or not live.gpu:
+        return None
+    return any(getattr(g, "simulated", False) for g in list(live.gpu)[-64:])
+
 class Head:
     def __init__(self, store_dir, token: str, *, window: int = DEFAULT_WINDOW, flush_interval: float = 1.0,
                  analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
@@ -384,7 +391,13 @@ class Head:
                         "layout": m.layout if m else {}, "nodes": m.nodes if m else None,
                         "last_step": last_step, "last_seen": live.last_seen if live else None,
                         "ranks_live": len(live.ranks) if live else 0,
-                        "steps_stored": (rs.rows_stored["steps"] + len(rs.buffers["steps"])) if rs else None})
+                        "steps_stored": (rs.rows_stored["steps"] + len(rs.buffers["steps"])) if rs else None,
+                        # What MFU is measured against, and whether GPU data is simulated: surfaces must say so.
+                        "peak_flops": m.peak_flops if m else None,
+                        "peak_source": m.peak_source if m else "",
+                        "peak_simulated": m.peak_simulated if m else None,
+                        "device": m.device if m else "",
+                        "gpu_simulated": _gpu_simulated(live)})
         return out
 
     # -- lifecycle --------------------------------------------------------------------

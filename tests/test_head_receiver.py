@@ -70,6 +70,11 @@ def test_sdk_exporter_to_store_exactly_once(head):
     assert http_status(head.url + "/api/runs/nope/ranks", None, method="GET") == 404
     runs = http_json(head.url + "/api/runs")[1]
     assert runs[0]["run_id"] == "runA" and runs[0]["steps_stored"] == 120
+    assert runs[0]["gpu_simulated"] is None  # no GPU samples yet: unknown, not "real"
+    gpu = schema.GpuSample(node=0, host="h", gpu=0, t=1.0, source="simulated-nvml", simulated=True)
+    assert exp.export(log_records("runA", [gpu], kind="gpu")) == LogRecordExportResult.SUCCESS
+    runs = http_json(head.url + "/api/runs")[1]
+    assert runs[0]["gpu_simulated"] is True
 
 
 def test_otlp_metrics_from_the_sdk_are_accepted(head):
