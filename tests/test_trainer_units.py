@@ -3,6 +3,8 @@ handling (including evict refusal), data determinism, FLOPs, stage splitting, sp
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 import torch
@@ -217,3 +219,34 @@ def test_cli_rejects_bad_input_before_starting(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and msg in res.stderr, (args, res.stderr)
     assert not any(tmp_path.iterdir())
+
+
+def test_slow_link_on_ddp_buckets_is_comm_not_compute(tmp_path):
+    """DDP calls the comm hook once per bucket on the autograd thread; a slow_link delay spent
+    posting *any* bucket blocks this rank in communication. Every bucket's delay must be in the
+    exposed comm time (hence out of compute_ms), not only the last bucket's."""
+    from trainer.instrument import Recorder
+
+    faults = FaultState([parse_fault("slow_link:rank=0,delay_ms=30")], rank=0, node=0)
+    faults.set_step(1)
+    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, faults, {"dp": [0, 1]})
+    rec.begin_step(1)
+    buckets = []
+    for _ in range(3):  # three buckets, each posted 30 ms late, each finishing right after
+        c = rec.enter("all_reduce", "dp", 4, sync=True)
+        c.async_bucket = True
+        c.t_done = time.time()
+        buckets.append(c)
+    assert all(c.link_delay >= 0.03 for c in buckets)
+    assert all(c.t_done - c.t_arrive >= 0.03 for c in buckets)  # collective duration includes it
+    exposed, arrival, wait = rec.comm_summary()
+    assert arrival == buckets[0].t_arrive
+    assert exposed >= 3 * 0.03 and wait >= 3 * 0.03
+    # without the fault only the last bucket's window counts (nothing is invented)
+    rec2 = Recorder("r", RunDir(tmp_path, "r2").spool(0), 0, FaultState([], 0, 0), {"dp": [0, 1]})
+    rec2.begin_step(1)
+    for _ in range(3):
+        c = rec2.enter("all_reduce", "dp", 4, sync=True)
+        c.async_bucket = True
+        c.t_done = c.t_arrive + 0.001
+    assert rec2.comm_summary()[0] < 0.03

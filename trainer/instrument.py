@@ -59,6 +59,8 @@ class _OpenCollective:
     sync: bool
     seq: int
     t_done: float | None = None
+    link_delay: float = 0.0  # seconds of injected slow_link delay spent posting it (blocking this rank)
+    async_bucket: bool = False  # a DDP bucket: overlapped with backward (see Recorder.comm_summary)
 
 
 @dataclass
@@ -110,7 +112,9 @@ class Recorder:
             if delay > 0:
                 # slow_link: the data leaves this rank late. Inside the collective's timing, so it
                 # is comm time of this rank (and, through the collective, of its peers).
+                t0 = time.perf_counter()
                 time.sleep(delay)
+                c.link_delay = time.perf_counter() - t0
         return c
 
     def leave(self, c: _OpenCollective, blocking: bool = True) -> None:
@@ -150,15 +154,20 @@ class Recorder:
         sync_arrival = min(c.t_arrive for c in sync) if sync else None
         sync_wait = None
         if sync:
-            async_sync = [c for c in sync if getattr(c, "async_bucket", False)]
-            blocking_sync = [c for c in sync if not getattr(c, "async_bucket", False)]
+            async_sync = [c for c in sync if c.async_bucket]
+            blocking_sync = [c for c in sync if not c.async_bucket]
             wait = sum((c.t_done or c.t_arrive) - c.t_arrive for c in blocking_sync)
             if async_sync:
                 # DDP buckets run asynchronously under backward: the rank is only *blocked* from the
                 # moment its last bucket was ready until the last bucket finished.
-                last_arrive = max(c.t_arrive for c in async_sync)
+                last = max(async_sync, key=lambda c: c.t_arrive)
+                last_arrive = last.t_arrive
                 last_done = max((c.t_done or last_arrive) for c in async_sync)
                 ddp_wait = max(0.0, last_done - last_arrive)
+                # ... plus a slow_link delay posting the *earlier* buckets: it ran inside the comm
+                # hook on the autograd thread, so this rank was blocked in communication then, not
+                # computing (the last bucket's delay is already inside last_done - last_arrive).
+                ddp_wait += sum(c.link_delay for c in async_sync if c is not last)
                 wait += ddp_wait
                 exposed += ddp_wait
             sync_wait = wait
