@@ -72,6 +72,13 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
         missing = sorted(members - arrived)
         problems.append(dict(group=str(sub["group"].iloc[0]), gkey=str(grp), seq=int(seq), op=str(sub["op"].iloc[0]), missing=missing, waiting=waiting,
                              since=float(sub["t_arrive"].min()), step=int(sub["step"].min())))
+    # A waiting rank that later completed another collective on the same communicator was not stuck here:
+    # the record is an op whose completion was never observed (e.g. an async tensor-parallel all-reduce the
+    # trainer did not wait on through its timer), not a hang.
+    done = co[co["t_done"].notna()]
+    moved_on = done.groupby(["gkey", "rank"])["t_arrive"].max().to_dict()
+    problems = [p for p in problems
+                if not all(moved_on.get((p["gkey"], r), -np.inf) > p["since"] for r in p["waiting"])]
     if data.now is not None:
         # live: a collective in flight right now is not a hang until it has waited long enough
         problems = [p for p in problems if data.now - p["since"] > _stall_s(data, cfg)]

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, temporal_sigma
+from analyzers._common import (confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, robust_sigma,
+                               temporal_sigma)
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -40,9 +41,14 @@ NAME = "stragglers"
 
 @dataclass
 class StragglerConfig:
-    min_ratio: float = 1.08  # own compute / peers' median: the CUSUM's drift (a step below it is evidence against)
-    h_sigma: float = 8.0  # CUSUM alarm threshold in units of the scores' noise ...
-    min_h_factor: float = 2.0  # ... and at least this many times log(min_ratio)
+    min_ratio: float = 1.08  # own compute / peers' median: the slow CUSUM's drift (a step below it is evidence against)
+    h_sigma: float = 6.0  # slow CUSUM alarm threshold in units of the scores' noise ...
+    min_h_factor: float = 2.0  # ... and at least this many times its drift log(min_ratio)
+    fast_ratio: float = 1.25  # the fast CUSUM's drift: large slow-downs are confirmed in min_steps steps ...
+    fast_h_sigma: float = 2.5  # ... with a threshold of this many sigma ...
+    fast_min_h_factor: float = 1.0  # ... and at least this many times its drift log(fast_ratio)
+    clip_h_share: float = 0.5  # one step adds at most this share of h to a CUSUM (a scheduling spike is one step)
+    baseline_noise_weight: float = 0.75  # sigma >= this x the noise of the clean warm-up steps (all ranks pooled)
     min_steps: int = 3  # an alarm needs at least this many steps ...
     high_share: float = 0.6  # ... most of them above min_ratio
     mad_k: float = 4.0  # stage drift: threshold 1 + k * sigma
@@ -98,6 +104,40 @@ def _arrival_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: i
         if not others.empty:
             ev["victims_mean_wait_ms"] = fnum(np.nanmean(others.to_numpy(dtype=float)), 1)
     return ev
+
+
+def tp_wait_frame(data: RunData, s0: int | None = None, s1: int | None = None) -> tuple[pd.DataFrame, dict[int, list[int]]]:
+    """Time each rank spent blocked in tensor-parallel collectives per step (rank x step, ms), and each rank's TP
+    group. Summed per step rather than matched by sequence number: a rank may record an async TP op its partner
+    does not, so sequence numbers need not line up across a TP group."""
+    co = data.collectives
+    if co.empty or "group" not in co.columns:
+        return pd.DataFrame(), {}
+    tp = co[co["group"].astype(str).str.startswith("tp") & co["duration_ms"].notna()]
+    if s0 is not None:
+        tp = tp[(tp["step"] >= s0) & (tp["step"] <= s1)]
+    if tp.empty:
+        return pd.DataFrame(), {}
+    members: dict[int, list[int]] = {}
+    for r, gr in tp.groupby("rank")["group_ranks"].first().items():
+        if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
+            members[int(r)] = sorted(int(x) for x in gr)
+    return tp.pivot_table(index="rank", columns="step", values="duration_ms", aggfunc="sum"), members
+
+
+def _tp_evidence(data: RunData, rank: int, s0: int, s1: int) -> dict:
+    """Culprit vs its TP partners: the partners block in the TP all-reduces for the rank that computes longer,
+    so the culprit is the member of its TP group that waits least there, by about its extra compute."""
+    w, members = tp_wait_frame(data, s0, s1)
+    group = [r for r in members.get(rank, []) if r in w.index]
+    if rank not in group or len(group) < 2:
+        return {}
+    sub = w.loc[group].fillna(0.0)
+    partners = sub.drop(index=rank)
+    return dict(tp_group=group, tp_own_wait_ms=fnum(sub.loc[rank].median(), 1),
+                tp_partners_wait_ms=fnum(partners.median().median(), 1),
+                tp_partners_wait_minus_own_ms=fnum((partners.median() - sub.loc[rank]).median(), 1),
+                tp_least_wait_share=fnum((sub.idxmin() == rank).mean(), 2))
 
 
 def cusum_runs(logr: pd.Series, k: float, h: float, min_steps: int, high_share: float) -> list[dict]:
@@ -204,11 +244,18 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
     ratio_df = pd.DataFrame(ratios).T
     with np.errstate(divide="ignore", invalid="ignore"):
         logr = np.log(ratio_df.where(ratio_df > 0))
-    sigma = temporal_sigma(logr)
+    sigma, base_sigma = noise_sigma(logr, cfg)
     k = float(np.log(cfg.min_ratio))
-    h = max(cfg.h_sigma * sigma, cfg.min_h_factor * k)
+    detectors = []  # (drift, threshold): slow (small, steady slow-downs) and fast (large ones, in min_steps)
+    for drift, h_sig, floor in ((k, cfg.h_sigma, cfg.min_h_factor),
+                                (float(np.log(cfg.fast_ratio)), cfg.fast_h_sigma, cfg.fast_min_h_factor)):
+        detectors.append((drift, max(h_sig * sigma, floor * drift)))
     for r in ratio_df.index:
-        for run in cusum_runs(logr.loc[r], k, h, cfg.min_steps, cfg.high_share):
+        runs = []
+        for drift, h in detectors:
+            x = logr.loc[r].clip(upper=drift + cfg.clip_h_share * h)
+            runs += [dict(run, drift=drift, h=h) for run in cusum_runs(x, drift, h, cfg.min_steps, cfg.high_share)]
+        for run in merge_runs(runs):
             s1 = run["end"]
             onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
             span = ratio_df.loc[r, onset:s1]
@@ -216,7 +263,39 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
             out.append(dict(rank=r, onset=onset, end=s1, flagged=int((logr.loc[r, onset:s1] > k).sum()),
                             ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
                             peers_ms=float(np.nanmedian(refs[r].loc[onset:s1])), threshold=float(np.exp(k)),
-                            cusum_h=h, sigma=sigma, group=group, confirmed_at=run["detected"]))
+                            cusum_h=run["h"], cusum_drift=run["drift"], sigma=sigma, baseline_sigma=base_sigma,
+                            group=group, confirmed_at=run["detected"]))
+    return out
+
+
+def noise_sigma(logr: pd.DataFrame, cfg: StragglerConfig) -> tuple[float, float | None]:
+    """The scores' noise: each rank's robust spread over time (median over ranks), floored by
+    ``baseline_noise_weight`` x the pooled robust spread of the first ``baseline_steps`` judged steps (the
+    clean warm-up, when the run is long enough to have one after it). Both are per-step cross-rank log ratios,
+    so noise that hits every rank in a step (the whole machine busy) is already cancelled."""
+    sigma = temporal_sigma(logr)
+    base = None
+    if logr.shape[1] >= 2 * cfg.baseline_steps:
+        vals = logr.iloc[:, : cfg.baseline_steps].to_numpy(dtype=float).ravel()
+        vals = vals[np.isfinite(vals)]
+        if vals.size >= 2 * cfg.baseline_steps:
+            base = robust_sigma(vals)
+            sigma = max(sigma, cfg.baseline_noise_weight * base)
+    return sigma, base
+
+
+def merge_runs(runs: list[dict]) -> list[dict]:
+    """Alarmed runs of the two CUSUMs on one rank: overlapping ones are one episode (the earliest alarm,
+    the earliest onset, the latest end)."""
+    out: list[dict] = []
+    for run in sorted(runs, key=lambda r: r["onset"]):
+        if out and run["onset"] <= out[-1]["end"] + 1:
+            cur = out[-1]
+            if run["detected"] < cur["detected"]:
+                cur.update(detected=run["detected"], drift=run["drift"], h=run["h"])
+            cur["end"] = max(cur["end"], run["end"])
+            continue
+        out.append(dict(run))
     return out
 
 
@@ -310,7 +389,8 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         ev = dict(scope="rank", onset_step=c["onset"], detected_at_step=c["confirmed_at"],
                   rank_median_compute_ms=fnum(c["own_ms"], 1), peers_median_compute_ms=fnum(c["peers_ms"], 1),
                   ratio=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]), threshold_ratio=fnum(c["threshold"], 3),
-                  cusum_threshold=fnum(c["cusum_h"], 3), noise_sigma=fnum(c["sigma"], 4), compared_with=sorted(int(x) for x in c["group"] if x != r))
+                  cusum_threshold=fnum(c["cusum_h"], 3), cusum_drift_ratio=fnum(np.exp(c["cusum_drift"]), 3),
+                  noise_sigma=fnum(c["sigma"], 4), baseline_noise_sigma=fnum(c["baseline_sigma"], 4), compared_with=sorted(int(x) for x in c["group"] if x != r))
         ev.update(_arrival_evidence(data, r, c["group"], c["onset"], c["end"]))
         # The culprit of a synchronous job arrives last at the sync, late by about its extra compute.
         # A rank that computes longer but does not arrive later (slowness after the sync point, OS noise
@@ -328,6 +408,15 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
             if w.get("least_wait_share") is not None:
                 corroborated = (w["least_wait_share"] >= cfg.last_arrival_share
                                 and w["peers_wait_minus_own_ms"] >= cfg.lag_fraction * extra_ms)
+        tp_ev = _tp_evidence(data, r, c["onset"], c["end"])
+        if tp_ev:
+            # Under tensor parallelism the TP partners of a slow rank wait for it inside the TP all-reduces (and
+            # reach the gradient sync together with it, so sync arrival cannot tell them apart): the culprit is
+            # the one of its TP group that waits least there, by at least lag_fraction of its extra compute.
+            ev.update(tp_ev)
+            tp_ok = (tp_ev["tp_least_wait_share"] >= cfg.last_arrival_share
+                     and tp_ev["tp_partners_wait_minus_own_ms"] >= cfg.lag_fraction * extra_ms)
+            corroborated = tp_ok
         ev["arrival_corroborated"] = corroborated
         conf = 0.7
         if corroborated:
@@ -340,14 +429,20 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         lag_txt = f", arrives {lag:.0f} ms after its peers" if lag is not None else ""
         wait = ev.get("victims_mean_wait_ms")
         wait_txt = f"; peers wait {wait:.0f} ms per step for it" if wait is not None else ""
+        if ev.get("tp_least_wait_share") is not None and corroborated:
+            wait_txt += f"; its TP partners wait {ev['tp_partners_wait_minus_own_ms']:.0f} ms more per step in TP all-reduces"
         if ev.get("least_wait_share") is not None:  # pipeline: the victims wait in p2p, not at the sync
             lag_txt = ""
             wait_txt = (f"; its stage peers wait {ev['peers_wait_minus_own_ms']:.0f} ms more per step than it does "
                         f"(sync + pipeline waits)")
         sev = _severity(c["ratio"], cfg) if corroborated is not False else "info"
-        note = "" if corroborated is not False else (
-            f" (not confirmed by arrival order: last to arrive in {share:.0%} of those steps"
-            + (f", {lag:.0f} ms late for {extra_ms:.0f} ms of extra compute" if lag is not None else "") + ")")
+        note = ""
+        if corroborated is False and tp_ev:
+            note = (f" (not confirmed: its TP partners do not wait for it; it waits least in the TP all-reduces in "
+                    f"{tp_ev['tp_least_wait_share']:.0%} of those steps)")
+        elif corroborated is False:
+            note = (f" (not confirmed by arrival order: last to arrive in {(share or 0):.0%} of those steps"
+                    + (f", {lag:.0f} ms late for {extra_ms:.0f} ms of extra compute" if lag is not None else "") + ")")
         findings.append(Finding(
             analyzer=NAME, kind="straggler", severity=sev, ranks=[r],
             nodes=[node] if node is not None else [], step_start=c["onset"], step_end=c["end"], evidence=ev,

@@ -38,7 +38,9 @@ from analyzers.loader import LoadError, load_run  # noqa: E402
 from analyzers.score import score  # noqa: E402
 from ranksight.schema import FaultSpec  # noqa: E402
 
-MODEL = ["--d-model", "96", "--n-layers", "4", "--n-heads", "4", "--seq-len", "48", "--batch-size", "8"]
+# d_model 128, 4 layers, batch 16: on 2 shared CPU cores compute (~250-400 ms a step per rank) then dominates the
+# scheduling noise more than with a smaller model
+MODEL = ["--d-model", "128", "--n-layers", "4", "--n-heads", "4", "--seq-len", "48", "--batch-size", "16"]
 LAYOUTS = {
     "dp4": ["--dp", "4"],
     "dp2pp2": ["--dp", "2", "--pp", "2", "--microbatches", "4"],
@@ -54,9 +56,22 @@ FAULTS = {
     "nan_loss": ("nan_loss:rank=2,start={start}", (1,), []),
     "hang": ("hang:rank=3,start={start}", (1,), ["--pg-timeout", "20"]),
     "xid": ("xid:node=0,code={m},start={start}", (79, 13), []),
-    # torch.distributed.pipelining needs M >= P: M = P = 2 is the fewest (theory bubble 33 %)
-    "few_microbatches": (None, (2,), ["--microbatches", "2"]),
+    # configuration fault: the trainer runs M = pp micro-batches (torch.distributed.pipelining needs M >= P),
+    # theory bubble (P-1)/(M+P-1) = 33 % at P = M = 2; the magnitude is that M
+    "few_microbatches": ("few_microbatches", (2,), []),
 }
+
+# slow_link's delay hits every collective and p2p op of the rank, and the layouts post very different numbers of
+# them per step (d_model 128 on this CPU, clean runs: dp4 ~3 per ~400 ms step, dp2pp2 ~3 + ~8 p2p per ~150 ms
+# step, dp2tp2 ~36 (FSDP + TP all-reduces) per ~650 ms step). Per layout, the two delays put roughly 15 % and
+# 50 % of a step's time into the slow link.
+SLOW_LINK_MS = {"dp4": (20, 80), "dp2pp2": (2, 8), "dp2tp2": (3, 10)}
+
+
+def magnitudes(fault: str, layout: str) -> tuple:
+    if fault == "slow_link" and layout in SLOW_LINK_MS:
+        return SLOW_LINK_MS[layout]
+    return FAULTS[fault][1]
 
 
 def torchrun(store: Path, run_id: str, args: list[str], nproc: int = 4, timeout: float = 300) -> int:
@@ -86,7 +101,7 @@ def cells(layouts: list[str], faults: list[str], clean: bool) -> list[dict]:
         for f in faults:
             if f == "few_microbatches" and "pp" not in lay:
                 continue
-            for m in FAULTS[f][1]:
+            for m in magnitudes(f, lay):
                 out.append(dict(layout=lay, fault=f, magnitude=m))
     return out
 
@@ -128,8 +143,8 @@ def score_run(store: Path, run_id: str, cell: dict) -> dict:
         return dict(cell, run_id=run_id, error=str(e))
     findings = run_all(data)
     faults = list(data.manifest.faults) if data.manifest else []
-    if cell["fault"] == "few_microbatches":
-        faults.append(FaultSpec(kind="few_microbatches", start=0))
+    if cell["fault"] == "few_microbatches" and not any(f.kind == "few_microbatches" for f in faults):
+        faults.append(FaultSpec(kind="few_microbatches", start=1))  # runs recorded before the trainer had the fault
     s = score(findings, faults, manifest=data.manifest)
     return dict(cell, run_id=run_id, precision=s.precision, recall=s.recall, latencies=s.latencies,
                 false_findings=s.false_findings, faults=[r.__dict__ for r in s.faults],

@@ -99,3 +99,20 @@ def test_crash_names_the_first_failing_rank():
     (f,) = hang.analyze(with_records(data, ev))
     assert f.severity == "critical" and f.ranks == [2] and f.evidence["cause"] == "crashed"
     assert f.evidence["followers"] == [0, 1] and "illegal memory access" in f.summary
+
+
+def test_unwaited_op_of_a_rank_that_moved_on_is_not_a_hang():
+    # an async TP all-reduce recorded by rank 3 only (no completion seen, its partner has no such seq) early in a run
+    # that went on: rank 3 completed later collectives on the same communicator, so nobody was stuck there
+    data = build(world=4, steps=10)
+    t0 = float(data.steps["t_start"].min())
+    extra = [CollectiveRecord(run_id="synth", rank=3, step=1, seq=500, op="all_reduce", group="tp", group_ranks=[2, 3],
+                              t_arrive=t0 + 0.01)]
+    extra += [CollectiveRecord(run_id="synth", rank=r, step=s, seq=600 + s, op="all_reduce", group="tp", group_ranks=[2, 3],
+                               t_arrive=t0 + s, t_done=t0 + s + 0.002, duration_ms=2.0) for r in (2, 3) for s in (2, 3)]
+    assert hang.analyze(with_records(data, extra)) == []
+    # the same op as the last thing rank 3 did on that communicator is a hang (rank 2 never joined it)
+    late = [CollectiveRecord(run_id="synth", rank=3, step=9, seq=900, op="all_reduce", group="tp", group_ranks=[2, 3],
+                             t_arrive=t0 + 100.0)]
+    fs = hang.analyze(with_records(data, extra + late))
+    assert [(f.ranks, f.evidence["cause"]) for f in fs] == [([2], "missing_ranks")]

@@ -1,5 +1,6 @@
 """Stragglers on constructed runs: the culprit is named, its victims are not."""
 
+import numpy as np
 from analyzer_fixtures import build
 
 from analyzers import stragglers
@@ -111,3 +112,86 @@ def test_slow_compute_without_late_arrival_is_only_info():
     assert f.ranks == [1] and f.severity == "info" and f.confidence < 0.5
     assert f.evidence["arrival_corroborated"] is False
     assert "not confirmed by arrival order" in f.summary
+
+
+def _tp_run(slow: int = 1, factor: float = 1.3, onset: int = 10, victim_share: float = 1.0):
+    """dp2 x tp2 (TP groups [0,1] and [2,3]): ``slow`` computes ``factor`` x from ``onset``. Its TP partner waits for it
+    inside the TP all-reduces; ``victim_share`` of that wait leaks into the partner's compute_ms (an op timed late),
+    and the two reach the gradient sync together, so neither compute nor sync arrival alone tells them apart."""
+    from analyzer_fixtures import with_records
+
+    from ranksight.schema import CollectiveRecord
+
+    data = build(world=4, steps=30, compute_factor=lambda r, s: factor if (r == slow and s >= onset) else 1.0)
+    st = data.steps
+    partner = slow ^ 1
+    recs = []
+    for s in sorted(st["step"].unique()):
+        row = {int(r): st[(st["step"] == s) & (st["rank"] == r)].iloc[0] for r in range(4)}
+        for pair in ((0, 1), (2, 3)):
+            extra = {r: row[r]["compute_ms"] - min(row[q]["compute_ms"] for q in pair) for r in pair}
+            for i in range(4):  # four TP all-reduces a step; the faster member waits for the slower one in each
+                for r in pair:
+                    other = pair[1] if r == pair[0] else pair[0]
+                    wait = max(0.0, extra[other] - extra[r]) / 4
+                    t = float(row[r]["t_start"]) + 0.01 * (i + 1)
+                    recs.append(CollectiveRecord(run_id="synth", rank=r, step=int(s), seq=int(s) * 4 + i, op="all_reduce",
+                                                 group="tp", group_ranks=list(pair), nbytes=1 << 20, t_arrive=t,
+                                                 t_done=t + (wait + 1.0) / 1000, duration_ms=wait + 1.0))
+        if s >= onset:
+            # the partner's compute shows part of its wait, and it arrives at the sync when the culprit does
+            m = (st["step"] == s) & (st["rank"] == partner)
+            ms = (st["step"] == s) & (st["rank"] == slow)
+            st.loc[m, "compute_ms"] += victim_share * (st.loc[ms, "compute_ms"].iloc[0] - st.loc[m, "compute_ms"].iloc[0])
+            st.loc[m, "sync_arrival"] = st.loc[ms, "sync_arrival"].iloc[0] + 0.0005 * (s % 2 * 2 - 1)
+    return with_records(data, recs)
+
+
+def test_tp_culprit_named_not_its_tp_partner():
+    data = _tp_run(slow=1)
+    fs = stragglers.analyze(data)
+    warn = [f for f in fs if f.severity != "info"]
+    assert [f.ranks for f in warn] == [[1]]
+    ev = warn[0].evidence
+    assert ev["tp_group"] == [0, 1] and ev["tp_least_wait_share"] == 1.0
+    assert ev["tp_partners_wait_minus_own_ms"] > 20 and ev["arrival_corroborated"] is True
+    assert warn[0].step_start == 10 and "TP partners wait" in warn[0].summary
+    # the partner computes as long (its wait leaked into compute_ms) but it waits in the TP all-reduces: info only
+    (victim,) = [f for f in fs if f.ranks == [0]]
+    assert victim.severity == "info" and victim.evidence["tp_least_wait_share"] == 0.0
+    assert "TP partners do not wait for it" in victim.summary
+
+
+def test_tp_culprit_other_group():
+    # the same with the slow rank in the other TP group: rank 3 named, its partner 2 not warned about
+    fs = stragglers.analyze(_tp_run(slow=3, factor=1.5, onset=8))
+    assert [f.ranks for f in fs if f.severity != "info"] == [[3]]
+    assert all(f.severity == "info" for f in fs if f.ranks == [2])
+
+
+def test_large_slowdown_confirmed_in_three_steps_under_noise():
+    # 1.5x with 12 % per-step noise: the fast CUSUM confirms it within 3 steps of the onset, the slow one later
+    data = build(steps=30, noise=0.12, seed=3, compute_factor=lambda r, s: 1.5 if (r == 2 and s >= 12) else 1.0)
+    (f,) = stragglers.analyze(data)
+    assert f.ranks == [2] and f.evidence["detected_at_step"] <= 14
+    assert f.evidence["cusum_drift_ratio"] == 1.25
+    slow_only = stragglers.analyze(data, StragglerConfig(fast_ratio=10.0))
+    assert slow_only[0].evidence["detected_at_step"] > f.evidence["detected_at_step"]
+
+
+def test_noise_floor_from_warmup():
+    # noise only in the first steps (the warm-up) raises sigma to baseline_noise_weight x the warm-up's spread
+    data = build(steps=30, noise=0.01, seed=2)
+    st = data.steps
+    rng = np.random.default_rng(0)
+    early = st["step"] <= 6
+    st.loc[early, "compute_ms"] *= np.exp(0.2 * rng.standard_normal(int(early.sum())))
+    from analyzers.stragglers import noise_sigma
+    import pandas as pd
+
+    comp = st[st["step"] >= 1].pivot_table(index="rank", columns="step", values="compute_ms")
+    logr = np.log(comp / comp.median())
+    sigma, base = noise_sigma(logr, StragglerConfig())
+    assert base is not None and base > 0.1
+    assert sigma >= 0.75 * base
+    assert noise_sigma(pd.DataFrame(logr.iloc[:, :6]), StragglerConfig())[1] is None  # too short for a warm-up
