@@ -253,3 +253,43 @@ def test_pp_fp16_overflow_then_hang(tmp_path):
     stuck = [c for c in collectives(sp[0]) if c.step == 5 and c.t_done is None]
     assert stuck and set(stuck[0].group_ranks) == {0, 1}
     assert "finished" not in [e.detail["reason"] for e in events(sp[0], "exit")]
+
+
+def test_pp2_dp2_ddp_few_microbatches_mfu(tmp_path):
+    """pp=2 x dp=2 with DDP and the few_microbatches fault (M = pp = 2): trains to the reference
+    (DDP's bucket rebuild used to crash step 2 of a pipeline with so few micro-batches); no
+    stage reports a non-finite loss on step 1; the fault is ground truth in the manifest. And
+    the MFU any rank achieves (flops / step time / the manifest's peak) stays <= 100 %."""
+    n = 4
+    res = torchrun(4, TINY + ["--steps", str(n), "--pp", "2", "--dp", "2", "--dp-mode", "ddp",
+                              "--inject", "few_microbatches"], tmp_path, "ppddp")
+    check_ok(res)
+    sp = spool(tmp_path, "ppddp")
+    by = {r: steps(sp[r]) for r in sp}
+    assert sorted(by) == [0, 1, 2, 3] and all(sorted(st) == list(range(1, n + 1)) for st in by.values())
+    ref, _ = reference_losses(n, batch=8)
+    for k in range(1, n + 1):
+        dp_losses = {by[r][k].dp_rank: by[r][k].loss for r in by if by[r][k].pp_stage == 1}
+        assert abs(mean(dp_losses.values()) - ref[k - 1]) < 5e-4, (k, dp_losses, ref[k - 1])
+    for st in by.values():
+        assert all(not s.loss_nonfinite and s.loss is not None and not s.skipped for s in st.values())
+        assert all(s.microbatches == 2 for s in st.values())
+    m = manifest(tmp_path, "ppddp")
+    assert m["layout"]["dp_mode"] == "ddp" and m["layout"]["microbatches"] == 2
+    assert [f["kind"] for f in m["faults"]] == ["few_microbatches"] and m["faults"][0]["onset_t"] is not None
+    assert all(len(events(sp[r], "fault_start")) == 1 for r in sp)
+    # the CPU peak is an upper bound for what one rank does (measured alone, larger matmuls)
+    assert "barrier" in m["peak_source"] and "1024x1024" in m["peak_source"] and m["peak_simulated"]
+    mfu = [s.flops / (s.step_ms / 1000.0) / m["peak_flops"] for st in by.values() for s in st.values()]
+    assert 0 < max(mfu) <= 1.0, max(mfu)
+
+
+def test_no_instrument_baseline(tmp_path):
+    """--no-instrument (the overhead baseline) trains and writes no spool and no simulated GPU state."""
+    res = torchrun(2, TINY + ["--steps", "3", "--no-instrument"], tmp_path, "bare", timeout=120)
+    check_ok(res)
+    run = RunDir(tmp_path, "bare")
+    assert not run.spool(0).exists() and not run.spool(1).exists()
+    assert not run.simgpu_dir.exists()
+    m = manifest(tmp_path, "bare")
+    assert m["config"]["instrument"] is False and m["finished"] is not None

@@ -214,7 +214,8 @@ def test_cli_rejects_bad_input_before_starting(tmp_path):
 
     for args, msg in [(["--inject", "slow_rank:factor=2"], "needs rank"),
                       (["--d-model", "30"], "divisible by --n-heads"),
-                      (["--pp-schedule", "zigzag"], "--pp-schedule")]:
+                      (["--pp-schedule", "zigzag"], "--pp-schedule"),
+                      (["--no-instrument", "--inject", "slow_rank:rank=0"], "needs the instrumentation")]:
         res = subprocess.run([sys.executable, "-m", "trainer", "--store", str(tmp_path), *args],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and msg in res.stderr, (args, res.stderr)
@@ -250,3 +251,17 @@ def test_slow_link_on_ddp_buckets_is_comm_not_compute(tmp_path):
         c.async_bucket = True
         c.t_done = c.t_arrive + 0.001
     assert rec2.comm_summary()[0] < 0.03
+
+
+def test_disabled_recorder_writes_nothing_and_still_runs_collectives(tmp_path):
+    """--no-instrument: the Recorder writes no spool file, and timed() only runs the collective."""
+    from trainer.instrument import Recorder
+
+    path = RunDir(tmp_path, "r").spool(0)
+    rec = Recorder("r", path, 0, FaultState([], 0, 0), {"pp": [0]}, enabled=False)
+    rec.begin_step(1)
+    assert rec.timed("all_reduce", "pp", lambda x: x + 1, 41) == 42
+    rec.event("start")
+    rec.finish_step(StepRecord(run_id="r", rank=0, step=1, node=0, host="h", world_size=1, t_start=0.0, t_end=1.0, step_ms=1.0))
+    assert not rec.t.collectives and not path.exists()
+    assert Recorder("r", path, 0, None, {}).spool is not None and path.exists()  # default: on

@@ -61,6 +61,9 @@ def train(
     pg_timeout: float = typer.Option(60.0, help="Process-group timeout in seconds (how long a hang takes to surface)."),
     inject: List[str] = typer.Option([], help="Fault: KIND:key=value,... (repeatable). See docs/trainer.md."),
     quiet: bool = typer.Option(False, "--quiet", help="No per-step progress line."),
+    instrument: bool = typer.Option(True, "--instrument/--no-instrument",
+                                    help="Per-step spool records, collective timing hooks and simulated GPU state "
+                                         "(default on). --no-instrument is the baseline for measuring their overhead."),
 ) -> None:
     """Run the trainer on this rank (started by torchrun)."""
     cfg = TrainConfig(
@@ -73,6 +76,7 @@ def train(
         warmup=warmup, steps=steps, seed=seed, dataset=dataset, checkpoint_every=checkpoint_every,
         checkpoint_at_end=checkpoint_at_end, resume=resume, run_id=run_id, store=store, node=node,
         min_nodes=min_nodes, pg_timeout_s=pg_timeout, inject=list(inject), quiet=quiet, stop_after=crash_after_step,
+        instrument=instrument,
     )
     from trainer.faults import FaultSpecError, apply_config_faults, parse_faults
 

@@ -68,6 +68,7 @@ class TrainConfig:
     inject: list[str] = field(default_factory=list)
     quiet: bool = False
     stop_after: int | None = None  # exit (without finishing) after this step: used to test resume
+    instrument: bool = True  # False: no spool records, no collective timing hooks, no simulated GPU state
 
     def validate(self) -> None:
         m, p = self.model, self.parallel
@@ -99,6 +100,9 @@ class TrainConfig:
             raise ValueError("--batch-size and --grad-accum must be >= 1, --steps >= 0")
         if not (self.dataset == "synthetic" or self.dataset.startswith("textfile:")):
             raise ValueError(f"--dataset must be 'synthetic' or 'textfile:PATH', got {self.dataset!r}")
+        if not self.instrument and self.inject:
+            raise ValueError("--inject needs the instrumentation (faults act in its hooks and are recorded in the "
+                             "spool): drop --no-instrument")
         if self.profile.every and self.profile.steps + self.profile.warmup > self.profile.every:
             raise ValueError("--profile-steps + --profile-warmup must not exceed --profile-every")
 

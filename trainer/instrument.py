@@ -27,6 +27,19 @@ import msgspec
 from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, encode
 
 
+class NullSpool:
+    """--no-instrument: nothing is written."""
+
+    def add(self, rec) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def write_now(self, rec) -> None:
+        pass
+
+
 class SpoolWriter:
     """Append-only JSON-lines file, one ``os.write`` per flush (line-atomic, O_APPEND)."""
 
@@ -79,9 +92,13 @@ class StepTimes:
 class Recorder:
     """One per rank. The training loop, comm hooks and fault hooks all report here."""
 
-    def __init__(self, run_id: str, spool_path: os.PathLike, rank: int, faults, group_ranks: dict[str, list[int]]):
+    def __init__(self, run_id: str, spool_path: os.PathLike, rank: int, faults, group_ranks: dict[str, list[int]],
+                 enabled: bool = True):
         self.run_id, self.rank, self.faults = run_id, rank, faults
-        self.spool = SpoolWriter(spool_path)
+        # enabled=False (--no-instrument): the loop's own timers still run, nothing is written
+        # and no hook calls enter(); timed() just runs the collective.
+        self.enabled = enabled
+        self.spool = SpoolWriter(spool_path) if enabled else NullSpool()
         self.group_ranks = group_ranks  # {"dp": [...], "tp": [...], "pp": [...], "world": [...]}
         self.seq: dict[str, int] = {}
         self.step = 0
@@ -124,6 +141,8 @@ class Recorder:
 
     def timed(self, op: str, group_name: str, fn, *args, nbytes: int = 0, sync: bool = False, **kwargs):
         """Run a blocking collective ``fn`` with arrival/completion timing."""
+        if not self.enabled:
+            return fn(*args, **kwargs)
         c = self.enter(op, group_name, nbytes, sync)
         out = fn(*args, **kwargs)
         self.leave(c)

@@ -120,12 +120,18 @@ def apply_fsdp(module: nn.Module, dp_mesh, recorder, reshard_after_forward: bool
                 m.set_custom_all_gather(ag)
 
 
-def apply_ddp(module: nn.Module, dp_mesh, recorder) -> nn.Module:
+def apply_ddp(module: nn.Module, dp_mesh, recorder, pipeline: bool = False) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from trainer.instrument import make_ddp_comm_hook
 
-    ddp = DDP(module, process_group=dp_mesh.get_group())
+    # Under a pipeline stage every micro-batch's backward but the last runs in no_sync, and
+    # the reducer records the gradient-ready order for its one-time bucket rebuild across
+    # *all* of them: with few micro-batches (e.g. M = pp = 2) it saw each parameter twice and
+    # the next forward died with "rebuilt parameter indices size is not same as original
+    # model parameters size". find_unused_parameters turns the rebuild off (and traverses the
+    # stage output's graph, which is small); buckets keep their construction order.
+    ddp = DDP(module, process_group=dp_mesh.get_group(), find_unused_parameters=pipeline)
     if recorder is not None:
         ddp.register_comm_hook(dp_mesh.get_group(), make_ddp_comm_hook(recorder))
     return ddp
@@ -167,7 +173,7 @@ def build_model_parts(cfg: TrainConfig, mesh, layout: Layout, device: torch.devi
         if uses_fsdp(cfg):
             apply_fsdp(m, mesh["dp"], recorder, reshard_after_forward=p.pp == 1)
         else:
-            m = apply_ddp(m, mesh["dp"], recorder)
+            m = apply_ddp(m, mesh["dp"], recorder, pipeline=n_stages > 1)
         parts.append(m)
     return parts, stage_ids, n_stages
 
@@ -185,11 +191,13 @@ def build_pipeline(cfg: TrainConfig, parts, stage_ids, n_stages, mesh, device, p
 
     from trainer.instrument import install_pipeline_timing
 
-    install_pipeline_timing(recorder)
+    if recorder is not None:  # None: --no-instrument (no p2p or chunk timing, no fault hooks)
+        install_pipeline_timing(recorder)
     group = mesh["pp"].get_group()
     stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
     for st in stages:
-        _wrap_stage(st, recorder, slow_hook)
+        if recorder is not None:
+            _wrap_stage(st, recorder, slow_hook)
     cls = get_schedule_class(PP_SCHEDULES[cfg.parallel.pp_schedule])
     m = cfg.parallel.microbatches
     if issubclass(cls, PipelineScheduleSingle):

@@ -27,7 +27,7 @@ from trainer.control import REFORM_EXIT_CODE, REFORM_SLEEP_S, ControlChannel, ev
 from trainer.data import DataLoader, make_dataset
 from trainer.faults import FaultState, apply_config_faults, parse_faults, targets
 from trainer.instrument import MemoryProbe, Recorder
-from trainer.manifest import ManifestWriter, attempt_entry, make_manifest
+from trainer.manifest import ManifestWriter, attempt_entry, make_manifest, measure_cpu_peak
 from trainer.model import count_params, flops_per_token, loss_fn
 from trainer.parallelize import (
     Layout,
@@ -112,12 +112,13 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     group_ranks["world"] = list(range(world))
 
     faults = FaultState(specs, rank, node)
-    rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks)
+    rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks, enabled=cfg.instrument)
+    hooks = rec if cfg.instrument else None  # --no-instrument: no timing hooks anywhere
     rec.tp_is_sync = dp == 1 and tp > 1
     _RECORDER[0] = rec
     ckpt.seed_rng(cfg.seed, rank, 0)
 
-    parts, stage_ids, n_stages = build_model_parts(cfg, mesh, lay, device, rec)
+    parts, stage_ids, n_stages = build_model_parts(cfg, mesh, lay, device, hooks)
     params = [p for part in parts for p in part.parameters()]
     optims = [torch.optim.AdamW(part.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
               for part in parts]
@@ -159,7 +160,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
             pp_losses.append(loss.detach())
             return scaler.scale(loss) if scaler is not None else loss
 
-        sched, _stages = build_pipeline(cfg, parts, stage_ids, n_stages, mesh, device, pp_loss, rec, slow_sleep)
+        sched, _stages = build_pipeline(cfg, parts, stage_ids, n_stages, mesh, device, pp_loss, hooks, slow_sleep)
     is_first = 0 in stage_ids
     is_last = (n_stages - 1) in stage_ids
 
@@ -190,9 +191,17 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                 "microbatches": cfg.parallel.microbatches if pp > 1 else 1,
                 "virtual_stages": n_stages // pp, "dp_mode": "fsdp" if uses_fsdp(cfg) else "ddp",
                 "precision": cfg.precision}
+    peak = None
+    if device.type == "cpu":
+        # The MFU denominator: rank 0 measures matmul FLOP/s while every other rank waits in a
+        # blocking barrier (all ranks just met in all_gather_object), so the measurement has
+        # the cores to itself and is an upper bound for what a rank achieves.
+        if rank == 0:
+            peak = measure_cpu_peak()
+        dist.barrier()
     if rank == 0:
         m = make_manifest(run.run_id, cfg.to_dict(), layout_d, placements, backend, device, fpt,
-                          count_params(cfg.model), specs)
+                          count_params(cfg.model), specs, peak=peak)
         if device.type == "cpu":
             m.layout["simulated_gpus"] = "each rank writes a SIMULATED GPU state (simgpu/), no real GPU"
         manifest.start(m, attempt_entry(world, resumed))
@@ -201,7 +210,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
 
     control = ControlChannel(run, rank, nodes, cfg.min_nodes, device, rec)
     profiler = Profiler(run, rank, cfg.profile.every, cfg.profile.steps, cfg.profile.warmup, device, rec)
-    simgpu = SimulatedGpu(run, node, local_rank, rank) if device.type == "cpu" else None
+    simgpu = SimulatedGpu(run, node, local_rank, rank) if device.type == "cpu" and cfg.instrument else None
     mem = MemoryProbe(device)
     pp_group = mesh["pp"].get_group() if pp > 1 else None
     tokens_per_step = cfg.batch_size * cfg.model.seq_len * cfg.grad_accum  # per dp replica
@@ -316,7 +325,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                 for o in optims:
                     for v in scaler._per_optimizer_states[id(o)]["found_inf_per_device"].values():
                         v.fill_(1.0 if found > 0 else 0.0)
-        norm = clip_grad_norm_(params, cfg.clip, pp_group, rec)
+        norm = clip_grad_norm_(params, cfg.clip, pp_group, hooks)
         grad_norm = float(norm)
         overflow = found > 0 or not math.isfinite(grad_norm)
         if scaler is not None:
@@ -341,24 +350,25 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         p1 = time.perf_counter()
         t_end = time.time()
         step_ms = (p1 - p0) * 1000.0
-        comm_s, sync_arrival, sync_wait = rec.comm_summary()
-        data_ms, comm_ms, pw_ms = rec.t.data * 1000, comm_s * 1000, rec.t.pipeline_wait * 1000
-        compute_ms = max(0.0, step_ms - data_ms - comm_ms - pw_ms)
-        mem_bytes = mem.sample()
-        loss_ok = math.isfinite(step_loss)
         tokens = tokens_per_step
-        rec.finish_step(StepRecord(
-            run_id=run.run_id, rank=rank, step=step, node=node, host=host, attempt=attempt, world_size=world,
-            pp_stage=lay.pp_rank, dp_rank=lay.dp_rank, tp_rank=lay.tp_rank, t_start=t_start, t_end=t_end,
-            step_ms=step_ms, data_ms=data_ms, forward_ms=rec.t.forward * 1000, backward_ms=rec.t.backward * 1000,
-            optimizer_ms=rec.t.optimizer * 1000, comm_ms=comm_ms, pipeline_wait_ms=pw_ms, compute_ms=compute_ms,
-            sync_arrival=sync_arrival, sync_wait_ms=None if sync_wait is None else sync_wait * 1000,
-            tokens=tokens, loss=step_loss if loss_ok else None, loss_nonfinite=not loss_ok,
-            grad_norm=grad_norm if math.isfinite(grad_norm) else None,
-            loss_scale=float(scaler.get_scale()) if scaler is not None else None,
-            overflow=overflow, skipped=skipped, lr=lr, mem_bytes=mem_bytes,
-            flops=fpt * tokens / (tp * pp), profiling=profiling,
-            microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum))
+        if cfg.instrument:
+            comm_s, sync_arrival, sync_wait = rec.comm_summary()
+            data_ms, comm_ms, pw_ms = rec.t.data * 1000, comm_s * 1000, rec.t.pipeline_wait * 1000
+            compute_ms = max(0.0, step_ms - data_ms - comm_ms - pw_ms)
+            mem_bytes = mem.sample()
+            loss_ok = math.isfinite(step_loss)
+            rec.finish_step(StepRecord(
+                run_id=run.run_id, rank=rank, step=step, node=node, host=host, attempt=attempt, world_size=world,
+                pp_stage=lay.pp_rank, dp_rank=lay.dp_rank, tp_rank=lay.tp_rank, t_start=t_start, t_end=t_end,
+                step_ms=step_ms, data_ms=data_ms, forward_ms=rec.t.forward * 1000, backward_ms=rec.t.backward * 1000,
+                optimizer_ms=rec.t.optimizer * 1000, comm_ms=comm_ms, pipeline_wait_ms=pw_ms, compute_ms=compute_ms,
+                sync_arrival=sync_arrival, sync_wait_ms=None if sync_wait is None else sync_wait * 1000,
+                tokens=tokens, loss=step_loss if loss_ok else None, loss_nonfinite=not loss_ok,
+                grad_norm=grad_norm if math.isfinite(grad_norm) else None,
+                loss_scale=float(scaler.get_scale()) if scaler is not None else None,
+                overflow=overflow, skipped=skipped, lr=lr, mem_bytes=mem_bytes,
+                flops=fpt * tokens / (tp * pp), profiling=profiling,
+                microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum))
         if overflow:
             rec.event("overflow", {"found_inf": found, "grad_norm_finite": math.isfinite(grad_norm),
                                    "loss_scale": float(scaler.get_scale()) if scaler is not None else None})
