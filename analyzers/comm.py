@@ -45,6 +45,10 @@ class CommConfig:
     warmup_steps: int = 1
     baseline_steps: int = 5
     deficit_k: float = 2.0  # slow link by wait deficit: unexplained wait above k sigma (and 10 % of the step)
+    last_window: int = 3  # slow link by self-delay: steps pooled per judgement ...
+    last_min_ops: int = 6  # ... with at least this many ops where the rank was the last to arrive
+    last_k: float = 4.0  # ... its median duration there exceeds its peers' by k sigma (and min_extra_ms)
+    match_tol_ms: float = 10.0  # records of one op complete within this on every member (else seq numbers disagree)
     busbw_warn_frac: float = 0.5  # achieved busbw below this fraction of the nccl-tests baseline
     size_match: float = 4.0  # baseline row within this factor of the message size
     expect_ib: bool | None = None  # None: expected when any host uses NET/IB
@@ -150,6 +154,8 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
+    cands += _self_delay(data, cfg, st, {c["rank"] for c in cands})
+    cands = _drop_link_partners(cands)
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
     used: set[int] = set()
@@ -175,6 +181,21 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
         if c["rank"] in used:
             continue
         node = node_of.get(c["rank"])
+        if c.get("method") == "self_delay":
+            out.append(Finding(
+                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
+                step_start=c["onset"], step_end=c["end"],
+                evidence=dict(scope="rank", cause="slow_link", method="self_delay", onset_step=c["onset"], detected_at_step=c["confirmed"],
+                              last_arriver_op_ms=fnum(c["own"], 2), peers_last_arriver_op_ms=fnum(c["peers"], 2),
+                              extra_ms_per_op=fnum(c["own"] - c["peers"], 2), ops_per_step=fnum(c["ops_per_step"], 1),
+                              threshold_extra_ms=fnum(c["threshold"], 2), groups=c["groups"], steps_affected=c["n"]),
+                confidence=0.7,
+                summary=(f"rank {c['rank']} (node {node}) has a slow link since step {c['onset']}: when it is the last to arrive at a "
+                         f"collective, nobody is left to wait for, yet the op takes {c['own']:.1f} ms vs {c['peers']:.1f} ms when a peer "
+                         f"is last ({c['own'] - c['peers']:.1f} ms more per op, ~{c['ops_per_step']:.0f} ops a step)"),
+                recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
+            ))
+            continue
         if c.get("method") == "wait_deficit":
             out.append(Finding(
                 analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
@@ -237,6 +258,98 @@ def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[in
                             confirmed=confirmation_step(flags, s0, cfg.persist), method="wait_deficit",
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
                             lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
+    return out
+
+
+def last_arriver_ops(data: RunData, first_step: int | None = None) -> pd.DataFrame:
+    """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
+
+    The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
+    its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
+    ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
+    pairing is wrong, so such ops are dropped."""
+    co = data.collectives
+    if co.empty:
+        return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
+    co = co[co["t_done"].notna() & co["duration_ms"].notna()]
+    if first_step is not None:
+        co = co[co["step"] >= first_step]
+    if co.empty:
+        return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
+    g = co.groupby(["gkey", "seq"])
+    n = g["rank"].transform("size")
+    size = co["group_ranks"].map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0)
+    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
+    ok = co[(n == size) & (size >= 2) & (spread <= CommConfig.match_tol_ms)]
+    if ok.empty:
+        return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
+    last = ok.loc[ok.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
+    return last[["gkey", "seq", "rank", "step", "duration_ms", "group"]].reset_index(drop=True)
+
+
+def _drop_link_partners(cands: list[dict]) -> list[dict]:
+    """Of two self-delay candidates that share a communicator and overlap in time, keep the one with the longer
+    last-arriver ops: its partner arriving last still waits out the rest of the culprit's delay (so its own ops look
+    long too), but by less than the delay itself."""
+    sd = [c for c in cands if c.get("method") == "self_delay"]
+    drop = set()
+    for a in sd:
+        for b in sd:
+            if a is b or id(b) in drop or not (set(a["groups_keys"]) & set(b["groups_keys"])):
+                continue
+            if a["onset"] <= b["end"] and b["onset"] <= a["end"] and (a["own"] - a["peers"]) < (b["own"] - b["peers"]):
+                drop.add(id(a))
+    return [c for c in cands if id(c) not in drop]
+
+
+def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]) -> list[dict]:
+    """A slow link seen per collective: ops in which the rank arrived last (nobody left to wait for) still take
+    longer than ops in which a peer arrived last. Per step, each rank's median last-arriver duration over the last
+    ``last_window`` steps (at least ``last_min_ops`` ops) against the leave-one-out median of the other ranks';
+    flagged when the excess is >= max(min_extra_ms, last_k x its noise), in ``persist`` of ``window`` steps.
+    Sensitive where ops are many and quick (tensor-parallel all-reduces); with a few long gloo all-reduces per
+    step their duration noise keeps the threshold high."""
+    last = last_arriver_ops(data, int(st["step"].min()))
+    if last.empty or last["rank"].nunique() < 2:
+        return []
+    steps = sorted(int(x) for x in st["step"].unique())
+    ranks = sorted(int(r) for r in st["rank"].unique())
+    med = pd.DataFrame(np.nan, index=ranks, columns=steps)
+    cnt = pd.DataFrame(0, index=ranks, columns=steps)
+    for s in steps:
+        win = last[(last["step"] > s - cfg.last_window) & (last["step"] <= s)]
+        for r, sub in win.groupby("rank"):
+            if int(r) in med.index:
+                cnt.loc[int(r), s] = len(sub)
+                if len(sub) >= cfg.last_min_ops:
+                    med.loc[int(r), s] = float(sub["duration_ms"].median())
+    if med.notna().sum(axis=0).max() < 2:
+        return []
+    ref = leave_one_out_median(med)
+    excess = med - ref
+    sigma = temporal_sigma(excess)
+    threshold = max(cfg.min_extra_ms, cfg.last_k * sigma)
+    ops_per_step = last.groupby("step").size().median() / max(len(ranks), 1) * len(ranks)
+    comp = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last")
+    comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
+    out = []
+    for r in med.index:
+        if r in skip:
+            continue
+        flags = (excess.loc[r] >= threshold).fillna(False)
+        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1])) if r in comp_ratio.index else float("nan")
+            # the window reaches back last_window - 1 steps: the delay began at most that much before the first flag
+            onset = max(steps[0], s0 - cfg.last_window + 1)
+            win = last[(last["step"] >= onset) & (last["step"] <= s1)]
+            out.append(dict(rank=int(r), onset=onset, end=s1, n=n, method="self_delay",
+                            own=float(win.loc[win["rank"] == r, "duration_ms"].median()),
+                            peers=float(win.loc[win["rank"] != r, "duration_ms"].median()),
+                            ratio=float("nan"), comp_ratio=cr, threshold=threshold,
+                            ops_per_step=float(len(win) / max(1, s1 - onset + 1)),
+                            groups=sorted({str(g) for g in win.loc[win["rank"] == r, "group"]}),
+                            groups_keys=sorted({str(g) for g in last.loc[last["rank"] == r, "gkey"]}),
+                            confirmed=confirmation_step(flags, s0, cfg.persist)))
     return out
 
 
@@ -372,8 +485,19 @@ def analyze(data: RunData, cfg: CommConfig | None = None) -> list[Finding]:
     if not st.empty:
         st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
     if not st.empty:
-        findings += _exposed(data, cfg, st)
-        findings += _slow_links(data, cfg, st)
+        exposed = _exposed(data, cfg, st)
+        links = _slow_links(data, cfg, st)
+        for f in exposed:
+            # the job's communication grew because of a slow link already named: a symptom, reported as info
+            if f.evidence.get("cause") != "comm_growth" or f.severity != "warning":
+                continue
+            causes = [g for g in links if g.step_start is not None and f.step_end is not None and g.step_start <= f.step_end + cfg.window
+                      and (g.step_end is None or g.step_end >= f.step_start - cfg.window)]
+            if causes:
+                f.severity = "info"
+                f.evidence["explained_by"] = [f"slow link of rank(s) {fmt_ranks(g.ranks)}" for g in causes]
+                f.summary += f" (explained by the slow link of rank(s) {fmt_ranks(causes[0].ranks)})"
+        findings += exposed + links
     findings += _busbw(data, cfg)
     findings += _transport(data, cfg)
     return findings

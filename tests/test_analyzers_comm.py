@@ -99,3 +99,53 @@ def test_socket_without_ib_anywhere_is_fine():
     data = build(world=4, nodes=2)
     ev = [NcclEvent(host=f"node{i}", pid=i, t=None, category="transport", transport="NET/Socket") for i in range(2)]
     assert [f for f in comm.analyze(with_records(data, ev)) if f.evidence.get("scope") == "transport"] == []
+
+
+def _with_tp_ops(data, delay_ms, ops=12, seed=0):
+    """TP all-reduces (groups [0,1], [2,3]), ``ops`` a step, random arrival order; ``delay_ms(rank, step)`` is the time
+    a rank holds its data after arriving (a slow link): the op starts when the last member's data is there."""
+    import numpy as np
+
+    from ranksight.schema import CollectiveRecord
+
+    rng = np.random.default_rng(seed)
+    recs = []
+    st = data.steps
+    for s in sorted(int(x) for x in st["step"].unique()):
+        t0 = float(st.loc[st["step"] == s, "t_start"].min())
+        for i in range(ops):
+            for pair in ((0, 1), (2, 3)):
+                arrive = {r: t0 + 0.005 * i + rng.uniform(0, 0.002) for r in pair}
+                ready = max(arrive[r] + delay_ms(r, s) / 1000 for r in pair)
+                done = ready + (1.0 + 0.1 * rng.standard_normal()) / 1000
+                for r in pair:
+                    recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=s * ops + i, op="all_reduce", group="tp",
+                                                 group_ranks=list(pair), nbytes=1 << 16, t_arrive=arrive[r], t_done=done,
+                                                 duration_ms=(done - arrive[r]) * 1000))
+    return with_records(data, recs)
+
+
+def test_slow_link_by_self_delay_on_tp_ops():
+    # rank 1 holds each TP all-reduce 3 ms from step 10: when it is the last to arrive the op still takes 4 ms, not 1 ms
+    data = _with_tp_ops(build(world=4, steps=24), lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0)
+    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "self_delay")]
+    ev = fs[0].evidence
+    assert 8 <= fs[0].step_start <= 10 and ev["detected_at_step"] <= 13
+    assert 2.5 <= ev["extra_ms_per_op"] <= 3.5 and "tp" in ev["groups"]
+    # the same ops without the delay: nothing
+    clean = _with_tp_ops(build(world=4, steps=24), lambda r, s: 0.0)
+    assert [f for f in comm.analyze(clean) if f.severity != "info"] == []
+
+
+def test_comm_growth_explained_by_a_named_slow_link_is_info():
+    # node 1 (ranks 2, 3) transfers 80 ms more a step from step 8: the job's exposed communication grows 5 % -> 24 %
+    data = build(nodes=2, link_delay_ms=lambda r, s: 80.0 if (r >= 2 and s >= 8) else 0.0, transfer_ms=5.0)
+    fs = comm.analyze(data)
+    growth = [f for f in fs if f.evidence.get("cause") == "comm_growth"]
+    links = [f for f in fs if f.evidence.get("cause") == "slow_link"]
+    assert [f.ranks for f in links] == [[2, 3]] and links[0].severity == "warning"
+    assert len(growth) == 1 and growth[0].severity == "info" and growth[0].step_start == 8
+    assert growth[0].evidence["explained_by"] == ["slow link of rank(s) 2,3"]
+    # without the slow link finding (too small a node share for it) the growth would stand as a warning
+    assert comm.analyze(data, comm.CommConfig(rank_ratio=1e9, deficit_k=1e9, last_k=1e9))[0].severity == "warning"
