@@ -265,3 +265,24 @@ def test_disabled_recorder_writes_nothing_and_still_runs_collectives(tmp_path):
     rec.finish_step(StepRecord(run_id="r", rank=0, step=1, node=0, host="h", world_size=1, t_start=0.0, t_end=1.0, step_ms=1.0))
     assert not rec.t.collectives and not path.exists()
     assert Recorder("r", path, 0, None, {}).spool is not None and path.exists()  # default: on
+
+
+def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
+    """A CPU peak measured while the machine is busy is too low (MFU > 100 %). The manifest's peak
+    is the max of this measurement and the best earlier one on this host (cached), and says so."""
+    import json
+
+    from trainer.manifest import _cpu_key, measure_cpu_peak
+
+    cache = tmp_path / "cpu-peak.json"
+    shapes = ((64, 64, 64),)
+    now, src, simulated = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
+    assert simulated and now > 0 and "barrier" in src and "64x64@64x64" in src
+    key = _cpu_key(torch.get_num_threads())
+    assert json.loads(cache.read_text())[key]["peak_flops"] == now  # recorded for later runs
+    cache.write_text(json.dumps({key: {"peak_flops": 1e18}}))  # an earlier, higher measurement
+    peak, src, _ = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
+    assert peak == 1e18 and "earlier measurement" in src
+    cache.write_text(json.dumps({key: {"peak_flops": 1.0}}))  # a lower one is replaced
+    peak, _, _ = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
+    assert peak > 1.0 and json.loads(cache.read_text())[key]["peak_flops"] == peak

@@ -7,8 +7,12 @@ existing manifest and appends one entry to ``attempts``.
 
 from __future__ import annotations
 
+import json
 import os
+import platform
+import socket
 import time
+from pathlib import Path
 
 import msgspec
 import torch
@@ -42,19 +46,48 @@ def peak_flops(device: torch.device) -> tuple[float, str, bool]:
     return measure_cpu_peak()
 
 
-CPU_PEAK_SIZES = (512, 1024)
+# (m, k, n): square matmuls and the thin shapes a small transformer's linear layers have
+# (a thin k is often *faster* per FLOP on a CPU than a square one).
+CPU_PEAK_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (512, 128, 512), (512, 256, 128))
 CPU_PEAK_REPS = 5
 
 
-def measure_cpu_peak(sizes=CPU_PEAK_SIZES, reps: int = CPU_PEAK_REPS, min_rep_s: float = 0.04) -> tuple[float, str, bool]:
+def _shape_s(s) -> str:
+    return f"{s[0]}x{s[1]}@{s[1]}x{s[2]}"
+
+
+def peak_cache_path() -> Path:
+    base = os.environ.get("RANKSIGHT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ranksight")
+    return Path(base) / "cpu-peak.json"
+
+
+def _cpu_key(threads: int) -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{socket.gethostname()}|{model}|threads={threads}|torch={torch.__version__}"
+
+
+def measure_cpu_peak(shapes=CPU_PEAK_SHAPES, reps: int = CPU_PEAK_REPS, min_rep_s: float = 0.04,
+                     cache: Path | None = None) -> tuple[float, str, bool]:
     """fp32 matmul FLOP/s on this CPU with this process's thread count: the best repetition over
-    square matmuls of each size (after a warm-up). Meant to run while every other rank of the
-    job waits in a blocking barrier (see trainer.train), so it is what one rank can do with the
-    cores to itself: an upper bound for the rank's achieved FLOP/s, hence MFU <= 100 %."""
+    several matmul shapes (after a warm-up). Meant to run while every other rank of the job
+    waits in a blocking barrier (see trainer.train), so it is what one rank can do with the
+    cores to itself: an upper bound for the rank's achieved FLOP/s, hence MFU <= 100 %.
+
+    On a machine shared with other work, a measurement taken while it was busy is too low; so
+    the result is the max of this measurement and the best earlier one on this host with the
+    same CPU, thread count and torch (kept in ``peak_cache_path()``, updated when beaten)."""
     threads = torch.get_num_threads()
-    best, best_n = 0.0, sizes[0]
-    for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
+    best, best_shape = 0.0, shapes[0]
+    for shp in shapes:
+        m, k, n = shp
+        a, b = torch.randn(m, k), torch.randn(k, n)
         a @ b  # warm-up (allocation, first-touch)
         for _ in range(reps):
             iters, t0 = 0, time.perf_counter()
@@ -64,13 +97,34 @@ def measure_cpu_peak(sizes=CPU_PEAK_SIZES, reps: int = CPU_PEAK_REPS, min_rep_s:
                 dt = time.perf_counter() - t0
                 if dt >= min_rep_s:
                     break
-            rate = 2 * n**3 * iters / dt
+            rate = 2 * m * k * n * iters / dt
             if rate > best:
-                best, best_n = rate, n
-    sizes_s = "/".join(f"{n}x{n}" for n in sizes)
-    return best, (f"measured fp32 matmul on this CPU: best of {reps} repetitions of {sizes_s} "
-                  f"(best {best_n}x{best_n}), {threads} thread(s) as each rank uses, by rank 0 while "
-                  "the other ranks waited in a barrier; not a GPU peak"), True
+                best, best_shape = rate, shp
+    now = best
+    cache = peak_cache_path() if cache is None else cache
+    key = _cpu_key(threads)
+    earlier = 0.0
+    try:
+        data = json.loads(cache.read_text())
+        earlier = float(data.get(key, {}).get("peak_flops", 0.0))
+    except (OSError, ValueError, AttributeError):
+        data = {}
+    if now > earlier:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            data = data if isinstance(data, dict) else {}
+            data[key] = {"peak_flops": now, "shape": _shape_s(best_shape), "t": time.time()}
+            atomic_write(cache, json.dumps(data, indent=1).encode())
+        except OSError:
+            pass
+    peak = max(now, earlier)
+    shapes_s = ", ".join(_shape_s(s) for s in shapes)
+    src = (f"measured fp32 matmul on this CPU: best of {reps} repetitions of each of {shapes_s} "
+           f"(best {_shape_s(best_shape)}: {now / 1e9:.1f} GFLOP/s), {threads} thread(s) as each rank uses, "
+           "by rank 0 while the other ranks waited in a barrier")
+    if earlier > now:
+        src += f"; an earlier measurement on this host was higher ({earlier / 1e9:.1f} GFLOP/s, {cache}) and is used"
+    return peak, src + "; not a GPU peak", True
 
 
 class ManifestWriter:
