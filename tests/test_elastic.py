@@ -31,7 +31,9 @@ def test_evicted_node_leaves_and_training_resumes_on_the_other(tmp_path):
     rd = RunDir(tmp_path / "runs", "elastic")
     cmd = [sys.executable, "-m", "ranksight.cli", "launch", "--nnodes", "2", "--nproc-per-node", "1",
            "--steps", str(STEPS), "--run-id", rd.run_id, "--store", str(rd.store), "--no-live",
-           "--timeout", "400", "--no-agents", "--quiet"]
+           "--timeout", "400", "--no-agents", "--quiet",
+           # Steps of >= 0.4 s, so the request lands mid-run however fast the machine is.
+           "--inject", "data_stall:rank=0,delay_ms=400"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
