@@ -42,11 +42,13 @@ NAME = "stragglers"
 @dataclass
 class StragglerConfig:
     min_ratio: float = 1.08  # own compute / peers' median: the slow CUSUM's drift (a step below it is evidence against)
-    h_sigma: float = 6.0  # slow CUSUM alarm threshold in units of the scores' noise ...
+    h_sigma: float = 8.0  # slow CUSUM alarm threshold in units of the scores' noise ...
     min_h_factor: float = 2.0  # ... and at least this many times its drift log(min_ratio)
     fast_ratio: float = 1.25  # the fast CUSUM's drift: large slow-downs are confirmed in min_steps steps ...
-    fast_h_sigma: float = 2.5  # ... with a threshold of this many sigma ...
+    fast_h_sigma: float = 3.0  # ... with a threshold of this many sigma ...
     fast_min_h_factor: float = 1.0  # ... and at least this many times its drift log(fast_ratio)
+    few_peers_h_factor: float = 1.35  # both thresholds x this for a rank compared with a single peer (pp stage of 2 ranks):
+    # the two scores mirror each other and no third rank says which one moved
     clip_h_share: float = 0.5  # one step adds at most this share of h to a CUSUM (a scheduling spike is one step)
     baseline_noise_weight: float = 0.75  # sigma >= this x the noise of the clean warm-up steps (all ranks pooled)
     min_steps: int = 3  # an alarm needs at least this many steps ...
@@ -252,14 +254,16 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
         detectors.append((drift, max(h_sig * sigma, floor * drift)))
     for r in ratio_df.index:
         runs = []
+        group = next(m for m in groups.values() if r in m)
+        scale = cfg.few_peers_h_factor if len(group) <= 2 else 1.0
         for drift, h in detectors:
+            h = h * scale
             x = logr.loc[r].clip(upper=drift + cfg.clip_h_share * h)
             runs += [dict(run, drift=drift, h=h) for run in cusum_runs(x, drift, h, cfg.min_steps, cfg.high_share)]
         for run in merge_runs(runs):
             s1 = run["end"]
             onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
             span = ratio_df.loc[r, onset:s1]
-            group = next(m for m in groups.values() if r in m)
             out.append(dict(rank=r, onset=onset, end=s1, flagged=int((logr.loc[r, onset:s1] > k).sum()),
                             ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
                             peers_ms=float(np.nanmedian(refs[r].loc[onset:s1])), threshold=float(np.exp(k)),
