@@ -306,7 +306,8 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     """A slow link seen per collective: ops in which the rank arrived last (nobody left to wait for) still take
     longer than ops in which a peer arrived last. Per step, each rank's median last-arriver duration over the last
     ``last_window`` steps (at least ``last_min_ops`` ops) against the leave-one-out median of the other ranks';
-    flagged when the excess is >= max(min_extra_ms, last_k x its noise), in ``persist`` of ``window`` steps.
+    flagged when the excess is >= max(min_extra_ms, last_k x the noise of those medians over time), in ``persist``
+    of ``window`` steps.
     Sensitive where ops are many and quick (tensor-parallel all-reduces); with a few long gloo all-reduces per
     step their duration noise keeps the threshold high."""
     last = last_arriver_ops(data, int(st["step"].min()))
@@ -327,7 +328,9 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
         return []
     ref = leave_one_out_median(med)
     excess = med - ref
-    sigma = temporal_sigma(excess)
+    # noise: each rank's own windowed median over time (median over ranks). Not the excess: with few ranks
+    # the peers' references contain the culprit, so their excess shifts with it and would inflate sigma.
+    sigma = temporal_sigma(med)
     threshold = max(cfg.min_extra_ms, cfg.last_k * sigma)
     ops_per_step = last.groupby("step").size().median() / max(len(ranks), 1) * len(ranks)
     comp = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last")
