@@ -19,6 +19,12 @@ def test_replay_scores_recorded_runs(tmp_path, capsys):
     assert rows["real-4rank-slow"]["recall"] == 1.0 and rows["real-4rank-slow"]["precision"] == 1.0
     assert rows["real-4rank-slow"]["fault"] == "slow_rank" and rows["real-4rank-slow"]["latencies"][0] <= 3
     assert rows["real-4rank-clean"]["false_findings"] == []
+    # dp2 x tp2 (d_model 128), rank 1 at 1.5x from step 6: named, not its TP partner 0; the trainer's unwaited async
+    # TP all-reduce records early in the run are not taken for a hang
+    tp = rows["real-dp2tp2-slow"]
+    assert tp["layout"] == "dp2tp2" and tp["fault"] == "slow_rank" and tp["magnitude"] == 1.5
+    assert tp["recall"] == 1.0 and tp["precision"] == 1.0 and tp["false_findings"] == []
+    assert not any(f.startswith("critical hang") for f in tp["findings"])
     out = capsys.readouterr().out
     assert "straggler median latency:" in out and "| slow_rank | 2.0 | 100% | 100% |" in out
 
