@@ -201,6 +201,17 @@ def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int
     return int(best_t)
 
 
+def _data_extra_ms(data: RunData, rank: int, group: list[int], s0: int, s1: int) -> float | None:
+    """Median over [s0, s1] of the rank's data wait minus its peers' median data wait, per step."""
+    st = data.steps[(data.steps["step"] >= s0) & (data.steps["step"] <= s1) & (data.steps["rank"].isin(group))]
+    if st.empty or st["rank"].nunique() < 2 or st["data_ms"].isna().all():
+        return None
+    d = st.pivot_table(index="rank", columns="step", values="data_ms", aggfunc="last")
+    if rank not in d.index:
+        return None
+    return float(np.nanmedian((d.loc[rank] - d.drop(index=rank).median()).to_numpy(dtype=float)))
+
+
 def _wait_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: int) -> dict:
     """Total blocked time (sync wait + pipeline wait) of ``rank`` against the others of its group."""
     st = data.steps[(data.steps["step"] >= s0) & (data.steps["step"] <= s1) & (data.steps["rank"].isin(group))]
@@ -401,6 +412,12 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         # spread over the step) is reported as info only.
         extra_ms = c["own_ms"] - c["peers_ms"]
         share, lag = ev.get("last_arrival_share"), ev.get("arrival_lag_ms")
+        # a rank late because its data loader is late is a data stall (its own analyzer): only the lag its extra
+        # data wait does not explain counts for the compute
+        data_extra = _data_extra_ms(data, r, c["group"], c["onset"], c["end"])
+        if data_extra is not None and data_extra > 0 and lag is not None:
+            ev["data_extra_ms"] = fnum(data_extra, 1)
+            lag = lag - data_extra
         corroborated = None
         if share is not None:
             corroborated = share >= cfg.last_arrival_share and (lag is None or lag >= cfg.lag_fraction * extra_ms)
@@ -411,7 +428,7 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
             ev.update(w)
             if w.get("least_wait_share") is not None:
                 corroborated = (w["least_wait_share"] >= cfg.last_arrival_share
-                                and w["peers_wait_minus_own_ms"] >= cfg.lag_fraction * extra_ms)
+                                and w["peers_wait_minus_own_ms"] - max(data_extra or 0.0, 0.0) >= cfg.lag_fraction * extra_ms)
         tp_ev = _tp_evidence(data, r, c["onset"], c["end"])
         if tp_ev:
             # Under tensor parallelism the TP partners of a slow rank wait for it inside the TP all-reduces (and

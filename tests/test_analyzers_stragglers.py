@@ -205,3 +205,19 @@ def test_single_peer_comparison_needs_more_evidence():
     assert f.ranks == g.ranks == [3] and f.evidence["compared_with"] == [2]
     assert abs(f.evidence["cusum_threshold"] / g.evidence["cusum_threshold"] - 1.35) < 0.02
     assert f.evidence["detected_at_step"] >= g.evidence["detected_at_step"]
+
+
+def test_late_because_of_data_is_not_compute_corroboration():
+    # rank 2's loader is 80 ms late from step 10 (it arrives late at the sync, the others wait for it), and its
+    # compute_ms also reads 1.3x: the lag is its data wait, not its compute, so the straggler is info only
+    data = build(data_extra_ms=lambda r, s: 80.0 if (r == 2 and s >= 10) else 0.0)
+    st = data.steps
+    st.loc[(st["rank"] == 2) & (st["step"] >= 10), "compute_ms"] *= 1.3
+    (f,) = stragglers.analyze(data)
+    assert f.ranks == [2] and f.severity == "info"
+    assert 75 <= f.evidence["data_extra_ms"] <= 85 and f.evidence["arrival_lag_ms"] > 75
+    assert f.evidence["arrival_corroborated"] is False
+    # the same lag from compute (no data stall) is corroborated
+    slow = build(compute_factor=lambda r, s: 1.3 if (r == 2 and s >= 10) else 1.0)
+    (g,) = stragglers.analyze(slow)
+    assert g.severity == "warning" and "data_extra_ms" not in g.evidence
