@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from agent.http import NoDelayHandler
 from agent import otlp_receiver as rx
 from agent.otlp_receiver import HttpError
 from ranksight import schema
@@ -45,20 +45,9 @@ def _clean(o):
     return o
 
 
-class HeadHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class HeadHandler(NoDelayHandler):
     server_version = "ranksight-head"
     head = None  # set by make_server
-    # Buffered responses (headers + body leave in one send when the handler flushes) and no
-    # Nagle: two small writes per response otherwise wait on delayed ACKs, milliseconds each.
-    wbufsize = -1
-
-    def setup(self):
-        super().setup()
-        try:
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
 
     def log_message(self, fmt, *args):  # route access logs to logging at debug level
         log.debug("%s " + fmt, self.client_address[0], *args)

@@ -35,13 +35,14 @@ import socket
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from agent import wire
+from agent.http import NoDelayHandler
 from agent.outbox import Item, Outbox
 from agent.prom import AgentMetrics
 from probes.steps import SpoolGap, TailPosition, first_node, spool_ranks, tail
@@ -609,16 +610,7 @@ class NodeAgent:
             return
         agent = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            wbufsize = -1  # headers and body in one send (see agent/api.py)
-
-            def setup(self):
-                super().setup()
-                try:
-                    self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                except OSError:
-                    pass
+        class Handler(NoDelayHandler):
 
             def log_message(self, fmt, *args):
                 log.debug("agent http: " + fmt, *args)
