@@ -17,7 +17,9 @@ cancels out):
 The figure of one job is the median step time of rank 0 (its progress line, the same code in
 both arms) over the steps after ``--warmup-steps``. Reported: the ratio observed / bare of
 each pair, their median, a 95 % confidence interval of the mean log-ratio (t distribution
-over pairs), and the ratio of the pooled medians. Goal (issue 3): <= 1.005.
+over pairs), and the ratio of the pooled medians. Goal (issue 3): <= 1.005. Also the CPU
+seconds of everything each job started (ranks, torchrun, head, agent), as a ratio per pair:
+less sensitive to other work on a shared machine than wall time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import math
 import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -50,7 +53,14 @@ def t975(df: int) -> float:
     return T975.get(df) or T975[max(k for k in T975 if k <= df)] if df >= 1 else float("nan")
 
 
-def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], observed: bool) -> list[float]:
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], observed: bool) -> tuple[list[float], float]:
+    """(rank 0's step times in ms, CPU seconds of everything the job started: torchrun, its ranks,
+    and in the observed arm the head and the agent; all are reaped before this returns)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "-m", "trainer", *MODEL, *extra, "--steps", str(steps),
            "--store", str(store), "--run-id", run_id]
@@ -58,6 +68,7 @@ def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], 
         cmd.append("--no-instrument")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "PYTHONPATH": str(ROOT), "RANKSIGHT_NODE": "0"}
+    cpu0 = _children_cpu_s()
     dp = DataPath(store, run_id, nodes=1).start() if observed else None
     try:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -73,7 +84,7 @@ def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], 
             times[int(m.group(1))] = float(m.group(2))
     if len(times) != steps:
         raise SystemExit(f"{run_id}: expected {steps} progress lines, got {len(times)}")
-    return [times[k] for k in sorted(times)]
+    return [times[k] for k in sorted(times)], _children_cpu_s() - cpu0
 
 
 def max_mfu(store: Path, run_id: str) -> float | None:
@@ -95,6 +106,15 @@ def max_mfu(store: Path, run_id: str) -> float | None:
     return best
 
 
+def log_ci(ratios: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of the ratios and a 95 % t interval of the mean log-ratio."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    mean_log = statistics.fmean(logs)
+    half = t975(n - 1) * statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("nan")
+    return math.exp(mean_log), math.exp(mean_log - half), math.exp(mean_log + half)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra: list[str] = []
@@ -112,37 +132,44 @@ def main() -> None:
         raise SystemExit("--steps must exceed --warmup-steps by more than 5")
 
     store = Path(tempfile.mkdtemp(prefix="ranksight-overhead-"))
-    rows, ratios, bare_all, obs_all, mfus = [], [], [], [], []
+    rows, ratios, bare_all, obs_all, mfus, cpu_ratios = [], [], [], [], [], []
     t0 = time.time()
     for p in range(a.pairs):
         order = ("bare", "observed") if p % 2 == 0 else ("observed", "bare")
-        med = {}
+        med, cpu = {}, {}
         for arm in order:
             run_id = f"p{p}-{arm}"
-            st = run_job(store, run_id, a.nproc, a.steps, extra, arm == "observed")[a.warmup_steps:]
+            st, cpu[arm] = run_job(store, run_id, a.nproc, a.steps, extra, arm == "observed")
+            st = st[a.warmup_steps:]
             med[arm] = statistics.median(st)
             (obs_all if arm == "observed" else bare_all).extend(st)
             if arm == "observed":
                 mfus.append(max_mfu(store, run_id))
         r = med["observed"] / med["bare"]
+        cr = cpu["observed"] / cpu["bare"]
         ratios.append(r)
-        rows.append((p, "".join("B" if x == "bare" else "O" for x in order), med["bare"], med["observed"], r))
-        print(f"pair {p}: bare {med['bare']:.2f} ms  observed {med['observed']:.2f} ms  ratio {r:.4f}", flush=True)
+        cpu_ratios.append(cr)
+        rows.append((p, "".join("B" if x == "bare" else "O" for x in order), med["bare"], med["observed"], r,
+                     cpu["bare"], cpu["observed"], cr))
+        print(f"pair {p}: bare {med['bare']:.2f} ms  observed {med['observed']:.2f} ms  ratio {r:.4f} | "
+              f"CPU s bare {cpu['bare']:.1f} observed {cpu['observed']:.1f} ratio {cr:.4f}", flush=True)
 
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    mean_log = statistics.fmean(logs)
-    half = t975(n - 1) * statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("nan")
-    lo, hi = math.exp(mean_log - half), math.exp(mean_log + half)
+    n = len(ratios)
+    gmean, lo, hi = log_ci(ratios)
+    cpu_gmean, cpu_lo, cpu_hi = log_ci(cpu_ratios)
     pooled = statistics.median(obs_all) / statistics.median(bare_all)
     med_ratio = statistics.median(ratios)
     verdict = "MET" if hi <= 1.005 else ("NOT shown (the interval reaches above 1.005)" if lo <= 1.005
                                           else "NOT met (the whole interval is above 1.005)")
     cmd = "  ".join([".venv/bin/python bench/overhead.py", *map(shlex.quote, sys.argv[1:])])
     summary = (f"overhead (observed / bare, median step time): median of {n} pair ratios {med_ratio:.4f}; "
-               f"geometric mean {math.exp(mean_log):.4f}, 95% CI [{lo:.4f}, {hi:.4f}]; pooled medians {pooled:.4f}. "
+               f"geometric mean {gmean:.4f}, 95% CI [{lo:.4f}, {hi:.4f}]; pooled medians {pooled:.4f}. "
                f"Goal <= 1.005: {verdict}")
+    cpu_summary = (f"CPU cost (observed / bare, CPU seconds of the whole job incl. start-up, head and agent): "
+                   f"median {statistics.median(cpu_ratios):.4f}; geometric mean {cpu_gmean:.4f}, "
+                   f"95% CI [{cpu_lo:.4f}, {cpu_hi:.4f}]")
     print(summary)
+    print(cpu_summary)
     mfu_max = max((m for m in mfus if m is not None), default=None)
     if mfu_max is not None:
         print(f"largest MFU any rank reported in the observed runs: {100 * mfu_max:.2f} % (must be <= 100 %)")
@@ -162,11 +189,16 @@ def main() -> None:
         "bare = `--no-instrument`, no agent/head; observed = default instrumentation + a head and one node "
         "agent (`agent.launcher.DataPath`). Order alternates per pair (B = bare, O = observed).",
         "",
-        "| pair | order | bare ms | observed ms | ratio |",
-        "|---|---|---|---|---|",
-        *[f"| {p} | {o} | {b:.2f} | {ob:.2f} | {r:.4f} |" for p, o, b, ob, r in rows],
+        "| pair | order | bare ms | observed ms | ratio | bare CPU s | observed CPU s | CPU ratio |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {p} | {o} | {b:.2f} | {ob:.2f} | {r:.4f} | {cb:.1f} | {co:.1f} | {cr:.4f} |"
+          for p, o, b, ob, r, cb, co, cr in rows],
         "",
         f"**{summary}**",
+        "",
+        f"{cpu_summary}. Wall time per step is what the goal is about; CPU seconds are less sensitive "
+        "to other load on a shared machine (time spent waiting for a core is not counted) and show "
+        "what the observation itself burns, start-up included.",
         "",
     ]
     if mfu_max is not None:
