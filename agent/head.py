@@ -97,6 +97,8 @@ class Head:
         self.findings: dict[str, list[schema.Finding]] = {}
         # Called with each analyzer pass's new findings (alerts: dashboards.webhook.WebhookSender.send_findings).
         self.finding_listeners: list[Callable[[list[schema.Finding]], Any]] = []
+        # Called with every analysis round's full list of current findings (agent.policy_runner.PolicyRunner).
+        self.round_hooks: list[Callable[[str, list[schema.Finding], schema.Manifest | None], Any]] = []
         self._finding_keys: dict[str, set] = {}
         self.actions: dict[str, dict[str, schema.Action]] = {}
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
@@ -321,6 +323,11 @@ class Head:
             self.stats["analyzer_errors"] += 1
             log.exception("head: analyzer failed on run %s", run_id)
             return []
+        for hook in self.round_hooks:
+            try:
+                hook(run_id, found, live.manifest)
+            except Exception:  # a failing policy must not stop analysis or ingestion
+                log.exception("head: round hook %r failed", hook)
         keys = self._finding_keys.setdefault(run_id, set())
         new = []
         for f in found:

@@ -27,6 +27,10 @@ def head(
     window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for analyzers and the API."),
     fsync: bool = typer.Option(False, "--fsync/--no-fsync", help="fsync the write-ahead log before acknowledging (survives power loss, slower)."),
     log_level: str = typer.Option("INFO", "--log-level"),
+    evict: str = typer.Option("dry-run", "--evict", help="Checkpoint-and-evict policy: off | dry-run (record what it would do) | on."),
+    min_nodes: int = typer.Option(1, "--min-nodes", help="The policy never evicts below this many nodes."),
+    confirm_rounds: int = typer.Option(3, "--confirm-rounds", help="Analysis rounds a finding must persist before an eviction."),
+    evict_cooldown: float = typer.Option(600.0, "--evict-cooldown", help="Seconds between two evictions."),
 ) -> None:
     """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
     from agent.api import make_server
@@ -38,7 +42,14 @@ def head(
         token = secrets.token_urlsafe(24)
         print(f"ranksight head: generated token (give it to agents as --token or RANKSIGHT_TOKEN): {token}", flush=True)
     tune_gc()
+    from agent.policy_runner import MODES, PolicyRunner
+    from analyzers.policy import PolicyConfig
+
+    if evict not in MODES:
+        raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync)
+    h.round_hooks.append(PolicyRunner(h, evict, PolicyConfig(min_nodes=min_nodes, confirm_rounds=confirm_rounds,
+                                                             cooldown_s=evict_cooldown)))
     try:
         srv = make_server(h, bind, port)
     except OSError as e:

@@ -1,0 +1,73 @@
+"""Carries out the evict policy on the head: findings in, checkpoint-and-evict actions out.
+
+The decision logic is ``analyzers.policy.EvictPolicy`` (pure, tested on its own); this
+module only feeds it each analysis round's findings and sends what it decides through
+the head, the same way a person's request from the TUI or the API travels:
+head -> node agent -> control file -> the trainer acts at a step boundary.
+
+Modes: ``off``; ``dry-run`` (the default: decisions are recorded as actions with
+``dry_run=True`` and never sent, the way NVRx ships its STOP verdicts in log mode);
+``on`` (sent). Refusals (minimum nodes, cooldown, ...) are recorded too: the actions
+table is the audit trail.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from analyzers.policy import EvictPolicy, PolicyConfig
+from ranksight import schema
+
+log = logging.getLogger("ranksight.head.policy")
+
+MODES = ("off", "dry-run", "on")
+
+
+class PolicyRunner:
+    def __init__(self, head, mode: str = "dry-run", cfg: PolicyConfig | None = None):
+        if mode not in MODES:
+            raise ValueError(f"evict mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self.head = head
+        self.mode = mode
+        self.cfg = cfg or PolicyConfig()
+        self.cfg.dry_run = mode != "on"
+        self.policies: dict[str, EvictPolicy] = {}
+
+    def _policy(self, run_id: str, manifest: schema.Manifest | None) -> EvictPolicy | None:
+        if run_id in self.policies:
+            return self.policies[run_id]
+        if manifest is None or not manifest.ranks:
+            return None  # no placement yet: nothing can be evicted safely
+        node_ranks: dict[int, list[int]] = {}
+        for p in manifest.ranks:
+            node_ranks.setdefault(p.node, []).append(p.rank)
+        self.policies[run_id] = EvictPolicy(run_id, node_ranks, self.cfg)
+        return self.policies[run_id]
+
+    def __call__(self, run_id: str, findings: list[schema.Finding], manifest: schema.Manifest | None) -> list[Any]:
+        """One analysis round. Returns the actions recorded or sent this round."""
+        if self.mode == "off":
+            return []
+        policy = self._policy(run_id, manifest)
+        if policy is None:
+            return []
+        decision = policy.observe(findings)
+        done = []
+        for a in decision.audit:
+            if a.status == "refused":
+                log.warning("policy refused to evict node %s: %s", a.node, a.reason)
+                self.head._record_action(a)
+                done.append(a)
+        for a in decision.actions:
+            if a.dry_run:
+                log.warning("policy (dry run) would checkpoint and evict node %s: %s", a.node, a.reason)
+                self.head._record_action(a)
+                done.append(a)
+            else:
+                log.warning("policy: checkpoint and evict node %s: %s", a.node, a.reason)
+                sent = self.head.request_action(run_id, {
+                    "id": a.id, "action": "evict", "node": a.node, "ranks": a.ranks, "reason": a.reason,
+                    "finding_kind": a.finding_kind, "dry_run": False}, requested_by="policy")
+                done.append(sent)
+        return done
