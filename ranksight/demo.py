@@ -4,7 +4,8 @@
    with a head and one node agent per node, and a straggler injected on one rank;
    live progress and the head's live findings on the terminal.
 2. ``diagnose <run-id>``: the post-mortem report of that run, read from the run store.
-3. A check that the report named the injected culprit, and nothing else, as a straggler.
+3. A check that the report named the injected culprit, and nothing else, as a straggler, and
+   what the head's checkpoint-and-evict policy decided (dry-run by default).
 
 Every step is the command a user would type; the demo only strings them together.
 """
@@ -30,6 +31,23 @@ STEPS = 32
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     console.print(f"[dim]$ {' '.join(cmd)}[/]")
     return subprocess.run(cmd, **kw)
+
+
+def show_policy_actions(run_dir: Path) -> None:
+    """What the head's evict policy decided while the run trained (dry-run by default: nothing was sent)."""
+    import pandas as pd
+
+    table = run_dir / "actions"
+    if not table.is_dir():
+        console.print("The head's evict policy decided nothing during this run.")
+        return
+    acts = pd.read_parquet(table)
+    acts = acts[acts["requested_by"] == "policy"]
+    if acts.empty:
+        console.print("The head's evict policy decided nothing during this run.")
+    for a in acts.itertuples():
+        mode = "dry run: not sent" if a.dry_run else a.status
+        console.print(f"Head policy: {a.action} node {a.node} ({mode}) — {a.reason}")
 
 
 def main() -> int:
@@ -76,6 +94,7 @@ def main() -> int:
         console.print(f"[red]no[/]: straggler findings name ranks {named or 'none'}, expected [{CULPRIT_RANK}] "
                       "(this 2-core machine may be too loaded for a clean signal; see bench/RESULTS.md).")
         ok = False
+    show_policy_actions(store / run_id)
     console.print(f"\nThe run's files: {store / run_id}  (tables: pandas.read_parquet('{store / run_id}/steps'))\n"
                   f"More: diagnose {run_id} --store {store} --html report.html   |   ranksight runs --store {store}")
     return 0 if ok else 1
