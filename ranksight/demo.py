@@ -25,7 +25,7 @@ console = Console()
 
 CULPRIT_RANK = 3
 ONSET_STEP = 12
-STEPS = 32
+STEPS = 40
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
