@@ -47,7 +47,8 @@ class CommConfig:
     deficit_k: float = 2.0  # slow link by wait deficit: unexplained wait above k sigma (and 10 % of the step)
     last_window: int = 3  # slow link by self-delay: steps pooled per judgement ...
     last_min_ops: int = 6  # ... with at least this many ops where the rank was the last to arrive
-    last_k: float = 4.0  # ... its median duration there exceeds its peers' by k sigma (and min_extra_ms)
+    last_k: float = 6.0  # ... its median duration there exceeds its peers' by k sigma ...
+    last_min_extra_ms: float = 4.0  # ... and by at least this much per op
     match_tol_ms: float = 10.0  # records of one op complete within this on every member (else seq numbers disagree)
     busbw_warn_frac: float = 0.5  # achieved busbw below this fraction of the nccl-tests baseline
     size_match: float = 4.0  # baseline row within this factor of the message size
@@ -261,6 +262,10 @@ def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[in
     return out
 
 
+SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
+                 "all_gather_into_tensor", "reduce_scatter_tensor"}
+
+
 def last_arriver_ops(data: RunData, first_step: int | None = None) -> pd.DataFrame:
     """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
 
@@ -271,7 +276,8 @@ def last_arriver_ops(data: RunData, first_step: int | None = None) -> pd.DataFra
     co = data.collectives
     if co.empty:
         return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
-    co = co[co["t_done"].notna() & co["duration_ms"].notna()]
+    # symmetric ops only: a rooted op (broadcast, reduce, scatter, gather) costs its root more than the others
+    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
     if first_step is not None:
         co = co[co["step"] >= first_step]
     if co.empty:
@@ -331,7 +337,7 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     # noise: each rank's own windowed median over time (median over ranks). Not the excess: with few ranks
     # the peers' references contain the culprit, so their excess shifts with it and would inflate sigma.
     sigma = temporal_sigma(med)
-    threshold = max(cfg.min_extra_ms, cfg.last_k * sigma)
+    threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
     ops_per_step = last.groupby("step").size().median() / max(len(ranks), 1) * len(ranks)
     comp = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last")
     comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)

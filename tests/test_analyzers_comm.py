@@ -126,16 +126,37 @@ def _with_tp_ops(data, delay_ms, ops=12, seed=0):
 
 
 def test_slow_link_by_self_delay_on_tp_ops():
-    # rank 1 holds each TP all-reduce 3 ms from step 10: when it is the last to arrive the op still takes 4 ms, not 1 ms
-    data = _with_tp_ops(build(world=4, steps=24), lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0)
+    # rank 1 holds each TP all-reduce 5 ms from step 10: when it is the last to arrive the op still takes 6 ms, not 1 ms
+    data = _with_tp_ops(build(world=4, steps=24), lambda r, s: 5.0 if (r == 1 and s >= 10) else 0.0)
     fs = [f for f in comm.analyze(data) if f.severity != "info"]
     assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "self_delay")]
     ev = fs[0].evidence
     assert 8 <= fs[0].step_start <= 10 and ev["detected_at_step"] <= 13
-    assert 2.5 <= ev["extra_ms_per_op"] <= 3.5 and "tp" in ev["groups"]
-    # the same ops without the delay: nothing
+    assert 4.5 <= ev["extra_ms_per_op"] <= 5.5 and "tp" in ev["groups"]
+    # the same ops without the delay: nothing; 3 ms is under the 4 ms floor per op
     clean = _with_tp_ops(build(world=4, steps=24), lambda r, s: 0.0)
     assert [f for f in comm.analyze(clean) if f.severity != "info"] == []
+    small = _with_tp_ops(build(world=4, steps=24), lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0)
+    assert [f for f in comm.analyze(small) if f.severity != "info"] == []
+    assert [f.ranks for f in comm.analyze(small, comm.CommConfig(last_min_extra_ms=2.0)) if f.severity != "info"] == [[1]]
+
+
+def test_self_delay_ignores_rooted_ops():
+    # rank 0 is the root of a broadcast every step and is slower there (it sends to everyone): not a slow link
+    from ranksight.schema import CollectiveRecord
+
+    data = build(world=4, steps=24)
+    recs = []
+    for s in range(24):
+        t0 = float(data.steps.loc[data.steps["step"] == s, "t_start"].min())
+        for i in range(8):
+            for r in range(4):
+                dur = 9.0 if r == 0 else 1.0 + 0.2 * ((r + i) % 3)
+                recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=s * 8 + i, op="broadcast", group="world",
+                                             group_ranks=[0, 1, 2, 3], t_arrive=t0 + 0.01 * i + (0.003 if r == 0 else 0.0),
+                                             t_done=t0 + 0.01 * i + 0.004, duration_ms=dur))
+    assert comm.last_arriver_ops(with_records(data, recs)).query("group == 'world'").empty
+    assert [f for f in comm.analyze(with_records(data, recs)) if f.severity != "info"] == []
 
 
 def test_comm_growth_explained_by_a_named_slow_link_is_info():
