@@ -156,7 +156,7 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
     cands += _self_delay(data, cfg, st, {c["rank"] for c in cands})
-    cands = _drop_link_partners(cands)
+    cands = _drop_link_partners(cands, data)
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
     used: set[int] = set()
@@ -293,12 +293,25 @@ def last_arriver_ops(data: RunData, first_step: int | None = None) -> pd.DataFra
     return last[["gkey", "seq", "rank", "step", "duration_ms", "group"]].reset_index(drop=True)
 
 
-def _drop_link_partners(cands: list[dict]) -> list[dict]:
+def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
     """Of two self-delay candidates that share a communicator and overlap in time, keep the one with the longer
     last-arriver ops: its partner arriving last still waits out the rest of the culprit's delay (so its own ops look
-    long too), but by less than the delay itself."""
+    long too), but by less than the delay itself. A tensor-parallel partner of a self-delay culprit found by another
+    signature is dropped too: held up in the TP ops, it reaches its own gradient sync late, which its data-parallel
+    peers see as a wait deficit."""
     sd = [c for c in cands if c.get("method") == "self_delay"]
     drop = set()
+    co = data.collectives
+    if sd and not co.empty:
+        tp = co[co["group"].astype(str).str.startswith("tp")]
+        tp_keys = tp.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
+        for c in cands:
+            if c.get("method") == "self_delay":
+                continue
+            for a in sd:
+                if (tp_keys.get(c["rank"], set()) & tp_keys.get(a["rank"], set()) and a["onset"] <= c["end"]
+                        and c["onset"] <= a["end"]):
+                    drop.add(id(c))
     for a in sd:
         for b in sd:
             if a is b or id(b) in drop or not (set(a["groups_keys"]) & set(b["groups_keys"])):

@@ -170,3 +170,13 @@ def test_comm_growth_explained_by_a_named_slow_link_is_info():
     assert growth[0].evidence["explained_by"] == ["slow link of rank(s) 2,3"]
     # without the slow link finding (too small a node share for it) the growth would stand as a warning
     assert comm.analyze(data, comm.CommConfig(rank_ratio=1e9, deficit_k=1e9, last_k=1e9))[0].severity == "warning"
+
+
+def test_tp_partner_of_a_slow_link_is_not_blamed_by_wait_deficit():
+    # rank 1 holds its TP ops 5 ms from step 10; its TP partner 0, held up there, reaches its gradient sync late,
+    # which its data-parallel peers see as rank 0's data arriving late (a wait deficit of rank 0)
+    base = build(world=4, steps=24, send_delay_ms=lambda r, s: 60.0 if (r == 0 and s >= 10) else 0.0)
+    assert [f.ranks for f in comm.analyze(base) if f.severity != "info"] == [[0]]  # alone, rank 0 would be named
+    data = _with_tp_ops(base, lambda r, s: 5.0 if (r == 1 and s >= 10) else 0.0)
+    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "self_delay")]
