@@ -116,7 +116,8 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
         out.append(Finding(
             analyzer=NAME, kind="pipeline_bubble", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks),
             step_start=s0, step_end=s1, evidence=dict(ev, cause="too_few_microbatches"), confidence=0.9,
-            summary=(f"pipeline bubble {measured:.0%} (theory {theory:.0%} for P={p}, M={m}, {schedule}): too few micro-batches"),
+            summary=(f"pipeline bubble {measured:.0%} (theory {theory:.0%} for P={p}, M={m}, {schedule}): too few micro-batches; "
+                     f"M >= {m_needed} would bring it under {cfg.target:.0%}"),
             recommendation=(f"Raise micro-batches to M >= {m_needed} (same global batch, smaller micro-batch) to bring the bubble under "
                             f"{cfg.target:.0%}" + ("" if "interleav" in schedule.lower() else ", or use an interleaved schedule") + "."),
         ))

@@ -29,6 +29,15 @@ def test_too_few_microbatches():
     assert ev["theory_bubble"] == 0.5 and abs(ev["measured_bubble"] - 0.5) < 0.02
     assert ev["microbatches_for_target"] == 9
     assert "M >= 9" in f.recommendation
+    assert f.summary.endswith("too few micro-batches; M >= 9 would bring it under 10%")
+
+
+def test_few_microbatches_m_equals_p_is_a_warning():
+    # the benchmark's few_microbatches fault: M = P = 2, theory (P-1)/(M+P-1) = 1/3
+    (f,) = pipeline.analyze(build(world=4, pp=2, microbatches=2))
+    assert f.severity == "warning" and f.evidence["cause"] == "too_few_microbatches"
+    assert abs(f.evidence["theory_bubble"] - 0.333) < 0.001 and f.evidence["microbatches_for_target"] == 9
+    assert f.ranks == [0, 1, 2, 3] and "M >= 9" in f.summary
 
 
 def test_enough_microbatches_is_info_only():
