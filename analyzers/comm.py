@@ -145,12 +145,19 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
     wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last").reindex(index=tr.index, columns=tr.columns)
     # a slow link makes its peers wait for it: its own sync wait is not above theirs
     others_wait_more = (leave_one_out_median(wait) >= wait) | wait.isna()
+    late_wait = None
     for r in tr.index:
         flags = ((ratio.loc[r] >= cfg.rank_ratio) & (extra.loc[r] >= min_extra) & others_wait_more.loc[r]).fillna(False)
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1]))
             if cr >= 1.08:
                 continue  # a slow computer, not a slow link: the straggler analyzer owns it
+            if late_wait is None:
+                late_wait = collective_wait_ms(data)
+            if r in late_wait.index:
+                waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
+                if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
+                    continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
             cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
@@ -260,6 +267,27 @@ def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[in
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
                             lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
     return out
+
+
+def collective_wait_ms(data: RunData) -> pd.DataFrame:
+    """Per rank and step, the time spent in collectives waiting for a peer that arrived later (ms): for each op all
+    members recorded (and completed within ``match_tol_ms`` of each other), last member's arrival - own arrival.
+    Covers every collective, not only the gradient sync (FSDP all-gathers, TP all-reduces)."""
+    co = data.collectives
+    if co.empty:
+        return pd.DataFrame()
+    co = co[co["t_done"].notna()]
+    if co.empty:
+        return pd.DataFrame()
+    g = co.groupby(["gkey", "seq"])
+    size = co["group_ranks"].map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0)
+    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
+    ok = (g["rank"].transform("size") == size) & (size >= 2) & (spread <= CommConfig.match_tol_ms)
+    co = co[ok]
+    if co.empty:
+        return pd.DataFrame()
+    late = (co.groupby(["gkey", "seq"])["t_arrive"].transform("max") - co["t_arrive"]) * 1000.0
+    return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
 
 
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",

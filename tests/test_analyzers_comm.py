@@ -180,3 +180,27 @@ def test_tp_partner_of_a_slow_link_is_not_blamed_by_wait_deficit():
     data = _with_tp_ops(base, lambda r, s: 5.0 if (r == 1 and s >= 10) else 0.0)
     fs = [f for f in comm.analyze(data) if f.severity != "info"]
     assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "self_delay")]
+
+
+def test_long_transfers_spent_waiting_for_a_late_peer_are_not_a_slow_link():
+    # FSDP-like: rank 1's all-gathers with rank 3 wait 80 ms a step from step 8 for rank 3 (stalled), outside the
+    # gradient sync, so its comm_ms grows while its sync wait does not: without the per-op arrivals this reads as
+    # rank 1's slow transfers
+    from ranksight.schema import CollectiveRecord
+
+    data = build(world=4, steps=24)
+    st = data.steps
+    st.loc[(st["rank"] == 1) & (st["step"] >= 8), "comm_ms"] += 80.0
+    assert {tuple(f.ranks) for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"} == {(1,)}
+    recs = []
+    for s in range(24):
+        t0 = float(st.loc[st["step"] == s, "t_start"].min())
+        late = 0.080 if s >= 8 else 0.0
+        for r in (1, 3):
+            arrive = t0 + 0.01 + (late if r == 3 else 0.0)
+            done = t0 + 0.012 + late
+            recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=1000 + s, op="all_gather", group="dp_shard",
+                                         group_ranks=[1, 3], t_arrive=arrive, t_done=done, duration_ms=(done - arrive) * 1000))
+    with_ops = with_records(data, recs)
+    assert comm.collective_wait_ms(with_ops).loc[1, 10] > 75
+    assert [f for f in comm.analyze(with_ops) if f.evidence.get("cause") == "slow_link"] == []
