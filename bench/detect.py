@@ -172,6 +172,13 @@ def summarize(rows: list[dict]) -> str:
         precs = [r["precision"] for r in faulty if r["precision"] is not None]
         if precs:
             lines.append(f"- precision over faulty runs: {statistics.mean(precs):.0%}")
+        by_fault: dict[str, list[float]] = {}
+        for r in faulty:
+            by_fault.setdefault(r["fault"], []).append(r["recall"] or 0)
+        lines.append("- faults found (runs with recall 100 %): " + ", ".join(
+            f"{k} {sum(x >= 1 for x in v)}/{len(v)}" for k, v in sorted(by_fault.items())))
+        lines.append(f"- false findings (warning+) on faulty runs: {sum(len(r['false_findings']) for r in faulty)} "
+                     f"in {sum(bool(r['false_findings']) for r in faulty)} of {len(faulty)} runs")
     if clean:
         lines.append(f"- clean runs with a warning or worse: {sum(bool(r['false_findings']) for r in clean)} of {len(clean)}")
     if strag:
@@ -179,7 +186,7 @@ def summarize(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_results(rows: list[dict], md: str, args: argparse.Namespace) -> None:
+def write_results(rows: list[dict], md: str, args: argparse.Namespace, argv: list[str] | None = None) -> None:
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -188,8 +195,13 @@ def write_results(rows: list[dict], md: str, args: argparse.Namespace) -> None:
         return
     res = ROOT / "bench" / "RESULTS.md"
     text = res.read_text() if res.exists() else "# Benchmark results\n"
+    loads = [r["loadavg_1m"] for r in rows if r.get("loadavg_1m") is not None]
+    load_txt = (f"load average (1 min) after each run: median {statistics.median(loads):.1f}, max {max(loads):.1f}" if loads
+                else f"load average now {os.getloadavg()[0]:.1f} (replay: the runs' own load is in their notes)")
+    cmd = "python bench/detect.py " + " ".join(sys.argv[1:] if argv is None else argv)
     block = (f"<!-- detect:begin -->\n## Detection benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"{'replay' if args.replay else 'live runs'}, {args.steps} steps, 4 ranks on this CPU)\n\n{md}\n<!-- detect:end -->")
+             f"{'replay' if args.replay else 'live runs'}, {args.steps} steps, 4 ranks on this CPU)\n\n"
+             f"Command: `{cmd.strip()}`; model of the live runs: `{' '.join(MODEL)}`; {load_txt}.\n\n{md}\n<!-- detect:end -->")
     if "<!-- detect:begin -->" in text:
         a, b = text.index("<!-- detect:begin -->"), text.index("<!-- detect:end -->") + len("<!-- detect:end -->")
         text = text[:a] + block + text[b:]
@@ -224,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             inject = ["--inject", tmpl.format(m=cell["magnitude"], start=args.start)] if tmpl else []
             t0 = time.time()
             rc = torchrun(store, rid, [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject])
-            cell = dict(cell, rc=rc, wall_s=round(time.time() - t0, 1))
+            cell = dict(cell, rc=rc, wall_s=round(time.time() - t0, 1), loadavg_1m=round(os.getloadavg()[0], 2))
         elif not (store / rid).exists():
             continue
         row = score_run(store, rid, cell)
@@ -233,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
               f"false={len(row.get('false_findings', []))} {row.get('error', '')}", flush=True)
     md = summarize(rows)
     print(md)
-    write_results(rows, md, args)
+    write_results(rows, md, args, argv)
     return 1 if any("error" in r for r in rows) else 0
 
 
