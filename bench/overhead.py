@@ -40,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
+
 from agent.launcher import DataPath  # noqa: E402
 
 STEP_RE = re.compile(r"^step\s+(\d+) \|.*\|\s+([0-9.]+) ms \|")
@@ -58,22 +60,31 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], observed: bool) -> tuple[list[float], float]:
+def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], arm: str) -> tuple[list[float], float, float]:
     """(rank 0's step times in ms, CPU seconds of everything the job started: torchrun, its ranks,
-    and in the observed arm the head and the agent; all are reaped before this returns)."""
+    and in the observed arm the head and the agent, all reaped before this returns; CPU seconds
+    of the head + agent alone)."""
+    observed = arm == "observed"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "--max-restarts=0", "-m", "trainer", *MODEL, *extra, "--steps", str(steps),
            "--store", str(store), "--run-id", run_id]
-    if not observed:
+    if arm == "bare":
         cmd.append("--no-instrument")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "PYTHONPATH": str(ROOT), "RANKSIGHT_NODE": "0"}
     cpu0 = _children_cpu_s()
     dp = DataPath(store, run_id, nodes=1).start() if observed else None
+    side_cpu = 0.0
     try:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     finally:
         if dp is not None:
+            for proc in [dp.head, *dp.agents]:
+                try:
+                    ct = psutil.Process(proc.pid).cpu_times()
+                    side_cpu += ct.user + ct.system
+                except psutil.NoSuchProcess:
+                    pass
             dp.stop()
     if res.returncode != 0:
         raise SystemExit(f"{run_id}: torchrun failed rc={res.returncode}\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
@@ -84,7 +95,7 @@ def run_job(store: Path, run_id: str, nproc: int, steps: int, extra: list[str], 
             times[int(m.group(1))] = float(m.group(2))
     if len(times) != steps:
         raise SystemExit(f"{run_id}: expected {steps} progress lines, got {len(times)}")
-    return [times[k] for k in sorted(times)], _children_cpu_s() - cpu0
+    return [times[k] for k in sorted(times)], _children_cpu_s() - cpu0, side_cpu
 
 
 def max_mfu(store: Path, run_id: str) -> float | None:
@@ -122,7 +133,7 @@ def main() -> None:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=8)
+    ap.add_argument("--pairs", type=int, default=8, help="rounds (each runs bare, instr and observed once)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--warmup-steps", type=int, default=20)
     ap.add_argument("--nproc", type=int, default=2)
@@ -132,43 +143,55 @@ def main() -> None:
         raise SystemExit("--steps must exceed --warmup-steps by more than 5")
 
     store = Path(tempfile.mkdtemp(prefix="ranksight-overhead-"))
-    rows, ratios, bare_all, obs_all, mfus, cpu_ratios = [], [], [], [], [], []
+    arms = ("bare", "instr", "observed")
+    rows, ratios, instr_ratios, cpu_ratios, mfus, side = [], [], [], [], [], []
+    pooled_all: dict[str, list[float]] = {a_: [] for a_ in arms}
     t0 = time.time()
     for p in range(a.pairs):
-        order = ("bare", "observed") if p % 2 == 0 else ("observed", "bare")
+        # rotate the order every round and reverse it every other round, so drift cancels
+        order = arms[p % 3:] + arms[:p % 3]
+        order = order[::-1] if p % 2 else order
         med, cpu = {}, {}
         for arm in order:
             run_id = f"p{p}-{arm}"
-            st, cpu[arm] = run_job(store, run_id, a.nproc, a.steps, extra, arm == "observed")
+            st, cpu[arm], side_cpu = run_job(store, run_id, a.nproc, a.steps, extra, arm)
             st = st[a.warmup_steps:]
             med[arm] = statistics.median(st)
-            (obs_all if arm == "observed" else bare_all).extend(st)
+            pooled_all[arm].extend(st)
             if arm == "observed":
                 mfus.append(max_mfu(store, run_id))
-        r = med["observed"] / med["bare"]
+                side.append(side_cpu)
+        r, ri = med["observed"] / med["bare"], med["instr"] / med["bare"]
         cr = cpu["observed"] / cpu["bare"]
         ratios.append(r)
+        instr_ratios.append(ri)
         cpu_ratios.append(cr)
-        rows.append((p, "".join("B" if x == "bare" else "O" for x in order), med["bare"], med["observed"], r,
-                     cpu["bare"], cpu["observed"], cr))
-        print(f"pair {p}: bare {med['bare']:.2f} ms  observed {med['observed']:.2f} ms  ratio {r:.4f} | "
-              f"CPU s bare {cpu['bare']:.1f} observed {cpu['observed']:.1f} ratio {cr:.4f}", flush=True)
+        rows.append((p, "".join({"bare": "B", "instr": "I", "observed": "O"}[x] for x in order), med["bare"],
+                     med["instr"], med["observed"], ri, r, cpu["bare"], cpu["observed"], side[-1], cr))
+        print(f"round {p}: bare {med['bare']:.2f} ms  instr {med['instr']:.2f} ms  observed {med['observed']:.2f} ms"
+              f"  observed/bare {r:.4f}  instr/bare {ri:.4f} | CPU s bare {cpu['bare']:.1f} observed "
+              f"{cpu['observed']:.1f} (head+agent {side[-1]:.1f}) ratio {cr:.4f}", flush=True)
 
     n = len(ratios)
     gmean, lo, hi = log_ci(ratios)
+    igmean, ilo, ihi = log_ci(instr_ratios)
     cpu_gmean, cpu_lo, cpu_hi = log_ci(cpu_ratios)
-    pooled = statistics.median(obs_all) / statistics.median(bare_all)
+    pooled = statistics.median(pooled_all["observed"]) / statistics.median(pooled_all["bare"])
     med_ratio = statistics.median(ratios)
     verdict = "MET" if hi <= 1.005 else ("NOT shown (the interval reaches above 1.005)" if lo <= 1.005
                                           else "NOT met (the whole interval is above 1.005)")
-    cmd = "  ".join([".venv/bin/python bench/overhead.py", *map(shlex.quote, sys.argv[1:])])
-    summary = (f"overhead (observed / bare, median step time): median of {n} pair ratios {med_ratio:.4f}; "
+    cmd = " ".join([".venv/bin/python bench/overhead.py", *map(shlex.quote, sys.argv[1:])])
+    summary = (f"overhead (observed / bare, median step time): median of {n} ratios {med_ratio:.4f}; "
                f"geometric mean {gmean:.4f}, 95% CI [{lo:.4f}, {hi:.4f}]; pooled medians {pooled:.4f}. "
                f"Goal <= 1.005: {verdict}")
+    instr_summary = (f"trainer instrumentation alone (instr / bare, no agent, no head): median "
+                     f"{statistics.median(instr_ratios):.4f}; geometric mean {igmean:.4f}, 95% CI [{ilo:.4f}, {ihi:.4f}]")
     cpu_summary = (f"CPU cost (observed / bare, CPU seconds of the whole job incl. start-up, head and agent): "
                    f"median {statistics.median(cpu_ratios):.4f}; geometric mean {cpu_gmean:.4f}, "
-                   f"95% CI [{cpu_lo:.4f}, {cpu_hi:.4f}]")
+                   f"95% CI [{cpu_lo:.4f}, {cpu_hi:.4f}]; head + agent alone: median {statistics.median(side):.1f} "
+                   "CPU s per job")
     print(summary)
+    print(instr_summary)
     print(cpu_summary)
     mfu_max = max((m for m in mfus if m is not None), default=None)
     if mfu_max is not None:
@@ -186,15 +209,19 @@ def main() -> None:
         "",
         f"Config: `torchrun --standalone --nproc-per-node {a.nproc} -m trainer {' '.join(MODEL + extra)} "
         f"--steps {a.steps}`; step time = rank 0's median over steps {a.warmup_steps + 1}..{a.steps}. "
-        "bare = `--no-instrument`, no agent/head; observed = default instrumentation + a head and one node "
-        "agent (`agent.launcher.DataPath`). Order alternates per pair (B = bare, O = observed).",
+        "bare = `--no-instrument`, no agent/head; instr = default instrumentation, no agent/head; observed = "
+        "default instrumentation + a head and one node agent (`agent.launcher.DataPath`) on the same cores. "
+        "Order rotates per round (B = bare, I = instr, O = observed).",
         "",
-        "| pair | order | bare ms | observed ms | ratio | bare CPU s | observed CPU s | CPU ratio |",
-        "|---|---|---|---|---|---|---|---|",
-        *[f"| {p} | {o} | {b:.2f} | {ob:.2f} | {r:.4f} | {cb:.1f} | {co:.1f} | {cr:.4f} |"
-          for p, o, b, ob, r, cb, co, cr in rows],
+        "| round | order | bare ms | instr ms | observed ms | instr/bare | observed/bare | bare CPU s "
+        "| observed CPU s | of which head+agent | CPU ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *[f"| {p} | {o} | {b:.2f} | {i:.2f} | {ob:.2f} | {ri:.4f} | {r:.4f} | {cb:.1f} | {co:.1f} | {sc:.1f} | {cr:.4f} |"
+          for p, o, b, i, ob, ri, r, cb, co, sc, cr in rows],
         "",
         f"**{summary}**",
+        "",
+        f"{instr_summary}.",
         "",
         f"{cpu_summary}. Wall time per step is what the goal is about; CPU seconds are less sensitive "
         "to other load on a shared machine (time spent waiting for a core is not counted) and show "
