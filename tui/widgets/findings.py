@@ -30,9 +30,11 @@ def evidence_text(f: schema.Finding) -> str:
 class FindingsTable(DataTable):
     def on_mount(self) -> None:
         self.cursor_type = "row"
-        for label, key in (("sev", "sev"), ("kind", "kind"), ("ranks", "ranks"), ("nodes", "nodes"),
-                           ("steps", "steps"), ("summary", "summary")):
-            self.add_column(label, key=key)
+        # Fixed widths where the longest value is known (" critical ", "pipeline_bubble"): auto widths
+        # would depend on which rows arrived before the first layout, so the view would jitter.
+        for label, key, width in (("sev", "sev", 10), ("kind", "kind", 16), ("ranks", "ranks", None),
+                                  ("nodes", "nodes", None), ("steps", "steps", None), ("summary", "summary", None)):
+            self.add_column(label, key=key, width=width)
         self.findings: list[schema.Finding] = []
 
     def show_findings(self, findings: list[schema.Finding]) -> None:
