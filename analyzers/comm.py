@@ -474,57 +474,48 @@ def _transport(data: RunData, cfg: CommConfig) -> list[Finding]:
         ranks = sorted({r for h in hosts for r in host_ranks.get(h, [])})
         return ranks, sorted({node_of[r] for r in ranks if r in node_of})
 
+    def transport_finding(rows, severity: str, cause: str, confidence: float, summary: str, recommendation: str,
+                          **evidence) -> Finding:
+        """One finding about the NCCL log lines ``rows``; ``{hosts}`` in the summary names their hosts."""
+        hosts = sorted(set(rows["host"]))
+        ranks, nodes = placement(hosts)
+        return Finding(
+            analyzer=NAME, kind="comm_bottleneck", severity=severity, ranks=ranks, nodes=nodes,
+            evidence=dict(scope="transport", cause=cause, hosts=hosts, lines=int(len(rows)), **evidence),
+            confidence=confidence, summary=summary.format(hosts=", ".join(hosts)), recommendation=recommendation)
+
     uses_ib = ne["transport"].str.contains("NET/IB", regex=False)
     expect_ib = cfg.expect_ib if cfg.expect_ib is not None else bool(uses_ib.any())
     sock = ne[ne["transport"].str.contains("NET/Socket", regex=False)]
     if expect_ib and not sock.empty:
-        hosts = sorted(set(sock["host"]) - set())
-        ranks, nodes = placement(hosts)
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes,
-            evidence=dict(scope="transport", cause="socket_fallback", hosts=hosts, lines=int(len(sock)),
-                          ib_hosts=sorted(set(ne.loc[uses_ib, "host"]))),
-            confidence=0.9,
-            summary=f"NCCL fell back to TCP sockets on {', '.join(hosts)} where InfiniBand was expected",
-            recommendation="Check the IB HCA is up (ibstat), NCCL_IB_HCA/NCCL_SOCKET_IFNAME, and that the container sees /dev/infiniband.",
-        ))
+        out.append(transport_finding(
+            sock, "warning", "socket_fallback", 0.9,
+            "NCCL fell back to TCP sockets on {hosts} where InfiniBand was expected",
+            "Check the IB HCA is up (ibstat), NCCL_IB_HCA/NCCL_SOCKET_IFNAME, and that the container sees /dev/infiniband.",
+            ib_hosts=sorted(set(ne.loc[uses_ib, "host"]))))
     p2p = ne[ne["message"].str.contains(P2P_DISABLED)]
     if not p2p.empty:
-        hosts = sorted(set(p2p["host"]))
-        ranks, nodes = placement(hosts)
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes,
-            evidence=dict(scope="transport", cause="p2p_disabled", hosts=hosts, lines=int(len(p2p)), example=p2p["message"].iloc[0][:200]),
-            confidence=0.8,
-            summary=f"NCCL peer-to-peer is disabled on {', '.join(hosts)}: intra-node traffic goes through host memory",
-            recommendation="Unset NCCL_P2P_DISABLE, check ACS/IOMMU settings and nvidia-smi topo -m.",
-        ))
+        out.append(transport_finding(
+            p2p, "warning", "p2p_disabled", 0.8,
+            "NCCL peer-to-peer is disabled on {hosts}: intra-node traffic goes through host memory",
+            "Unset NCCL_P2P_DISABLE, check ACS/IOMMU settings and nvidia-smi topo -m.",
+            example=p2p["message"].iloc[0][:200]))
     ib_err = ne[ne["error_class"].str.startswith("ib") | (ne["message"].str.contains(r"ibv_|IB.*(?:error|fail)", regex=True)
                                                           & ne["category"].isin(["warn", "error"]))]
     if not ib_err.empty:
-        hosts = sorted(set(ib_err["host"]))
-        ranks, nodes = placement(hosts)
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity="critical", ranks=ranks, nodes=nodes,
-            evidence=dict(scope="transport", cause="ib_error", hosts=hosts, lines=int(len(ib_err)),
-                          error_classes=sorted(set(ib_err["error_class"]) - {""}), example=ib_err["message"].iloc[0][:200]),
-            confidence=0.9,
-            summary=f"InfiniBand errors on {', '.join(hosts)} ({len(ib_err)} lines)",
-            recommendation="Check the HCA and link (ibstat, ibv_devinfo, switch port counters); evict the node if errors continue.",
-        ))
+        out.append(transport_finding(
+            ib_err, "critical", "ib_error", 0.9,
+            f"InfiniBand errors on {{hosts}} ({len(ib_err)} lines)",
+            "Check the HCA and link (ibstat, ibv_devinfo, switch port counters); evict the node if errors continue.",
+            error_classes=sorted(set(ib_err["error_class"]) - {""}), example=ib_err["message"].iloc[0][:200]))
     other = ne[(ne["category"] == "error") & ~ne.index.isin(ib_err.index) & (ne["error_class"] != "timeout")
                & (ne["category"] != "watchdog")]
     if not other.empty:
-        hosts = sorted(set(other["host"]))
-        ranks, nodes = placement(hosts)
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes,
-            evidence=dict(scope="transport", cause="nccl_error", hosts=hosts, lines=int(len(other)),
-                          error_classes=sorted(set(other["error_class"]) - {""}), example=other["message"].iloc[0][:200]),
-            confidence=0.7,
-            summary=f"NCCL reported {len(other)} error line(s) on {', '.join(hosts)}",
-            recommendation="Read the NCCL log lines in the evidence; rerun with NCCL_DEBUG=INFO for context.",
-        ))
+        out.append(transport_finding(
+            other, "warning", "nccl_error", 0.7,
+            f"NCCL reported {len(other)} error line(s) on {{hosts}}",
+            "Read the NCCL log lines in the evidence; rerun with NCCL_DEBUG=INFO for context.",
+            error_classes=sorted(set(other["error_class"]) - {""}), example=other["message"].iloc[0][:200]))
     return out
 
 

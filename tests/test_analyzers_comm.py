@@ -86,9 +86,15 @@ def test_transport_anomalies():
         NcclEvent(host="node1", pid=2, t=None, category="init", message="NCCL_P2P_DISABLE=1 set, P2P disabled"),
         NcclEvent(host="node0", pid=1, t=None, category="error", error_class="ib_completion",
                   message="NET/IB : Got completion from peer with error 12"),
+        NcclEvent(host="node1", pid=2, t=None, category="error", error_class="cuda",
+                  message="Cuda failure 'out of memory'"),
     ]
     fs = comm.analyze(with_records(data, ev))
     by = {f.evidence.get("cause"): f for f in fs}
+    other = by["nccl_error"]
+    assert (other.severity, other.nodes, other.evidence["lines"], other.evidence["error_classes"]) == ("warning", [1], 1, ["cuda"])
+    assert other.summary == "NCCL reported 1 error line(s) on node1"
+    assert by["ib_error"].summary == "InfiniBand errors on node0 (1 lines)"
     assert by["socket_fallback"].nodes == [1] and by["socket_fallback"].ranks == [2, 3]
     assert by["socket_fallback"].severity == "warning"
     assert by["p2p_disabled"].nodes == [1]
