@@ -155,8 +155,11 @@ def state_path(node_dir: Path, gpu: int) -> Path:
 
 
 def write_state(node_dir: str | os.PathLike, gpu: int, state: SimGpuState) -> None:
-    """Atomically replace one device's state file (readers never see half a file)."""
-    atomic_write(state_path(Path(node_dir), gpu), state.to_text().encode())
+    """Atomically replace one device's state file (readers never see half a file).
+
+    Not fsynced: ranks rewrite it every step, and after a crash the next step rewrites it anyway.
+    """
+    atomic_write(state_path(Path(node_dir), gpu), state.to_text().encode(), durable=False)
 
 
 def read_state(node_dir: str | os.PathLike, gpu: int) -> SimGpuState | None:

@@ -40,3 +40,19 @@ def test_simgpu_text_roundtrip():
     assert back.util_gpu == 87 and back.xids == [(79, 1700000000123)]
     assert throttle_names(back.throttle_reasons) == ["hw_thermal_slowdown"]
     assert not math.isnan(back.temp_c)
+
+
+def test_atomic_write_fsyncs_only_when_durable(tmp_path, monkeypatch):
+    from ranksight import layout, simgpu
+
+    calls = []
+    monkeypatch.setattr(layout.os, "fsync", lambda fd: calls.append(fd))
+    path = tmp_path / "d" / "f"
+    layout.atomic_write(path, b"one")
+    assert path.read_bytes() == b"one" and len(calls) == 1
+    layout.atomic_write(path, b"two", durable=False)
+    assert path.read_bytes() == b"two" and len(calls) == 1
+    # the simulated GPU state is rewritten every step: never fsynced, never half-written
+    simgpu.write_state(tmp_path / "node", 0, SimGpuState(util_gpu=55))
+    assert len(calls) == 1 and simgpu.read_state(tmp_path / "node", 0).util_gpu == 55
+    assert sorted(p.name for p in (tmp_path / "node").iterdir()) == ["gpu-0.state"]
