@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from ranksight.layout import RunDir
-
-
-def _free_port(bind: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((bind, 0))
-        return s.getsockname()[1]
+from ranksight.local_cluster import free_port
 
 
 class DataPath:
@@ -37,9 +31,9 @@ class DataPath:
         self.nodes = nodes
         self.token = token or os.environ.get("RANKSIGHT_TOKEN") or secrets.token_urlsafe(24)
         self.own_head = head_url is None
-        self.head_port = head_port or (_free_port() if self.own_head else None)
+        self.head_port = head_port or (free_port() if self.own_head else None)
         self.head_url = head_url or f"http://127.0.0.1:{self.head_port}"
-        self.metrics_ports = metrics_ports or [_free_port() for _ in range(nodes)]
+        self.metrics_ports = metrics_ports or [free_port() for _ in range(nodes)]
         self.sim_gpu = sim_gpu
         self.python = python
         self.env = {**os.environ, "RANKSIGHT_TOKEN": self.token, **(extra_env or {})}

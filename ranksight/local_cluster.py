@@ -28,9 +28,10 @@ from pathlib import Path
 import psutil
 
 
-def free_port() -> int:
+def free_port(bind: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the caller binds it soon after)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((bind, 0))
         return s.getsockname()[1]
 
 

@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from ranksight.layout import RunDir
+from ranksight.local_cluster import kill_tree
 from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, decode_spool_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,15 +43,7 @@ def torchrun(nproc: int, args: list[str], store: Path, run_id: str, timeout: flo
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        kids = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        kids = []
-    for p in kids:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_tree(proc.pid)  # torchrun and every worker (they run in their own sessions)
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
