@@ -140,7 +140,7 @@ class RunData:
             for c in ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
                       "pipeline_wait_ms", "compute_ms", "flops"):
                 st[c] = pd.to_numeric(st[c], errors="coerce").fillna(0.0).astype(float)
-            for c in ("sync_arrival", "sync_wait_ms", "loss", "loss_scale", "grad_norm", "t_start", "t_end"):
+            for c in ("sync_arrival", "sync_wait_ms", "loss", "loss_scale", "grad_norm", "t_start", "t_end", "device_ms"):
                 st[c] = pd.to_numeric(st[c], errors="coerce").astype(float)
             for c in ("rank", "step", "node", "world_size", "pp_stage", "dp_rank", "tp_rank", "attempt", "microbatches"):
                 st[c] = pd.to_numeric(st[c], errors="coerce").fillna(0).astype(int)
@@ -178,6 +178,15 @@ class RunData:
                 df = df.copy()
                 df["t"] = pd.to_numeric(df["t"], errors="coerce").astype(float)
                 setattr(self, name, df.sort_values("t").reset_index(drop=True))
+
+    # -- signals ---------------------------------------------------------------
+    def compute_signal(self) -> str:
+        """The column that measures each rank's own work best: ``device_ms`` (the device's busy time, free of
+        host scheduling noise) when every step record carries it, else the wall-clock ``compute_ms``."""
+        st = self.steps
+        if not st.empty and "device_ms" in st.columns and st["device_ms"].notna().all() and (st["device_ms"] > 0).all():
+            return "device_ms"
+        return "compute_ms"
 
     # -- placement -----------------------------------------------------------
     def rank_node(self) -> dict[int, int]:

@@ -361,13 +361,22 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         return []
     first = int(st["step"].min())
     st = st[st["step"] >= first + cfg.warmup_steps]
-    comp = _rank_matrix(st, "compute_ms")
+    signal = data.compute_signal()
+    comp = _rank_matrix(st, signal)
     if comp.shape[1] < cfg.persist:
         return []
     node_of = data.rank_node()
     stage_of = data.rank_stage()
     node_ranks = data.node_ranks()
-    cands = _rank_findings(data, cfg, comp)
+    cands = [dict(c, signal=signal) for c in _rank_findings(data, cfg, comp)]
+    if signal == "device_ms":
+        # The device is not the only place a rank can be slow: a starved host (CPU contention, a slow launch
+        # path) stretches the wall-clock compute while the device's own time stays normal. Those episodes come
+        # from the wall-clock signal, kept only where the device signal did not already explain the rank.
+        wall = _rank_matrix(st, "compute_ms")
+        for c in _rank_findings(data, cfg, wall):
+            if not any(d["rank"] == c["rank"] and d["onset"] <= c["end"] and c["onset"] <= d["end"] for d in cands):
+                cands.append(dict(c, signal="compute_ms"))
     pipelined = len(set(stage_of.get(r, 0) for r in comp.index)) > 1
     findings: list[Finding] = []
     used: set[int] = set()
@@ -401,7 +410,8 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         r = c["rank"]
         if r in used:
             continue
-        ev = dict(scope="rank", onset_step=c["onset"], detected_at_step=c["confirmed_at"],
+        on_device = c["signal"] == "device_ms"
+        ev = dict(scope="rank", signal=c["signal"], onset_step=c["onset"], detected_at_step=c["confirmed_at"],
                   rank_median_compute_ms=fnum(c["own_ms"], 1), peers_median_compute_ms=fnum(c["peers_ms"], 1),
                   ratio=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]), threshold_ratio=fnum(c["threshold"], 3),
                   cusum_threshold=fnum(c["cusum_h"], 3), cusum_drift_ratio=fnum(np.exp(c["cusum_drift"]), 3),
@@ -445,7 +455,9 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         if c["ratio"] >= 1.2:
             conf += 0.1
         if corroborated is False:
-            conf = 0.35
+            # Device time cannot be stretched by host scheduling, so a device-time straggler stands (wall-clock
+            # arrival is what is noisy then, on a shared host); a wall-clock one is likely host noise: info only.
+            conf = 0.6 if on_device else 0.35
         node = node_of.get(r)
         lag_txt = f", arrives {lag:.0f} ms after its peers" if lag is not None else ""
         wait = ev.get("victims_mean_wait_ms")
@@ -456,9 +468,18 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
             lag_txt = ""
             wait_txt = (f"; its stage peers wait {ev['peers_wait_minus_own_ms']:.0f} ms more per step than it does "
                         f"(sync + pipeline waits)")
-        sev = _severity(c["ratio"], cfg) if corroborated is not False else "info"
+        what = ("device time" + (" (SIMULATED device: CPU time)" if data.manifest is None or data.manifest.device == "cpu" else "")) if on_device else "compute"
+        host_txt = ("; its device time is normal: the slowness is on the host (CPU contention, launch or Python overhead)"
+                    if signal == "device_ms" and not on_device else "")
+        host_only = signal == "device_ms" and not on_device
+        # host-only episodes (device time normal) are info: on a shared CPU they are the scheduler moving a rank
+        # off its core for a few steps, which wall-clock compute cannot tell from a real slow-down
+        sev = _severity(c["ratio"], cfg) if (corroborated is not False or on_device) and not host_only else "info"
         note = ""
-        if corroborated is False and tp_ev:
+        if corroborated is False and on_device:
+            note = (f" (its device time is {c['ratio']:.2f}x its peers'; wall-clock arrival order does not confirm it yet: "
+                    f"last to arrive in {(share or 0):.0%} of those steps)")
+        elif corroborated is False and tp_ev:
             note = (f" (not confirmed: its TP partners do not wait for it; it waits least in the TP all-reduces in "
                     f"{tp_ev['tp_least_wait_share']:.0%} of those steps)")
         elif corroborated is False:
@@ -468,8 +489,8 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
             analyzer=NAME, kind="straggler", severity=sev, ranks=[r],
             nodes=[node] if node is not None else [], step_start=c["onset"], step_end=c["end"], evidence=ev,
             confidence=round(min(conf, 0.99), 2),
-            summary=(f"rank {r} (node {node}) is the straggler since step {c['onset']}: compute {c['own_ms']:.1f} ms vs "
-                     f"peers {c['peers_ms']:.1f} ms ({c['ratio']:.2f}x){lag_txt}{wait_txt}{note}"),
+            summary=(f"rank {r} (node {node}) is the straggler since step {c['onset']}: {what} {c['own_ms']:.1f} ms vs "
+                     f"peers {c['peers_ms']:.1f} ms ({c['ratio']:.2f}x){lag_txt}{wait_txt}{note}{host_txt}"),
             recommendation=(f"Inspect rank {r} on node {node}: GPU clocks/throttling, a noisy neighbour, data on a slow disk; "
                             f"if it persists, checkpoint and evict node {node}."),
         ))

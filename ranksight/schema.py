@@ -116,6 +116,12 @@ class StepRecord(Record, tag="step", kw_only=True):
     flops: float = 0.0  # model FLOPs this rank did this step (PaLM convention)
     profiling: bool = False  # the profiler was active during this step
     microbatches: int = 1
+    # The device's own busy time this step, free of host scheduling noise. CPU runs (a
+    # SIMULATED device): the rank's main-thread CPU time (intra-op threads = 1) plus the
+    # injected slow_rank/throttle slow-down, the CPU analogue of GPU kernel time; wall-clock
+    # compute_ms on a shared, oversubscribed CPU carries 15-30 % per-step scheduling noise that a
+    # GPU does not have. None where not measured (GPU runs today): analyzers fall back to compute_ms.
+    device_ms: float | None = None
 
 
 class CollectiveRecord(Record, tag="collective", kw_only=True):

@@ -42,6 +42,11 @@ class Spec:
     data_ms: float = 2.0
     transfer_ms: float = 10.0  # the all-reduce itself once everyone has arrived
     noise: float = 0.01
+    # device_time: records carry device_ms (the device's own busy time: compute x compute_factor x noise); the
+    # wall-clock compute then also carries host scheduling noise and host-only slow-downs (host_factor)
+    device_time: bool = False
+    host_noise: float = 0.0
+    host_factor: Callable[[int, int], float] = lambda r, s: 1.0
     seed: int = 0
     nbytes: int = 64 * 1024 * 1024
     flops: float = 5e12  # per rank per step
@@ -92,6 +97,10 @@ def build(spec: Spec | None = None, **kw) -> RunData:
         for p in pl:
             base = spec.stage_compute_ms[p.pp_stage] if spec.stage_compute_ms else spec.compute_ms
             comp[p.rank] = base * spec.compute_factor(p.rank, s) * (1 + spec.noise * rng.standard_normal())
+        device = dict(comp)
+        for p in pl:
+            jitter = max(0.2, 1 + spec.host_noise * rng.standard_normal()) if spec.host_noise else 1.0  # no extra draws
+            comp[p.rank] *= spec.host_factor(p.rank, s) * jitter
         if spec.pp > 1:
             m, v = spec.microbatches, spec.virtual_stages
             stage_c = [max(comp[p.rank] for p in pl if p.pp_stage == st) for st in range(spec.pp)]
@@ -135,6 +144,7 @@ def build(spec: Spec | None = None, **kw) -> RunData:
                 loss_scale=scale if spec.fp16 else None, overflow=spec.fp16 and any_overflow,
                 skipped=spec.fp16 and any_overflow, mem_bytes=spec.mem_bytes(p.rank, s), flops=spec.flops,
                 profiling=spec.profiling(p.rank, s), microbatches=spec.microbatches,
+                device_ms=device[p.rank] if spec.device_time else None,
             ))
             colls.append(CollectiveRecord(run_id="synth", rank=p.rank, step=s, seq=s + 1, op="all_reduce", group="dp",
                                           group_ranks=list(range(spec.world)), nbytes=spec.nbytes,

@@ -33,6 +33,38 @@ def test_culprit_named_not_victims():
     assert "rank 1" in f.summary and f.recommendation
 
 
+def test_device_time_finds_a_small_straggler_under_host_noise():
+    # 20 % wall-clock scheduling noise per step (a shared CPU) hides a 1.15x slow rank in compute_ms; the device's
+    # own busy time (device_ms) is free of it, so the straggler is confirmed within 3 steps of its onset
+    kw = dict(world=4, steps=24, noise=0.01, host_noise=0.2, compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 8) else 1.0)
+    fs = stragglers.analyze(build(device_time=True, **kw))
+    warn = [f for f in fs if f.severity != "info"]
+    assert len(warn) == 1, [f.summary for f in fs]
+    f = warn[0]
+    assert f.ranks == [1] and f.evidence["signal"] == "device_ms"
+    assert 8 <= f.step_start <= 9
+    assert f.evidence["detected_at_step"] - 8 <= 3
+    assert 1.12 <= f.evidence["ratio"] <= 1.18
+    assert "device time" in f.summary
+
+
+def test_device_time_clean_runs_stay_clean_under_host_noise():
+    for seed in range(4):
+        fs = stragglers.analyze(build(world=4, steps=30, noise=0.01, host_noise=0.2, device_time=True, seed=seed))
+        assert [f for f in fs if f.severity != "info"] == [], [f.summary for f in fs]
+
+
+def test_host_only_slowness_is_told_apart_from_a_slow_device():
+    # rank 2's wall-clock compute is 1.5x from step 10 while its device time stays normal: a starved host
+    data = build(world=4, steps=30, noise=0.01, device_time=True,
+                 host_factor=lambda r, s: 1.5 if (r == 2 and s >= 10) else 1.0)
+    fs = stragglers.analyze(data)
+    assert [f.ranks for f in fs] == [[2]]
+    f = fs[0]
+    assert f.evidence["signal"] == "compute_ms" and f.step_start == 10
+    assert f.severity == "info" and "on the host" in f.summary
+
+
 def test_clean_run_has_no_straggler():
     for seed in range(3):
         assert stragglers.analyze(build(world=8, steps=40, noise=0.02, seed=seed)) == []

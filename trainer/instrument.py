@@ -86,6 +86,7 @@ class StepTimes:
     optimizer: float = 0.0
     pipeline_wait: float = 0.0
     blocked_comm: float = 0.0  # blocking collectives timed directly (FSDP2, explicit ones)
+    injected_slow: float = 0.0  # slow_rank/throttle: seconds the simulated device was made slower
     collectives: list[_OpenCollective] = field(default_factory=list)
 
 
@@ -175,20 +176,20 @@ class Recorder:
         if sync:
             async_sync = [c for c in sync if c.async_bucket]
             blocking_sync = [c for c in sync if not c.async_bucket]
-            wait = sum((c.t_done or c.t_arrive) - c.t_arrive for c in blocking_sync)
+            # sync_wait is time spent waiting for *peers*: an injected slow_link delay is this rank's own
+            # data leaving late (comm time, in ``exposed``), not a wait, so it is taken out of the wait.
+            wait = sum(max(0.0, (c.t_done or c.t_arrive) - c.t_arrive - c.link_delay) for c in blocking_sync)
             if async_sync:
                 # DDP buckets run asynchronously under backward: the rank is only *blocked* from the
                 # moment its last bucket was ready until the last bucket finished.
                 last = max(async_sync, key=lambda c: c.t_arrive)
                 last_arrive = last.t_arrive
                 last_done = max((c.t_done or last_arrive) for c in async_sync)
-                ddp_wait = max(0.0, last_done - last_arrive)
-                # ... plus a slow_link delay posting the *earlier* buckets: it ran inside the comm
-                # hook on the autograd thread, so this rank was blocked in communication then, not
-                # computing (the last bucket's delay is already inside last_done - last_arrive).
-                ddp_wait += sum(c.link_delay for c in async_sync if c is not last)
-                wait += ddp_wait
-                exposed += ddp_wait
+                peers_wait = max(0.0, last_done - last_arrive - last.link_delay)
+                wait += peers_wait
+                # Exposed: the wait, plus every slow_link delay posting a bucket: it ran inside the comm
+                # hook on the autograd thread, so this rank was blocked in communication then, not computing.
+                exposed += peers_wait + sum(c.link_delay for c in async_sync)
             sync_wait = wait
         return exposed, sync_arrival, sync_wait
 

@@ -212,21 +212,17 @@ def _wrap_stage(stage, recorder, slow_hook) -> None:
 
     def forward_one_chunk(*a, **kw):
         recorder.phase = "forward"
-        t0 = time.perf_counter()
-        comm0 = recorder.t.blocked_comm
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = orig_f(*a, **kw)
-        dt = time.perf_counter() - t0
-        slow_hook(dt - (recorder.t.blocked_comm - comm0))  # slow_rank: extra compute before sending on
+        slow_hook(time.thread_time() - c0)  # slow_rank: extra compute before sending on (CPU time: p2p waits, preemption excluded)
         recorder.t.forward += time.perf_counter() - t0
         return out
 
     def backward_one_chunk(*a, **kw):
         recorder.phase = "backward"
-        t0 = time.perf_counter()
-        comm0 = recorder.t.blocked_comm
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = orig_b(*a, **kw)
-        dt = time.perf_counter() - t0
-        slow_hook(dt - (recorder.t.blocked_comm - comm0))
+        slow_hook(time.thread_time() - c0)  # CPU time of the chunk: p2p waits and preemption excluded
         recorder.t.backward += time.perf_counter() - t0
         return out
 

@@ -147,10 +147,14 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
 
     def slow_sleep(compute_s: float) -> None:
         # slow_rank / throttle: this rank's compute takes factor x as long. Real wall time
-        # spent inside forward/backward (so before this rank reaches the gradient sync).
+        # spent inside forward/backward (so before this rank reaches the gradient sync);
+        # ``compute_s`` is the CPU time of the work being slowed, so the slow-down is a
+        # fixed share of the simulated device's time, not of the host's scheduling noise.
         f = faults.compute_factor()
         if f > 1.0 and compute_s > 0:
+            t0 = time.perf_counter()
             time.sleep((f - 1.0) * compute_s)
+            rec.t.injected_slow += time.perf_counter() - t0
 
     pp_losses: list[torch.Tensor] = []
     sched = None
@@ -229,6 +233,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         faults.set_step(step)
         t_start = time.time()
         p0 = time.perf_counter()
+        cpu0 = time.thread_time()  # the simulated device's busy time (see StepRecord.device_ms)
         for i, s in enumerate(specs):
             if i not in announced and faults_active(s, step):
                 announced.add(i)
@@ -266,11 +271,11 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                     sync_ctx = contextlib.nullcontext() if last else model.no_sync()
                 with sync_ctx:
                     rec.phase = "forward"
-                    tf, c0 = time.perf_counter(), rec.t.blocked_comm
+                    tf, cf = time.perf_counter(), time.thread_time()
                     with autocast():
                         logits = model(x)
                         loss = loss_fn(logits, y)
-                    fwd_compute = time.perf_counter() - tf - (rec.t.blocked_comm - c0)
+                    fwd_compute = time.thread_time() - cf  # CPU time: blocked comm and preemption excluded
                     # forward + backward (~2x forward) of extra compute, before the gradient sync
                     slow_sleep(3.0 * fwd_compute)
                     rec.t.forward += time.perf_counter() - tf
@@ -350,6 +355,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         p1 = time.perf_counter()
         t_end = time.time()
         step_ms = (p1 - p0) * 1000.0
+        device_ms = ((time.thread_time() - cpu0) + rec.t.injected_slow) * 1000.0 if device.type == "cpu" else None
         tokens = tokens_per_step
         if cfg.instrument:
             comm_s, sync_arrival, sync_wait = rec.comm_summary()
@@ -368,7 +374,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                 loss_scale=float(scaler.get_scale()) if scaler is not None else None,
                 overflow=overflow, skipped=skipped, lr=lr, mem_bytes=mem_bytes,
                 flops=fpt * tokens / (tp * pp), profiling=profiling,
-                microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum))
+                microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum, device_ms=device_ms))
         if overflow:
             rec.event("overflow", {"found_inf": found, "grad_norm_finite": math.isfinite(grad_norm),
                                    "loss_scale": float(scaler.get_scale()) if scaler is not None else None})
