@@ -55,7 +55,9 @@ MFU_CAUSE_KIND = {"straggler": "straggler", "data_stall": "data_stall", "comm_gr
 
 
 def _reconcile(findings: list) -> None:
-    """Downgrade an MFU drop to info when no warning-or-worse finding of the kind it blames overlaps it.
+    """An MFU drop is reported as info either way: as a *symptom* when a warning-or-worse finding of the kind it
+    blames overlaps it (that finding is the one to act on, and carries the MFU cost in its evidence), or as
+    *unconfirmed* when none does. One cause then reads as one warning, not one per window of its cost.
 
     (Clock throttle rests on GPU telemetry of its own and is kept.)"""
     from ranksight.schema import SEVERITY_ORDER
@@ -68,13 +70,20 @@ def _reconcile(findings: list) -> None:
             continue
         s0 = f.step_start if f.step_start is not None else -(10**9)
         s1 = f.step_end if f.step_end is not None else 10**9
-        confirmed = any(g.kind == want and SEVERITY_ORDER[g.severity] >= 1
-                        and (g.step_start is None or g.step_start <= s1) and (g.step_end is None or g.step_end >= s0)
-                        for g in findings)
-        if not confirmed:
-            f.severity = "info"
+        roots = [g for g in findings if g.kind == want and SEVERITY_ORDER[g.severity] >= 1
+                 and (g.step_start is None or g.step_start <= s1) and (g.step_end is None or g.step_end >= s0)]
+        f.severity = "info"
+        if not roots:
             f.evidence = dict(f.evidence, cause_confirmed=False)
             f.summary += f" (no {want} finding confirms it)"
+            continue
+        root = max(roots, key=lambda g: SEVERITY_ORDER[g.severity])
+        drop = (f.evidence or {}).get("drop")
+        f.evidence = dict(f.evidence, cause_confirmed=True, symptom_of=dict(kind=root.kind, ranks=list(root.ranks),
+                                                                           step_start=root.step_start))
+        f.summary += f" (a symptom of the {root.kind} finding on rank(s) {', '.join(map(str, root.ranks))})"
+        if drop is not None:
+            root.evidence = dict(root.evidence, mfu_drop=max(drop, (root.evidence or {}).get("mfu_drop") or 0.0))
 
 
 __all__ = ["ANALYZERS", "run_all"]

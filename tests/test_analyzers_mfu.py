@@ -54,12 +54,18 @@ def test_drop_attributed_to_data_stall():
     assert f.evidence["cause"] == "data_stall" and f.step_start == 10
 
 
-def test_run_all_downgrades_an_unconfirmed_cause():
+def test_run_all_reports_an_mfu_drop_as_a_symptom_or_unconfirmed():
     from analyzers import run_all
 
     data = build(compute_factor=lambda r, s: 1.4 if (r == 2 and s >= 12) else 1.0)
     both = run_all(data, only=["stragglers", "mfu"])
-    assert [(f.kind, f.severity) for f in both] == [("straggler", "warning"), ("mfu_drop", "warning")]
+    # confirmed: the drop is a symptom of the straggler finding, which carries its cost (one warning to act on)
+    assert [(f.kind, f.severity) for f in both] == [("straggler", "warning"), ("mfu_drop", "info")]
+    straggler, drop = both
+    assert drop.evidence["cause_confirmed"] is True
+    assert drop.evidence["symptom_of"] == {"kind": "straggler", "ranks": [2], "step_start": straggler.step_start}
+    assert "a symptom of the straggler finding on rank(s) 2" in drop.summary
+    assert straggler.evidence["mfu_drop"] == drop.evidence["drop"] > 0.1
     (alone,) = run_all(data, only=["mfu"])  # no straggler finding confirms the blamed cause
     assert alone.severity == "info" and alone.evidence["cause_confirmed"] is False
     assert "no straggler finding confirms it" in alone.summary
