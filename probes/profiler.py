@@ -4,6 +4,7 @@ Traces reach hundreds of MB (HTA users report 800 MB JSON needing 6 GB in memory
 file is never loaded whole: ijson walks ``traceEvents`` one event at a time (C backend
 ``yajl2_c`` when present, the fastest ijson has), and each event is reduced on the spot to
 interval unions and per-name totals. ``.json.gz`` is read through gzip, also streaming.
+A bare array of events (the trace format's other form, closing ``]`` optional) is read too.
 A truncated trace (a crashed job, a copy in progress) is summarized as far as it goes and
 marked ``truncated=True`` with a note.
 
@@ -260,13 +261,25 @@ def summarize_trace(
     # event is seen, which may come after them: such cpu_ops are held per thread until then.
     held: dict[tuple[Any, Any], _Union] = {}
 
+    f = _open(path)
+    # read1: a gzip member cut short raises EOFError only after handing out what it could
+    # decompress (read() would drop the last partial block).
+    read = getattr(f, "read1", f.read)
+    # The Chrome trace format has two forms: an object with "traceEvents" (what Kineto writes) and a bare
+    # array of events (other tools, hand-trimmed traces), whose closing "]" is optional by the format's spec.
+    try:
+        first = read(_CHUNK)
+    except (EOFError, zlib.error, OSError) as e:
+        f.close()
+        raise TraceError(f"{path}: cannot read the trace: {type(e).__name__}: {e}") from e
+    bare_array = first.lstrip()[:1] == b"["
     events = ijson.sendable_list()
-    ev_coro = _IJSON.items_coro(events, "traceEvents.item", use_float=True)
+    ev_coro = _IJSON.items_coro(events, "item" if bare_array else "traceEvents.item", use_float=True)
     dist = ijson.sendable_list()
     dist_coro = _IJSON.items_coro(dist, "distributedInfo", use_float=True)
     # distributedInfo comes before traceEvents in Kineto's output, so this second parser is
     # dropped after the first chunk or so; a trace without it pays for a second (C-only) parse.
-    side = [dist_coro]
+    side = [] if bare_array else [dist_coro]
 
     def handle(ev: dict[str, Any]) -> None:
         nonlocal n_coll
@@ -362,20 +375,19 @@ def summarize_trace(
                                         "kind": "exec" if name.startswith("gloo:") else "issue",
                                         "tid": ev.get("tid"), "device": "cpu"})
 
-    f = _open(path)
-    # read1: a gzip member cut short raises EOFError only after handing out what it could
-    # decompress (read() would drop the last partial block).
-    read = getattr(f, "read1", f.read)
+    last_byte = b""  # the stream's last non-blank byte: tells an unclosed event array from a cut-off event
     try:
         while True:
             try:
-                chunk = read(_CHUNK)
+                chunk = first if first is not None else read(_CHUNK)
+                first = None
             except (EOFError, zlib.error, OSError) as e:  # truncated/corrupt gzip member
                 truncated = True
                 notes.append(f"stopped reading: {type(e).__name__}: {e}")
                 break
             if not chunk:
                 break
+            last_byte = chunk.rstrip()[-1:] or last_byte
             try:
                 ev_coro.send(chunk)
             except ijson.common.JSONError as e:
@@ -398,8 +410,11 @@ def summarize_trace(
             try:
                 ev_coro.close()
             except ijson.common.IncompleteJSONError as e:
-                truncated = True
-                notes.append(f"trace ends early (truncated JSON): {e}")
+                if bare_array and last_byte in (b"}", b","):
+                    notes.append("bare event array without its closing ']' (allowed by the trace format)")
+                else:
+                    truncated = True
+                    notes.append(f"trace ends early (truncated JSON): {e}")
             except ijson.common.JSONError as e:
                 truncated = True
                 notes.append(f"invalid JSON at the end: {e}")

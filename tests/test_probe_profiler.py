@@ -168,6 +168,26 @@ def test_truncated_trace_is_summarized_and_marked(tmp_path: Path):
     assert s2.truncated is True
 
 
+def test_bare_event_array_form_is_read(tmp_path: Path):
+    # The trace format's other form: a bare array of events, whose closing "]" may be left out.
+    events = json.loads((FIX / "hand_cpu.json").read_text())["traceEvents"]
+    full = summarize_trace(str(FIX / "hand_cpu.json"))
+    closed = tmp_path / "closed.json"
+    closed.write_text(json.dumps(events))
+    unclosed = tmp_path / "unclosed.json"
+    unclosed.write_text("[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n")
+    for p in (closed, unclosed):
+        s = summarize_trace(str(p))
+        assert (s.compute_ms, s.comm_ms, s.overlap_ms, s.idle_ms) == pytest.approx(
+            (full.compute_ms, full.comm_ms, full.overlap_ms, full.idle_ms)), p.name
+        assert not s.truncated
+    assert any("closing ']'" in n for n in summarize_trace(str(unclosed)).notes)
+    # cut inside an event: that one is truncated
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(events)[:-30])
+    assert summarize_trace(str(cut)).truncated is True
+
+
 def test_bad_inputs_raise_clear_errors_not_crashes(tmp_path: Path):
     garbage = tmp_path / "garbage.json"
     garbage.write_bytes(b"\x00\xff not json at all \x13")
