@@ -197,6 +197,7 @@ class NodeAgent:
             return self.local_ranks
         self._last_discovery = now
         m = self._manifest()
+        self.metrics.observe_manifest(self.run_id, m)  # ranksight_run_finished: silences stall alerts after the end
         if m is not None and m.ranks:
             self._rank_nodes = {p.rank: p.node for p in m.ranks}
         for r in spool_ranks(self.rd.spool_dir):

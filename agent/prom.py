@@ -49,6 +49,12 @@ class AgentMetrics:
         self.last_step_time = Gauge("ranksight_last_step_timestamp_seconds", "Wall time the last step ended",
                                     RANK_LABELS, registry=r)
         self.mem = Gauge("ranksight_memory_peak_bytes", "Peak memory of the last step", RANK_LABELS, registry=r)
+        # -- the run ------------------------------------------------------------------------
+        # 1 once the run's manifest (run.json) says the run finished, 0 before: alert rules
+        # about training progress drop finished runs with ``unless on (run_id) ranksight_run_finished == 1``
+        # (an agent left running after its job ends must not page anyone).
+        self.run_finished = Gauge("ranksight_run_finished",
+                                  "1 once the run's manifest says the run finished, else 0", ("run_id",), registry=r)
         # -- GPU, dcgm-exporter names ---------------------------------------------------------
         g = lambda name, doc: Gauge(name, doc, DCGM_LABELS, registry=r)  # noqa: E731
         self.dcgm = {
@@ -116,6 +122,10 @@ class AgentMetrics:
         self.last_step_time.labels(*lab).set(rec.t_end)
         if rec.mem_bytes:
             self.mem.labels(*lab).set(rec.mem_bytes)
+
+    def observe_manifest(self, run_id: str, manifest) -> None:
+        """The run's manifest as read by the agent (None while it is missing or unreadable)."""
+        self.run_finished.labels(run_id).set(1 if manifest is not None and manifest.finished else 0)
 
     @staticmethod
     def gpu_labels(s) -> tuple[str, ...]:

@@ -14,7 +14,10 @@ RULES_DIR = Path(__file__).resolve().parent / "rules"
 RULES_FILE = RULES_DIR / "ranksight.rules.yml"
 RULES_TEST_FILE = RULES_DIR / "ranksight.rules_test.yml"
 ALERTMANAGER_EXAMPLE = Path(__file__).resolve().parent / "alertmanager.yml"
-RUNBOOK_PLACEHOLDER = "https://ranksight.invalid/docs/dashboards-alerts.md"
+# The shipped rules' runbook_url is docs/runbooks.md#<anchor>, relative to the repository root:
+# usable without configuration; --runbook-base URL points the links at a published copy instead.
+RUNBOOK_DEFAULT_BASE = "docs/runbooks.md"
+RUNBOOKS_FILE = Path(__file__).resolve().parent.parent / RUNBOOK_DEFAULT_BASE
 
 dashboards_command = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                                  help="Build Grafana dashboards and push them to a Grafana; alert rules; signed webhooks.")
@@ -107,11 +110,12 @@ def lint_cmd(
 
 
 def render_rules(runbook_base: str | None) -> str:
+    """The rules file; with ``runbook_base`` every ``runbook_url`` is ``<runbook_base>#<anchor>``."""
     text = RULES_FILE.read_text()
     if runbook_base:
         if not runbook_base.startswith(("http://", "https://")):
             raise ValueError(f"--runbook-base must be an http(s) URL, got {runbook_base!r}")
-        text = text.replace(RUNBOOK_PLACEHOLDER, runbook_base.rstrip("/"))
+        text = text.replace(f"runbook_url: '{RUNBOOK_DEFAULT_BASE}#", f"runbook_url: '{runbook_base.rstrip('/')}#")
     return text
 
 
@@ -119,7 +123,8 @@ def render_rules(runbook_base: str | None) -> str:
 def rules_cmd(
     out: Path = typer.Option(None, "--out", help="Directory to write ranksight.rules.yml into (for Prometheus' rule_files)."),
     runbook_base: str = typer.Option(None, "--runbook-base",
-                                     help="URL of your copy of docs/dashboards-alerts.md; replaces the placeholder in runbook_url."),
+                                     help="URL of your published copy of docs/runbooks.md: runbook_url becomes URL#<alert>. "
+                                          "Default: docs/runbooks.md#<alert>, relative to the ranksight repository."),
     check: bool = typer.Option(True, "--check/--no-check", help="Run promtool check rules and the rule unit tests."),
 ) -> None:
     """Install (or just check) the Prometheus alert rules."""

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.cli import ALERTMANAGER_EXAMPLE, RULES_FILE, RULES_TEST_FILE, RUNBOOK_PLACEHOLDER, render_rules
+from dashboards.cli import (ALERTMANAGER_EXAMPLE, RULES_FILE, RULES_TEST_FILE, RUNBOOK_DEFAULT_BASE, RUNBOOKS_FILE,
+                            render_rules)
 
 REPO = Path(__file__).resolve().parent.parent
 ALERTS = ("RanksightStragglingRank", "RanksightRankStalled", "RanksightGpuXid", "RanksightGpuThermalThrottling",
@@ -49,9 +50,32 @@ def test_every_alert_has_a_unit_test_and_runbook_annotations():
         for key in ("summary:", "description: |-", "runbook_url:", "severity:"):
             assert key in block, (name, key)
         assert f"#{name.lower()}'" in block, name
-    docs = (REPO / "docs" / "dashboards-alerts.md").read_text()
+    docs = RUNBOOKS_FILE.read_text()
     for name in ALERTS:
-        assert f"### {name}" in docs, f"docs/dashboards-alerts.md has no runbook section for {name}"
+        assert f"\n## {name}\n" in docs, f"docs/runbooks.md has no runbook section for {name}"
+        section = docs.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+        for part in ("*What it means.*", "*Confirm with `ranksight diagnose`.*", "*What to do.*", "ranksight diagnose <run>"):
+            assert part in section, (name, part)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub-style heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    heads = re.findall(r"^#{1,6} (.+)$", markdown, flags=re.M)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_default_runbook_urls_resolve_to_the_runbooks_in_the_repository():
+    """Without --runbook-base every runbook_url is docs/runbooks.md#<anchor>: the file exists, the anchor too."""
+    urls = re.findall(r"runbook_url: '([^']*)'", render_rules(None))
+    assert len(urls) == len(ALERTS)
+    anchors = _anchors(RUNBOOKS_FILE.read_text())
+    for url in urls:
+        path, _, anchor = url.partition("#")
+        assert path == RUNBOOK_DEFAULT_BASE and (REPO / path).resolve() == RUNBOOKS_FILE
+        assert anchor in anchors, url
+    # the promtool unit tests expect the same links
+    assert set(re.findall(r"runbook_url: '([^']*)'", RULES_TEST_FILE.read_text())) <= set(urls)
+    assert "ranksight.invalid" not in RULES_FILE.read_text()
 
 
 @needs_promtool
@@ -68,6 +92,13 @@ def test_rule_unit_tests_fail_on_a_wrong_expectation(tmp_path):
         RULES_FILE.read_text().replace(" and DCGM_FI_DEV_XID_ERRORS > 0)", ")"))
     r = _run(["promtool", "test", "rules", RULES_TEST_FILE.name], cwd=tmp_path)
     assert r.returncode != 0 and 'gpu="2"' in r.stdout + r.stderr
+    # Without "unless ... ranksight_run_finished == 1" a finished run's agents would page: the stall and
+    # straggler tests of the finished runs ("done", "r3") fail.
+    (tmp_path / RULES_FILE.name).write_text(
+        RULES_FILE.read_text().replace("unless on (run_id) (ranksight_run_finished == 1)", ""))
+    r = _run(["promtool", "test", "rules", RULES_TEST_FILE.name], cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and 'run_id="done"' in out and 'run_id="r3"' in out
 
 
 @needs_promtool
@@ -76,8 +107,10 @@ def test_rules_cli_writes_with_runbook_base_and_checks(tmp_path):
               "--runbook-base", "https://wiki.example.com/ranksight/alerts"], cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     text = (tmp_path / "ranksight.rules.yml").read_text()
-    assert RUNBOOK_PLACEHOLDER not in text
+    assert f"runbook_url: '{RUNBOOK_DEFAULT_BASE}#" not in text
     assert "runbook_url: 'https://wiki.example.com/ranksight/alerts#ranksightgpuxid'" in text
+    assert len(re.findall(r"runbook_url: 'https://wiki\.example\.com/ranksight/alerts#\w+'", text)) == len(ALERTS)
+    assert "docs/runbooks.md" in text  # the header comment still says where the runbooks live
     assert "SUCCESS" in r.stdout
     with pytest.raises(ValueError, match="http"):
         render_rules("wiki/alerts")
