@@ -146,3 +146,34 @@ def test_rule_severities_route_somewhere_specific():
                    "RanksightGpuXid": "critical", "RanksightGpuThermalThrottling": "warning",
                    "RanksightGpuPowerThrottling": "warning", "RanksightAgentDown": "warning",
                    "RanksightAgentDroppingRecords": "warning", "RanksightAgentLagHigh": "warning"}
+
+
+def test_agent_exports_run_finished_from_the_manifest(tmp_path):
+    """ranksight_run_finished{run_id}: 0 while the manifest has no `finished`, 1 once it has (what the rules use)."""
+    import time
+
+    from prometheus_client import generate_latest
+
+    from agent.node import NodeAgent
+    from ranksight import schema
+    from ranksight.layout import RunDir
+    from ranksight.local_cluster import free_port
+
+    rd = RunDir(tmp_path / "store", "r-fin")
+    rd.manifest.parent.mkdir(parents=True, exist_ok=True)
+
+    def finished_value(agent) -> str:
+        agent.discover(force=True)
+        lines = [ln for ln in generate_latest(agent.metrics.registry).decode().splitlines()
+                 if ln.startswith("ranksight_run_finished{")]
+        assert len(lines) == 1 and 'run_id="r-fin"' in lines[0], lines
+        return lines[0].rsplit(" ", 1)[1]
+
+    a = NodeAgent(rd, 0, f"http://127.0.0.1:{free_port()}", "t", sim_gpu="off", otlp_metrics=False)
+    assert finished_value(a) == "0.0"  # no manifest yet
+    m = schema.Manifest(run_id="r-fin", created=time.time(), start_time=time.time())
+    rd.manifest.write_bytes(schema.encode(m))
+    assert finished_value(a) == "0.0"
+    m.finished = time.time()
+    rd.manifest.write_bytes(schema.encode(m))
+    assert finished_value(a) == "1.0"
