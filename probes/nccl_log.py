@@ -143,6 +143,9 @@ IBV_WC_STATUS = {
     18: "IBV_WC_INV_EEC_STATE_ERR", 19: "IBV_WC_FATAL_ERR", 20: "IBV_WC_RESP_TIMEOUT_ERR", 21: "IBV_WC_GENERAL_ERR",
 }
 
+# First bytes of INFO messages that _nccl_message dispatches on.
+_DISPATCH_FIRST = frozenset((b"C", b"c", b"T", b"R", b"N", b"U", b"P", b"E", b"I", b"n"))
+
 # INFO lines known to be informational (setup, affinity, tuning): "info", not "unclassified".
 _INFO_PREFIXES = (
     b"Bootstrap", b"Setting affinity", b"cudaDriverVersion", b"P2P Chunksize", b"threadThresholds",
@@ -167,6 +170,14 @@ def host_pid_from_filename(path: str) -> tuple[str, int]:
     if not m:
         return "", 0
     return m.group(1), int(m.group(2))
+
+
+def _append_channel(seen: list[int], head: bytes) -> None:
+    """Append the channel number of "Channel 05/0" / "Ring 05" (``head``: the text before " : ")."""
+    try:
+        seen.append(int(head.split(b" ", 2)[1].split(b"/", 1)[0]))
+    except (ValueError, IndexError):
+        pass
 
 
 def _s(b: bytes) -> str:
@@ -277,6 +288,12 @@ class NcclLogParser:
         self._coll_stats: dict[bytes, list] = {}  # prefix + ' comm 0x.. ...' -> [count, last line]
         # (prefix bytes, comm, text after " : ") -> the channel list of the event already emitted.
         self._dedupe: dict[tuple[bytes, str | None, bytes], list[int]] = {}
+        # (prefix bytes, text after " : ") -> the same channel list, skipping the thread -> comm
+        # lookup; emptied whenever a thread's communicator or the dedupe table changes.
+        self._chan_fast: dict[tuple[bytes, bytes], list[int]] = {}
+        # The COLL run being folded: lines that start with this prefix + " NCCL INFO " and end
+        # with this " comm 0x.. " tail share one counter (see feed()).
+        self._run: tuple[bytes, bytes, int, list] = (b"\n", b"\n", 0, [0, b""])
         self._lead = b""
         self.notes: list[str] = []
         self.unclassified = 0
@@ -340,46 +357,95 @@ class NcclLogParser:
         parse = self._parse_line
         cache_get = self._prefix_cache.get
         dedupe_get = self._dedupe.get
+        chan_fast = self._chan_fast
+        chan_get = chan_fast.get
         thread_comm = self._thread_comm
         ln = ln0 = self.line_no
         # Fast paths, no event: the bulk of big logs is per-call COLL lines and the same peer
         # connection repeated on every channel. Both are recognised with a few C-level byte
         # operations and folded into parser state instead of becoming events.
         fast_coll = not self.emit_collectives
+        coll_match = _COLL_RE.match
         colls = self._coll_stats
         colls_get = colls.get
+        # COLL lines come in runs from one thread and communicator: a line that starts with
+        # the run's "prefix NCCL INFO " and ends with its " comm 0x.. [nranks=N] stream 0x.."
+        # tail has the same folding key as the line that started the run (the first
+        # " NCCL INFO " and the last " comm 0x" are where they were in that line), so it is
+        # counted with a startswith and an endswith. A sentinel head (b"\n") never matches.
+        run_head, run_tail, run_min, run_st = self._run if fast_coll else (b"\n", b"\n", 0, None)
+        run_hlen = len(run_head)
         for ln, line in enumerate(lines, ln + 1):
-            if fast_coll and b": opCount " in line:
-                i = line.find(b" NCCL INFO ")
-                k = line.rfind(b" comm 0x")
-                if i > 0 and k > i:
-                    key = line[:i] + line[k:]  # prefix + " comm 0x.. [nranks=N] stream 0x.."
-                    st = colls_get(key)
-                    if st is None:
-                        colls[key] = [1, line]
-                    else:
-                        st[0] += 1
-                        st[1] = line
-                    continue
+            if line.startswith(run_head) and line.endswith(run_tail) and len(line) > run_min \
+                    and line.find(b": opCount ", run_hlen) >= 0:
+                run_st[0] += 1
+                run_st[1] = line
+                continue
             i = line.find(b" NCCL INFO ")
             if i > 0:
-                lead = line[:i]
-                pre = cache_get(lead)
-                if pre is not None:
-                    if line.startswith(b"Channel ", i + 11):
-                        c = line.find(b" : ", i + 19)
-                        if c > 0:
-                            seen = dedupe_get((lead, thread_comm.get(pre[:3]), line[c:]))
-                            if seen is not None:
-                                try:
-                                    seen.append(int(line[i + 19 : i + 21]))
-                                except ValueError:
-                                    pass
-                                continue
+                # A repeat of a connection/ring already emitted: only its channel number is new.
+                chan = line.startswith(b"Channel ", i + 11)
+                if chan:
+                    c = line.find(b" : ", i + 19)
+                    if c > 0:
+                        seen = chan_get((line[:i], line[c:]))
+                        # No ':' between "Channel " and " : ": no ": opCount " (see below).
+                        if seen is not None and line.find(b":", i + 19, c) < 0:
+                            nb = line[i + 19 : i + 21]
+                            if line[i + 21] == 47 and nb.isdigit():  # "Channel 05/..."
+                                seen.append(int(nb))
+                            else:
+                                _append_channel(seen, line[i + 11 : c])
+                            continue
+                    else:
+                        chan = False
+                if b": opCount " not in line:
+                    pass
+                elif fast_coll:
+                    k = line.rfind(b" comm 0x")
+                    if k > i:
+                        tail = line[k:]
+                        key = line[:i] + tail  # prefix + " comm 0x.. [nranks=N] stream 0x.."
+                        st = colls_get(key)
+                        if st is None:
+                            st = colls[key] = [1, line]
+                        else:
+                            st[0] += 1
+                            st[1] = line
+                        head = line[: i + 11]
+                        if b": opCount " not in head and b": opCount " not in tail:
+                            # The rest of this run: ": opCount " can only be between the two.
+                            run_head, run_tail, run_st = head, tail, st
+                            run_hlen, run_min = i + 11, i + len(tail)
+                        continue
+                # emit_collectives: what _parse_line -> _nccl_message -> _collective would do, for
+                # lines that no other recogniser of _nccl_message claims first
+                elif line.find(b" NCCL ", 0, i + 6) == i and len(line) <= _MAX_LINE and not line.endswith(b"\r") and (
+                        line[i + 11 : i + 12] not in _DISPATCH_FIRST or line.startswith(b"Reduce", i + 11)):
+                    pre = cache_get(line[:i])
+                    if pre is not None:
+                        m = coll_match(line, i + 11)
+                        if m is not None:
+                            self.line_no = ln
+                            append(self._collective(pre, line[i + 11 :], m))
+                            continue
+                if chan:
+                    lead = line[:i]
+                    pre = cache_get(lead)
+                    if pre is not None:
+                        tail = line[c:]
+                        seen = dedupe_get((lead, thread_comm.get(pre[:3]), tail))
+                        if seen is not None:
+                            if b": opCount " not in tail and b": opCount " not in line[: i + 11]:
+                                chan_fast[(lead, tail)] = seen
+                            _append_channel(seen, line[i + 11 : c])
+                            continue
             self.line_no = ln
             ev = parse(line)
             if ev is not None:
                 append(ev)
+        if fast_coll:
+            self._run = (run_head, run_tail, run_min, run_st)
         self.line_no = ln0 + len(lines)
         self.bytes_parsed += len(data) - len(self._pending)
         return out
@@ -393,7 +459,9 @@ class NcclLogParser:
         self.feed(data if data.endswith(b"\n") else data[: data.rfind(b"\n") + 1])
         self.line_no, self.bytes_parsed, self._pending, self.unclassified = saved
         self._dedupe.clear()  # repeats of connections already shipped become events again
+        self._chan_fast.clear()
         self._coll_stats.clear()
+        self._run = (b"\n", b"\n", 0, [0, b""])
         self._last_collective.clear()
         self._collective_lines = 0
 
@@ -430,7 +498,7 @@ class NcclLogParser:
             level = _LEVELS.get(line[i + 6 : j]) if j > 0 else None
             if level is not None:
                 self._lead = lead = line[:i]
-                pre = self._prefix(lead)
+                pre = self._prefix_cache.get(lead) or self._prefix(lead)
                 if pre is not None:
                     return self._nccl_message(pre, level, line[j + 1 :], line)
         if not line.strip():
@@ -458,18 +526,20 @@ class NcclLogParser:
             self._prefix_cache[lead] = val
         return val
 
-    def _ev(self, pre, category: str, msg: bytes, **kw: Any) -> NcclEvent:
+    def _ev(self, pre, category: str, msg: bytes, fields: dict[str, Any] | None = None, **kw: Any) -> NcclEvent:
         host, pid, tid, dev, t = pre
         if "rank" not in kw:
             pr = self.proc_rank.get((host, pid))
             if pr is not None:
                 kw["rank"] = pr[0]
-                kw.setdefault("nranks", pr[1])
-        fields = kw.pop("fields", None) or {}
+                if "nranks" not in kw:
+                    kw["nranks"] = pr[1]
+        if not fields:
+            fields = {}
         fields["tid"] = tid
         fields["cudaDev"] = dev
         return NcclEvent(
-            host=host, pid=pid, t=t, category=category, message=_s(msg), fields=fields,
+            host=host, pid=pid, t=t, category=category, message=msg.decode("utf-8", "replace"), fields=fields,
             source_file=self.source_file, line_no=self.line_no, **kw,
         )
 
@@ -478,7 +548,9 @@ class NcclLogParser:
             return self._failure(pre, level, msg)
         c = msg[:1]
         # Dispatch on the first bytes: each recogniser runs only where it can match.
-        if c == b"C":
+        if c not in _DISPATCH_FIRST:
+            pass
+        elif c == b"C":
             if msg.startswith(b"Channel"):
                 return self._channel(pre, msg)
             if msg.startswith(b"CollNet"):
@@ -532,9 +604,10 @@ class NcclLogParser:
                     ev.message = _s(msg)
                     ev.fields["api"] = _s(msg[:k])
                 return ev
-        m = _COLL_RE.match(msg)
-        if m is not None:
-            return self._collective(pre, msg, m)
+        if b": opCount " in msg:  # the literal _COLL_RE needs
+            m = _COLL_RE.match(msg)
+            if m is not None:
+                return self._collective(pre, msg, m)
         if b" -> " in msg:
             m = _CALL_TRACE_RE.search(msg)
             if m is not None:
@@ -542,7 +615,7 @@ class NcclLogParser:
                 return self._ev(pre, "trace", msg, error_class="call_trace",
                                 fields={"file": _s(m.group(1)), "src_line": int(m.group(2)), "code": code,
                                         "result": NCCL_RESULT.get(code, "")})
-        if b"Plugin" in msg[:24]:
+        if msg.find(b"Plugin", 0, 24) >= 0:
             return self._plugin(pre, msg)
         if msg.startswith(_INFO_PREFIXES) or msg[:1].isdigit():
             return self._ev(pre, "info", msg, fields={"level": level})
@@ -606,7 +679,9 @@ class NcclLogParser:
             comm_id = f["commId"]
         else:
             comm_id = self._ptr_comm.get((host, pid, comm), comm)
-        self._thread_comm[(host, pid, tid)] = comm_id
+        if self._thread_comm.get((host, pid, tid)) != comm_id:
+            self._thread_comm[(host, pid, tid)] = comm_id
+            self._chan_fast.clear()  # its keys assumed the old thread -> comm mapping
         self._comm_rank[(host, pid, comm_id)] = rank
         cur = self.proc_rank.get((host, pid))
         if cur is None or nranks > cur[1]:
@@ -649,16 +724,14 @@ class NcclLogParser:
         key = (self._lead, self._thread_comm.get(pre[:3]), msg[c:])
         seen = self._dedupe.get(key)
         if seen is not None:
-            try:
-                seen.append(int(msg[: c].split(b" ", 2)[1].split(b"/", 1)[0]))
-            except (ValueError, IndexError):
-                pass
+            _append_channel(seen, msg[:c])
             return None
         ev = build(pre, msg)
         if ev is not None and "channel" in ev.fields:
             ev.fields["channels"] = self._dedupe[key] = [ev.fields["channel"]]
             if len(self._dedupe) > 100_000:  # bounded: a later duplicate becomes an event again
                 self._dedupe.clear()
+                self._chan_fast.clear()
         return ev
 
     def _channel_event(self, pre, msg: bytes) -> NcclEvent | None:
@@ -760,13 +833,14 @@ class NcclLogParser:
 
     def _collective(self, pre, msg: bytes, m: re.Match) -> NcclEvent | None:
         self._collective_lines += 1
-        comm = _s(m.group(7))
+        op, opc, count, dt, redop, root, comm_b, nr = m.groups()
+        comm = comm_b.decode("utf-8", "replace")
         info = {
-            "op": _s(m.group(1)), "opCount": int(m.group(2), 16), "count": int(m.group(3)),
-            "datatype": int(m.group(4)), "redop": int(m.group(5)), "root": int(m.group(6)), "comm": comm,
+            "op": op.decode("utf-8", "replace"), "opCount": int(opc, 16), "count": int(count),
+            "datatype": int(dt), "redop": int(redop), "root": int(root), "comm": comm,
         }
-        if m.group(8):
-            info["nranks"] = int(m.group(8))
+        if nr:
+            info["nranks"] = int(nr)
         self._last_collective[(pre[0], pre[1], comm)] = info
         if not self.emit_collectives:
             return None
@@ -776,7 +850,8 @@ class NcclLogParser:
         cat = "error"
         f: dict[str, Any] = {"level": level}
         kw: dict[str, Any] = {}
-        m = _IB_COMPL_NEW_RE.search(msg)
+        compl = b"Got completion " in msg
+        m = _IB_COMPL_NEW_RE.search(msg) if compl else None
         if m is not None:
             status = int(m.group(3))
             f.update({"peer_addr": f"{_s(m.group(1))}<{_s(m.group(2))}>", "status": status,
@@ -786,22 +861,22 @@ class NcclLogParser:
                 if m.group(g):
                     f[k] = _s(m.group(g))
             return self._ev(pre, cat, msg, error_class="ib_completion", transport="NET/IB", fields=f)
-        m = _IB_COMPL_OLD_RE.search(msg)
+        m = _IB_COMPL_OLD_RE.search(msg) if compl else None
         if m is not None:
             status = int(m.group(1))
             f.update({"status": status, "status_name": IBV_WC_STATUS.get(status, ""), "opcode": int(m.group(2)),
                       "len": int(m.group(3)), "vendor_err": int(m.group(4))})
             return self._ev(pre, cat, msg, error_class="ib_completion", transport="NET/IB", fields=f)
-        m = _PROXY_RE.search(msg)
+        m = _PROXY_RE.search(msg) if b"[Proxy Service " in msg else None
         if m is not None:
             code = int(m.group(4))
             f.update({"op": _s(m.group(2)), "code": code, "result": NCCL_RESULT.get(code, "")})
             return self._ev(pre, cat, msg, error_class="proxy", peer=int(m.group(3)), fields=f)
-        m = _IB_ASYNC_RE.search(msg)
+        m = _IB_ASYNC_RE.search(msg) if b"Got async " in msg else None
         if m is not None:
             f["event"] = _s(m.group(1)).strip()
             return self._ev(pre, cat, msg, error_class="ib_async", transport="NET/IB", fields=f)
-        m = _IBV_RE.search(msg)
+        m = _IBV_RE.search(msg) if b"ibv_" in msg else None
         if m is not None:
             f["call"] = _s(m.group(1))
             if m.group(2):
@@ -810,7 +885,7 @@ class NcclLogParser:
             if rest:
                 f["detail"] = rest
             return self._ev(pre, cat, msg, error_class="ibv_failure", transport="NET/IB", fields=f)
-        a = _ADDR_RE.search(msg)
+        a = _ADDR_RE.search(msg) if b">" in msg else None
         if a is not None:
             f["peer_addr"] = f"{_s(a.group(1))}<{_s(a.group(2))}>"
         if msg.startswith(b"Bootstrap"):
