@@ -7,6 +7,7 @@
     GET  /api/runs/<id>/ranks           latest step / state / last-seen per rank
     GET  /api/runs/<id>/agents          node agents of the run, last heartbeat
     GET  /api/runs/<id>/steps?since=&rank=&limit=   recent step records (live window)
+    GET  /api/runs/<id>/gpus            latest sample per (node, gpu) from the live window
     GET  /api/runs/<id>/findings
     GET  /api/runs/<id>/actions
     POST /api/runs/<id>/actions         {"action": "checkpoint"|"profile"|"evict", "node", "steps", "reason", "dry_run"}  token
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -29,6 +31,7 @@ from agent import otlp_receiver as rx
 from agent.otlp_receiver import HttpError
 from ranksight import schema
 from ranksight.layout import RunDir
+from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
 
 log = logging.getLogger("ranksight.head.http")
 MAX_JSON_BODY = 1024 * 1024
@@ -43,6 +46,70 @@ def _clean(o):
     if isinstance(o, (list, tuple)):
         return [_clean(v) for v in o]
     return o
+
+
+_GPU_FIELDS = ("name", "uuid", "source", "util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w",
+               "power_limit_w", "temp_c", "sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "ecc_sbe", "ecc_dbe",
+               "retired_pages", "remapped_rows")
+
+
+def gpu_states(live, now: float | None = None) -> list[dict]:
+    """The latest GPU sample per (node, gpu) in a run's live window, as the API serves it.
+
+    Read-only over the live object: its GPU samples and XID events (``live.gpu``, ``live.xid``,
+    under ``live.lock``), after letting it process queued batches (``live.sync``) like its views do.
+    ``xid_count`` is the larger of the agent's running count (the sample's ``xid_total``) and the
+    distinct XID events in the window; ``throttled`` is true when a harmful reason is set
+    (power cap, HW slowdown, SW/HW thermal, power brake). ``ranks``: the manifest's ranks placed
+    on that node with that local rank (one GPU per local rank).
+    """
+    now = time.time() if now is None else now
+    sync = getattr(live, "sync", None)
+    if callable(sync):
+        try:
+            sync()
+        except Exception:  # serve what is there
+            log.exception("gpus: processing queued batches failed")
+    with live.lock:
+        samples = list(live.gpu)
+        xids = list(live.xid)
+        manifest = live.manifest
+    latest: dict[tuple[int, int], object] = {}
+    for s in samples:
+        k = (s.node, s.gpu)
+        if k not in latest or s.t >= latest[k].t:
+            latest[k] = s
+    events: dict[tuple[int, int], set] = {}
+    last_xid: dict[tuple[int, int], tuple[float, int]] = {}
+    for x in xids:
+        k = (x.node, x.gpu)
+        events.setdefault(k, set()).add((x.code, x.t))
+        if k not in last_xid or x.t >= last_xid[k][0]:
+            last_xid[k] = (x.t, x.code)
+    placement: dict[tuple[int, int], list[int]] = {}
+    for p in (manifest.ranks if manifest is not None else []):
+        placement.setdefault((p.node, p.local_rank), []).append(p.rank)
+    out = []
+    for k in sorted(set(latest) | set(events)):
+        s = latest.get(k)
+        d: dict = {"node": k[0], "gpu": k[1], "host": s.host if s else "", "ranks": sorted(placement.get(k, []))}
+        if s is None:  # XID events but no sample yet
+            d.update({f: None for f in _GPU_FIELDS})
+            sim = any(x.simulated for x in xids if (x.node, x.gpu) == k)
+            d.update(t=None, age_s=None, simulated=sim, sm_clock_frac=None, throttle_reasons=0, throttle_names=[],
+                     throttled=False, xid_total=0)
+        else:
+            d.update({f: getattr(s, f) for f in _GPU_FIELDS})
+            mask = int(s.throttle_reasons or 0)
+            frac = (s.sm_clock_mhz / s.max_sm_clock_mhz if s.sm_clock_mhz is not None and s.max_sm_clock_mhz
+                    else None)
+            d.update(t=s.t, age_s=max(0.0, now - s.t), simulated=bool(s.simulated), sm_clock_frac=frac,
+                     throttle_reasons=mask, throttle_names=throttle_names(mask),
+                     throttled=bool(mask & THROTTLE_HARMFUL), xid_total=int(s.xid_total or 0))
+        d["xid_count"] = max(d["xid_total"], len(events.get(k, ())))
+        d["last_xid"] = last_xid[k][1] if k in last_xid else None
+        out.append(d)
+    return out
 
 
 class HeadHandler(NoDelayHandler):
@@ -171,6 +238,8 @@ class HeadHandler(NoDelayHandler):
                     raise HttpError(400, "since, rank and limit must be integers") from None
                 recs = head.run_live(run_id).steps_since(since, rank, limit)
                 self._json(200, [schema.to_dict(r) for r in recs])
+            elif what == "gpus":
+                self._json(200, gpu_states(head.run_live(run_id)))
             elif what == "findings":
                 self._json(200, head.findings_of(run_id))
             elif what == "actions":
