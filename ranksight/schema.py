@@ -275,8 +275,14 @@ class Finding(msgspec.Struct, kw_only=True):
     confidence: float = 1.0
     summary: str = ""  # one line a person reads first
     run_id: str = ""
-    t: float = 0.0
+    t: float = 0.0  # when it was first detected
     simulated: bool = False  # rests on simulated telemetry or a simulated peak
+    # Live findings (the head): one episode keeps its id across analysis rounds while its step_end, severity and
+    # evidence move; ``updated`` is the round that last changed it, ``status`` "open" while the condition is still
+    # seen at the run's latest steps, "closed" once it is not. Post-mortem (diagnose) leaves them empty.
+    id: str = ""
+    status: str = ""
+    updated: float = 0.0
 
 
 class Action(msgspec.Struct, kw_only=True):
