@@ -26,7 +26,8 @@ from ranksight.local_cluster import free_port
 class DataPath:
     def __init__(self, store: str | os.PathLike, run_id: str, nodes: int, *, head_port: int | None = None,
                  head_url: str | None = None, token: str | None = None, metrics_ports: list[int] | None = None,
-                 sim_gpu: str = "auto", python: str = sys.executable, extra_env: dict | None = None):
+                 sim_gpu: str = "auto", python: str = sys.executable, extra_env: dict | None = None,
+                 head_args: list[str] | None = None):
         self.rd = RunDir(store, run_id)
         self.nodes = nodes
         self.token = token or os.environ.get("RANKSIGHT_TOKEN") or secrets.token_urlsafe(24)
@@ -35,6 +36,7 @@ class DataPath:
         self.head_url = head_url or f"http://127.0.0.1:{self.head_port}"
         self.metrics_ports = metrics_ports or [free_port() for _ in range(nodes)]
         self.sim_gpu = sim_gpu
+        self.head_args = list(head_args or [])  # extra ``ranksight head`` options (e.g. --evict on)
         self.python = python
         self.env = {**os.environ, "RANKSIGHT_TOKEN": self.token, **(extra_env or {})}
         self.head: subprocess.Popen | None = None
@@ -52,7 +54,8 @@ class DataPath:
 
     def start(self, timeout: float = 30.0) -> "DataPath":
         if self.own_head:
-            self.head = self._spawn("head", ["head", "--store", str(self.rd.store), "--port", str(self.head_port)])
+            self.head = self._spawn("head", ["head", "--store", str(self.rd.store), "--port", str(self.head_port),
+                                               *self.head_args])
             self.wait_head(timeout)
         for n in range(self.nodes):
             self.agents.append(self._spawn(f"agent-node{n}", [

@@ -154,6 +154,9 @@ def launch(
     live: bool = typer.Option(True, help="Show live progress on the terminal."),
     agents: bool = typer.Option(True, help="Run a head and one node agent per node beside the job."),
     head_url: str = typer.Option("", help="Ship to this running head instead of starting one."),
+    evict: str = typer.Option("dry-run", help="The head's checkpoint-and-evict policy: off | dry-run (record what it "
+                                              "would do) | on (evict a confirmed bad node; the run re-forms without it)."),
+    analyze_interval: float = typer.Option(5.0, help="Seconds between the head's analysis rounds."),
 ) -> None:
     """Start a local multi-node run on this host (one torchrun per node on 127.0.0.1) and wait for it."""
     world = nnodes * nproc_per_node
@@ -186,7 +189,11 @@ def launch(
     if agents:
         from agent.launcher import DataPath  # started as processes; imported only for their orchestration
 
-        data_path = DataPath(store, run.run_id, nnodes, head_url=head_url or None)
+        if evict not in ("off", "dry-run", "on"):
+            raise typer.BadParameter("--evict must be one of off, dry-run, on")
+        data_path = DataPath(store, run.run_id, nnodes, head_url=head_url or None,
+                             head_args=["--evict", evict, "--analyze-interval", str(analyze_interval),
+                                        "--min-nodes", str(min_nodes)])
     rc = run_cluster(cluster, run, steps, timeout=timeout, live=live, data_path=data_path)
     raise typer.Exit(rc)
 
