@@ -131,7 +131,7 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
     out: list[Finding] = []
     st = st.assign(transfer=_transfer(st))
     tr = st.pivot_table(index="rank", columns="step", values="transfer", aggfunc="last").sort_index(axis=1)
-    comp = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last").sort_index(axis=1)
+    comp = st.pivot_table(index="rank", columns="step", values=data.compute_signal(), aggfunc="last").sort_index(axis=1)
     if tr.shape[0] < 2 or tr.shape[1] < cfg.persist:
         return out
     ref = leave_one_out_median(tr)
@@ -380,7 +380,7 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     sigma = temporal_sigma(med)
     threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
     ops_per_step = last.groupby("step").size().median() / max(len(ranks), 1) * len(ranks)
-    comp = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last")
+    comp = st.pivot_table(index="rank", columns="step", values=data.compute_signal(), aggfunc="last")
     comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
     out = []
     for r in med.index:

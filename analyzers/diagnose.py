@@ -129,9 +129,10 @@ def _num(x: Any) -> float | None:
 
 
 def heat_matrix(data: RunData, max_cols: int = 48) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
-    """Rank x step-bucket matrix of median compute_ms, and each bucket's (first, last) step."""
+    """Rank x step-bucket matrix of each rank's median compute signal (device time when recorded, else the
+    wall-clock compute_ms; see RunData.compute_signal), and each bucket's (first, last) step."""
     st = data.steps
-    piv = st.pivot_table(index="rank", columns="step", values="compute_ms", aggfunc="last").sort_index(axis=1)
+    piv = st.pivot_table(index="rank", columns="step", values=data.compute_signal(), aggfunc="last").sort_index(axis=1)
     steps = list(piv.columns)
     if not steps:
         return piv, []
@@ -232,7 +233,10 @@ def render_console(report: dict[str, Any], data: RunData, console: Any) -> None:
     heat, spans = heat_matrix(data)
     if not heat.empty:
         med = heat.median(axis=0)
-        t = Table(title="compute time per rank x step (colour: vs the step's median rank)", show_header=True,
+        signal = data.compute_signal()
+        what = ("device time" + (" (SIMULATED device: CPU time)" if data.manifest is None or data.manifest.device == "cpu" else "")
+                if signal == "device_ms" else "compute time")
+        t = Table(title=f"{what} per rank x step (colour: vs the step's median rank)", show_header=True,
                   header_style="dim", box=None, pad_edge=False, padding=(0, 1))
         t.add_column("rank", justify="right")
         size = spans[0][1] - spans[0][0] + 1 if spans else 1
