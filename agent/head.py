@@ -30,6 +30,7 @@ from ranksight import schema
 log = logging.getLogger("ranksight.head")
 
 AnalyzerFn = Callable[[dict[str, Any]], list[schema.Finding]]
+_TABLE_OF_KIND = {k: t for k, (_, t) in wire.BATCH_KINDS.items() if t}
 
 
 def resolve_analyzers() -> AnalyzerFn | None:
@@ -90,6 +91,7 @@ class Head:
         self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync)
         self.window = window
         self.live: dict[str, RunLive] = {}
+        self._stores: dict = {}  # run id -> RunStore wired to its live window (agent.store.RunStore.on_new)
         self._live_lock = threading.Lock()
         self.flush_interval = flush_interval
         self.analyzer: AnalyzerFn | None = resolve_analyzers() if analyzer == "auto" else analyzer  # type: ignore[assignment]
@@ -118,6 +120,8 @@ class Head:
                 rl = self.live.get(run_id)
                 if rl is None:
                     rl = self.live[run_id] = RunLive(run_id, self.window)
+                    # Views of the live window first process the run's queued packed batches.
+                    rl.sync = lambda run_id=run_id: self._sync(run_id)
                     try:
                         rl.manifest = msgspec.json.decode((self.store.root / run_id / "run.json").read_bytes(),
                                                           type=schema.Manifest)
@@ -125,14 +129,23 @@ class Head:
                         pass
         return rl
 
+    def _sync(self, run_id: str) -> None:
+        rs = self.store.runs.get(run_id)
+        if rs is not None and rs.pending_rows:
+            self._run_store(run_id).process()
+
     # -- ingest -------------------------------------------------------------------
     def ingest_logs(self, request) -> tuple[int, int, str]:
         """Apply an ExportLogsServiceRequest. Returns (records accepted, log records rejected, message).
 
         Record batches are grouped per (run, table) so each table's dedupe, write-ahead-log
-        write and live-window update happen once per request, not once per log record.
+        write and live-window update happen once per request, not once per log record. Packed
+        batches (step records from current agents) are only logged and queued here: the store
+        dedupes a whole flush of them at once, vectorized, and feeds the live window through
+        ``_on_new`` (see agent/store.py, RunStore).
         """
-        self.stats["log_requests"] += 1
+        stats = self.stats
+        stats["log_requests"] += 1
         rejected, reasons, accepted = 0, [], 0
         groups: dict[tuple[str, str], list[wire.Batch]] = {}
         for batch, reason in wire.iter_batches(request):
@@ -141,11 +154,11 @@ class Head:
                 reasons.append(reason)
                 continue
             try:
-                table = wire.BATCH_KINDS[batch.kind][1] if batch.kind in wire.BATCH_KINDS else None
+                table = _TABLE_OF_KIND.get(batch.kind)
                 if table is None:
                     accepted += self._apply_control(batch)
                     continue
-                if SPECS[table].has_run_id:
+                if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
                     run_id = batch.run_id
                     for r in batch.items:
                         if r.run_id != run_id:
@@ -161,20 +174,50 @@ class Head:
                 rejected += len(batches)
                 reasons.append(str(e))
         if rejected:
-            self.stats["rejected"] += rejected
+            stats["rejected"] += rejected
             log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(reasons[:3]))
         return accepted, rejected, "; ".join(reasons[:5])
 
+    def _run_store(self, run_id: str):
+        """The run's store, wired to its live window (queued rows reach it when the store processes them)."""
+        rs = self._stores.get(run_id)
+        if rs is None:
+            live = self.run_live(run_id)
+            rs = self.store.run(run_id)
+            if rs.on_new is None:
+                rs.on_new = self._on_new_fn(live)
+            self._stores[run_id] = rs
+        return rs
+
+    def _on_new_fn(self, live: RunLive):
+        stats = self.stats
+
+        def on_new(table: str, new_table, new_rows, n_in: int, n_new: int) -> None:
+            stats["records_in"] += n_in
+            stats["records_new"] += n_new
+            stats["duplicates"] += n_in - n_new
+            live.add_new(table, new_table, new_rows)
+
+        return on_new
+
     def _store_rows(self, run_id: str, table: str, batches: list[wire.Batch]) -> int:
-        live = self.run_live(run_id)
-        rs = self.store.run(run_id)
-        n = sum(len(b.items) for b in batches)
-        self.stats["records_in"] += n
-        dup_before = rs.duplicates
-        new = rs.add_chunks(table, [(b.items, b.body) for b in batches])
-        self.stats["duplicates"] += rs.duplicates - dup_before
-        self.stats["records_new"] += len(new)
-        live.add(table, new)
+        """Log and queue a request's batches of one (run, table); the store dedupes them at its next
+        processing (every flush, or before a view reads the live window)."""
+        rs = self._stores.get(run_id) or self._run_store(run_id)
+        packed, decoded, n = [], [], 0
+        for b in batches:
+            it = b.items
+            if type(it) is wire.PackedBatch:
+                packed.append(it)
+                n += it.count
+            else:
+                decoded.append((it, b.body))
+                n += len(it)
+        if packed:
+            rs.enqueue_packed(table, packed)
+        if decoded:
+            rs.enqueue_rows(table, decoded)
+        self.live[run_id].last_seen = time.time()
         return n
 
     def _apply_control(self, b: wire.Batch) -> int:
@@ -307,8 +350,8 @@ class Head:
                 for p in live.manifest.ranks:
                     if p.rank == 0:
                         rank0_node = p.node
-            if rank0_node is None and 0 in live.ranks:
-                rank0_node = live.ranks[0].node
+            if rank0_node is None:
+                rank0_node = live.rank_node(0)
             return agents.get(rank0_node) or agents[min(agents)]
 
     # -- analyzers ------------------------------------------------------------------
@@ -358,6 +401,9 @@ class Head:
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_interval):
+            for run_id, rs in list(self.store.runs.items()):
+                if rs.on_new is None and rs.pending_rows:
+                    self._run_store(run_id)  # a run replayed at start: its rows feed the live window too
             try:
                 self.store.flush_all()
             except Exception:
@@ -384,7 +430,7 @@ class Head:
                     m = msgspec.json.decode((self.store.root / run_id / "run.json").read_bytes(), type=schema.Manifest)
                 except (OSError, msgspec.DecodeError, msgspec.ValidationError):
                     m = None
-            last_step = max((r.last_step for r in live.ranks.values()), default=None) if live else None
+            last_step = live.max_step() if live else None
             if m is not None and m.finished:
                 status = "finished"
             elif live is not None and now - live.last_seen < 30:
@@ -397,8 +443,8 @@ class Head:
                         "world_size": (m.layout.get("world") or len(m.ranks)) if m else None,
                         "layout": m.layout if m else {}, "nodes": m.nodes if m else None,
                         "last_step": last_step, "last_seen": live.last_seen if live else None,
-                        "ranks_live": len(live.ranks) if live else 0,
-                        "steps_stored": (rs.rows_stored["steps"] + len(rs.buffers["steps"])) if rs else None,
+                        "ranks_live": live.n_ranks() if live else 0,
+                        "steps_stored": rs.stored_and_buffered("steps") if rs else None,
                         # What MFU is measured against, and whether GPU data is simulated: surfaces must say so.
                         "peak_flops": m.peak_flops if m else None,
                         "peak_source": m.peak_source if m else "",

@@ -5,23 +5,41 @@ events without touching Parquet; the API serves the same window to the TUI.
 Liveness (when each rank's and each agent's last record arrived) is the input of
 hang detection: a rank whose records stop while its agent keeps reporting is
 stuck, an agent that stops reporting is a lost node.
+
+Steps and collectives, the volume signals, are kept columnar: a deque of Arrow
+tables (one per processed batch, trimmed to about ``window`` steps per rank), and
+each rank's latest state in numpy arrays indexed by rank, updated with a few
+vectorized operations per batch. No Python object per record is made at ingest;
+the views (``rank_states``, ``steps_since``, ``frames``) build what they return
+when asked. Before a view reads, ``sync`` (set by the head) lets the store process
+its queued batches, so a view never misses an acknowledged record.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+import pyarrow as pa
 
 from ranksight import schema
 
+log = logging.getLogger("ranksight.live")
+
 DEFAULT_WINDOW = 512  # steps per rank kept in memory
+_MAX_RANK = 1 << 22  # ranks above this are kept in the windows but get no per-rank state
 
 
 @dataclass
 class RankLive:
+    """A snapshot of one rank's latest state (built on demand from the columnar state)."""
+
     rank: int
     node: int | None = None
     host: str = ""
@@ -31,8 +49,8 @@ class RankLive:
     last_seen: float = 0.0  # head clock when its last record arrived
     attempt: int = 0
     exited: bool = False
-    steps: deque = field(default_factory=lambda: deque(maxlen=DEFAULT_WINDOW))
-    collectives: deque = field(default_factory=lambda: deque(maxlen=4 * DEFAULT_WINDOW))
+    steps: deque = field(default_factory=deque)
+    collectives: deque = field(default_factory=deque)
 
 
 @dataclass
@@ -44,12 +62,55 @@ class AgentLive:
     heartbeat: Any = None
 
 
+class _RankState:
+    """Per-rank latest state as numpy arrays indexed by rank."""
+
+    def __init__(self):
+        self.n = 0
+        self._alloc(0)
+
+    def _alloc(self, n: int) -> None:
+        def grow(old, fill, dtype):
+            a = np.full(n, fill, dtype=dtype)
+            if old is not None:
+                a[:len(old)] = old
+            return a
+
+        g = self.__dict__.get
+        self.present = grow(g("present"), False, np.bool_)  # has step or collective records
+        self.has_step = grow(g("has_step"), False, np.bool_)
+        self.node = grow(g("node"), -1, np.int64)
+        self.host = grow(g("host"), "", object)
+        self.last_step = grow(g("last_step"), -1, np.int64)
+        self.attempt = grow(g("attempt"), 0, np.int64)
+        self.t_end = grow(g("t_end"), 0.0, np.float64)
+        self.step_ms = grow(g("step_ms"), 0.0, np.float64)
+        self.last_seen = grow(g("last_seen"), 0.0, np.float64)
+        self.exited = grow(g("exited"), False, np.bool_)
+        self.n = n
+
+    def ensure(self, max_rank: int) -> None:
+        if max_rank >= self.n:
+            self._alloc(max(max_rank + 1, 2 * self.n, 64))
+
+    def ranks(self) -> np.ndarray:
+        return np.nonzero(self.present)[0]
+
+
+def _np(t: pa.Table, name: str) -> np.ndarray:
+    return t.column(name).to_numpy(zero_copy_only=False)
+
+
 class RunLive:
     def __init__(self, run_id: str, window: int = DEFAULT_WINDOW):
         self.run_id = run_id
         self.window = window
-        self.lock = threading.Lock()
-        self.ranks: dict[int, RankLive] = {}
+        self.lock = threading.RLock()
+        self.state = _RankState()
+        self._steps: deque = deque()  # Arrow tables, oldest first
+        self._steps_rows = 0
+        self._colls: deque = deque()
+        self._colls_rows = 0
         self.agents: dict[int, AgentLive] = {}
         self.gpu: deque = deque(maxlen=64 * 120)
         self.host: deque = deque(maxlen=16 * 120)
@@ -58,55 +119,118 @@ class RunLive:
         self.manifest: schema.Manifest | None = None
         self.first_seen = time.time()
         self.last_seen = 0.0
+        self.sync: Callable[[], None] | None = None  # set by the head: process queued batches first
 
-    def _rank(self, r: int) -> RankLive:
-        rl = self.ranks.get(r)
-        if rl is None:
-            rl = self.ranks[r] = RankLive(r, steps=deque(maxlen=self.window), collectives=deque(maxlen=4 * self.window))
-        return rl
+    def _pull(self) -> None:
+        if self.sync is not None:
+            try:
+                self.sync()
+            except Exception:  # a view must still answer with what is there
+                log.exception("live %s: processing queued batches failed", self.run_id)
+
+    # -- updates ------------------------------------------------------------------
+    def touch(self, now: float | None = None) -> None:
+        self.last_seen = now or time.time()
 
     def add(self, table: str, rows: list, now: float | None = None) -> None:
+        """Decoded records (msgspec Structs) of ``table``."""
+        if not rows:
+            return
+        if table in ("steps", "collectives"):
+            from agent.store import SPECS
+
+            self.add_arrow(table, SPECS[table].to_table(self.run_id, rows), now)
+            return
         now = now or time.time()
         with self.lock:
             self.last_seen = now
-            ranks = self.ranks
-            if table == "steps":
-                # Append everything; update each rank's "latest" once per batch (its newest record).
-                newest: dict[int, Any] = {}
-                for r in rows:
-                    rl = ranks.get(r.rank) or self._rank(r.rank)
-                    rl.steps.append(r)
-                    n = newest.get(r.rank)
-                    if n is None or (r.attempt, r.step) >= (n.attempt, n.step):
-                        newest[r.rank] = r
-                for rank, r in newest.items():
-                    rl = ranks[rank]
-                    rl.last_seen = now
-                    if r.step >= rl.last_step or r.attempt > rl.attempt:
-                        rl.node, rl.host = r.node, r.host
-                        rl.last_step, rl.last_t_end, rl.last_step_ms, rl.attempt = r.step, r.t_end, r.step_ms, r.attempt
-            elif table == "collectives":
-                seen = set()
-                for r in rows:
-                    rl = ranks.get(r.rank) or self._rank(r.rank)
-                    rl.collectives.append(r)
-                    seen.add(r.rank)
-                for rank in seen:
-                    ranks[rank].last_seen = now
-            elif table == "events":
+            if table == "events":
+                st = self.state
                 for r in rows:
                     self.events.append(r)
-                    if r.rank >= 0:
-                        rl = self._rank(r.rank)
-                        rl.last_seen = now
+                    if 0 <= r.rank < _MAX_RANK:
+                        st.ensure(r.rank)
+                        st.last_seen[r.rank] = now
                         if r.event in ("exit", "evicted"):
-                            rl.exited = True
+                            st.exited[r.rank] = True
             elif table == "gpu":
                 self.gpu.extend(rows)
             elif table == "host":
                 self.host.extend(rows)
             elif table == "xid":
                 self.xid.extend(rows)
+
+    def add_new(self, table: str, t: pa.Table | None, rows: list | None, now: float | None = None) -> None:
+        """New rows from the store's processing: as Arrow (always, when any), and as structs when
+        they were decoded ones. Steps and collectives are kept columnar, the rest as structs."""
+        if table in ("steps", "collectives") or rows is None:
+            if t is not None:
+                self.add_arrow(table, t, now)
+        elif rows:
+            self.add(table, rows, now)
+
+    def add_arrow(self, table: str, t: pa.Table, now: float | None = None) -> None:
+        """New rows of ``table`` as an Arrow table in the store's schema (vectorized updates)."""
+        if t is None or t.num_rows == 0:
+            return
+        now = now or time.time()
+        if table not in ("steps", "collectives"):
+            from agent.store import TABLE_TYPES
+
+            try:
+                rows = msgspec.convert(t.to_pylist(), list[TABLE_TYPES[table]], strict=False)
+            except (msgspec.ValidationError, TypeError) as e:
+                log.error("live %s: %s rows not shown live: %s", self.run_id, table, e)
+                return
+            self.add(table, rows, now)
+            return
+        rank = _np(t, "rank").astype(np.int64)
+        ok = (rank >= 0) & (rank < _MAX_RANK)
+        with self.lock:
+            self.last_seen = now
+            st = self.state
+            if ok.any():
+                st.ensure(int(rank[ok].max()))
+            if table == "steps":
+                self._steps.append(t)
+                self._steps_rows += t.num_rows
+                step, attempt = _np(t, "step").astype(np.int64), _np(t, "attempt").astype(np.int64)
+                # each rank's newest (attempt, step) in this batch
+                order = np.lexsort((step, attempt, rank))
+                rs = rank[order]
+                last = np.ones(len(rs), np.bool_)
+                last[:-1] = rs[1:] != rs[:-1]
+                sel = order[last]
+                sel = sel[ok[sel]]
+                r = rank[sel]
+                fresh = ~st.has_step[r] | (attempt[sel] > st.attempt[r]) | (
+                    (attempt[sel] == st.attempt[r]) & (step[sel] >= st.last_step[r]))
+                s, r = sel[fresh], r[fresh]
+                if len(s):
+                    take = pa.array(s)
+                    node = t.column("node").take(take).to_numpy(zero_copy_only=False)
+                    st.node[r] = np.where(np.isnan(node.astype(np.float64)), -1, node).astype(np.int64)
+                    st.host[r] = t.column("host").take(take).to_numpy(zero_copy_only=False)
+                    st.last_step[r] = step[s]
+                    st.attempt[r] = attempt[s]
+                    st.t_end[r] = _np(t, "t_end")[s]
+                    st.step_ms[r] = _np(t, "step_ms")[s]
+                    st.has_step[r] = True
+                self._trim_steps()
+            else:
+                self._colls.append(t)
+                self._colls_rows += t.num_rows
+                while self._colls_rows > 4 * self.window * max(1, int(st.present.sum())) and len(self._colls) > 1:
+                    self._colls_rows -= self._colls.popleft().num_rows
+            rr = rank[ok]
+            st.present[rr] = True
+            st.last_seen[rr] = now
+
+    def _trim_steps(self) -> None:
+        # about ``window`` rows per rank; frames()/steps_since() cut exactly per rank
+        cap = self.window * max(1, int(self.state.has_step.sum()))
+        while self._steps_rows - self._steps[0].num_rows >= cap and len(self._steps) > 1:
+            self._steps_rows -= self._steps.popleft().num_rows
 
     def heartbeat(self, hb, now: float | None = None) -> None:
         now = now or time.time()
@@ -117,42 +241,97 @@ class RunLive:
             self.last_seen = max(self.last_seen, now)
 
     # -- views ------------------------------------------------------------------
+    def _steps_table(self) -> pa.Table | None:
+        with self.lock:
+            chunks = list(self._steps)
+        return pa.concat_tables(chunks) if chunks else None
+
+    @property
+    def ranks(self) -> dict[int, RankLive]:
+        """Each rank's latest state (a snapshot)."""
+        self._pull()
+        with self.lock:
+            st = self.state
+            return {int(r): RankLive(rank=int(r), node=int(st.node[r]) if st.node[r] >= 0 else None, host=st.host[r],
+                                     last_step=int(st.last_step[r]), last_t_end=float(st.t_end[r]),
+                                     last_step_ms=float(st.step_ms[r]), last_seen=float(st.last_seen[r]),
+                                     attempt=int(st.attempt[r]), exited=bool(st.exited[r]))
+                    for r in st.ranks()}
+
+    def max_step(self) -> int | None:
+        self._pull()
+        with self.lock:
+            st = self.state
+            return int(st.last_step[st.has_step].max()) if st.has_step.any() else None
+
+    def n_ranks(self) -> int:
+        self._pull()
+        with self.lock:
+            return int(self.state.present.sum())
+
+    def rank_node(self, rank: int) -> int | None:
+        with self.lock:
+            st = self.state
+            if 0 <= rank < st.n and st.has_step[rank] and st.node[rank] >= 0:
+                return int(st.node[rank])
+        return None
+
     def rank_states(self, now: float | None = None) -> list[dict[str, Any]]:
+        self._pull()
         now = now or time.time()
+        t = self._steps_table()
+        typical: dict[int, float] = {}
+        if t is not None and t.num_rows:
+            import pandas as pd
+
+            df = pd.DataFrame({"rank": _np(t, "rank"), "step_ms": _np(t, "step_ms")})
+            typical = df.groupby("rank").tail(20).groupby("rank")["step_ms"].median().to_dict()
         out = []
         with self.lock:
+            st = self.state
             placement = {p.rank: p for p in (self.manifest.ranks if self.manifest else [])}
-            all_ranks = sorted(set(self.ranks) | set(placement))
+            known = {int(r) for r in st.ranks()} | {int(r) for r in np.nonzero(st.exited | (st.last_seen > 0))[0]}
+            all_ranks = sorted(known | set(placement))
             finished = self.manifest is not None and self.manifest.finished is not None
             for r in all_ranks:
-                rl = self.ranks.get(r)
                 p = placement.get(r)
-                if rl is None:
+                if r >= st.n or not (st.present[r] or st.last_seen[r] > 0):
                     out.append({"rank": r, "node": p.node if p else None, "host": p.host if p else "", "step": None,
                                 "t_end": None, "step_ms": None, "last_seen": None, "age_s": None, "state": "waiting"})
                     continue
-                age = now - rl.last_seen if rl.last_seen else None
+                last_seen = float(st.last_seen[r])
+                age = now - last_seen if last_seen else None
                 # "stalled": nothing for much longer than this rank's own recent step time (and > 10 s).
-                recent = [s.step_ms for s in list(rl.steps)[-20:]]
-                typical = sorted(recent)[len(recent) // 2] / 1000.0 if recent else 1.0
-                if rl.exited or finished:
+                typ = typical.get(r)
+                typ = typ / 1000.0 if typ is not None and typ == typ else 1.0
+                if st.exited[r] or finished:
                     state = "finished"
-                elif age is not None and age > max(10.0, 10 * typical):
+                elif age is not None and age > max(10.0, 10 * typ):
                     state = "stalled"
                 else:
                     state = "running"
-                out.append({"rank": r, "node": rl.node if rl.node is not None else (p.node if p else None),
-                            "host": rl.host, "step": rl.last_step, "attempt": rl.attempt, "t_end": rl.last_t_end,
-                            "step_ms": rl.last_step_ms, "last_seen": rl.last_seen, "age_s": age, "state": state})
+                node = int(st.node[r]) if st.node[r] >= 0 else (p.node if p else None)
+                out.append({"rank": r, "node": node, "host": st.host[r], "step": int(st.last_step[r]),
+                            "attempt": int(st.attempt[r]), "t_end": float(st.t_end[r]),
+                            "step_ms": float(st.step_ms[r]), "last_seen": last_seen, "age_s": age, "state": state})
         return out
 
     def steps_since(self, since: int = -1, rank: int | None = None, limit: int = 10_000) -> list:
-        with self.lock:
-            ranks = [self.ranks[rank]] if rank is not None and rank in self.ranks else (
-                [] if rank is not None else list(self.ranks.values()))
-            out = [s for rl in ranks for s in rl.steps if s.step > since]
-        out.sort(key=lambda s: (s.step, s.rank))
-        return out[-limit:]
+        self._pull()
+        t = self._steps_table()
+        if t is None:
+            return []
+        import pyarrow.compute as pc
+
+        mask = pc.greater(t.column("step"), since)
+        if rank is not None:
+            mask = pc.and_(mask, pc.equal(t.column("rank"), rank))
+        t = t.filter(mask)
+        t = _tail_per_rank(t, self.window)
+        t = t.sort_by([("step", "ascending"), ("rank", "ascending")])
+        if t.num_rows > limit:
+            t = t.slice(t.num_rows - limit)
+        return msgspec.convert(t.to_pylist(), list[schema.StepRecord], strict=False)
 
     def agent_states(self, now: float | None = None) -> list[dict[str, Any]]:
         now = now or time.time()
@@ -170,23 +349,32 @@ class RunLive:
         """The live window as pandas DataFrames, the analyzers' input."""
         import pandas as pd
 
+        from agent.store import SPECS
+
+        self._pull()
         with self.lock:
-            steps = [s for rl in self.ranks.values() for s in rl.steps]
-            colls = [c for rl in self.ranks.values() for c in rl.collectives]
+            steps, colls = list(self._steps), list(self._colls)
             gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
             manifest = self.manifest
-        from agent.store import SPECS
+
+        def empty(table):
+            return pd.DataFrame({n: [] for n in SPECS[table].schema.names})
 
         def df(table, rows):
             if not rows:
-                return pd.DataFrame({n: [] for n in SPECS[table].schema.names})
+                return empty(table)
             return SPECS[table].to_table(self.run_id, rows).to_pandas()
+
+        def cols(table, chunks, k):
+            if not chunks:
+                return empty(table)
+            return _tail_per_rank(pa.concat_tables(chunks), k).to_pandas()
 
         return {
             "run_id": self.run_id,
             "manifest": manifest,
-            "steps": df("steps", steps),
-            "collectives": df("collectives", colls),
+            "steps": cols("steps", steps, self.window),
+            "collectives": cols("collectives", colls, 4 * self.window),
             "gpu": df("gpu", gpu),
             "host": df("host", host),
             "events": df("events", events),
@@ -194,3 +382,22 @@ class RunLive:
             "liveness": pd.DataFrame(self.rank_states()),
             "now": time.time(),
         }
+
+
+def _tail_per_rank(t: pa.Table, k: int) -> pa.Table:
+    """The last ``k`` rows (arrival order) of each rank."""
+    if t.num_rows == 0:
+        return t
+    rank = _np(t, "rank")
+    n = len(rank)
+    # position from the end within each rank: stable sort by rank keeps arrival order
+    order = np.argsort(rank, kind="stable")
+    rs = rank[order]
+    ends = np.ones(n, np.bool_)
+    ends[:-1] = rs[1:] != rs[:-1]
+    end_idx = np.nonzero(ends)[0]
+    grp = np.searchsorted(end_idx, np.arange(n))
+    from_end = end_idx[grp] - np.arange(n)
+    keep = np.zeros(n, np.bool_)
+    keep[order[from_end < k]] = True
+    return t if keep.all() else t.filter(pa.array(keep))

@@ -222,17 +222,18 @@ class NodeAgent:
         now = time.time()
         # One log record per kind for all local ranks: per-record overhead (protobuf, attributes)
         # is paid once per cycle, not once per rank (see bench/ingest.py).
-        acc: dict[str, tuple[list[bytes], list[int], set[int], list[float]]] = {}
+        acc: dict[str, tuple[list[bytes], list[int], set[int], list[float], list]] = {}
 
-        def put(kind: str, raw: bytes, step: int, rank: int, t: float | None) -> None:
+        def put(kind: str, raw: bytes, step: int, rank: int, t: float | None, rec=None) -> None:
             a = acc.get(kind)
             if a is None:
-                a = acc[kind] = ([], [], set(), [])
+                a = acc[kind] = ([], [], set(), [], [])
             a[0].append(raw)
             a[1].append(step)
             a[2].add(rank)
             if t:
                 a[3].append(t)
+            a[4].append(rec)
 
         for rank in self.discover():
             res = tail(self.rd.spool(rank), self.state.positions.get(rank), max_bytes=READ_BYTES_PER_RANK)
@@ -240,14 +241,14 @@ class NodeAgent:
             if not res.eof:
                 more = True
             for rec, raw in zip(res.records, res.raw):
-                put(type(rec).__struct_config__.tag, raw, rec.step, rank, _rec_time(rec))
+                put(type(rec).__struct_config__.tag, raw, rec.step, rank, _rec_time(rec), rec)
                 if isinstance(rec, schema.StepRecord):
                     self.metrics.observe_step(rec)
                     if self._meter_provider is not None:
                         self._om_step.record(rec.step_ms / 1000.0, {"rank": rec.rank, "run_id": rec.run_id})
             for g in res.gaps:
                 ev = self._gap_event(rank, g)
-                put("event", schema.encode(ev), ev.step, rank, now)
+                put("event", schema.encode(ev), ev.step, rank, now, ev)
                 if g.reason == "reset":
                     self.metrics.resets.labels(str(self.node), str(rank)).inc()
                 else:
@@ -255,10 +256,14 @@ class NodeAgent:
                     self.garbage_lines += g.lines
                 log.warning("agent node %d: rank %d spool %s at offset %d (%d lines, %d bytes) after step %d",
                             self.node, rank, g.reason, g.offset, g.lines, g.nbytes, g.after_step)
-        for kind, (raws, steps, ranks, ts) in acc.items():
-            items.append(Item(kind=kind, body=wire.join_array(raws), rank=next(iter(ranks)) if len(ranks) == 1 else None,
+        for kind, (raws, steps, ranks, ts, recs) in acc.items():
+            # Step records travel packed (the head stores them without a Python object per record);
+            # anything that cannot be packed exactly, and every other kind, as the JSON spool lines.
+            packed = wire.pack_records(kind, self.run_id, recs) if kind in wire.PACKED_LAYOUTS else None
+            layout, body = packed if packed is not None else (None, wire.join_array(raws))
+            items.append(Item(kind=kind, body=body, rank=next(iter(ranks)) if len(ranks) == 1 else None,
                               count=len(raws), step_min=min(steps), step_max=max(steps),
-                              t_first=min(ts) if ts else now))
+                              t_first=min(ts) if ts else now, layout=layout))
         with self._samples_lock:
             samples, self._samples = self._samples, []
         for kind in ("gpu", "host", "xid"):
@@ -409,7 +414,8 @@ class NodeAgent:
 
         res = self._resource()
         recs = [wire.make_log_record(self.run_id, it.kind, it.body, rank=it.rank, node=self.node, count=it.count,
-                                     step_min=it.step_min, step_max=it.step_max, resource=res, scope=self._scope)
+                                     step_min=it.step_min, step_max=it.step_max, resource=res, scope=self._scope,
+                                     layout=it.layout)
                 for it in items]
         recs += extra_records or []
         if not recs:

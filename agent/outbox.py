@@ -25,7 +25,11 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
 
 class Item(msgspec.Struct, array_like=True):
-    """One OTLP log record to be: kind + JSON body + the attributes that describe it."""
+    """One OTLP log record to be: kind + body + the attributes that describe it.
+
+    ``layout``: None for a JSON body; the packed-v1 layout when the body is packed records
+    (agent.wire.pack_records). New fields go at the end with a default: segments written by
+    an older agent still decode."""
 
     kind: str
     body: bytes
@@ -34,6 +38,7 @@ class Item(msgspec.Struct, array_like=True):
     step_min: int | None = None
     step_max: int | None = None
     t_first: float = 0.0  # wall time of the oldest record inside (for the lag metric)
+    layout: str | None = None
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -1,12 +1,23 @@
 """How ranksight records travel inside OTLP logs (see docs/otlp-mapping.md).
 
-One OTLP LogRecord carries a *batch* of records of one kind (usually one rank's
-records of one ship cycle): its body is a string holding a JSON array of
-ranksight.schema records exactly as msgspec encodes them (spool lines are
-forwarded byte for byte, never re-encoded). Attributes say what is inside
-(run, kind, rank, count, step range) so a Collector can route or filter without
-parsing the body; the head decodes a whole batch with one msgspec call
-(~1 µs per step record) instead of walking thousands of protobuf attributes.
+One OTLP LogRecord carries a *batch* of records of one kind (one agent's records
+of one ship cycle). Two body encodings:
+
+- JSON (the default, and what older agents send): the body is a string holding a
+  JSON array of ranksight.schema records exactly as msgspec encodes them (spool
+  lines are forwarded byte for byte, never re-encoded). The head decodes it with
+  one msgspec call per batch.
+- ``packed-v1`` (attribute ``ranksight.encoding``; step records, the volume kind):
+  the body is bytes holding the records as a little-endian numpy structured array
+  whose fields the attribute ``ranksight.layout`` names (``name:code,...``; codes
+  ``i8`` int64, ``f8`` float64 with NaN for null, ``b1`` bool byte, ``S<n>``
+  UTF-8 padded with NULs). The run id travels only as the attribute. The head
+  checks the layout and the length, logs the bytes and queues them; all batches
+  of a flush become one array with one ``np.frombuffer`` call and go to Arrow
+  column by column: no Python object per record anywhere on the head.
+
+Attributes say what is inside (run, kind, rank, count, step range) so a
+Collector can route or filter without parsing the body.
 
 This module is shared by the node agent (encode) and the head (decode); it
 knows nothing of HTTP.
@@ -19,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgspec
+import numpy as np
 
 from ranksight import schema
 
@@ -33,6 +45,9 @@ A_STEP_MIN = "ranksight.step_min"
 A_STEP_MAX = "ranksight.step_max"
 A_SCHEMA = "ranksight.schema_version"
 A_MTIME = "ranksight.manifest_mtime"
+A_ENCODING = "ranksight.encoding"
+A_LAYOUT = "ranksight.layout"
+ENC_PACKED = "packed-v1"
 # Resource attributes of an agent.
 R_NODE = "ranksight.node"
 R_HOST = "host.name"
@@ -77,6 +92,163 @@ class Heartbeat(msgspec.Struct, kw_only=True):
 _heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 
 
+# ---------------------------------------------------------------------------
+# packed-v1: records as a numpy structured array (both ends)
+# ---------------------------------------------------------------------------
+
+PACKED_STR_BYTES = 64  # width of string fields an agent packs (longer strings: the batch goes as JSON)
+_MAX_STR_BYTES = 1024  # widest string field the head accepts
+KIND_OF_TABLE = {table: kind for kind, (_, table) in BATCH_KINDS.items() if table}
+_NP = {"i8": "<i8", "f8": "<f8", "b1": "u1"}
+
+
+def _field_codes(typ) -> dict[str, tuple[str | None, Any]]:
+    """name -> (packed code or None when the field cannot be packed, default or NODEFAULT)."""
+    mi = msgspec.inspect
+    out = {}
+    for f in mi.type_info(typ).fields:
+        t = f.type
+        if isinstance(t, mi.UnionType):
+            rest = [x for x in t.types if not isinstance(x, mi.NoneType)]
+            code = "f8" if len(rest) == 1 and isinstance(rest[0], mi.FloatType) else None
+        elif isinstance(t, mi.IntType):
+            code = "i8"
+        elif isinstance(t, mi.FloatType):
+            code = "f8"
+        elif isinstance(t, mi.BoolType):
+            code = "b1"
+        elif isinstance(t, mi.StrType):
+            code = "S"
+        else:
+            code = None
+        out[f.name] = (code, f.default)
+    return out
+
+
+class PackedLayout:
+    """A validated ``ranksight.layout``: the numpy dtype of one packed record and how to read it."""
+
+    encoding = ENC_PACKED
+
+    def __init__(self, kind: str, text: str):
+        typ = BATCH_KINDS[kind][0]
+        fields = _field_codes(typ)
+        self.kind, self.text = kind, text
+        self.codes: dict[str, str] = {}
+        np_fields = []
+        for part in text.split(","):
+            name, _, code = part.partition(":")
+            want = fields.get(name, (None, None))[0]
+            if name == "run_id" or want is None or name in self.codes:
+                raise WireError(f"{kind}: layout field {name!r} is not a packable field of {typ.__name__}")
+            if want == "S":
+                if not (code[:1] == "S" and code[1:].isdigit() and 1 <= int(code[1:]) <= _MAX_STR_BYTES):
+                    raise WireError(f"{kind}: layout field {name!r} must be S<1..{_MAX_STR_BYTES}>, not {code!r}")
+                np_fields.append((name, code))
+            elif code != want:
+                raise WireError(f"{kind}: layout field {name!r} must be {want}, not {code!r}")
+            else:
+                np_fields.append((name, _NP[code]))
+            self.codes[name] = code
+        # Fields the layout leaves out take their default; a field without a default must be there.
+        self.defaults: dict[str, Any] = {}
+        for name, (code, default) in fields.items():
+            if name in self.codes or name == "run_id":
+                continue
+            if default is msgspec.NODEFAULT:
+                raise WireError(f"{kind}: layout lacks the required field {name!r}")
+            self.defaults[name] = default
+        self.dtype = np.dtype(np_fields)
+
+    def __repr__(self) -> str:
+        return f"PackedLayout({self.kind!r}, {self.text!r})"
+
+
+def _default_layout(kind: str) -> str | None:
+    parts = []
+    for name, (code, _) in _field_codes(BATCH_KINDS[kind][0]).items():
+        if name == "run_id":
+            continue
+        if code is None:
+            return None
+        parts.append(f"{name}:S{PACKED_STR_BYTES}" if code == "S" else f"{name}:{code}")
+    return ",".join(parts)
+
+
+# What an agent packs: the kinds whose every field packs (step records: the volume signal).
+PACKED_LAYOUTS: dict[str, str] = {k: lay for k in ("step",) if (lay := _default_layout(k))}
+_layouts: dict[tuple[str, str], PackedLayout] = {}
+
+
+def packed_layout_of(kind: str, text: str) -> PackedLayout:
+    """The (cached) layout of ``kind`` described by ``text``; raises WireError if it is not valid."""
+    key = (kind, text)
+    lay = _layouts.get(key)
+    if lay is None:
+        if kind not in BATCH_KINDS or kind == "ack" or not isinstance(text, str) or not text:
+            raise WireError(f"{kind}: no packed encoding for this kind (or no layout)")
+        lay = PackedLayout(kind, text)
+        if len(_layouts) < 256:  # a client inventing layouts must not grow this without bound
+            _layouts[key] = lay
+    return lay
+
+
+def packed_count(lay: PackedLayout, payload: bytes) -> int:
+    size = lay.dtype.itemsize
+    if not payload or len(payload) % size:
+        raise WireError(f"{lay.kind}: packed body of {len(payload)} bytes is not a whole number of "
+                        f"{size}-byte records")
+    return len(payload) // size
+
+
+def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | None:
+    """(layout, body) for ``records`` of ``kind`` (agent side), or None when they cannot be packed
+    exactly (a record of another run, a string longer than the field or holding NUL, an integer
+    beyond int64): the caller then ships them as JSON."""
+    layout = PACKED_LAYOUTS.get(kind)
+    if layout is None or not records:
+        return None
+    lay = packed_layout_of(kind, layout)
+    names = lay.dtype.names
+    strs = [n for n in names if lay.codes[n].startswith("S")]
+    rows = []
+    width = dict.fromkeys(strs, 8)
+    try:
+        for r in records:
+            if r.run_id != run_id:
+                return None
+            row = []
+            for n in names:
+                v = getattr(r, n)
+                if n in width:
+                    v = v.encode()
+                    if len(v) > PACKED_STR_BYTES or b"\0" in v:
+                        return None
+                    width[n] = max(width[n], len(v))
+                elif v is None:
+                    v = float("nan")
+                row.append(v)
+            rows.append(tuple(row))
+        if strs:  # string fields as wide as this batch needs (a multiple of 8), not PACKED_STR_BYTES
+            layout = ",".join(f"{n}:S{-(-width[n] // 8) * 8}" if n in width else f"{n}:{lay.codes[n]}" for n in names)
+            lay = packed_layout_of(kind, layout)
+        return layout, np.array(rows, dtype=lay.dtype).tobytes()
+    except (OverflowError, TypeError, ValueError, AttributeError):
+        return None
+
+
+@dataclass(slots=True)
+class PackedBatch:
+    """A packed body as the head keeps it until the store processes it."""
+
+    layout: PackedLayout
+    payload: bytes
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
 def join_array(items: list[bytes]) -> bytes:
     """A JSON array from already-encoded JSON values (spool lines), without re-encoding."""
     return b"[" + b",".join(items) + b"]"
@@ -84,12 +256,20 @@ def join_array(items: list[bytes]) -> bytes:
 
 def make_log_record(run_id: str, kind: str, body: bytes, *, rank: int | None = None, node: int | None = None,
                     count: int | None = None, step_min: int | None = None, step_max: int | None = None,
-                    extra: dict[str, Any] | None = None, resource=None, scope=None):
-    """One SDK ReadableLogRecord for the OTLP exporter (agent side)."""
+                    extra: dict[str, Any] | None = None, resource=None, scope=None, layout: str | None = None):
+    """One SDK ReadableLogRecord for the OTLP exporter (agent side).
+
+    ``layout``: the body is packed-v1 records of that layout (sent as bytes_value); otherwise
+    it is JSON (sent as string_value)."""
     from opentelemetry._logs import LogRecord
     from opentelemetry.sdk._logs import ReadableLogRecord
 
-    attrs: dict[str, Any] = {A_RUN: run_id, A_KIND: kind, A_SCHEMA: schema.SCHEMA_VERSION}
+    attrs: dict[str, Any] = {A_RUN: run_id, A_KIND: kind}
+    if layout is not None:
+        # First, so the head can stop reading attributes once it has these four (iter_batches).
+        attrs[A_ENCODING] = ENC_PACKED
+        attrs[A_LAYOUT] = layout
+    attrs[A_SCHEMA] = schema.SCHEMA_VERSION
     if rank is not None:
         attrs[A_RANK] = rank
     if node is not None:
@@ -102,8 +282,8 @@ def make_log_record(run_id: str, kind: str, body: bytes, *, rank: int | None = N
     if extra:
         attrs.update(extra)
     now = time.time_ns()
-    rec = LogRecord(timestamp=now, observed_timestamp=now, body=body.decode("utf-8"), attributes=attrs,
-                    event_name=EVENT_NAME)
+    rec = LogRecord(timestamp=now, observed_timestamp=now, body=bytes(body) if layout is not None else body.decode("utf-8"),
+                    attributes=attrs, event_name=EVENT_NAME)
     return ReadableLogRecord(log_record=rec, resource=resource, instrumentation_scope=scope)
 
 
@@ -116,11 +296,11 @@ class WireError(ValueError):
     """A log record that claims to be ranksight's but cannot be decoded."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     run_id: str
     kind: str
-    items: Any  # list of records, a Manifest, or a Heartbeat
+    items: Any  # list of records, a PackedBatch, a Manifest, or a Heartbeat
     attrs: dict[str, Any]  # the ranksight.* attributes only
     body: bytes | str = b""  # the body as received: the head logs it as is when nothing was a duplicate
 
@@ -154,7 +334,7 @@ def decode_body(kind: str, body: bytes | str) -> Any:
     raise WireError(f"unknown ranksight.kind {kind!r}")
 
 
-_HEAD_ATTRS = frozenset((A_RUN, A_KIND, A_MTIME))
+_STR, _INT, _DBL, _BYTES = "string_value", "int_value", "double_value", "bytes_value"
 
 
 def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
@@ -165,23 +345,51 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
         for sl in rl.scope_logs:
             for lr in sl.log_records:
                 # Only the attributes the head uses, read directly: this runs per log record at fleet rate.
-                attrs = {}
+                kind = run_id = enc = layout = mtime = None
                 for kv in lr.attributes:
                     k = kv.key
-                    if k in _HEAD_ATTRS:
-                        attrs[k] = any_value(kv.value)
-                kind = attrs.get(A_KIND)
+                    if k == A_RUN:
+                        run_id = kv.value.string_value  # "" (refused below) when it is not a string
+                    elif k == A_KIND:
+                        kind = any_value(kv.value)
+                    elif k == A_ENCODING:
+                        enc = any_value(kv.value)
+                    elif k == A_LAYOUT:
+                        layout = kv.value.string_value
+                        if kind is not None and run_id is not None and enc is not None:
+                            break  # a packed batch from a current agent: the rest is not needed
+                    elif k == A_MTIME:
+                        mtime = any_value(kv.value)
                 if kind is None:
                     continue
-                run_id = attrs.get(A_RUN)
+                attrs = {A_RUN: run_id, A_KIND: kind}
+                if mtime is not None:
+                    attrs[A_MTIME] = mtime
                 if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id.startswith("."):
                     yield None, f"bad run id {run_id!r}"
                     continue
-                which = lr.body.WhichOneof("value")
-                if which == "string_value":
-                    body: bytes | str = lr.body.string_value
-                elif which == "bytes_value":
-                    body = lr.body.bytes_value
+                body_v = lr.body
+                which = body_v.WhichOneof("value")
+                if enc is not None:
+                    if enc != ENC_PACKED or which != _BYTES:
+                        yield None, f"{kind}: encoding {enc!r} with a {which} body (expected {ENC_PACKED} bytes)"
+                        continue
+                    try:
+                        lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
+                        payload = body_v.bytes_value
+                        size = lay.dtype.itemsize
+                        n = len(payload) // size
+                        if not payload or n * size != len(payload):
+                            n = packed_count(lay, payload)  # raises with the reason
+                    except (WireError, TypeError) as e:
+                        yield None, str(e)
+                        continue
+                    yield Batch(run_id=run_id, kind=kind, items=PackedBatch(lay, payload, n), attrs=attrs), None
+                    continue
+                if which == _STR:
+                    body: bytes | str = body_v.string_value
+                elif which == _BYTES:
+                    body = body_v.bytes_value
                 else:
                     yield None, f"{kind}: body is {which}, expected a JSON string"
                     continue

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import msgspec  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 pa.set_cpu_count(1)
@@ -65,17 +66,26 @@ def step_lines(rank: int, node: int, step: int, world: int) -> list[bytes]:
 COLLECTIVES_PER_STEP = 2
 
 
+ENCODING = "packed"  # "packed": step records as current agents ship them; "json": as older agents did
+_step_decoder = msgspec.json.Decoder(schema.StepRecord)
+
+
 def agent_records(node: int, ranks_per_node: int, step: int, world: int) -> list:
     """One node agent's log records for one second, as agent.node ships them: one log record per
-    kind holding every local rank's records."""
+    kind holding every local rank's records (steps packed, or JSON spool lines with ENCODING=json)."""
     res = Resource.create({"service.name": "ranksight-agent", wire.R_NODE: node, wire.R_HOST: f"node{node:05d}"})
     colls, steps = [], []
     for lr in range(ranks_per_node):
         c1, c2, s = step_lines(node * ranks_per_node + lr, node, step, world)
         colls += [c1, c2][:COLLECTIVES_PER_STEP]
         steps.append(s)
-    out = [wire.make_log_record(RUN, "step", wire.join_array(steps), node=node, count=len(steps),
-                                step_min=step, step_max=step, resource=res)]
+    packed = wire.pack_records("step", RUN, [_step_decoder.decode(s) for s in steps]) if ENCODING == "packed" else None
+    if packed is not None:
+        out = [wire.make_log_record(RUN, "step", packed[1], node=node, count=len(steps), step_min=step,
+                                    step_max=step, resource=res, layout=packed[0])]
+    else:
+        out = [wire.make_log_record(RUN, "step", wire.join_array(steps), node=node, count=len(steps),
+                                    step_min=step, step_max=step, resource=res)]
     if colls:
         out.append(wire.make_log_record(RUN, "collective", wire.join_array(colls), node=node, count=len(colls),
                                         step_min=step, step_max=step, resource=res))
@@ -121,49 +131,57 @@ def main() -> None:
     except (AttributeError, OSError):
         pass
 
+    global ENCODING
     t0 = time.time()
-    payloads = build_payloads(args.ranks, args.ranks_per_node, args.seconds, args.agents_per_request)
-    flat = [p for sec in payloads for p in sec]
+    built = {}
+    for enc in ("json", "packed"):
+        ENCODING = enc
+        built[enc] = build_payloads(args.ranks, args.ranks_per_node, args.seconds, args.agents_per_request)
+    ENCODING = "packed"
+    flat_of = {enc: [p for sec in pl for p in sec] for enc, pl in built.items()}
     n_steps = args.ranks * args.seconds
     per_step = 1 + COLLECTIVES_PER_STEP
     n_records = per_step * n_steps
-    wire_bytes = sum(map(len, flat))
-    print(f"built {len(flat)} requests ({wire_bytes / 1e6:.1f} MB gzip) for {args.ranks} ranks x {args.seconds} s "
-          f"in {time.time() - t0:.1f} s", flush=True)
+    for enc, flat in flat_of.items():
+        print(f"built {len(flat)} requests ({sum(map(len, flat)) / 1e6:.1f} MB gzip, step records {enc}) for "
+              f"{args.ranks} ranks x {args.seconds} s", flush=True)
+    print(f"(payloads built in {time.time() - t0:.1f} s)", flush=True)
 
-    # -- baseline 1: gunzip + protobuf parse, touching every body --------------------------
-    def parse_only():
+    # -- baselines: gunzip + protobuf parse, touching every body; + msgspec decode of JSON bodies ------
+    def parse_only(flat):
         for body in flat:
             req = ExportLogsServiceRequest()
             req.ParseFromString(otlp_receiver.decompress(body, "gzip"))
             for rl in req.resource_logs:
                 for sl in rl.scope_logs:
                     for lr in sl.log_records:
-                        lr.body.string_value  # noqa: B018 - materialize the body
+                        getattr(lr.body, lr.body.WhichOneof("value"))  # noqa: B018 - materialize the body
 
-    def parse_decode():
+    def parse_decode(flat):
         for body in flat:
             req = ExportLogsServiceRequest()
             req.ParseFromString(otlp_receiver.decompress(body, "gzip"))
             for _b, _err in wire.iter_batches(req):
                 pass
 
-    base_parse = min(cpu(parse_only) for _ in range(2))
-    base_decode = min(cpu(parse_decode) for _ in range(2))
+    base_parse = min(cpu(lambda: parse_only(flat_of["json"])) for _ in range(2))
+    base_decode = min(cpu(lambda: parse_decode(flat_of["json"])) for _ in range(2))
+    base_parse_packed = min(cpu(lambda: parse_only(flat_of["packed"])) for _ in range(2))
 
     # -- the head path: decode -> dedupe -> WAL -> live window -> Parquet ----------------------
     tmp = Path(tempfile.mkdtemp(prefix="ranksight-bench-"))
     tune_gc()  # as `ranksight head` does
 
-    def measure_head(store: Path) -> tuple[float, float, int]:
+    def measure_head(store: Path, enc: str) -> tuple[float, float, int]:
+        global RUN, ENCODING
+        payloads = built[enc]
         head = Head(store, "t", analyzer=None, flush_rows=10**9)
         # warm-up (imports, pyarrow's first conversions) on another run id, outside the timing
-        global RUN
-        RUN = "warmup"
+        RUN, ENCODING = "warmup", enc
         try:
             warm = agent_request(range(4), args.ranks_per_node, 0, 64)
         finally:
-            RUN = "bench"
+            RUN, ENCODING = "bench", "packed"
         accepted, rejected, msg = head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(warm, "gzip"), ""))
         assert rejected == 0 and accepted > 0, msg
         head.store.flush_all()
@@ -176,52 +194,71 @@ def main() -> None:
                 head.store.flush_all()  # once per simulated second: the head's flush interval
 
         c = cpu(head_path)
-        assert head.store.run(RUN).rows_stored["steps"] == n_steps
-        dup = cpu(lambda: [head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(b, "gzip"), ""))
-                           for b in payloads[0]])
-        assert head.store.run(RUN).rows_stored["steps"] + len(head.store.run(RUN).buffers["steps"]) == n_steps
+        rs = head.store.run(RUN)
+        assert rs.rows_stored["steps"] == n_steps
+        # the live window was fed: every rank's latest step is the last simulated second
+        assert head.run_live(RUN).max_step() == args.seconds - 1
+
+        def again():  # an agent resending everything of one second (all duplicates), then the flush
+            for b in payloads[0]:
+                head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(b, "gzip"), ""))
+            head.store.flush_all()
+
+        dup = cpu(again)
+        assert rs.stored_and_buffered("steps") == n_steps
         head.close()
         nbytes = sum(p.stat().st_size for p in (store / RUN).rglob("part-*.parquet"))
         return c, dup * args.seconds, nbytes
 
     try:
-        runs = [measure_head(tmp / f"store{i}") for i in range(args.repeat)]
-        head_cpus = sorted(r[0] for r in runs)
-        head_cpu, head_median = head_cpus[0], head_cpus[len(head_cpus) // 2]
-        dup_cpu = min(r[1] for r in runs)
-        parquet_bytes = runs[0][2]
+        res = {}
+        for enc in ("json", "packed"):
+            runs = [measure_head(tmp / f"store-{enc}{i}", enc) for i in range(args.repeat)]
+            cpus = sorted(r[0] for r in runs)
+            res[enc] = (cpus[0], cpus[len(cpus) // 2], min(r[1] for r in runs), runs[0][2])
+        # Both encodings store the same table.
+        from agent.store import read_table
+
+        a = read_table(tmp / "store-json0", RUN, "steps").sort_values(["rank", "step"]).reset_index(drop=True)
+        b = read_table(tmp / "store-packed0", RUN, "steps").sort_values(["rank", "step"]).reset_index(drop=True)
+        assert a.equals(b), "packed and JSON paths stored different steps tables"
         http_cpu = None
         if args.http:
-            http_cpu = bench_http(tmp / "store-http", flat)
+            http_cpu = bench_http(tmp / "store-http", flat_of["packed"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     def rate(c):
         return n_steps / c if c > 0 else float("inf")
 
-    goal_rate = args.ranks  # steps per second the fleet produces
-    frac = goal_rate / rate(head_cpu)
     print()
     print(f"fleet: {args.ranks} ranks x 1 step/s, {args.ranks_per_node} ranks/agent, "
-          f"{args.agents_per_request} agent(s)/request -> {len(payloads[0])} requests/s, {n_records // args.seconds} records/s "
-          f"(1 step + {COLLECTIVES_PER_STEP} collectives per rank-step)")
-    print(f"{'path':58s} {'CPU s':>8s} {'step rec/s':>12s} {'all rec/s':>12s} {'core for fleet':>15s}")
+          f"{args.agents_per_request} agent(s)/request -> {len(built['json'][0])} requests/s, "
+          f"{n_records // args.seconds} records/s (1 step + {COLLECTIVES_PER_STEP} collectives per rank-step)")
+    print(f"{'path':62s} {'CPU s':>8s} {'step rec/s':>12s} {'all rec/s':>12s} {'core for fleet':>15s}")
+    jmin, jmed, jdup, _ = res["json"]
+    pmin, pmed, pdup, pbytes = res["packed"]
     rows = [
-        ("baseline: gunzip + protobuf parse", base_parse),
-        ("baseline: + msgspec decode of the bodies", base_decode),
-        ("head: decode -> dedupe -> WAL -> live -> Parquet (min)", head_cpu),
-        (f"head: the same, median of {args.repeat}", head_median),
+        ("baseline: gunzip + protobuf parse (JSON bodies)", base_parse),
+        ("baseline: + msgspec decode of the JSON bodies", base_decode),
+        ("head, JSON bodies (older agents): full path (min)", jmin),
+        (f"head, JSON bodies: median of {args.repeat}", jmed),
+        ("baseline: gunzip + protobuf parse (packed bodies)", base_parse_packed),
+        ("head, packed bodies (current agents): full path (min)", pmin),
+        (f"head, packed bodies: median of {args.repeat}", pmed),
     ]
     for name, c in rows:
-        print(f"{name:58s} {c:8.3f} {rate(c):12,.0f} {per_step * rate(c):12,.0f} {100 * args.ranks / rate(c):14.1f}%")
-    print(f"{'head: every request again (all duplicates)':58s} {dup_cpu:8.3f} "
-          f"{rate(dup_cpu):12,.0f} {'':12s} {100 * args.ranks / rate(dup_cpu):14.1f}%")
+        print(f"{name:62s} {c:8.3f} {rate(c):12,.0f} {per_step * rate(c):12,.0f} {100 * args.ranks / rate(c):14.1f}%")
+    for name, c in (("head, JSON: every request again (all duplicates)", jdup),
+                    ("head, packed: every request again (all duplicates)", pdup)):
+        print(f"{name:62s} {c:8.3f} {rate(c):12,.0f} {'':12s} {100 * args.ranks / rate(c):14.1f}%")
     if http_cpu is not None:
-        print(f"{'head over HTTP (loopback, client excluded)':58s} {http_cpu:8.3f} {rate(http_cpu):12,.0f} "
+        print(f"{'head over HTTP, packed (loopback, client excluded)':62s} {http_cpu:8.3f} {rate(http_cpu):12,.0f} "
               f"{per_step * rate(http_cpu):12,.0f} {100 * args.ranks / rate(http_cpu):14.1f}%")
-    print(f"Parquet written: {parquet_bytes / 1e6:.1f} MB for {n_records} records")
-    print(f"RESULT: {rate(head_cpu):,.0f} step records/s per core; {args.ranks} ranks at 1 step/s take "
-          f"{100 * frac:.1f}% of one core (goal < 10%)")
+    print(f"Parquet written: {pbytes / 1e6:.1f} MB for {n_records} records; packed vs JSON head path: "
+          f"{jmin / pmin:.2f}x less CPU; packed head / parse-only baseline: {pmin / base_parse_packed:.2f}x")
+    print(f"RESULT: {rate(pmin):,.0f} step records/s per core; {args.ranks} ranks at 1 step/s take "
+          f"{100 * args.ranks / rate(pmin):.1f}% of one core (goal < 10%)")
 
 
 def bench_http(store: Path, flat: list[bytes]) -> float:

@@ -65,9 +65,8 @@ def test_duplicates_dropped_within_and_across_restarts(tmp_path):
 def test_acknowledged_rows_survive_a_crash_before_flush(tmp_path):
     rs = RunStore(tmp_path / "r1", "r1")
     rs.add("steps", [step(1, s) for s in range(7)])
-    rs._wal.flush()
     # simulate kill -9: no flush, no close; a torn half line at the end of the WAL
-    with open(tmp_path / "r1" / ".head" / "wal-current.jsonl", "ab") as f:
+    with open(tmp_path / "r1" / ".head" / "wal-current.log", "ab") as f:
         f.write(b'steps\t[{"kind":"step","run_id":"r1","ra')
     del rs
     st = Store(tmp_path)
@@ -77,8 +76,8 @@ def test_acknowledged_rows_survive_a_crash_before_flush(tmp_path):
     st.close()
     df = read_table(tmp_path, "r1", "steps")
     assert sorted(df["step"]) == list(range(7))
-    assert not list((tmp_path / "r1" / ".head").glob("wal-*.jsonl")) or all(
-        p.stat().st_size == 0 for p in (tmp_path / "r1" / ".head").glob("wal-*.jsonl"))
+    assert not list((tmp_path / "r1" / ".head").glob("wal-*.log")) or all(
+        p.stat().st_size == 0 for p in (tmp_path / "r1" / ".head").glob("wal-*.log"))
 
 
 def test_reader_never_sees_a_partial_file_while_appending(tmp_path):
@@ -158,9 +157,9 @@ def test_a_failed_flush_keeps_rows_and_wal_until_a_later_flush(tmp_path, monkeyp
     assert rs.buffered == 1  # steps were written; the collective is kept
     monkeypatch.setattr(RunStore, "_write_part", real)
     # a crash now must still find the collective in a WAL file
-    assert any(p.stat().st_size for p in (tmp_path / "r1" / ".head").glob("wal-*.jsonl"))
+    assert any(p.stat().st_size for p in (tmp_path / "r1" / ".head").glob("wal-*.log"))
     rs.flush()
     rs.close()
     assert len(read_table(tmp_path, "r1", "steps")) == 3
     assert len(read_table(tmp_path, "r1", "collectives")) == 1
-    assert not [p for p in (tmp_path / "r1" / ".head").glob("wal-*.jsonl") if p.stat().st_size]
+    assert not [p for p in (tmp_path / "r1" / ".head").glob("wal-*.log") if p.stat().st_size]
