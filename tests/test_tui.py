@@ -362,6 +362,10 @@ def test_gpu_simulated_badge(fake):
     assert v.gpu_simulated
     assert "SIMULATED GPU" in header_text(v).plain
     fake.data["runs"][0]["gpu_simulated"] = False
+    # the GPU endpoint's samples are simulated: that alone is enough for the badge
+    assert build_view(RUN, HeadClient(fake.url).fetch(RUN, 60)).gpu_simulated
+    for g in fake.data["gpus"]:
+        g["simulated"] = False
     assert not build_view(RUN, HeadClient(fake.url).fetch(RUN, 60)).gpu_simulated
 
 
@@ -411,3 +415,83 @@ def test_unknown_run_says_so(fake):
     assert v.rows == [] and v.step is None and v.tokens_per_s is None
     text = header_text(v).plain
     assert "run nope" in text and "not in the head's run list" in text and "MFU —" in text
+
+
+# -- the GPU panel --------------------------------------------------------------------------
+
+
+def test_gpu_client_and_cells(fake):
+    from tui.widgets.gpus import gpu_alert, gpu_cells, summary_text
+
+    c = HeadClient(fake.url)
+    gpus = {(g.node, g.gpu): g for g in c.fetch(RUN, 10).gpus}
+    assert len(gpus) == 8
+    thr, xid, ok = gpus[(1, 1)], gpus[(1, 3)], gpus[(0, 0)]
+    assert thr.throttled and thr.throttle_names == ("sw_thermal_slowdown", "hw_thermal_slowdown") and thr.ranks == (5,)
+    assert (gpu_alert(thr), gpu_alert(xid), gpu_alert(ok)) == ("throttled", "xid", "")
+    cells = [plain(x) for x in gpu_cells(thr)]
+    assert cells == ["▲", "1", "1", "5", "96", "30.0/80", "610", "92", "1215 / 1980 61%",
+                     "sw_thermal_slowdown,hw_thermal_slowdown", "0/0", "0", "1.0s"]
+    assert all("yellow" in str(x.style) for x in gpu_cells(thr))
+    cells = [plain(x) for x in gpu_cells(xid)]
+    assert cells[0] == "✖" and cells[11] == "1 (last 79)" and cells[12] == "3.0s"
+    assert all("red" in str(x.style) for x in gpu_cells(xid))
+    assert [plain(x) for x in gpu_cells(ok)][0] == "" and not any(str(x.style) for x in gpu_cells(ok))
+    s = summary_text(list(gpus.values())).plain
+    assert "SIMULATED" in s and "8 GPUs" in s and "1 throttled" in s and "1 with XID/ECC errors" in s
+    # real GPUs: no SIMULATED; a double-bit ECC error is highlighted like an XID
+    from dataclasses import replace
+
+    assert "SIMULATED" not in summary_text([replace(ok, simulated=False)]).plain
+    assert gpu_alert(replace(ok, ecc_dbe=1)) == "xid"
+    # a broken item is skipped and counted, the rest shown
+    fake.data["gpus"].append({"node": "one", "gpu": 0})
+    skipped: dict[str, int] = {}
+    assert len(c.gpus(RUN, skipped)) == 8 and skipped == {"gpus": 1}
+
+
+async def test_gpu_panel_highlights_and_says_simulated(fake):
+    from tui.widgets.gpus import GpuPanel, GpuTable
+
+    app = make_app(fake)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        panel = app.query_one(GpuPanel)
+        t = app.query_one(GpuTable)
+        assert t.row_count == 8
+        assert "SIMULATED" in str(panel.border_title) and "GPUs (8)" in str(panel.border_title)
+        summary = plain(app.query_one("#gpu-summary").render())
+        assert "SIMULATED" in summary and "1 throttled" in summary and "1 with XID/ECC errors" in summary
+        row = t.get_row("1/1")
+        assert plain(row[0]) == "▲" and "yellow" in str(row[1].style) and "reverse" in str(row[9].style)
+        row = t.get_row("1/3")
+        assert plain(row[0]) == "✖" and "red" in str(row[1].style) and plain(row[11]) == "1 (last 79)"
+        assert plain(t.get_row("0/0")[0]) == "" and plain(t.get_row("0/0")[4]) == "96"
+        # the throttle clears and the samples are real: the same refresh path updates the panel
+        for g in fake.data["gpus"]:
+            g.update(simulated=False, throttled=False, throttle_reasons=0, throttle_names=[])
+        await app.refresh_now()
+        await pilot.pause()
+        assert plain(t.get_row("1/1")[0]) == "" and "SIMULATED" not in str(panel.border_title)
+        assert "SIMULATED" not in plain(app.query_one("#gpu-summary").render())
+        # the head goes away: the panel keeps its rows, marked stale
+        fake.stop()
+        await app.refresh_now()
+        await pilot.pause()
+        assert t.row_count == 8 and panel.has_class("stale") and "STALE" in str(panel.border_title)
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_gpu_panel_with_a_head_without_the_endpoint(fake):
+    del fake.data["gpus"]  # the fake head answers 404 "no such endpoint", like a head from before it
+    app = make_app(fake)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        status = plain(app.query_one(StatusBar).render())
+        assert "ERROR" not in status and app.query_one(RankTable).row_count == 8
+        assert "no GPU endpoint" in plain(app.query_one("#gpu-summary").render())
+        await pilot.press("q")
+    assert app.return_code == 0

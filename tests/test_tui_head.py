@@ -19,6 +19,7 @@ from tui.app import RanksightApp  # noqa: E402
 from tui.client import HeadClient  # noqa: E402
 from tui.widgets.actions import ActionsTable  # noqa: E402
 from tui.widgets.findings import FindingDetail, FindingsTable  # noqa: E402
+from tui.widgets.gpus import GpuTable  # noqa: E402
 from tui.widgets.header import RunHeader, StatusBar  # noqa: E402
 from tui.widgets.ranks import RankTable  # noqa: E402
 from tui_fakehead import plain  # noqa: E402
@@ -56,6 +57,15 @@ async def test_tui_against_a_real_head(tmp_path, port):
         for r, recs in steps.items():
             batch.append(wire.make_log_record(RUN, "step", wire.join_array([schema.encode(x) for x in recs]),
                                               rank=r, node=r // 2, count=len(recs), resource=res))
+        # simulated GPU samples of node 1 as its agent ships them: GPU 1 (rank 3's) throttles for heat
+        now = time.time()
+        gpus = [schema.GpuSample(node=1, host="node1", gpu=g, t=now - 1.0, source="simulated-nvml", simulated=True,
+                                 util_pct=95.0, mem_used_bytes=1 << 30, mem_total_bytes=8 << 30, power_w=300.0,
+                                 temp_c=90.0 if g == 1 else 60.0, sm_clock_mhz=1000.0 if g == 1 else 1980.0,
+                                 max_sm_clock_mhz=1980.0, throttle_reasons=0x20 if g == 1 else 0)
+                for g in (0, 1)]
+        batch.append(wire.make_log_record(RUN, "gpu", wire.join_array([schema.encode(x) for x in gpus]), node=1,
+                                          count=len(gpus), resource=res))
         assert exp.export(batch) == LogRecordExportResult.SUCCESS
         wait_for(lambda: len(http_json(url + f"/api/runs/{RUN}/ranks")[1]) == 4, timeout=15, what="ranks at the head")
 
@@ -72,6 +82,12 @@ async def test_tui_against_a_real_head(tmp_path, port):
             assert plain(t.get_row("0")[-1]) == "ok"
             header = plain(app.query_one(RunHeader).render())
             assert RUN in header and "dp4×tp1×pp1" in header and "world 4" in header and "step 29" in header
+            # the GPU panel, from the real head's GET /api/runs/<id>/gpus
+            gt = app.query_one(GpuTable)
+            assert gt.row_count == 2
+            thr = [plain(c) for c in gt.get_row("1/1")]
+            assert thr[0] == "▲" and thr[3] == "3" and thr[9] == "sw_thermal_slowdown" and "1000 / 1980" in thr[8]
+            assert plain(gt.get_row("1/0")[0]) == "" and "SIMULATED" in plain(app.query_one("#gpu-summary").render())
 
             # The head's own analyzers (every 2 s here) name rank 3; the TUI marks it the culprit and shows the numbers.
             wait_for(lambda: any(f["kind"] == "straggler" for f in http_json(url + f"/api/runs/{RUN}/findings")[1]),

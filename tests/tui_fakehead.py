@@ -33,6 +33,19 @@ def step_record(rank: int, step: int) -> dict:
             "lr": 1e-3, "mem_bytes": 1 << 30, "flops": 2.0e12, "profiling": False, "microbatches": 4}
 
 
+def gpu_state(node: int, gpu: int, **kw) -> dict:
+    """One entry of GET /api/runs/<id>/gpus (simulated GPUs, like every CPU-machine run)."""
+    d = {"node": node, "gpu": gpu, "host": f"node{node}", "ranks": [node * 4 + gpu], "name": "RankSight Simulated GPU",
+         "uuid": f"GPU-sim-{node}-{gpu}", "source": "simulated-nvml", "simulated": True, "t": T0 + 8.0, "age_s": 1.0,
+         "util_pct": 96.0, "mem_util_pct": 41.0, "mem_used_bytes": 30 * 2**30, "mem_total_bytes": 80 * 2**30,
+         "power_w": 610.0, "power_limit_w": 700.0, "temp_c": 68.0, "sm_clock_mhz": 1980.0, "max_sm_clock_mhz": 1980.0,
+         "sm_clock_frac": 1.0, "mem_clock_mhz": 2619.0, "throttle_reasons": 0, "throttle_names": [], "throttled": False,
+         "ecc_sbe": 0, "ecc_dbe": 0, "retired_pages": 0, "remapped_rows": 0, "xid_total": 0, "xid_count": 0,
+         "last_xid": None}
+    d.update(kw)
+    return d
+
+
 def default_data() -> dict:
     steps = [step_record(r, s) for s in range(40) for r in range(8)]
     ranks = [{"rank": r, "node": r // 4, "host": f"node{r // 4}", "step": 39, "attempt": 0, "t_end": T0 + 8.0,
@@ -64,6 +77,12 @@ def default_data() -> dict:
                      "steps": 0, "reason": "manual", "finding_kind": "", "dry_run": False, "status": "applied",
                      "applied_step": 12, "requested_by": "api:127.0.0.1"}],
         "health": {"ok": True, "stats": {}, "runs": 1},
+        # rank 5's GPU (node 1, GPU 1) throttles for heat; rank 7's (node 1, GPU 3) had XID 79 and stalled
+        "gpus": [gpu_state(n, g) for n in (0, 1) for g in range(4)
+                 if (n, g) not in ((1, 1), (1, 3))] + [
+            gpu_state(1, 1, temp_c=92.0, sm_clock_mhz=1215.0, sm_clock_frac=1215 / 1980, throttle_reasons=0x60,
+                      throttle_names=["sw_thermal_slowdown", "hw_thermal_slowdown"], throttled=True),
+            gpu_state(1, 3, util_pct=0.0, power_w=90.0, xid_total=1, xid_count=1, last_xid=79, age_s=3.0)],
     }
 
 
@@ -122,7 +141,7 @@ class FakeHead:
                         out = [s for s in d["steps"] if s["step"] > since
                                and ("rank" not in q or s["rank"] == int(q["rank"]))]
                         return self._send(200, json.dumps(out).encode())
-                    if what in ("ranks", "findings", "actions"):
+                    if what in ("ranks", "findings", "actions", "gpus") and what in d:
                         return self._send(200, json.dumps(d[what]).encode())
                 self._send(404, json.dumps({"error": f"no such endpoint: GET {url.path}"}).encode())
 

@@ -23,6 +23,7 @@ from tui.model import RunView, build_view
 from tui.screens import ActionModal, ActionRequest, RunPicker
 from tui.widgets.actions import ActionsTable
 from tui.widgets.findings import FindingDetail, FindingsTable
+from tui.widgets.gpus import GpuPanel
 from tui.widgets.header import RunHeader, StatusBar, clock, status_text
 from tui.widgets.heatmap import HeatMap
 from tui.widgets.ranks import RankTable
@@ -75,6 +76,7 @@ class RanksightApp(App):
                 yield FindingsTable(id="findings")
                 yield FindingDetail(id="detail")
                 yield ActionsTable(id="actions")
+        yield GpuPanel(id="gpus")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -84,6 +86,7 @@ class RanksightApp(App):
         self.query_one("#findings").border_title = "findings"
         self.query_one("#detail").border_title = "finding detail"
         self.query_one("#actions").border_title = "actions"
+        self.query_one("#gpus").border_title = "GPUs"
         self.query_one(RunHeader).show_view(None, self.run_id)
         self._show_status()
         self.timer = self.set_interval(self.interval, self._tick, name="refresh")
@@ -155,6 +158,11 @@ class RanksightApp(App):
         ft.border_title = f"findings ({len(v.findings)})"
         self.query_one(FindingDetail).show_finding(ft.selected())
         self.query_one(ActionsTable).show_actions(v.actions)
+        gp = self.query_one(GpuPanel)
+        gp.show_gpus(v.gpus)
+        gp.set_class(stale, "stale")
+        if stale:
+            gp.border_title = f"{gp.border_title} — STALE"
 
     def _show_status(self) -> None:
         t = status_text(self.head_label or self.client.base_url, unreachable_since=self.unreachable_since, error=self.error,

@@ -85,6 +85,35 @@ class RankState:
     state: str = "unknown"  # the head's: waiting | running | stalled | finished
 
 
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU's latest sample, as ``GET /api/runs/<id>/gpus`` serves it."""
+
+    node: int
+    gpu: int
+    host: str = ""
+    ranks: tuple[int, ...] = ()
+    name: str = ""
+    simulated: bool = False
+    t: float | None = None
+    age_s: float | None = None
+    util_pct: float | None = None
+    mem_used_bytes: float | None = None
+    mem_total_bytes: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    max_sm_clock_mhz: float | None = None
+    throttle_reasons: int = 0
+    throttle_names: tuple[str, ...] = ()
+    throttled: bool = False  # a harmful reason (power cap, HW slowdown, thermal, power brake) is set
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    xid_count: int = 0
+    last_xid: int | None = None
+
+
 @dataclass
 class Fetched:
     """One refresh worth of data for a run."""
@@ -97,6 +126,7 @@ class Fetched:
     health: dict[str, Any]
     runs: list[RunSummary] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # endpoint -> malformed items dropped
+    gpus: list[GpuState] | None = None  # None: the head has no GPU endpoint (an older head)
 
 
 def _num(v: Any, kind: type, name: str) -> Any:
@@ -139,6 +169,26 @@ def _parse_rank(d: Any) -> RankState:
                      step=_num(d.get("step"), int, "step"), attempt=_num(d.get("attempt"), int, "attempt") or 0,
                      step_ms=_num(d.get("step_ms"), float, "step_ms"), last_seen=_num(d.get("last_seen"), float, "last_seen"),
                      age_s=_num(d.get("age_s"), float, "age_s"), state=str(d.get("state") or "unknown"))
+
+
+def _parse_gpu(d: Any) -> GpuState:
+    if not isinstance(d, dict) or "node" not in d or "gpu" not in d:
+        raise MalformedResponse("gpu entry without node and gpu")
+    ranks = d.get("ranks") or []
+    names = d.get("throttle_names") or []
+    if not isinstance(ranks, list) or not isinstance(names, list):
+        raise MalformedResponse("gpu ranks/throttle_names are not lists")
+    f = lambda k: _num(d.get(k), float, k)  # noqa: E731
+    return GpuState(
+        node=_num(d["node"], int, "node"), gpu=_num(d["gpu"], int, "gpu"), host=str(d.get("host") or ""),
+        ranks=tuple(_num(r, int, "ranks") for r in ranks), name=str(d.get("name") or ""),
+        simulated=bool(d.get("simulated")), t=f("t"), age_s=f("age_s"), util_pct=f("util_pct"),
+        mem_used_bytes=f("mem_used_bytes"), mem_total_bytes=f("mem_total_bytes"), power_w=f("power_w"),
+        power_limit_w=f("power_limit_w"), temp_c=f("temp_c"), sm_clock_mhz=f("sm_clock_mhz"),
+        max_sm_clock_mhz=f("max_sm_clock_mhz"), throttle_reasons=_num(d.get("throttle_reasons"), int, "throttle_reasons") or 0,
+        throttle_names=tuple(str(n) for n in names), throttled=bool(d.get("throttled")),
+        ecc_sbe=_num(d.get("ecc_sbe"), int, "ecc_sbe"), ecc_dbe=_num(d.get("ecc_dbe"), int, "ecc_dbe"),
+        xid_count=_num(d.get("xid_count"), int, "xid_count") or 0, last_xid=_num(d.get("last_xid"), int, "last_xid"))
 
 
 def _json_fields(d: dict, names: tuple[str, ...]) -> dict:
@@ -267,6 +317,9 @@ class HeadClient:
     def actions(self, run_id: str, skipped: dict[str, int] | None = None) -> list[schema.Action]:
         return self._get_list(f"/api/runs/{self._rid(run_id)}/actions", _parse_action, skipped)
 
+    def gpus(self, run_id: str, skipped: dict[str, int] | None = None) -> list[GpuState]:
+        return self._get_list(f"/api/runs/{self._rid(run_id)}/gpus", _parse_gpu, skipped)
+
     def request_action(self, run_id: str, action: str, node: int | None = None, steps: int | None = None,
                        ranks: list[int] | None = None, reason: str = "", dry_run: bool = False) -> schema.Action:
         if not self.token:
@@ -301,11 +354,17 @@ class HeadClient:
         findings = self.findings(run_id, skipped)
         actions = self.actions(run_id, skipped)
         try:
+            gpus: list[GpuState] | None = self.gpus(run_id, skipped)
+        except HeadError as e:
+            if e.status != 404 or "no such endpoint" not in e.message:
+                raise
+            gpus = None  # a head from before the GPU endpoint: the panel says so, the rest works
+        try:
             health = self.health()
         except MalformedResponse:
             health = {}
         return Fetched(run=run, ranks=ranks, steps=steps, findings=findings, actions=actions, health=health,
-                       runs=runs, skipped=skipped)
+                       runs=runs, skipped=skipped, gpus=gpus)
 
 
 class StepWindow:

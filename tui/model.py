@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ranksight import schema
-from tui.client import Fetched, RankState, RunSummary
+from tui.client import Fetched, GpuState, RankState, RunSummary
 
 SLOW_RATIO = 1.25
 
@@ -63,6 +63,7 @@ class RunView:
     culprits: set[int] = field(default_factory=set)
     skipped: dict[str, int] = field(default_factory=dict)
     dry_run_head: bool | None = None
+    gpus: list[GpuState] | None = None  # None: the head has no GPU endpoint
 
 
 def _median(xs: list[float]) -> float | None:
@@ -193,7 +194,7 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
     else:
         peak_label = "MFU n/a: the head gives no peak FLOPs"
     gpu_sim = bool(run and (run.gpu_simulated or (run.gpu_simulated is None and run.device == "cpu"))) or any(
-        f.simulated and f.kind == "gpu_health" for f in data.findings)
+        f.simulated and f.kind == "gpu_health" for f in data.findings) or any(g.simulated for g in data.gpus or [])
     dry = data.health.get("dry_run") if isinstance(data.health, dict) else None
     steps_known = [r.last_step for r in rows if r.last_step is not None]
     return RunView(run_id=run_id, run=run, rows=rows, step=max(steps_known) if steps_known else (run.last_step if run else None),
@@ -202,7 +203,8 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
                    step_ms_series=step_ms_series, loss_series=loss_series,
                    findings=sorted(data.findings, key=lambda f: (-schema.SEVERITY_ORDER.get(f.severity, 0), -f.t)),
                    actions=sorted(data.actions, key=lambda a: -a.t), culprits=culprits, skipped=dict(data.skipped),
-                   dry_run_head=None if dry is None else bool(dry))
+                   dry_run_head=None if dry is None else bool(dry),
+                   gpus=None if data.gpus is None else sorted(data.gpus, key=lambda g: (g.node, g.gpu)))
 
 
 def fmt_ms(v: float | None) -> str:
