@@ -23,6 +23,7 @@ from typing import Any, Callable
 import msgspec
 
 from agent import wire
+from agent.findings_book import FindingsBook, latest_per_id
 from agent.live import DEFAULT_WINDOW, RunLive
 from agent.store import SPECS, Store, read_table
 from ranksight import schema
@@ -96,12 +97,11 @@ class Head:
         self.flush_interval = flush_interval
         self.analyzer: AnalyzerFn | None = resolve_analyzers() if analyzer == "auto" else analyzer  # type: ignore[assignment]
         self.analyzer_interval = analyzer_interval
-        self.findings: dict[str, list[schema.Finding]] = {}
+        self.findings: dict[str, FindingsBook] = {}  # live findings per run: episodes across analysis rounds
         # Called with each analyzer pass's new findings (alerts: dashboards.webhook.WebhookSender.send_findings).
         self.finding_listeners: list[Callable[[list[schema.Finding]], Any]] = []
         # Called with every analysis round's full list of current findings (agent.policy_runner.PolicyRunner).
         self.round_hooks: list[Callable[[str, list[schema.Finding], schema.Manifest | None], Any]] = []
-        self._finding_keys: dict[str, set] = {}
         self.actions: dict[str, dict[str, schema.Action]] = {}
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
         self.stats = {"log_requests": 0, "metric_requests": 0, "records_in": 0, "records_new": 0,
@@ -371,25 +371,26 @@ class Head:
                 hook(run_id, found, live.manifest)
             except Exception:  # a failing policy must not stop analysis or ingestion
                 log.exception("head: round hook %r failed", hook)
-        keys = self._finding_keys.setdefault(run_id, set())
-        new = []
-        for f in found:
-            k = (f.analyzer, f.kind, tuple(f.ranks), tuple(f.nodes), f.step_start)
-            if k in keys:
-                continue
-            keys.add(k)
-            f = msgspec.structs.replace(f, run_id=f.run_id or run_id, t=f.t or time.time())
-            new.append(f)
+        book = self.findings.setdefault(run_id, FindingsBook(run_id))
+        res = book.observe(found, live.max_step())
+        for f in res.new:
             log.warning("finding [%s] %s/%s ranks=%s: %s", f.severity, f.analyzer, f.kind, f.ranks, f.summary)
-        if new:
-            self.findings.setdefault(run_id, []).extend(new)
-            self.store.run(run_id).add("findings", new)
+        for f in res.escalated:
+            log.warning("finding escalated to %s: %s/%s ranks=%s: %s", f.severity, f.analyzer, f.kind, f.ranks, f.summary)
+        for f in res.changed:
+            if f.status == "closed":
+                log.info("finding closed: %s/%s ranks=%s, steps %s-%s", f.analyzer, f.kind, f.ranks, f.step_start, f.step_end)
+        if res.new or res.changed:
+            # append-only: the row with the latest ``updated`` per id is an episode's current state
+            self.store.run(run_id).add("findings", res.new + res.changed)
+        notify = res.new + res.escalated
+        if notify:
             for listener in self.finding_listeners:
                 try:
-                    listener(new)
+                    listener(notify)
                 except Exception:  # an alert channel failing must not stop analysis or ingestion
                     log.exception("head: finding listener %r failed", listener)
-        return new
+        return res.new
 
     def _analyzer_loop(self) -> None:
         last: dict[str, float] = {}
@@ -412,9 +413,9 @@ class Head:
     # -- views for the API ----------------------------------------------------------
     def findings_of(self, run_id: str) -> list[dict[str, Any]]:
         if run_id in self.findings:
-            return [schema.to_dict(f) for f in self.findings[run_id]]
+            return [schema.to_dict(f) for f in self.findings[run_id].current()]
         df = read_table(self.store.root, run_id, "findings")
-        return json.loads(df.to_json(orient="records")) if len(df) else []
+        return latest_per_id(json.loads(df.to_json(orient="records"))) if len(df) else []
 
     def actions_of(self, run_id: str) -> list[dict[str, Any]]:
         return [schema.to_dict(a) for a in sorted(self._actions(run_id).values(), key=lambda a: a.t)]

@@ -103,7 +103,8 @@ class FindingsFeed:
         text.append(f"head: {len(self.findings)} finding(s), newest last\n", style="bold")
         for f in self.findings[-limit:]:
             text.append(f"  [{f.get('severity', '?')}] ", style=SEVERITY_STYLE.get(f.get("severity"), ""))
-            text.append(f"{f.get('summary') or f.get('kind')}\n")
+            text.append(f"{f.get('summary') or f.get('kind')}")
+            text.append(" (closed)\n" if f.get("status") == "closed" else "\n", style="dim")
         return text
 
 

@@ -96,3 +96,46 @@ def test_real_analyzers_run_on_the_live_window(tmp_path):
         assert any(f.kind == "straggler" and 2 in f.ranks for f in found), [(f.kind, f.ranks, f.summary) for f in found]
     finally:
         h.close()
+
+
+def test_a_live_finding_grows_and_closes_as_one_episode(tmp_path):
+    # the analyzer reports rank 3 slow from step 2 up to the newest slow step it sees, each round
+    def analyzer(frames):
+        st = frames["steps"]
+        slow = st[(st["rank"] == 3) & (st["step_ms"] > 150)]
+        if slow.empty:
+            return []
+        return [schema.Finding(analyzer="test", kind="straggler", severity="critical" if slow["step"].max() >= 6 else "warning",
+                               ranks=[3], nodes=[0], step_start=2, step_end=int(slow["step"].max()), summary="rank 3 slow")]
+
+    h = Head(tmp_path / "store", TOKEN, analyzer=analyzer)
+    heard = []
+    h.finding_listeners.append(heard.extend)
+    try:
+        rs, live = h.store.run("r1"), h.run_live("r1")
+
+        def steps(s0, s1, slow):
+            live.add("steps", rs.add("steps", [step(r, s, 100 + s, step_ms=300.0 if (r == 3 and slow) else 100.0)
+                                               for s in range(s0, s1) for r in range(4)]))
+
+        steps(0, 2, False)
+        steps(2, 4, True)
+        (first,) = h.analyze_once("r1")
+        assert (first.step_end, first.status) == (3, "open") and first.id
+        steps(4, 7, True)
+        assert h.analyze_once("r1") == []  # not new: the same episode, grown and escalated
+        (cur,) = h.findings_of("r1")
+        assert (cur["id"], cur["step_end"], cur["severity"], cur["status"]) == (first.id, 6, "critical", "open")
+        assert [f.severity for f in heard] == ["warning", "critical"]  # the escalation is alerted once more
+        steps(7, 15, False)  # rank 3 recovered; the run goes on
+        h.analyze_once("r1")
+        (cur,) = h.findings_of("r1")
+        assert cur["status"] == "closed" and cur["step_end"] == 6
+        h.store.flush_all()
+        df = read_table(h.store.root, "r1", "findings")
+        assert set(df["id"]) == {first.id} and len(df) >= 3  # append-only: each state of the episode
+        h.findings.clear()  # a restarted head reads the current state back from the store
+        (back,) = h.findings_of("r1")
+        assert (back["id"], back["status"], back["severity"]) == (first.id, "closed", "critical")
+    finally:
+        h.close()
