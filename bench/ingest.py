@@ -4,19 +4,25 @@
 
 What is measured (CPU seconds of this process, pyarrow limited to one thread):
 
-- **head path**: ``Head.ingest_logs`` on OTLP/HTTP request bodies exactly as the node agents
-  send them (gzip, ExportLogsServiceRequest built by the OpenTelemetry SDK's encoder, one
-  log record per rank whose body is a JSON array of that rank's spool lines): gunzip,
-  protobuf parse, msgspec decode, natural-key dedupe, write-ahead log, live window, and the
-  Parquet flush once per simulated second (amortized in).
+- **head path, packed bodies** (current agents): ``Head.ingest_logs`` on OTLP/HTTP request
+  bodies exactly as the node agents send them (gzip, ExportLogsServiceRequest built by the
+  OpenTelemetry SDK's encoder, one log record per agent and kind; step records as a
+  ``packed-v1`` bytes body, see docs/otlp-mapping.md): gunzip, protobuf parse, layout/length
+  check, write-ahead log, queue; and once per simulated second the flush: vectorized dedupe,
+  Arrow conversion, live-window update, Parquet write (amortized in).
+- **head path, JSON bodies** (older agents: the body is the JSON array of the spool lines),
+  same fleet, same run: what the head cost before packed bodies, and what it costs for an old
+  agent now.
 - **baselines, same payloads, same run**: gunzip + protobuf parse alone (what any OTLP
-  receiver must pay), and that plus the msgspec body decode.
-- optionally (``--http``) the same requests through the head's stdlib HTTP server over
+  receiver must pay), for both encodings, and for JSON that plus the msgspec body decode.
+- optionally (``--http``) the packed requests through the head's stdlib HTTP server over
   loopback, to show what the transport adds.
 
 The fleet shape: ``--ranks`` ranks at one step per second, ``--ranks-per-node`` ranks per
 node agent, one request per agent per second, each step record followed by its two
-collective records (as the trainer writes them). Goal: 16,384 ranks in < 10 % of a core.
+collective records (as the trainer writes them; collectives travel as JSON). Goal: 16,384
+ranks in < 10 % of a core. The script checks that both encodings store the same steps table
+and that the live window saw the last step.
 """
 
 from __future__ import annotations
