@@ -85,6 +85,43 @@ def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:
     return rows
 
 
+def history(data: RunData) -> dict[str, Any]:
+    """What happened to the job while it ran: its (re)starts from the manifest, and the head's actions (checkpoint,
+    profile, evict; by a person or the policy) with their current status."""
+    attempts = [dict(a) for a in (data.manifest.attempts if data.manifest is not None else [])]
+    actions = []
+    if not data.actions.empty:
+        for a in data.actions.to_dict(orient="records"):
+            step = a.get("applied_step")
+            actions.append(dict(id=a.get("id"), action=a.get("action"), node=_int(a.get("node")), status=a.get("status"),
+                                applied_step=_int(step), dry_run=bool(a.get("dry_run")), requested_by=a.get("requested_by"),
+                                finding_kind=a.get("finding_kind"), reason=a.get("reason"), t=_num(a.get("t"))))
+    return {"attempts": attempts, "actions": actions}
+
+
+def history_line(hist: dict[str, Any]) -> str:
+    """One sentence for the verdict: evictions carried out and how the run went on."""
+    evicts = [a for a in hist["actions"] if a["action"] == "evict" and a["status"] == "applied" and not a["dry_run"]]
+    if not evicts:
+        return ""
+    parts = [f"node {a['node']} evicted at step {a['applied_step']} ({a['requested_by']})" for a in evicts]
+    last = hist["attempts"][-1] if hist["attempts"] else {}
+    tail = ""
+    if last.get("resumed_step") is not None:
+        tail = f", the run resumed from step {last['resumed_step']} on {last.get('world_size')} ranks"
+        if last.get("ended_step") is not None:
+            tail += f" and reached step {last['ended_step']}"
+    return "; ".join(parts) + tail
+
+
+def _int(x: Any) -> int | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return int(x) if math.isfinite(x) else None
+
+
 def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None) -> dict[str, Any]:
     from analyzers.mfu import peak_label, series
 
@@ -93,18 +130,22 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     simulated = bool(any(f.simulated for f in findings) or data.simulated_gpu or peak_sim)
     w = worst(findings)
     m = data.manifest
+    hist = history(data)
+    what_happened = history_line(hist)
     return {
         "run_id": data.run_id,
-        "verdict": verdict(data, findings),
+        "verdict": verdict(data, findings) + (f". {what_happened}" if what_happened else ""),
         "findings": [finding_dict(f) for f in findings],
         "faults": fault_rows(data, findings),
+        "history": hist,
         "simulated": simulated,
         "worst_severity": w,
         "exit_code": EXIT[w],
         "steps": [int(data.steps["step"].min()), int(data.steps["step"].max())],
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
         "nodes": sorted(int(n) for n in data.steps["node"].unique()),
-        "layout": dict(m.layout) if m is not None else {},
+        # the layout the run started with (a re-formed job's later world sizes are in history.attempts)
+        "layout": _first_layout(m),
         "peak": label,
         "mfu_median": _num(ser["mfu"].median()) if ser["mfu"].notna().any() else None,
         "step_ms_median": _num(ser["step_ms"].median()),
@@ -113,6 +154,18 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "bad_lines": data.bad_lines,
         "analyzer_errors": errors or [],
     }
+
+
+def _first_layout(m: Any) -> dict[str, Any]:
+    if m is None:
+        return {}
+    lay = dict(m.layout)
+    first = m.attempts[0] if m.attempts else None
+    if first and first.get("world_size") and lay.get("world") and first["world_size"] != lay["world"]:
+        # the manifest's layout is the newest attempt's: scale the data-parallel degree back to the first world size
+        tp, pp = int(lay.get("tp") or 1), int(lay.get("pp") or 1)
+        lay.update(world=int(first["world_size"]), dp=int(first["world_size"]) // (tp * pp))
+    return lay
 
 
 def _num(x: Any) -> float | None:
@@ -284,6 +337,32 @@ def render_console(report: dict[str, Any], data: RunData, console: Any) -> None:
             t.add_row(f"{fl['kind']} {mag}", target, steps, found)
         console.print(t)
 
+    hist = report["history"]
+    if len(hist["attempts"]) > 1 or hist["actions"]:
+        t = Table(title="what happened to the job (restarts, and the head's actions)", show_lines=False)
+        for col in ("when", "what", "by", "detail"):
+            t.add_column(col)
+        rows = []  # (step, order, cells): chronological, an action before the restart it caused
+        for a in hist["attempts"]:
+            what = f"attempt {a.get('attempt')}: {a.get('world_size')} ranks"
+            if a.get("resumed_step") is not None:
+                what += f", resumed from step {a['resumed_step']}"
+            ended = f"ran to step {a['ended_step']}" if a.get("ended_step") is not None else ""
+            if a.get("evicted_node") is not None:
+                ended += f", then node {a['evicted_node']} left"
+            start = a.get("resumed_step") or 0
+            rows.append((start, 1, (f"step {start}", what, "torchrun", ended)))
+        for a in hist["actions"]:
+            when = f"step {a['applied_step']}" if a["applied_step"] is not None else "-"
+            status = "dry run, not sent" if a["dry_run"] else a["status"]
+            reason = a["reason"] or ""
+            rows.append((a["applied_step"] if a["applied_step"] is not None else 10**9, 0,
+                         (when, f"{a['action']} node {a['node'] if a['node'] is not None else '-'} ({status})",
+                          str(a["requested_by"] or ""), reason if len(reason) <= 120 else reason[:117] + "...")))
+        for _, _, cells in sorted(rows, key=lambda r: (r[0], r[1])):
+            t.add_row(*cells)
+        console.print(t)
+
     recs = []
     for f in fs:
         if f["severity"] != "info" and f["recommendation"] not in recs:
@@ -396,6 +475,16 @@ def render_html(report: dict[str, Any], data: RunData) -> str:
             for r in report["faults"])
         faults = ("<h2>Injected faults vs findings</h2><table class='t'><tr><th>fault</th><th>rank</th><th>node</th><th>steps</th>"
                   f"<th>result</th><th>latency (steps)</th><th>finding</th></tr>{rows}</table>")
+    hist, hist_html = report["history"], ""
+    if len(hist["attempts"]) > 1 or hist["actions"]:
+        rows = "".join(f"<tr><td>attempt {e(str(a.get('attempt')))}</td><td>{e(str(a.get('world_size')))} ranks</td>"
+                       f"<td>resumed from {e(str(a.get('resumed_step')))}</td><td>ran to {e(str(a.get('ended_step')))}</td>"
+                       f"<td>{'node ' + e(str(a['evicted_node'])) + ' left' if a.get('evicted_node') is not None else ''}</td></tr>"
+                       for a in hist["attempts"])
+        rows += "".join(f"<tr><td>{e(a['action'])} node {e(str(a['node']))}</td><td>{'dry run' if a['dry_run'] else e(str(a['status']))}</td>"
+                        f"<td>step {e(str(a['applied_step']))}</td><td>{e(str(a['requested_by']))}</td><td>{e(a['reason'] or '')}</td></tr>"
+                        for a in hist["actions"])
+        hist_html = f"<h2>What happened to the job</h2><table class='t'>{rows}</table>"
     sim = ('<p class="sim">Parts of this report rest on SIMULATED telemetry or a CPU-measured peak; they are marked (simulated).</p>'
            if report["simulated"] else "")
     color = sev_color.get(report["worst_severity"] or "", "#2e7d32")
@@ -417,6 +506,7 @@ layout {e(json.dumps(report['layout']))}, source {e(report['source'])}; peak: {e
 (green &lt;1.05x, amber &lt;1.15x, orange &lt;1.5x, red above)</p>{_svg_heat(data)}
 <h2>Over time</h2>{plots}
 {faults}
+{hist_html}
 {sim}
 </body></html>
 """

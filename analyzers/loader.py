@@ -113,6 +113,7 @@ class RunData:
     trace_summaries: pd.DataFrame = field(default_factory=lambda: empty_frame(TraceSummary))
     xid: pd.DataFrame = field(default_factory=lambda: empty_frame(XidEvent))
     nccl_tests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    actions: pd.DataFrame = field(default_factory=pd.DataFrame)  # the head's actions, current status per id (read, not analysed)
     source: str = "memory"  # store | spool | memory | live
     truncated_lines: int = 0  # spool lines cut short at the end of a file (tolerated)
     bad_lines: int = 0  # undecodable lines elsewhere (skipped)
@@ -281,7 +282,7 @@ class RunData:
             run_id=self.run_id, manifest=self.manifest, steps=steps, collectives=cut(self.collectives),
             events=cut(self.events), gpu=cut_t(self.gpu), host=cut_t(self.host), nccl_events=self.nccl_events,
             trace_summaries=cut(self.trace_summaries, "step_start"), xid=cut_t(self.xid), nccl_tests=self.nccl_tests,
-            source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, now=self.now,
+            actions=self.actions, source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, now=self.now,
             since=since, until=until,
         )
 
@@ -515,6 +516,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
             if xids:
                 frames["xid"] = frame_from_records(xids, XidEvent)
         nccl_tests = _read_nccl_tests(rd)
+        actions = _read_actions(rd)
     finally:
         bar.close()
 
@@ -528,13 +530,29 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
             "was it started, or did it die before its first step?"
         )
 
-    data = RunData(run_id=run_id, manifest=manifest, nccl_tests=nccl_tests, source=src,
+    data = RunData(run_id=run_id, manifest=manifest, nccl_tests=nccl_tests, actions=actions, source=src,
                    truncated_lines=truncated, bad_lines=bad,
                    **{k: v for k, v in frames.items() if k in TABLE_TYPES})
     data = data.restrict(since, until)
     if data.steps.empty:
         raise EmptyRunError(f"run {run_id} has no steps in the range since={since} until={until}")
     return data
+
+
+def _read_actions(rd: RunDir) -> pd.DataFrame:
+    """The head's actions (checkpoint, profile, evict) with their current status: the table has one row per status
+    change of an action, appended in order, so the last row of each id is its state now. Unreadable files are skipped."""
+    frames = []
+    for f in _parquet_files(rd.table("actions")):
+        try:
+            frames.append(pd.read_parquet(f))
+        except Exception:  # noqa: BLE001 - a file being written right now
+            continue
+    frames = [fr for fr in frames if not fr.empty and "id" in fr.columns]
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    return df.drop_duplicates("id", keep="last").sort_values("t", kind="stable").reset_index(drop=True)
 
 
 def _read_nccl_tests(rd: RunDir) -> pd.DataFrame:

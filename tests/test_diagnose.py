@@ -111,3 +111,33 @@ def test_console_script_entry_point(store):
                        cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verdict"].startswith("HEALTHY")
+
+
+def test_an_eviction_and_the_restart_are_in_the_report(tmp_path):
+    """A run whose node 1 was evicted by the head's policy at step 20 and that resumed on node 0: the verdict, the
+    history table and --json say so; the header keeps the layout the run started with."""
+    import pandas as pd
+
+    from ranksight.schema import Action
+
+    write_run(build(world=4, nodes=2, steps=30, compute_factor=lambda r, s: 1.5 if (r == 3 and s >= 10) else 1.0), tmp_path, "ev")
+    m = json.loads((tmp_path / "ev" / "run.json").read_text())
+    # the manifest as the trainer leaves it: the newest attempt's layout, the history in attempts
+    m["layout"].update(dp=2, world=2)
+    m["attempts"] = [dict(attempt=0, t=1.0, world_size=4, resumed_step=None, ended_step=20, evicted_node=1),
+                     dict(attempt=1, t=2.0, world_size=2, resumed_step=20, ended_step=29)]
+    (tmp_path / "ev" / "run.json").write_text(json.dumps(m))
+    base = dict(run_id="ev", id="a1", t=5.0, action="evict", node=1, ranks=[3], reason="straggler on node 1 confirmed 3 rounds",
+                finding_kind="straggler", requested_by="policy")
+    rows = [Action(**base, status="requested"), Action(**base, status="applied", applied_step=20)]
+    (tmp_path / "ev" / "actions").mkdir()
+    pd.DataFrame([{f: getattr(a, f) for f in a.__struct_fields__} for a in rows]).to_parquet(tmp_path / "ev" / "actions" / "part-0.parquet")
+    code, out = run(tmp_path, "ev")
+    assert code == 1
+    assert "what happened to the job" in out and "evict node 1 (applied)" in out and "attempt 1: 2 ranks" in out
+    assert "dp=4" in out  # the layout the run started with
+    code, out = run(tmp_path, "ev", "--json")
+    obj = json.loads(out)
+    assert obj["verdict"].endswith("node 1 evicted at step 20 (policy), the run resumed from step 20 on 2 ranks and reached step 29")
+    assert [(a["action"], a["status"], a["applied_step"]) for a in obj["history"]["actions"]] == [("evict", "applied", 20)]
+    assert [a["world_size"] for a in obj["history"]["attempts"]] == [4, 2]
