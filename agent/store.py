@@ -500,9 +500,11 @@ def _rows_to_table(spec: "TableSpec", run_id: str, rows: list) -> tuple[pa.Table
 #
 # ``.head/wal-<ns>.log`` (and ``wal-current.log``): a sequence of entries
 #     <table> \t <encoding> \t <layout> \t <payload length> \n <payload> \n
-# encoding ``json`` (payload: a JSON array of records) or ``packed-v1`` (payload: packed records,
-# layout as on the wire). A torn last entry (crash mid-write) was never acknowledged and is
-# ignored. ``wal-*.jsonl`` files of older heads (lines ``<table>\t<JSON array>``) are replayed too.
+# encoding ``json`` (payload: a JSON array of records, layout empty), ``packed-v1`` (payload:
+# packed records; layout ``@<id>``) or ``layout`` (defines id ``<layout>`` as the layout text in
+# the payload, for the rest of the file: the ~600-byte text is written once per file, not once
+# per request). A torn last entry (crash mid-write) was never acknowledged and is ignored.
+# ``wal-*.jsonl`` files of older heads (lines ``<table>\t<JSON array>``) are replayed too.
 
 WAL_CURRENT = "wal-current.log"
 
@@ -520,6 +522,7 @@ def _read_wal(path: Path) -> Iterable[tuple[str, str, str, bytes]]:
                 table, _, body = line.partition(b"\t")
                 yield table.decode(errors="replace"), "json", "", body
             return
+        layouts: dict[str, str] = {}
         while True:
             header = f.readline()
             if not header.endswith(b"\n"):
@@ -533,6 +536,11 @@ def _read_wal(path: Path) -> Iterable[tuple[str, str, str, bytes]]:
             payload = f.read(n)
             if len(payload) != n or f.read(1) != b"\n":
                 return  # torn last write: it was never acknowledged
+            if enc == "layout":  # defines layout id ``layout`` for the rest of this file
+                layouts[layout] = payload.decode(errors="replace")
+                continue
+            if layout.startswith("@"):
+                layout = layouts.get(layout[1:], "")
             yield table, enc, layout, payload
 
 
@@ -711,16 +719,16 @@ class RunStore:
     def enqueue_packed(self, table: str, batches: list) -> None:
         """Queue packed batches (``agent.wire.PackedBatch``: layout, payload, count); durable (WAL)
         when this returns."""
-        entries = []
-        for b in batches:
-            pre = self._wal_prefix.get((table, b.layout))
-            if pre is None:
-                if len(self._wal_prefix) > 256:
-                    self._wal_prefix.clear()
-                pre = self._wal_prefix[(table, b.layout)] = b"%s\t%s\t%s\t" % (
-                    table.encode(), b.layout.encoding.encode(), b.layout.text.encode())
-            entries.append(b"%s%d\n%s\n" % (pre, len(b.payload), b.payload))
         with self.lock:
+            entries = []
+            for b in batches:
+                pre = self._wal_prefix.get((table, b.layout))
+                if pre is None:  # first use of this layout in this WAL generation: define it once
+                    lid = str(len(self._wal_prefix))
+                    entries.append(_wal_entry(table, "layout", lid, b.layout.text.encode()))
+                    pre = self._wal_prefix[(table, b.layout)] = b"%s\t%s\t@%s\t" % (
+                        table.encode(), b.layout.encoding.encode(), lid.encode())
+                entries.append(b"%s%d\n%s\n" % (pre, len(b.payload), b.payload))
             self._write_wal(entries[0] if len(entries) == 1 else b"".join(entries))
             q = self.q_packed[table]
             for b in batches:
@@ -814,6 +822,7 @@ class RunStore:
             old_wal = self.head_dir / f"wal-{time.time_ns()}.log"
             os.replace(self.head_dir / WAL_CURRENT, old_wal)
             self._wal = self._open_wal()
+            self._wal_prefix = {}  # layout ids are per WAL file
         if old_wal is not None:
             self._unflushed_wals.append(old_wal)
         failed = None

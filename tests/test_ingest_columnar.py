@@ -240,3 +240,33 @@ def test_outbox_segments_of_older_agents_still_decode(tmp_path):
     items = ob.read(ob.oldest())
     assert items == [Item(kind="step", body=b"[]", rank=0, count=1, step_min=3, step_max=3, t_first=12.5)]
     assert items[0].layout is None
+
+
+def test_wal_replay_across_generations_and_layouts(tmp_path):
+    """Layout texts are written once per WAL file: every generation must replay on its own."""
+    h = Head(tmp_path, TOKEN, analyzer=None)
+    rs = h.store.run("r1")
+    h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(3)]))
+    rs.process()
+    rs._flush_locked()  # a WAL rotation: the first generation is in Parquet, its WAL file gone
+    h.ingest_logs(request([[step(r, s, host="a-much-longer-host-name") for r in range(2)] for s in range(3, 6)]))
+    h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(6, 8)]))
+    # kill -9 now: two layouts in the current WAL file, the first generation already in Parquet
+    st = Store(tmp_path)
+    st.open_existing()
+    st.close()
+    df = stored(tmp_path)
+    assert len(df) == 16 and not df.duplicated(["rank", "step", "attempt"]).any()
+    assert set(df[df["step"] == 4]["host"]) == {"a-much-longer-host-name"}
+
+
+def test_a_wal_left_by_an_older_head_is_replayed(tmp_path):
+    d = tmp_path / "r1" / ".head"
+    d.mkdir(parents=True)
+    lines = b"steps\t" + wire.join_array([schema.encode(step(0, s)) for s in range(3)]) + b"\n"
+    (d / "wal-123.jsonl").write_bytes(lines + b'steps\t[{"kind":"step","run_id":"r1","ra')  # torn tail
+    st = Store(tmp_path)
+    st.open_existing()
+    st.close()
+    assert sorted(stored(tmp_path)["step"]) == [0, 1, 2]
+    assert not [p for p in d.glob("wal-*") if p.stat().st_size]
