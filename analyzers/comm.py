@@ -36,7 +36,9 @@ class CommConfig:
     exposed_info: float = 0.15  # exposed comm share of step time reported (info)
     exposed_warn: float = 0.60  # ... and a warning above this
     growth_factor: float = 2.0  # exposed comm grew this much against the run's baseline ...
-    growth_min_share: float = 0.20  # ... and now costs at least this share of step time
+    growth_min_share: float = 0.20  # ... and now costs at least this share of step time ...
+    growth_persist: int = 5  # ... in this many steps of growth_window: world-wide transfer time on a shared host jumps
+    growth_window: int = 7  # for 3-4 steps at a time (CPU contention); a degraded fabric stays degraded
     rank_ratio: float = 1.3  # a rank's transfer time / peers' median
     min_extra_ms: float = 2.0  # ... and at least this many ms more
     mad_k: float = 4.0
@@ -95,10 +97,10 @@ def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
     ranks = sorted(int(r) for r in st["rank"].unique())
     nodes = data.nodes_of(ranks)
     growth_found = False
-    if len(share) >= cfg.baseline_steps + cfg.persist:
+    if len(share) >= cfg.baseline_steps + cfg.growth_persist:
         base = float(share.iloc[: cfg.baseline_steps].median())
         flags = (share >= max(base * cfg.growth_factor, cfg.growth_min_share)) & (share >= cfg.growth_min_share)
-        for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+        for s0, s1, n in persistent_runs(flags, cfg.growth_persist, cfg.growth_window):
             if s0 <= share.index[cfg.baseline_steps - 1]:
                 continue
             now = float(share.loc[s0:s1].median())
@@ -107,7 +109,7 @@ def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
                 analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=ranks, nodes=nodes, step_start=s0, step_end=s1,
                 evidence=dict(scope="world", cause="comm_growth", exposed_share_baseline=fnum(base, 3), exposed_share=fnum(now, 3),
                               growth=fnum(now / base if base > 0 else None, 2), steps_affected=n, onset_step=s0,
-                              detected_at_step=confirmation_step(flags, s0, cfg.persist),
+                              detected_at_step=confirmation_step(flags, s0, cfg.growth_persist),
                               transfer_ms_median=fnum(per_step.loc[s0:s1, "transfer"].median(), 1)),
                 confidence=0.7,
                 summary=f"exposed communication grew from {base:.0%} to {now:.0%} of step time since step {s0}",
