@@ -86,6 +86,11 @@ def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, di
 
     b, w = per_step(base), per_step(win)
     deltas = {k: float(w[k] - b[k]) for k in ("data", "compute", "straggle", "comm", "pipe")}
+    if data.compute_signal() == "device_ms":
+        # the device's own time over the same steps: wall-clock compute that grew while it did not is the host
+        dev_b = base.groupby("step")["device_ms"].median().median()
+        dev_w = win.groupby("step")["device_ms"].median().median()
+        ev["device_ms_delta"] = fnum(dev_w - dev_b, 1)
     ev.update(step_ms_baseline=fnum(b["step"], 1), step_ms_drop=fnum(w["step"], 1),
               delta_ms={k: fnum(v, 1) for k, v in deltas.items()},
               profiling_share=fnum(w["profiling"], 2), profiling_share_baseline=fnum(b["profiling"], 2))
@@ -119,6 +124,9 @@ def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, di
         return "profiler_on", ev
     if main in ("compute", "straggle") and throttled_gpus:
         return "clock_throttle", ev
+    dev_delta = ev.get("device_ms_delta")
+    if main == "compute" and dev_delta is not None and dev_delta < 0.25 * deltas["compute"]:
+        return "host_contention", ev
     return {"data": "data_stall", "compute": "compute_slowdown", "straggle": "straggler", "comm": "comm_growth",
             "pipe": "pipeline_wait"}[main], ev
 
@@ -130,6 +138,8 @@ RECOMMEND = {
     "comm_growth": "Communication got slower: check the links (nccl-tests) and the NCCL transport in use.",
     "pipeline_wait": "Pipeline stages wait more for each other: check stage balance and inter-stage links.",
     "compute_slowdown": "Every rank computes slower: look for CPU/GPU contention on the hosts or a changed workload.",
+    "host_contention": ("Every rank's wall-clock compute grew while the devices' own time did not: the hosts' CPUs are "
+                        "contended (other processes, data loader workers, Python overhead); pin or move them."),
     "profiler_on": "The profiler was active during the drop: expected overhead; keep traces short.",
     "unknown": "No other signal explains the drop; capture a profiler trace over the affected steps.",
 }
@@ -175,7 +185,7 @@ def analyze(data: RunData, cfg: MfuConfig | None = None) -> list[Finding]:
             ranks = [int(win.groupby("rank")[col].median().idxmax())]
         # a drop with a named cause is actionable; one that only says "every rank got slower" (another job
         # on the host, a changed workload) or "the profiler was on" is reported as info
-        if cause in ("compute_slowdown", "unknown", "profiler_on"):
+        if cause in ("compute_slowdown", "host_contention", "unknown", "profiler_on"):
             sev = "info"
         else:
             sev = "critical" if drop >= cfg.critical_frac else "warning"

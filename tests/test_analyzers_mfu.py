@@ -69,3 +69,14 @@ def test_run_all_reports_an_mfu_drop_as_a_symptom_or_unconfirmed():
     (alone,) = run_all(data, only=["mfu"])  # no straggler finding confirms the blamed cause
     assert alone.severity == "info" and alone.evidence["cause_confirmed"] is False
     assert "no straggler finding confirms it" in alone.summary
+
+
+def test_drop_with_device_time_unchanged_is_host_contention():
+    # every rank's wall-clock compute grows 1.6x from step 10 while the devices' own time does not
+    data = build(device_time=True, host_factor=lambda r, s: 1.6 if s >= 10 else 1.0)
+    (f,) = mfu.analyze(data)
+    assert f.evidence["cause"] == "host_contention" and f.severity == "info" and f.step_start == 10
+    assert abs(f.evidence["device_ms_delta"]) < 5 and "contended" in f.recommendation
+    # the same drop with the devices slower too is a compute slowdown
+    (g,) = mfu.analyze(build(device_time=True, compute_factor=lambda r, s: 1.6 if s >= 10 else 1.0))
+    assert g.evidence["cause"] == "compute_slowdown"
