@@ -372,7 +372,10 @@ class Head:
             except Exception:  # a failing policy must not stop analysis or ingestion
                 log.exception("head: round hook %r failed", hook)
         book = self.findings.setdefault(run_id, FindingsBook(run_id))
-        res = book.observe(found, live.max_step())
+        # the newest step in the data the analyzers just saw (not the live window now, which has moved on while they ran)
+        st = frames.get("steps") if isinstance(frames, dict) else None
+        last_step = int(st["step"].max()) if st is not None and len(st) else live.max_step()
+        res = book.observe(found, last_step)
         for f in res.new:
             log.warning("finding [%s] %s/%s ranks=%s: %s", f.severity, f.analyzer, f.kind, f.ranks, f.summary)
         for f in res.escalated:

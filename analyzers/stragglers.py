@@ -457,7 +457,7 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         if corroborated is False:
             # Device time cannot be stretched by host scheduling, so a device-time straggler stands (wall-clock
             # arrival is what is noisy then, on a shared host); a wall-clock one is likely host noise: info only.
-            conf = 0.6 if on_device else 0.35
+            conf = 0.7 + (0.1 if c["ratio"] >= 1.2 else 0.0) if on_device else 0.35
         node = node_of.get(r)
         lag_txt = f", arrives {lag:.0f} ms after its peers" if lag is not None else ""
         wait = ev.get("victims_mean_wait_ms")
