@@ -495,3 +495,28 @@ async def test_gpu_panel_with_a_head_without_the_endpoint(fake):
         assert "no GPU endpoint" in plain(app.query_one("#gpu-summary").render())
         await pilot.press("q")
     assert app.return_code == 0
+
+
+async def test_findings_table_follows_a_live_episode_and_dims_it_when_closed():
+    from textual.app import App, ComposeResult
+
+    class OneTable(App):
+        def compose(self) -> ComposeResult:
+            yield FindingsTable()
+
+    f = schema.Finding(analyzer="stragglers", kind="straggler", severity="warning", ranks=[3], nodes=[1], step_start=12,
+                       step_end=20, summary="rank 3 slow", id="ep1", status="open")
+    app = OneTable()
+    async with app.run_test(size=(100, 10)) as pilot:
+        ft = app.query_one(FindingsTable)
+        ft.show_findings([f])
+        await pilot.pause()
+        assert plain(ft.get_row_at(0)[4]) == "12–20"
+        # the same episode, grown: the row follows it (same id, new span)
+        ft.show_findings([msgspec.structs.replace(f, step_end=31, severity="critical")])
+        await pilot.pause()
+        assert plain(ft.get_row_at(0)[4]) == "12–31" and plain(ft.get_row_at(0)[0]).strip() == "critical"
+        ft.show_findings([msgspec.structs.replace(f, step_end=31, severity="critical", status="closed")])
+        await pilot.pause()
+        cells = ft.get_row_at(0)
+        assert plain(cells[4]) == "12–31 closed" and "dim" in str(cells[5].style)

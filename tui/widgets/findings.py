@@ -20,7 +20,8 @@ def fmt_ranks(xs: list[int]) -> str:
 def fmt_steps(f: schema.Finding) -> str:
     if f.step_start is None:
         return "—"
-    return f"{f.step_start}–{f.step_end}" if f.step_end is not None and f.step_end != f.step_start else f"{f.step_start}–"
+    span = f"{f.step_start}–{f.step_end}" if f.step_end is not None and f.step_end != f.step_start else f"{f.step_start}–"
+    return span + (" closed" if f.status == "closed" else "")
 
 
 def evidence_text(f: schema.Finding) -> str:
@@ -46,14 +47,17 @@ class FindingsTable(DataTable):
         self.findings = findings
         self.clear()
         for k, f in zip(keys, findings):
+            # a closed episode (the head no longer sees it at the run's latest steps) is dimmed, kept for the record
+            dim = "dim" if f.status == "closed" else ""
             self.add_row(Text(f" {f.severity} ", style=SEV_STYLE.get(f.severity, "")), f.kind, fmt_ranks(f.ranks),
-                         fmt_ranks(f.nodes), fmt_steps(f), f.summary or f.analyzer, key=k)
+                         fmt_ranks(f.nodes), Text(fmt_steps(f), style=dim), Text(f.summary or f.analyzer, style=dim), key=k)
         if findings:
             self.move_cursor(row=min(keep, len(findings) - 1))
 
     @staticmethod
     def _key(i: int, f: schema.Finding) -> str:
-        return f"{f.analyzer}/{f.kind}/{f.ranks}/{f.nodes}/{f.step_start}/{i}"
+        # a live episode keeps its id while its span, severity and status move: all of them are in the key
+        return f"{f.id or f.analyzer}/{f.kind}/{f.ranks}/{f.nodes}/{f.step_start}/{f.step_end}/{f.severity}/{f.status}/{i}"
 
     def selected(self) -> schema.Finding | None:
         if not self.findings or self.cursor_row is None or not 0 <= self.cursor_row < len(self.findings):
