@@ -48,6 +48,12 @@ _PREFIX_RE = re.compile(rb"([^\s:\[\]]+):(\d+):(\d+)\s+\[(-?\d+)\]\s*$")
 # A date-time anywhere before the host: NCCL_DEBUG_TIMESTAMP_FORMAT (default "[%F %T] ")
 # or a log shipper's ISO stamp.
 _TS_RE = re.compile(rb"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(\.\d+)?")
+def _from_host(lead: bytes) -> bytes:
+    """``lead`` (everything before " NCCL INFO") from the host on: launcher tags and timestamps dropped."""
+    m = _PREFIX_RE.search(lead)
+    return lead[m.start():] if m is not None and m.start() > 0 else lead
+
+
 _LEVELS = {b"INFO": "INFO", b"WARN": "WARN", b"TRACE": "TRACE", b"ABORT": "ABORT", b"ERROR": "ERROR"}
 
 # Known NCCL versions: 2.5 .. 2.29. Anything else is parsed with the same rules plus a note.
@@ -407,6 +413,12 @@ class NcclLogParser:
                         tail = line[k:]
                         key = line[:i] + tail  # prefix + " comm 0x.. [nranks=N] stream 0x.."
                         st = colls_get(key)
+                        if st is None:
+                            # Keyed from the host on: a timestamp or launcher tag before it (NCCL >= 2.26
+                            # stamps every line) would make a counter per distinct time, growing forever
+                            # in a long tail.
+                            key = _from_host(line[:i]) + tail
+                            st = colls_get(key)
                         if st is None:
                             st = colls[key] = [1, line]
                         else:

@@ -156,3 +156,15 @@ def test_emit_collectives_fast_path_matches_the_recognisers():
         (e.category, e.message, e.fields.get("opCount")) for e in slow]
     assert fast[2].t is not None and fast[0].t is None
     assert p.last_collective[("h", 1, "0xabc")]["opCount"] == 5  # "nccl: opCount 5" is no comm line
+
+
+def test_timestamped_coll_lines_share_one_counter():
+    # NCCL >= 2.26 stamps every line ("[%F %T] "): a long tail must not keep a counter per distinct time
+    raw = b"".join(b"[2026-11-22 09:%02d:%02d] " % (n // 60 % 60, n % 60) + _coll(b"AllReduce", n) for n in range(3000))
+    raw += b"[rank1]: " + _coll(b"AllReduce", 3000)  # a launcher tag before the host: the same process, same counter
+    for size in (1 << 20, 97):
+        p, evs = _feed_all(raw, size)
+        assert not evs
+        assert len(p._coll_stats) == 1
+        assert p.collective_counts == {("h", 1, "0xabc"): 3001}
+        assert p.last_collective[("h", 1, "0xabc")]["opCount"] == 3000
