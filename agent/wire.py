@@ -334,7 +334,8 @@ def decode_body(kind: str, body: bytes | str) -> Any:
     raise WireError(f"unknown ranksight.kind {kind!r}")
 
 
-_STR, _INT, _DBL, _BYTES = "string_value", "int_value", "double_value", "bytes_value"
+_STR, _BYTES = "string_value", "bytes_value"
+_good_runs: set[str] = set()  # run ids already checked (a bounded cache: this runs per log record)
 
 
 def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
@@ -348,12 +349,14 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                 kind = run_id = enc = layout = mtime = None
                 for kv in lr.attributes:
                     k = kv.key
+                    # string_value is "" when the value is not a string: refused below (bad run id,
+                    # unknown kind or encoding), never silently taken for something else
                     if k == A_RUN:
-                        run_id = kv.value.string_value  # "" (refused below) when it is not a string
+                        run_id = kv.value.string_value
                     elif k == A_KIND:
-                        kind = any_value(kv.value)
+                        kind = kv.value.string_value
                     elif k == A_ENCODING:
-                        enc = any_value(kv.value)
+                        enc = kv.value.string_value
                     elif k == A_LAYOUT:
                         layout = kv.value.string_value
                         if kind is not None and run_id is not None and enc is not None:
@@ -362,12 +365,15 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                         mtime = any_value(kv.value)
                 if kind is None:
                     continue
+                if not run_id or run_id not in _good_runs:
+                    if not run_id or "/" in run_id or run_id.startswith("."):
+                        yield None, f"bad run id {run_id!r}"
+                        continue
+                    if len(_good_runs) < 4096:
+                        _good_runs.add(run_id)
                 attrs = {A_RUN: run_id, A_KIND: kind}
                 if mtime is not None:
                     attrs[A_MTIME] = mtime
-                if not isinstance(run_id, str) or not run_id or "/" in run_id or run_id.startswith("."):
-                    yield None, f"bad run id {run_id!r}"
-                    continue
                 body_v = lr.body
                 which = body_v.WhichOneof("value")
                 if enc is not None:
@@ -381,7 +387,7 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                         n = len(payload) // size
                         if not payload or n * size != len(payload):
                             n = packed_count(lay, payload)  # raises with the reason
-                    except (WireError, TypeError) as e:
+                    except WireError as e:
                         yield None, str(e)
                         continue
                     yield Batch(run_id=run_id, kind=kind, items=PackedBatch(lay, payload, n), attrs=attrs), None
