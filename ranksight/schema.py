@@ -9,8 +9,9 @@ trainer's spool) and cheap to turn into dicts for pandas/Parquet (the store).
 Conventions
 - Wall-clock times are Unix seconds (float, ``time.time()``), durations are
   milliseconds and named ``*_ms``; sizes are bytes.
-- ``run_id`` + ``rank`` + ``step`` + ``kind`` (+ ``seq`` for collectives) is the
-  natural key the head deduplicates on.
+- Each table has a natural key the head deduplicates on (``agent/store.py: KEYS``);
+  step records: ``rank`` + ``attempt`` + ``step`` within a run, so steps redone after a
+  restart are kept; collectives add ``group`` + ``seq``.
 - ``simulated`` is True for anything that did not come from real hardware
   (GPU telemetry on a CPU machine, a peak-FLOPs estimate); every surface prints it.
 - msgspec encodes NaN/inf floats as JSON null, so non-finite values carry a flag
