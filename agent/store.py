@@ -66,7 +66,7 @@ RUN_ID_COLUMN = "run_id"
 # itself; actions keep every status change (id, status).
 KEYS: dict[str, tuple[str, ...]] = {
     "steps": ("rank", "step", "attempt"),
-    "collectives": ("rank", "step", "group", "seq"),
+    "collectives": ("rank", "attempt", "step", "group", "seq"),
     "events": ("rank", "step", "event", "t", "detail"),
     "gpu": ("node", "gpu", "t"),
     "host": ("node", "t"),
@@ -606,7 +606,12 @@ class RunStore:
             for p in self._part_files(name):
                 try:
                     cols = list(spec.key) or [spec.schema.names[0]]
-                    t = pq.read_table(p, columns=cols)
+                    have = set(pq.read_schema(p).names)
+                    t = pq.read_table(p, columns=[c for c in cols if c in have])
+                    for c in cols:
+                        if c not in have:  # a part written before the column existed (e.g. collectives' attempt)
+                            t = t.append_column(c, pa.array([0] * t.num_rows, type=spec.schema.field(c).type))
+                    t = t.select(cols)
                 except Exception as e:  # a foreign or damaged file must not stop the head
                     log.error("store: cannot read %s (%s); its rows are not deduplicated against", p, e)
                     continue

@@ -90,12 +90,15 @@ def frame_from_records(records: Iterable[msgspec.Struct], cls: type[msgspec.Stru
     return df
 
 
-def _group_key(group: Any, members: Any) -> str:
+def _group_key(group: Any, members: Any, attempt: int = 0) -> str:
+    """One communicator: the group's name, its member ranks, and the attempt (a job re-formed after a restart or an
+    eviction has new process groups whose sequence numbers start again at 0)."""
     try:
         ranks = sorted(int(x) for x in members) if members is not None and len(members) else []
     except TypeError:
         ranks = []
-    return f"{group}[{','.join(map(str, ranks))}]" if ranks else str(group)
+    key = f"{group}[{','.join(map(str, ranks))}]" if ranks else str(group)
+    return key + (f" attempt {attempt}" if attempt else "")
 
 
 @dataclass
@@ -162,16 +165,17 @@ class RunData:
             co = co.copy()
             for c in ("t_arrive", "t_done", "duration_ms"):
                 co[c] = pd.to_numeric(co[c], errors="coerce").astype(float)
-            for c in ("rank", "step", "seq"):
+            for c in ("rank", "step", "seq", "attempt"):
                 co[c] = pd.to_numeric(co[c], errors="coerce").fillna(0).astype(int)
             co["nbytes"] = pd.to_numeric(co["nbytes"], errors="coerce").fillna(0).astype(float)
             need = co["duration_ms"].isna() & co["t_done"].notna()
             co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
             # A collective may be written at arrival and again when done: keep the completed one.
             # one communicator = group name + its member ranks (dp groups of different tp/pp coordinates share the name)
-            co["gkey"] = [_group_key(g, m) for g, m in zip(co["group"], co["group_ranks"])]
+            co["gkey"] = [_group_key(g, m, a) for g, m, a in zip(co["group"], co["group_ranks"], co["attempt"])]
             co["_done"] = co["t_done"].notna()
-            co = co.sort_values(["rank", "group", "seq", "_done"]).drop_duplicates(["rank", "group", "seq"], keep="last")
+            co = (co.sort_values(["rank", "attempt", "group", "seq", "_done"])
+                  .drop_duplicates(["rank", "attempt", "group", "seq"], keep="last"))
             self.collectives = co.drop(columns="_done").reset_index(drop=True)
         for name in ("gpu", "host", "xid"):
             df = getattr(self, name)

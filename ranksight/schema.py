@@ -11,7 +11,7 @@ Conventions
   milliseconds and named ``*_ms``; sizes are bytes.
 - Each table has a natural key the head deduplicates on (``agent/store.py: KEYS``);
   step records: ``rank`` + ``attempt`` + ``step`` within a run, so steps redone after a
-  restart are kept; collectives add ``group`` + ``seq``.
+  restart are kept; collectives: ``rank`` + ``attempt`` + ``step`` + ``group`` + ``seq``.
 - ``simulated`` is True for anything that did not come from real hardware
   (GPU telemetry on a CPU machine, a peak-FLOPs estimate); every surface prints it.
 - msgspec encodes NaN/inf floats as JSON null, so non-finite values carry a flag
@@ -139,6 +139,7 @@ class CollectiveRecord(Record, tag="collective", kw_only=True):
     t_arrive: float  # wall time the rank entered the collective
     t_done: float | None = None  # None: never completed (hang)
     duration_ms: float | None = None
+    attempt: int = 0  # torchrun restart count: a re-formed job's process groups (and seq numbers) are new ones
 
 
 class EventRecord(Record, tag="event", kw_only=True):

@@ -127,3 +127,19 @@ def test_reads_the_heads_store_tables(tmp_path):
     assert got.source == "store" and len(got.steps) == 80 and len(got.collectives) == 80 and len(got.xid) == 1
     kinds = {(f.kind, tuple(f.ranks)) for f in run_all(got) if f.severity != "info"}
     assert ("straggler", (2,)) in kinds and ("gpu_health", (1,)) in kinds
+
+
+def test_collectives_of_two_attempts_are_two_communicators():
+    from ranksight.schema import CollectiveRecord, StepRecord
+
+    recs = []
+    for attempt in (0, 1):
+        for r in (0, 1):
+            recs.append(StepRecord(run_id="x", rank=r, step=1, node=0, host="h", world_size=2, attempt=attempt,
+                                   t_start=attempt, t_end=attempt + 0.5, step_ms=500.0))
+            recs.append(CollectiveRecord(run_id="x", rank=r, step=1, seq=0, op="all_reduce", group="dp", group_ranks=[0, 1],
+                                         t_arrive=attempt + 0.1, t_done=attempt + 0.2, attempt=attempt))
+    data = RunData.from_records("x", recs)
+    co = data.collectives
+    assert len(co) == 4  # same (rank, group, seq) in both attempts: both kept
+    assert sorted(set(co["gkey"])) == ["dp[0,1]", "dp[0,1] attempt 1"]

@@ -163,3 +163,28 @@ def test_a_failed_flush_keeps_rows_and_wal_until_a_later_flush(tmp_path, monkeyp
     assert len(read_table(tmp_path, "r1", "steps")) == 3
     assert len(read_table(tmp_path, "r1", "collectives")) == 1
     assert not [p for p in (tmp_path / "r1" / ".head").glob("wal-*.log") if p.stat().st_size]
+
+
+def test_collectives_of_a_restarted_job_are_kept_and_old_parts_without_attempt_still_dedupe(tmp_path):
+    import pyarrow as pa
+
+    def coll(seq, attempt=0, step=1):
+        return schema.CollectiveRecord(run_id="r1", rank=0, step=step, seq=seq, op="all_reduce", group="dp", t_arrive=1.0,
+                                       attempt=attempt)
+
+    st = Store(tmp_path)
+    rs = st.run("r1")
+    assert len(rs.add("collectives", [coll(0), coll(1)])) == 2
+    # resumed from scratch: the re-formed process group counts seq from 0 again, at the same steps
+    assert len(rs.add("collectives", [coll(0, attempt=1), coll(1, attempt=1)])) == 2
+    st.close()
+    # a part written by a head from before CollectiveRecord.attempt existed: its keys still load (attempt 0)
+    d = tmp_path / "r1" / "collectives"
+    old = pa.table({"run_id": ["r1"], "rank": [0], "step": [2], "seq": [5], "op": ["all_reduce"], "group": ["dp"],
+                    "t_arrive": [1.0]})
+    pq.write_table(old, d / "part-0000-old.parquet")
+    st2 = Store(tmp_path)
+    rs2 = st2.run("r1")
+    assert rs2.add("collectives", [coll(5, step=2), coll(1, attempt=1)]) == []
+    assert len(rs2.add("collectives", [coll(5, step=2, attempt=1)])) == 1
+    st2.close()
