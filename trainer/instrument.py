@@ -19,6 +19,7 @@ How communication is measured (details per wrapper in docs/trainer.md):
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -97,7 +98,10 @@ class Recorder:
                  enabled: bool = True):
         self.run_id, self.rank, self.faults = run_id, rank, faults
         # enabled=False (--no-instrument): the loop's own timers still run, nothing is written
-        # and no hook calls enter(); timed() just runs the collective.
+        # and no hook calls enter(); timed() just runs the collective. ``enabled`` may also be
+        # switched at a step boundary (OverheadToggle, for bench/overhead.py): while it is False
+        # every comm/p2p hook passes straight to the plain collective and the loop writes no
+        # step record and no simulated GPU state (events, which are rare, are still written).
         self.enabled = enabled
         self.spool = SpoolWriter(spool_path) if enabled else NullSpool()
         self.group_ranks = group_ranks  # {"dp": [...], "tp": [...], "pp": [...], "world": [...]}
@@ -119,13 +123,14 @@ class Recorder:
     def enter(self, op: str, group: str, nbytes: int = 0, sync: bool = False) -> _OpenCollective:
         """This rank arrives at a collective. Applies the hang and slow_link faults, which happen *here*."""
         t_arrive = time.time()
-        if self.faults is not None and self.faults.has("hang"):
+        faulty = self.faults is not None and bool(self.faults.specs)  # no --inject: skip the fault checks
+        if faulty and self.faults.has("hang"):
             self._hang_forever(op, group)
         seq = self.seq.get(group, 0)
         self.seq[group] = seq + 1
         c = _OpenCollective(op, group, self.group_ranks.get(group, []), nbytes, t_arrive, sync, seq)
         self.t.collectives.append(c)
-        if self.faults is not None:
+        if faulty:
             delay = self.faults.link_delay_s()
             if delay > 0:
                 # slow_link: the data leaves this rank late. Inside the collective's timing, so it
@@ -196,9 +201,10 @@ class Recorder:
     def finish_step(self, rec: StepRecord) -> None:
         # A functional all-reduce whose result was never waited for in this step has no
         # completion to report; drop it rather than make it look like a hang.
-        unwaited = {id(c) for c in self.tp_pending.values()}
-        self.tp_pending.clear()
-        self.t.collectives = [c for c in self.t.collectives if id(c) not in unwaited]
+        if self.tp_pending:
+            unwaited = {id(c) for c in self.tp_pending.values()}
+            self.tp_pending.clear()
+            self.t.collectives = [c for c in self.t.collectives if id(c) not in unwaited]
         for c in self.t.collectives:
             self.spool.add(CollectiveRecord(
                 run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
@@ -231,6 +237,8 @@ def make_ddp_comm_hook(recorder: Recorder):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def hook(process_group, bucket):
+        if not recorder.enabled:  # switched off at run time (bench/overhead.py): the plain all-reduce
+            return allreduce_hook(process_group, bucket)
         buf = bucket.buffer()
         c = recorder.enter("all_reduce", "dp", buf.numel() * buf.element_size(), sync=True)
         c.async_bucket = True  # overlapped with backward: exposed time is computed in comm_summary()
@@ -258,6 +266,8 @@ def make_fsdp_comms(recorder: Recorder):
         """FSDP2's gradient sync: called from each FSDP module's post-backward once its grads are ready."""
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            if not recorder.enabled:
+                return super().__call__(output_tensor, input_tensor, group, op, async_op=async_op)
             c = recorder.enter("reduce_scatter", "dp", input_tensor.numel() * input_tensor.element_size(), sync=True)
             work = super().__call__(output_tensor, input_tensor, group, op, async_op=async_op)
             if work is not None:
@@ -272,6 +282,8 @@ def make_fsdp_comms(recorder: Recorder):
         rank that finished forward early waits for the one that did not, so it is flagged sync."""
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            if not recorder.enabled:
+                return super().__call__(output_tensor, input_tensor, group, async_op=async_op)
             c = recorder.enter("all_gather", "dp", output_tensor.numel() * output_tensor.element_size(),
                                sync=recorder.phase == "backward")
             work = super().__call__(output_tensor, input_tensor, group, async_op=async_op)
@@ -308,6 +320,8 @@ def install_tp_timing(recorder: Recorder) -> None:
         return "tp"
 
     def all_reduce(self, reduceOp, group, tag=""):
+        if not recorder.enabled:
+            return orig_all_reduce(self, reduceOp, group, tag)
         name = _group_name(group)
         # Without data parallelism the backward TP all-reduces are where the ranks synchronize
         # in backward: they stand in for the gradient sync (sync_arrival / sync_wait_ms).
@@ -322,6 +336,8 @@ def install_tp_timing(recorder: Recorder) -> None:
         return out
 
     def wait_tensor(tensor):
+        if not recorder.enabled:
+            return orig_wait(tensor)
         c = recorder.tp_pending.pop(id(tensor), None)
         t0 = time.time()
         out = orig_wait(tensor)
@@ -351,6 +367,8 @@ def install_pipeline_timing(recorder: Recorder) -> None:
     orig_wait, orig_batch = schedules._wait_batch_p2p, schedules._batch_p2p
 
     def _wait_batch_p2p(work):
+        if not recorder.enabled:
+            return orig_wait(work)
         t0, w0 = time.perf_counter(), time.time()
         try:
             out = orig_wait(work)
@@ -367,7 +385,7 @@ def install_pipeline_timing(recorder: Recorder) -> None:
         return out
 
     def _batch_p2p(p2p_ops, desc=None):
-        if recorder.faults is not None:
+        if recorder.enabled and recorder.faults is not None:
             if recorder.faults.has("hang") and p2p_ops:
                 recorder._hang_forever("p2p", "pp")
             delay = recorder.faults.link_delay_s()
@@ -383,6 +401,102 @@ def install_pipeline_timing(recorder: Recorder) -> None:
 
 
 # --------------------------------------------------------------------------
+# Overhead benchmark switch (bench/overhead.py): instrumentation on/off within one job
+# --------------------------------------------------------------------------
+
+
+class OverheadToggle:
+    """Alternates the instrumentation ON and OFF in blocks of steps, for measuring what it costs.
+
+    Enabled only by the environment (read once at start-up; unset, the loop does not touch it):
+
+    - ``RANKSIGHT_OVERHEAD_BLOCK=K``: after ``RANKSIGHT_OVERHEAD_WARMUP`` steps (default 0, all ON),
+      steps come in blocks of K; blocks pair up (2j, 2j+1), ON then OFF for even j and OFF then ON
+      for odd j (ABBA, so a linear drift cancels). Every rank computes the same schedule from the
+      step number, so no collective is needed and all ranks switch at the same step boundary.
+    - ``RANKSIGHT_OVERHEAD_OUT=DIR``: each rank keeps, per step, its iteration wall time (loop top to
+      loop top: step record, spool write and simulated GPU state included), its main-thread CPU time,
+      its process CPU time and the step's start (unix time) in memory, and writes them to
+      ``DIR/toggle-rank-<R>.json`` at the end (nothing is written during the run).
+    - ``RANKSIGHT_OVERHEAD_PAUSE_PIDS=PID,...``: local rank 0 sends SIGSTOP to these processes (the
+      node agent, the head) when an OFF block starts and SIGCONT when an ON block starts (and at the
+      end), so OFF blocks run without the agent as well.
+
+    OFF means ``Recorder.enabled = False``: no spool records, hooks pass straight to the collective,
+    no simulated GPU state write. Not for fault injection (faults act in the hooks).
+    """
+
+    def __init__(self, block: int, warmup: int, out_dir: str | None, pause_pids: list[int], rank: int,
+                 local_rank: int):
+        if block < 1:
+            raise ValueError("RANKSIGHT_OVERHEAD_BLOCK must be >= 1")
+        self.block, self.warmup, self.out_dir, self.rank = block, max(0, warmup), out_dir, rank
+        self.pause_pids = pause_pids if local_rank == 0 else []
+        # step, on, wall_ms, thread_cpu_ms, proc_cpu_ms, t (unix time the step started)
+        self.rows: list[tuple[int, int, float, float, float, float]] = []
+        self._last: tuple[int, bool, float, float, float, float] | None = None
+        self._paused = False
+
+    @classmethod
+    def from_env(cls, rank: int, local_rank: int) -> "OverheadToggle | None":
+        block = os.environ.get("RANKSIGHT_OVERHEAD_BLOCK", "")
+        if not block:
+            return None
+        pids = [int(p) for p in os.environ.get("RANKSIGHT_OVERHEAD_PAUSE_PIDS", "").split(",") if p.strip()]
+        return cls(int(block), int(os.environ.get("RANKSIGHT_OVERHEAD_WARMUP", "0") or 0),
+                   os.environ.get("RANKSIGHT_OVERHEAD_OUT") or None, pids, rank, local_rank)
+
+    def is_on(self, step: int) -> bool:
+        if step <= self.warmup:
+            return True
+        b = (step - self.warmup - 1) // self.block
+        return (b % 2 == 0) == ((b // 2) % 2 == 0)
+
+    def _signal(self, sig) -> None:
+        for pid in self.pause_pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _close_row(self) -> None:
+        p, tc, pc = time.perf_counter(), time.thread_time(), time.process_time()
+        if self._last is not None:
+            step, on, p0, tc0, pc0, t0 = self._last
+            self.rows.append((step, int(on), (p - p0) * 1000.0, (tc - tc0) * 1000.0, (pc - pc0) * 1000.0, t0))
+        self._last = None
+
+    def begin_step(self, step: int, recorder: "Recorder") -> None:
+        """At the top of the loop: close the previous step's timing, switch, start this step's."""
+        self._close_row()
+        on = self.is_on(step)
+        if on != recorder.enabled:
+            recorder.enabled = on
+        if on and self._paused:
+            self._signal(signal.SIGCONT)
+            self._paused = False
+        elif not on and not self._paused:
+            self._signal(signal.SIGSTOP)
+            self._paused = True
+        self._last = (step, on, time.perf_counter(), time.thread_time(), time.process_time(), time.time())
+
+    def finish(self, recorder: "Recorder") -> None:
+        """After the loop: the last step's timing, everything back on, the rows written."""
+        self._close_row()
+        recorder.enabled = True
+        if self._paused:
+            self._signal(signal.SIGCONT)
+            self._paused = False
+        if self.out_dir:
+            import json
+
+            os.makedirs(self.out_dir, exist_ok=True)
+            with open(os.path.join(self.out_dir, f"toggle-rank-{self.rank}.json"), "w") as f:
+                json.dump({"rank": self.rank, "block": self.block, "warmup": self.warmup,
+                           "columns": ["step", "on", "wall_ms", "thread_cpu_ms", "proc_cpu_ms", "t"], "rows": self.rows}, f)
+
+
+# --------------------------------------------------------------------------
 # Memory
 # --------------------------------------------------------------------------
 
@@ -390,10 +504,17 @@ def install_pipeline_timing(recorder: Recorder) -> None:
 class MemoryProbe:
     def __init__(self, device):
         self.cuda = device.type == "cuda"
+        self.statm_fd = None
         if not self.cuda:
-            import psutil
+            try:
+                # RSS = statm's second field x page size (what psutil's memory_info().rss reads), from a
+                # descriptor kept open: one pread per step instead of psutil's open/read/close and parsing.
+                self.statm_fd = os.open("/proc/self/statm", os.O_RDONLY)
+                self.page = os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, AttributeError):
+                import psutil
 
-            self.proc = psutil.Process()
+                self.proc = psutil.Process()
 
     def sample(self) -> int:
         """Peak this step: CUDA max allocated (then reset), or the process RSS on CPU."""
@@ -403,4 +524,6 @@ class MemoryProbe:
             v = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             return int(v)
+        if self.statm_fd is not None:
+            return int(os.pread(self.statm_fd, 128, 0).split()[1]) * self.page
         return int(self.proc.memory_info().rss)

@@ -2,7 +2,8 @@
 
 Ties together config -> model/parallelism -> data -> instrumentation -> faults ->
 control channel -> checkpoints -> manifest. Per step every rank appends one StepRecord
-(plus its CollectiveRecords) to its spool and writes its simulated GPU state.
+(plus its CollectiveRecords) to its spool and reports to its simulated GPU (whose state
+file is rewritten at most once a second, and at once on a fault; see trainer/simdevice.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from trainer.config import TrainConfig
 from trainer.control import REFORM_EXIT_CODE, REFORM_SLEEP_S, ControlChannel, evicted_marker
 from trainer.data import DataLoader, make_dataset
 from trainer.faults import FaultState, apply_config_faults, parse_faults, targets
-from trainer.instrument import MemoryProbe, Recorder
+from trainer.instrument import MemoryProbe, OverheadToggle, Recorder
 from trainer.manifest import ManifestWriter, attempt_entry, make_manifest, measure_cpu_peak
 from trainer.model import count_params, flops_per_token, loss_fn
 from trainer.parallelize import (
@@ -114,6 +115,10 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     faults = FaultState(specs, rank, node)
     rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks, enabled=cfg.instrument)
     hooks = rec if cfg.instrument else None  # --no-instrument: no timing hooks anywhere
+    # bench/overhead.py only (environment; None otherwise): instrumentation ON/OFF in blocks of steps
+    toggle = OverheadToggle.from_env(rank, local_rank)
+    if toggle is not None and (not cfg.instrument or specs):
+        raise SystemExit("RANKSIGHT_OVERHEAD_BLOCK needs the instrumentation on and no --inject")
     rec.tp_is_sync = dp == 1 and tp > 1
     _RECORDER[0] = rec
     ckpt.seed_rng(cfg.seed, rank, 0)
@@ -229,6 +234,8 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     step = start_step
     while step < cfg.steps:
         step += 1
+        if toggle is not None:
+            toggle.begin_step(step, rec)
         rec.begin_step(step)
         faults.set_step(step)
         t_start = time.time()
@@ -357,7 +364,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         step_ms = (p1 - p0) * 1000.0
         device_ms = ((time.thread_time() - cpu0) + rec.t.injected_slow) * 1000.0 if device.type == "cpu" else None
         tokens = tokens_per_step
-        if cfg.instrument:
+        if rec.enabled:
             comm_s, sync_arrival, sync_wait = rec.comm_summary()
             data_ms, comm_ms, pw_ms = rec.t.data * 1000, comm_s * 1000, rec.t.pipeline_wait * 1000
             compute_ms = max(0.0, step_ms - data_ms - comm_ms - pw_ms)
@@ -378,7 +385,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         if overflow:
             rec.event("overflow", {"found_inf": found, "grad_norm_finite": math.isfinite(grad_norm),
                                    "loss_scale": float(scaler.get_scale()) if scaler is not None else None})
-        if simgpu is not None:
+        if simgpu is not None and rec.enabled:
             simgpu.update(step_ms, compute_ms, mem_bytes, faults)
         profiler.after_step(step)
         if rank == 0 and not cfg.quiet:
@@ -408,6 +415,10 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
             rec.event("exit", {"reason": f"--crash-after-step {cfg.stop_after}"})
             _exit(13)
 
+    if toggle is not None:
+        toggle.finish(rec)
+    if simgpu is not None:
+        simgpu.flush()
     if cfg.checkpoint_at_end:
         _save(cfg, run, rec, step, parts, optims, scaler, loader, rank, world, "end")
     profiler.close()
