@@ -74,6 +74,7 @@ class _OpenCollective:
     seq: int
     t_done: float | None = None
     link_delay: float = 0.0  # seconds of injected slow_link delay spent posting it (blocking this rank)
+    cpu_arrive: float = 0.0  # this thread's CPU time at arrival (gloo may poll while a rank waits)
     async_bucket: bool = False  # a DDP bucket: overlapped with backward (see Recorder.comm_summary)
 
 
@@ -88,6 +89,7 @@ class StepTimes:
     pipeline_wait: float = 0.0
     blocked_comm: float = 0.0  # blocking collectives timed directly (FSDP2, explicit ones)
     injected_slow: float = 0.0  # slow_rank/throttle: seconds the simulated device was made slower
+    comm_cpu: float = 0.0  # CPU time the training thread spent inside blocking collectives (not device work)
     collectives: list[_OpenCollective] = field(default_factory=list)
 
 
@@ -95,8 +97,9 @@ class Recorder:
     """One per rank. The training loop, comm hooks and fault hooks all report here."""
 
     def __init__(self, run_id: str, spool_path: os.PathLike, rank: int, faults, group_ranks: dict[str, list[int]],
-                 enabled: bool = True):
+                 enabled: bool = True, attempt: int = 0):
         self.run_id, self.rank, self.faults = run_id, rank, faults
+        self.attempt = attempt  # torchrun restart count: this process's process groups are new ones
         # enabled=False (--no-instrument): the loop's own timers still run, nothing is written
         # and no hook calls enter(); timed() just runs the collective. ``enabled`` may also be
         # switched at a step boundary (OverheadToggle, for bench/overhead.py): while it is False
@@ -128,7 +131,8 @@ class Recorder:
             self._hang_forever(op, group)
         seq = self.seq.get(group, 0)
         self.seq[group] = seq + 1
-        c = _OpenCollective(op, group, self.group_ranks.get(group, []), nbytes, t_arrive, sync, seq)
+        c = _OpenCollective(op, group, self.group_ranks.get(group, []), nbytes, t_arrive, sync, seq,
+                            cpu_arrive=time.thread_time())
         self.t.collectives.append(c)
         if faulty:
             delay = self.faults.link_delay_s()
@@ -144,6 +148,7 @@ class Recorder:
         c.t_done = time.time()
         if blocking:
             self.t.blocked_comm += c.t_done - c.t_arrive
+            self.t.comm_cpu += time.thread_time() - c.cpu_arrive
 
     def timed(self, op: str, group_name: str, fn, *args, nbytes: int = 0, sync: bool = False, **kwargs):
         """Run a blocking collective ``fn`` with arrival/completion timing."""
@@ -209,7 +214,7 @@ class Recorder:
             self.spool.add(CollectiveRecord(
                 run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
                 group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
-                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0))
+                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0, attempt=self.attempt))
         self.spool.add(rec)
         self.spool.flush()
         self.t.collectives = []
@@ -220,7 +225,7 @@ class Recorder:
             self.spool.add(CollectiveRecord(
                 run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
                 group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
-                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0))
+                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0, attempt=self.attempt))
         self.t.collectives = []
         self.spool.flush()
         self.event("exit", {"reason": reason})
@@ -333,14 +338,19 @@ def install_tp_timing(recorder: Recorder) -> None:
         if not isinstance(out, funcol.AsyncCollectiveTensor):  # already waited (tracing path)
             recorder.tp_pending.pop(id(elem), None)
             recorder.leave(c)
+        else:
+            # A slow_link delay was spent above, issuing the op, not in wait_tensor: this rank was blocked in
+            # communication (comm_ms), never computing.
+            recorder.t.blocked_comm += c.link_delay
         return out
 
     def wait_tensor(tensor):
         if not recorder.enabled:
             return orig_wait(tensor)
         c = recorder.tp_pending.pop(id(tensor), None)
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.thread_time()
         out = orig_wait(tensor)
+        recorder.t.comm_cpu += time.thread_time() - cpu0
         if c is not None:
             c.t_done = time.time()
             recorder.t.blocked_comm += c.t_done - t0
@@ -369,7 +379,7 @@ def install_pipeline_timing(recorder: Recorder) -> None:
     def _wait_batch_p2p(work):
         if not recorder.enabled:
             return orig_wait(work)
-        t0, w0 = time.perf_counter(), time.time()
+        t0, w0, cpu0 = time.perf_counter(), time.time(), time.thread_time()
         try:
             out = orig_wait(work)
         except BaseException:
@@ -382,6 +392,7 @@ def install_pipeline_timing(recorder: Recorder) -> None:
                                                           0, w0, False, seq))
             raise
         recorder.add_pipeline_wait(time.perf_counter() - t0)
+        recorder.t.comm_cpu += time.thread_time() - cpu0
         return out
 
     def _batch_p2p(p2p_ops, desc=None):

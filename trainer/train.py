@@ -113,7 +113,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     group_ranks["world"] = list(range(world))
 
     faults = FaultState(specs, rank, node)
-    rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks, enabled=cfg.instrument)
+    rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks, enabled=cfg.instrument, attempt=attempt)
     hooks = rec if cfg.instrument else None  # --no-instrument: no timing hooks anywhere
     # bench/overhead.py only (environment; None otherwise): instrumentation ON/OFF in blocks of steps
     toggle = OverheadToggle.from_env(rank, local_rank)
@@ -157,9 +157,10 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         # fixed share of the simulated device's time, not of the host's scheduling noise.
         f = faults.compute_factor()
         if f > 1.0 and compute_s > 0:
-            t0 = time.perf_counter()
             time.sleep((f - 1.0) * compute_s)
-            rec.t.injected_slow += time.perf_counter() - t0
+            # the simulated device is slower by exactly this; a sleep's overshoot on a busy host is
+            # host scheduling noise, which device time leaves out
+            rec.t.injected_slow += (f - 1.0) * compute_s
 
     pp_losses: list[torch.Tensor] = []
     sched = None
@@ -278,11 +279,12 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                     sync_ctx = contextlib.nullcontext() if last else model.no_sync()
                 with sync_ctx:
                     rec.phase = "forward"
-                    tf, cf = time.perf_counter(), time.thread_time()
+                    tf, cf, cc = time.perf_counter(), time.thread_time(), rec.t.comm_cpu
                     with autocast():
                         logits = model(x)
                         loss = loss_fn(logits, y)
-                    fwd_compute = time.thread_time() - cf  # CPU time: blocked comm and preemption excluded
+                    # CPU time: preemption and the CPU spent waiting in collectives excluded
+                    fwd_compute = time.thread_time() - cf - (rec.t.comm_cpu - cc)
                     # forward + backward (~2x forward) of extra compute, before the gradient sync
                     slow_sleep(3.0 * fwd_compute)
                     rec.t.forward += time.perf_counter() - tf
@@ -362,7 +364,10 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         p1 = time.perf_counter()
         t_end = time.time()
         step_ms = (p1 - p0) * 1000.0
-        device_ms = ((time.thread_time() - cpu0) + rec.t.injected_slow) * 1000.0 if device.type == "cpu" else None
+        # CPU time of the training thread, less what it spent inside collectives (gloo can poll), plus the
+        # injected slow-down: the simulated device's busy time
+        device_ms = ((time.thread_time() - cpu0 - rec.t.comm_cpu + rec.t.injected_slow) * 1000.0
+                     if device.type == "cpu" else None)
         tokens = tokens_per_step
         if rec.enabled:
             comm_s, sync_arrival, sync_wait = rec.comm_summary()
