@@ -365,14 +365,18 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     steps = sorted(int(x) for x in st["step"].unique())
     ranks = sorted(int(r) for r in st["rank"].unique())
     med = pd.DataFrame(np.nan, index=ranks, columns=steps)
-    cnt = pd.DataFrame(0, index=ranks, columns=steps)
-    for s in steps:
-        win = last[(last["step"] > s - cfg.last_window) & (last["step"] <= s)]
-        for r, sub in win.groupby("rank"):
-            if int(r) in med.index:
-                cnt.loc[int(r), s] = len(sub)
-                if len(sub) >= cfg.last_min_ops:
-                    med.loc[int(r), s] = float(sub["duration_ms"].median())
+    # Per rank, the ops it was last at in steps (s - last_window, s] are one contiguous slice of its rows sorted by
+    # step: two searchsorted calls give every step's slice (the live head runs this every round over its window).
+    s_arr = np.asarray(steps)
+    for r, sub in last.groupby("rank"):
+        if int(r) not in med.index:
+            continue
+        sub = sub.sort_values("step", kind="stable")
+        st_arr = sub["step"].to_numpy()
+        dur = sub["duration_ms"].to_numpy(dtype=float)
+        lo = np.searchsorted(st_arr, s_arr - cfg.last_window, side="right")
+        hi = np.searchsorted(st_arr, s_arr, side="right")
+        med.loc[int(r)] = [float(np.median(dur[a:b])) if b - a >= cfg.last_min_ops else np.nan for a, b in zip(lo, hi)]
     if med.notna().sum(axis=0).max() < 2:
         return []
     ref = leave_one_out_median(med)
