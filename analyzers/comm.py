@@ -326,20 +326,24 @@ def last_arriver_ops(data: RunData, first_step: int | None = None) -> pd.DataFra
 def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
     """Of two self-delay candidates that share a communicator and overlap in time, keep the one with the longer
     last-arriver ops: its partner arriving last still waits out the rest of the culprit's delay (so its own ops look
-    long too), but by less than the delay itself. A tensor-parallel partner of a self-delay culprit found by another
-    signature is dropped too: held up in the TP ops, it reaches its own gradient sync late, which its data-parallel
-    peers see as a wait deficit."""
+    long too), but by less than the delay itself. A tensor- or pipeline-parallel partner of a culprit with direct
+    evidence (its own ops or transfers are long: self-delay, transfer ratio) is dropped when it was found only by the
+    indirect wait-deficit signature: held up in the TP ops or the p2p sends, it reaches its own gradient sync late,
+    which its data-parallel peers see as a wait deficit."""
+    direct = [c for c in cands if c.get("method") != "wait_deficit"]
     sd = [c for c in cands if c.get("method") == "self_delay"]
     drop = set()
     co = data.collectives
-    if sd and not co.empty:
-        tp = co[co["group"].astype(str).str.startswith("tp")]
-        tp_keys = tp.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
+    if direct and not co.empty:
+        part = co[co["group"].astype(str).str.startswith(("tp", "pp"))]
+        part_keys = part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
         for c in cands:
-            if c.get("method") == "self_delay":
+            if c.get("method") != "wait_deficit" and c.get("method") is not None:
                 continue
-            for a in sd:
-                if (tp_keys.get(c["rank"], set()) & tp_keys.get(a["rank"], set()) and a["onset"] <= c["end"]
+            for a in direct:
+                if a is c or (c.get("method") is None and a.get("method") != "self_delay"):
+                    continue  # a transfer-ratio candidate is dropped only for a self-delay one (as before)
+                if (part_keys.get(c["rank"], set()) & part_keys.get(a["rank"], set()) and a["onset"] <= c["end"]
                         and c["onset"] <= a["end"]):
                     drop.add(id(c))
     for a in sd:

@@ -25,6 +25,12 @@ def test_replay_scores_recorded_runs(tmp_path, capsys):
     assert tp["layout"] == "dp2tp2" and tp["fault"] == "slow_rank" and tp["magnitude"] == 1.5
     assert tp["recall"] == 1.0 and tp["precision"] == 1.0 and tp["false_findings"] == []
     assert not any(f.startswith("critical hang") for f in tp["findings"])
+    # recorded with device time (StepRecord.device_ms): a 1.15x slow rank of a dp4 run is named, nobody else
+    dev = rows["real-dp4-slow-1p15-device"]
+    assert dev["magnitude"] == 1.15 and dev["recall"] == 1.0 and dev["false_findings"] == [] and dev["latencies"][0] <= 5
+    # a slow link of rank 1 in dp2 x pp2: found; its pipeline partner (rank 3, held up by its late sends) is not blamed
+    pl = rows["real-dp2pp2-slowlink"]
+    assert pl["fault"] == "slow_link" and pl["recall"] == 1.0 and pl["precision"] == 1.0 and pl["false_findings"] == []
     out = capsys.readouterr().out
     assert "straggler median latency:" in out and "| slow_rank | 2.0 | 100% | 100% |" in out
 
