@@ -31,6 +31,15 @@ from ranksight import schema
 log = logging.getLogger("ranksight.head")
 
 AnalyzerFn = Callable[[dict[str, Any]], list[schema.Finding]]
+# Steps per rank the live analysis looks at (``ranksight head --analyze-window``): a round's cost is
+# bounded by ranks x this, however large the API's window (``--window``). Findings are episodes
+# (agent/findings_book.py) that keep the earliest onset seen, so an episode older than this window
+# keeps its step_start.
+DEFAULT_ANALYZE_WINDOW = 256
+# With nothing new (no step, collective, event or XID since the last round) a round is skipped, but
+# one runs at least this often while the run is not finished: the live hang check judges silence
+# against the clock (60 s at least), so it must still look at a run that went quiet.
+IDLE_RECHECK_S = 15.0
 _TABLE_OF_KIND = {k: t for k, (_, t) in wire.BATCH_KINDS.items() if t}
 
 
@@ -85,7 +94,8 @@ def _gpu_simulated(live) -> bool | None:
 class Head:
     def __init__(self, store_dir, token: str, *, window: int = DEFAULT_WINDOW, flush_interval: float = 1.0,
                  analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
-                 flush_rows: int = 50_000, fsync: bool = False):
+                 flush_rows: int = 50_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
+                 idle_recheck: float = IDLE_RECHECK_S):
         if not token:
             raise ValueError("the head needs a token")
         self.token = token
@@ -97,6 +107,9 @@ class Head:
         self.flush_interval = flush_interval
         self.analyzer: AnalyzerFn | None = resolve_analyzers() if analyzer == "auto" else analyzer  # type: ignore[assignment]
         self.analyzer_interval = analyzer_interval
+        self.analyze_window = analyze_window  # None: the whole live window
+        self.idle_recheck = idle_recheck
+        self._analysis_marks: dict[str, tuple[tuple, float]] = {}  # run id -> (RunLive.data_mark(), monotonic time)
         self.findings: dict[str, FindingsBook] = {}  # live findings per run: episodes across analysis rounds
         # Called with each analyzer pass's new findings (alerts: dashboards.webhook.WebhookSender.send_findings).
         self.finding_listeners: list[Callable[[list[schema.Finding]], Any]] = []
@@ -105,7 +118,8 @@ class Head:
         self.actions: dict[str, dict[str, schema.Action]] = {}
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
         self.stats = {"log_requests": 0, "metric_requests": 0, "records_in": 0, "records_new": 0,
-                      "duplicates": 0, "rejected": 0, "http_4xx": 0, "metric_points": 0, "analyzer_errors": 0}
+                      "duplicates": 0, "rejected": 0, "http_4xx": 0, "metric_points": 0, "analyzer_errors": 0,
+                      "analysis_rounds": 0, "analysis_skipped": 0}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.store.open_existing()
@@ -359,7 +373,7 @@ class Head:
         if self.analyzer is None:
             return []
         live = self.run_live(run_id)
-        frames = live.frames()
+        frames = live.frames(self.analyze_window)
         try:
             found = list(self.analyzer(frames) or [])
         except Exception:
@@ -395,13 +409,36 @@ class Head:
                     log.exception("head: finding listener %r failed", listener)
         return res.new
 
+    def analyze_if_due(self, run_id: str, now: float | None = None) -> bool:
+        """One scheduled round for ``run_id``, unless nothing changed: skipped when no step, collective,
+        event, XID or manifest reached the live window since the last round, except that a run not yet
+        finished is looked at again every ``idle_recheck`` seconds (the hang check needs the clock).
+        Returns whether the analyzers ran."""
+        live = self.live.get(run_id)
+        if live is None or self.analyzer is None:
+            return False
+        now = time.monotonic() if now is None else now
+        mark = live.data_mark()
+        if all(m is None for m in mark[:4]):
+            return False  # nothing to analyze yet
+        prev = self._analysis_marks.get(run_id)
+        if prev is not None and all(a is b for a, b in zip(mark, prev[0])):
+            finished = live.manifest is not None and live.manifest.finished is not None
+            if finished or now - prev[1] < self.idle_recheck:
+                self.stats["analysis_skipped"] += 1
+                return False
+        self._analysis_marks[run_id] = (mark, now)
+        self.stats["analysis_rounds"] += 1
+        self.analyze_once(run_id)
+        return True
+
     def _analyzer_loop(self) -> None:
-        last: dict[str, float] = {}
         while not self._stop.wait(self.analyzer_interval):
-            for run_id, live in list(self.live.items()):
-                if live.last_seen > last.get(run_id, 0.0):
-                    last[run_id] = live.last_seen
-                    self.analyze_once(run_id)
+            for run_id in list(self.live):
+                try:
+                    self.analyze_if_due(run_id)
+                except Exception:  # never let one run stop the loop
+                    log.exception("head: analysis round failed on run %s", run_id)
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_interval):

@@ -24,7 +24,9 @@ def head(
     bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API."),
     flush_interval: float = typer.Option(1.0, "--flush-interval", help="Seconds between Parquet flushes."),
     analyze_interval: float = typer.Option(5.0, "--analyze-interval", help="Seconds between analyzer passes over the live window."),
-    window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for analyzers and the API."),
+    window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for the API (and the analyzers, up to --analyze-window)."),
+    analyze_window: int = typer.Option(256, "--analyze-window", min=1,
+                                       help="Steps per rank each live analysis round looks at (its cost grows with it); at most --window."),
     fsync: bool = typer.Option(False, "--fsync/--no-fsync", help="fsync the write-ahead log before acknowledging (survives power loss, slower)."),
     log_level: str = typer.Option("INFO", "--log-level"),
     evict: str = typer.Option("dry-run", "--evict", help="Checkpoint-and-evict policy: off | dry-run (record what it would do) | on."),
@@ -47,7 +49,8 @@ def head(
 
     if evict not in MODES:
         raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
-    h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync)
+    h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
+             analyze_window=analyze_window)
     h.round_hooks.append(PolicyRunner(h, evict, PolicyConfig(min_nodes=min_nodes, confirm_rounds=confirm_rounds,
                                                              cooldown_s=evict_cooldown)))
     try:

@@ -345,12 +345,27 @@ class RunLive:
                             "dropped_records": hb.dropped_records if hb else 0})
             return out
 
-    def frames(self) -> dict[str, Any]:
-        """The live window as pandas DataFrames, the analyzers' input."""
+    def data_mark(self) -> tuple:
+        """What the analyzers' inputs last received: the newest step and collective batch, event and XID
+        (the objects themselves, compared with ``is``), and the manifest. Two marks differ exactly when
+        new rows of those kinds (or a new manifest) reached the window in between; GPU/host samples and
+        heartbeats are not part of it."""
+        self._pull()
+        with self.lock:
+            return (self._steps[-1] if self._steps else None, self._colls[-1] if self._colls else None,
+                    self.events[-1] if self.events else None, self.xid[-1] if self.xid else None, self.manifest)
+
+    def frames(self, window: int | None = None) -> dict[str, Any]:
+        """The live window as pandas DataFrames, the analyzers' input.
+
+        ``window``: the last ``window`` steps per rank (and 4x as many collectives) instead of the whole
+        live window (``self.window``), e.g. the head's bounded analysis window. Each rank keeps its own
+        last rows, so a rank that went silent long ago still appears with its last steps."""
         import pandas as pd
 
         from agent.store import SPECS
 
+        k = self.window if window is None else max(1, min(int(window), self.window))
         self._pull()
         with self.lock:
             steps, colls = list(self._steps), list(self._colls)
@@ -365,16 +380,22 @@ class RunLive:
                 return empty(table)
             return SPECS[table].to_table(self.run_id, rows).to_pandas()
 
-        def cols(table, chunks, k):
+        def cols(table, chunks, k, steps_k=None):
             if not chunks:
                 return empty(table)
-            return _tail_per_rank(pa.concat_tables(chunks), k).to_pandas()
+            # one contiguous table first: the window is many small batches, and filtering and converting
+            # a table of hundreds of chunks costs several times more than copying it once
+            t = _tail_per_rank(pa.concat_tables(chunks).combine_chunks(), k)
+            if steps_k is not None:
+                t = _last_steps_per_rank(t, steps_k)
+            return t.to_pandas()
 
         return {
             "run_id": self.run_id,
             "manifest": manifest,
-            "steps": cols("steps", steps, self.window),
-            "collectives": cols("collectives", colls, 4 * self.window),
+            "steps": cols("steps", steps, k),
+            # the collectives of the same steps (at most 4x as many rows as steps, as before)
+            "collectives": cols("collectives", colls, 4 * k, k if k < self.window else None),
             "gpu": df("gpu", gpu),
             "host": df("host", host),
             "events": df("events", events),
@@ -400,4 +421,20 @@ def _tail_per_rank(t: pa.Table, k: int) -> pa.Table:
     from_end = end_idx[grp] - np.arange(n)
     keep = np.zeros(n, np.bool_)
     keep[order[from_end < k]] = True
+    return t if keep.all() else t.filter(pa.array(keep))
+
+
+def _last_steps_per_rank(t: pa.Table, k: int) -> pa.Table:
+    """The rows of each rank's last ``k`` steps (step > that rank's newest step - k)."""
+    if t.num_rows == 0:
+        return t
+    rank, step = _np(t, "rank").astype(np.int64), _np(t, "step").astype(np.int64)
+    order = np.argsort(rank, kind="stable")
+    rs = rank[order]
+    starts = np.ones(len(rs), np.bool_)
+    starts[1:] = rs[1:] != rs[:-1]
+    grp = np.cumsum(starts) - 1
+    newest = np.maximum.reduceat(step[order], np.nonzero(starts)[0])
+    keep = np.empty(len(rs), np.bool_)
+    keep[order] = step[order] > newest[grp] - k
     return t if keep.all() else t.filter(pa.array(keep))

@@ -51,11 +51,16 @@ class Outbox:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.dropped_records = 0
+        self._segs: list[Path] | None = None
         for p in self.dir.glob(".*.tmp.*"):  # a crash mid-write leaves only a temp file
             p.unlink(missing_ok=True)
 
     def _segments(self) -> list[Path]:
-        return sorted(p for p in self.dir.iterdir() if p.name.startswith("seg-") and p.name.endswith(".msgpack"))
+        # One agent owns its outbox directory: the listing is read once and then kept up to date by
+        # append/remove/drop here (the agent asks for it several times per cycle).
+        if self._segs is None:
+            self._segs = sorted(p for p in self.dir.iterdir() if p.name.startswith("seg-") and p.name.endswith(".msgpack"))
+        return list(self._segs)
 
     @staticmethod
     def _count(p: Path) -> int:
@@ -87,6 +92,7 @@ class Outbox:
         count = sum(i.count for i in items)
         path = self.dir / f"seg-{seq:012d}-{count}.msgpack"
         atomic_write(path, _enc.encode(items))
+        self._segs = None
         self._enforce_bound()
         return path
 
@@ -98,6 +104,7 @@ class Outbox:
             n = self._count(p)
             total -= p.stat().st_size
             p.unlink(missing_ok=True)
+            self._segs = None
             self.dropped_records += n
             log.error("agent outbox over %d bytes: dropped the oldest segment (%d records)", self.max_bytes, n)
 
@@ -113,7 +120,9 @@ class Outbox:
             log.error("agent outbox: unreadable segment %s dropped: %s", path, e)
             self.dropped_records += self._count(path)
             path.unlink(missing_ok=True)
+            self._segs = None
             return []
 
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
+        self._segs = None

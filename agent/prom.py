@@ -25,6 +25,7 @@ RANK_LABELS = ("run_id", "rank", "node")
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
+        self._rank_series: dict[tuple, tuple] = {}
         # -- training, per rank ---------------------------------------------------------
         self.step_duration = Histogram("ranksight_step_duration_seconds", "Wall time of one training step",
                                        RANK_LABELS, buckets=STEP_BUCKETS, registry=r)
@@ -99,29 +100,39 @@ class AgentMetrics:
                                al + ("action",), registry=r)
 
     # -- updates -------------------------------------------------------------------------------
+    def _child(self, metric, rec):
+        """``metric.labels(run_id, rank, node)`` of a step record, looked up once per series: ``labels()``
+        takes a lock and validates the labels on every call, ~15 calls per step record. A series is still
+        created only when first used (an overflow counter appears with the first overflow)."""
+        key = (id(metric), rec.run_id, rec.rank, rec.node)
+        ch = self._rank_series.get(key)
+        if ch is None:
+            ch = self._rank_series[key] = metric.labels(rec.run_id, str(rec.rank), str(rec.node))
+        return ch
+
     def observe_step(self, rec) -> None:
-        lab = (rec.run_id, str(rec.rank), str(rec.node))
-        self.step_duration.labels(*lab).observe(rec.step_ms / 1000.0)
-        self.step_compute.labels(*lab).set(rec.compute_ms / 1000.0)
-        self.step_comm.labels(*lab).set(rec.comm_ms / 1000.0)
-        self.step_data.labels(*lab).set(rec.data_ms / 1000.0)
-        self.step_pipe.labels(*lab).set(rec.pipeline_wait_ms / 1000.0)
-        self.steps.labels(*lab).inc()
+        c = self._child
+        c(self.step_duration, rec).observe(rec.step_ms / 1000.0)
+        c(self.step_compute, rec).set(rec.compute_ms / 1000.0)
+        c(self.step_comm, rec).set(rec.comm_ms / 1000.0)
+        c(self.step_data, rec).set(rec.data_ms / 1000.0)
+        c(self.step_pipe, rec).set(rec.pipeline_wait_ms / 1000.0)
+        c(self.steps, rec).inc()
         if rec.tokens:
-            self.tokens.labels(*lab).inc(rec.tokens)
+            c(self.tokens, rec).inc(rec.tokens)
         if rec.flops:
-            self.flops.labels(*lab).inc(rec.flops)
+            c(self.flops, rec).inc(rec.flops)
         if rec.overflow:
-            self.overflow.labels(*lab).inc()
-        self.loss.labels(*lab).set(float("nan") if rec.loss is None else rec.loss)
+            c(self.overflow, rec).inc()
+        c(self.loss, rec).set(float("nan") if rec.loss is None else rec.loss)
         if rec.grad_norm is not None:
-            self.grad_norm.labels(*lab).set(rec.grad_norm)
+            c(self.grad_norm, rec).set(rec.grad_norm)
         if rec.loss_scale is not None:
-            self.loss_scale.labels(*lab).set(rec.loss_scale)
-        self.last_step.labels(*lab).set(rec.step)
-        self.last_step_time.labels(*lab).set(rec.t_end)
+            c(self.loss_scale, rec).set(rec.loss_scale)
+        c(self.last_step, rec).set(rec.step)
+        c(self.last_step_time, rec).set(rec.t_end)
         if rec.mem_bytes:
-            self.mem.labels(*lab).set(rec.mem_bytes)
+            c(self.mem, rec).set(rec.mem_bytes)
 
     def observe_manifest(self, run_id: str, manifest) -> None:
         """The run's manifest as read by the agent (None while it is missing or unreadable)."""
@@ -150,18 +161,27 @@ class AgentMetrics:
         }
         for name, v in vals.items():
             if v is not None:
-                self.dcgm[name].labels(*lab).set(v)
+                self._labelled(self.dcgm[name], lab).set(v)
         # dcgm-exporter semantics: the last XID code, 0 until one happens.
-        self.dcgm["DCGM_FI_DEV_XID_ERRORS"].labels(*lab).set(last_xid or 0)
+        self._labelled(self.dcgm["DCGM_FI_DEV_XID_ERRORS"], lab).set(last_xid or 0)
 
     def observe_xid(self, x, sample_labels: tuple[str, ...]) -> None:
         self.xid_total.labels(*sample_labels, str(x.code)).inc()
 
     def observe_host(self, h) -> None:
         lab = (str(h.node), h.host)
-        self.host_cpu.labels(*lab).set(h.cpu_pct)
-        self.host_load1.labels(*lab).set(h.load1)
-        self.host_mem_used.labels(*lab).set(h.mem_used_bytes)
-        self.host_mem_total.labels(*lab).set(h.mem_total_bytes)
-        self.host_net_rx.labels(*lab).set(h.net_rx_bytes)
-        self.host_net_tx.labels(*lab).set(h.net_tx_bytes)
+        c = self._labelled
+        c(self.host_cpu, lab).set(h.cpu_pct)
+        c(self.host_load1, lab).set(h.load1)
+        c(self.host_mem_used, lab).set(h.mem_used_bytes)
+        c(self.host_mem_total, lab).set(h.mem_total_bytes)
+        c(self.host_net_rx, lab).set(h.net_rx_bytes)
+        c(self.host_net_tx, lab).set(h.net_tx_bytes)
+
+    def _labelled(self, metric, lab: tuple):
+        """``metric.labels(*lab)``, looked up once per series (the sampler sets ~20 gauges a second)."""
+        key = (id(metric), lab)
+        ch = self._rank_series.get(key)
+        if ch is None:
+            ch = self._rank_series[key] = metric.labels(*lab)
+        return ch

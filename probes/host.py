@@ -21,6 +21,65 @@ import psutil
 from ranksight.schema import HostSample
 
 
+class _Mem:
+    __slots__ = ("total", "available")
+
+    def __init__(self, total: int, available: int):
+        self.total, self.available = total, available
+
+
+def _meminfo() -> _Mem | None:
+    """MemTotal and MemAvailable from /proc/meminfo (what psutil.virtual_memory() reports as total and
+    available, without parsing and computing the rest of it every second); None when not there."""
+    total = avail = None
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                elif line.startswith(b"MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        return None
+    return _Mem(total, avail) if total is not None and avail is not None else None
+
+
+def _diskstats(whole: dict[str, bool]) -> tuple[int, int] | None:
+    """Bytes read and written by all whole disks, from /proc/diskstats, as
+    ``psutil.disk_io_counters(perdisk=False)`` counts them (partitions skipped: a name is a whole disk
+    when /sys/block/<name> exists, looked up once per name and kept in ``whole``; 512-byte sectors).
+    None when the file is missing or a line is not understood (the caller falls back to psutil)."""
+    try:
+        with open("/proc/diskstats", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    rd = wr = 0
+    for line in lines:
+        fields = line.split()
+        n = len(fields)
+        if n == 14 or n >= 18:
+            name, r, w = fields[2], fields[5], fields[9]
+        elif n == 7:
+            name, r, w = fields[2], fields[4], fields[6]
+        elif n == 15:
+            name, r, w = fields[3], fields[5], fields[9]
+        else:
+            return None
+        key = name.decode("utf-8", "replace")
+        ok = whole.get(key)
+        if ok is None:
+            ok = whole[key] = os.access("/sys/block/" + key.replace("/", "!"), os.F_OK)
+        if ok:
+            try:
+                rd += int(r)
+                wr += int(w)
+            except ValueError:
+                return None
+    return rd * 512, wr * 512
+
+
 def _busy_idle(ct) -> tuple[float, float]:
     idle = ct.idle + getattr(ct, "iowait", 0.0)
     total = sum(ct)  # psutil's fields partition the CPU time (guest is already inside user on Linux)
@@ -37,6 +96,7 @@ class HostProbe:
         self.status = "ok"
         self._last_cpu = self._cpu_times()
         self._last_pct = 0.0
+        self._whole_disk: dict[str, bool] = {}  # /proc/diskstats name -> counted in the total (a whole disk)
 
     def _cpu_times(self):
         try:
@@ -81,16 +141,23 @@ class HostProbe:
         return rx, tx
 
     def _disk(self) -> tuple[int, int]:
+        fast = _diskstats(self._whole_disk)
+        if fast is not None:
+            return fast
         c = psutil.disk_io_counters(perdisk=False)
         if c is None:
             return None  # type: ignore[return-value]
         return c.read_bytes, c.write_bytes
 
+    def _memory(self):
+        fast = _meminfo()
+        return fast if fast is not None else psutil.virtual_memory()
+
     def sample(self) -> HostSample:
         t = time.time()
         cpu = self._guard("cpu_pct", self._cpu_pct, 0.0)
         load1 = self._guard("load1", lambda: os.getloadavg()[0], 0.0)
-        mem = self._guard("memory", psutil.virtual_memory, None)
+        mem = self._guard("memory", self._memory, None)
         rx, tx = self._guard("net", self._net, (0, 0))
         rd, wr = self._guard("disk", self._disk, (0, 0))
         self.status = "ok" if not self.gaps else "partial: " + ", ".join(f"{k}: {v}" for k, v in self.gaps.items())

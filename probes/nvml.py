@@ -187,6 +187,7 @@ class NvmlProbe:
         self._last_try = -1e18
         self._lock = threading.RLock()
         self._handles: dict[int, Any] = {}
+        self._ident: dict[int, tuple[str, str]] = {}  # gpu index -> (name, uuid), cleared with the handles
         self._addr_to_gpu: dict[int, int] = {}
         self._event_set = None
         self._xid_total: dict[int, int] = {}
@@ -257,6 +258,7 @@ class NvmlProbe:
                 _detach_simulated()
                 self._attached = False
             self._handles.clear()
+            self._ident.clear()
             self._addr_to_gpu.clear()
             self.status = "closed"
             self._last_try = float("inf")  # a closed probe stays closed
@@ -364,10 +366,14 @@ class NvmlProbe:
         pcie_tx = c("pcie_tx_bytes_s", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
         pcie_rx = c("pcie_rx_bytes_s", pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         nv_tx, nv_rx = self._nvlink(gpu, h)
+        ident = self._ident.get(gpu)
+        if ident is None:  # a device's name and UUID do not change: asked once per handle
+            ident = (str(c("name", pynvml.nvmlDeviceGetName, h) or ""), str(c("uuid", pynvml.nvmlDeviceGetUUID, h) or ""))
+            if ident[0] and ident[1]:
+                self._ident[gpu] = ident
         return GpuSample(
             node=self.node, host=self.host, gpu=gpu, t=t, source=self.source, simulated=self.simulated,
-            name=str(c("name", pynvml.nvmlDeviceGetName, h) or ""),
-            uuid=str(c("uuid", pynvml.nvmlDeviceGetUUID, h) or ""),
+            name=ident[0], uuid=ident[1],
             util_pct=float(util.gpu) if util is not None else None,
             mem_util_pct=float(util.memory) if util is not None else None,
             mem_used_bytes=int(mem.used) if mem is not None else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections import namedtuple
@@ -9,6 +10,7 @@ from collections import namedtuple
 import psutil
 import pytest
 
+import probes.host as host_mod
 from probes.host import HostProbe
 from ranksight.schema import HostSample, encode
 
@@ -84,7 +86,8 @@ def test_cpu_percent_from_own_deltas(monkeypatch):
 
 def test_missing_counters_become_gaps_not_crashes(monkeypatch):
     probe = HostProbe(0, "h")
-    monkeypatch.setattr(psutil, "disk_io_counters", lambda perdisk=False: None)
+    monkeypatch.setattr(host_mod, "_diskstats", lambda whole: None)  # no /proc/diskstats: psutil is asked ...
+    monkeypatch.setattr(psutil, "disk_io_counters", lambda perdisk=False: None)  # ... and has nothing either
 
     def broken(pernic=True):
         raise PermissionError("/proc/net/dev: denied")
@@ -107,3 +110,14 @@ def test_loopback_can_be_excluded(monkeypatch):
     assert (HostProbe(0, "h").sample().net_tx_bytes, HostProbe(0, "h").sample().net_rx_bytes) == (1007, 1009)
     s = HostProbe(0, "h", net_exclude_loopback=True).sample()
     assert (s.net_tx_bytes, s.net_rx_bytes) == (7, 9)
+
+
+def test_proc_fast_paths_read_what_psutil_reads():
+    # the probe reads /proc/meminfo and /proc/diskstats itself (psutil parses far more every second)
+    mem, fast_mem = psutil.virtual_memory(), host_mod._meminfo()
+    assert fast_mem.total == mem.total and abs(fast_mem.available - mem.available) < 64 * 2**20
+    c, whole = psutil.disk_io_counters(perdisk=False), {}
+    rd, wr = host_mod._diskstats(whole)
+    c2 = psutil.disk_io_counters(perdisk=False)
+    assert c.read_bytes <= rd <= c2.read_bytes and c.write_bytes <= wr <= c2.write_bytes
+    assert whole and all(ok == os.path.exists(f"/sys/block/{n.replace('/', '!')}") for n, ok in whole.items())
