@@ -57,6 +57,9 @@ class StragglerConfig:
     persist: int = 3  # stage drift: flagged steps needed ...
     window: int = 5  # ... within this many consecutive steps
     warmup_steps: int = 1  # first steps of the run are not judged (compilation, allocator warm-up)
+    short_uncorroborated_steps: int = 6  # a device-time episode shorter than this that arrival order does not confirm
+    # is info: other processes sharing a rank's core (SMT, cache) inflate its CPU time for a few steps
+    restart_warmup_steps: int = 5  # ... nor the first steps after a restart or re-form (checkpoint load, bucket rebuild)
     critical_ratio: float = 2.0  # a rank at 2x its peers is critical
     baseline_steps: int = 5  # for stage/node drift: the first steps after warm-up form the baseline
     min_ranks: int = 2
@@ -354,13 +357,40 @@ def _severity(ratio: float, cfg: StragglerConfig) -> str:
     return "critical" if ratio >= cfg.critical_ratio else "warning"
 
 
+def attempt_segments(st: pd.DataFrame, warmup: int, restart_warmup: int) -> list[pd.DataFrame]:
+    """The steps of each attempt of the job, in order, less their first steps.
+
+    A job that re-formed (a crash-restart, an eviction) is judged one attempt at a time: its ranks, their
+    peers and their speed before the restart say nothing about the new process groups, and the first steps of
+    an attempt are a warm-up (checkpoint load, allocator, DDP bucket rebuild) that every rank shows. Each step
+    belongs to the newest attempt that ran it; rows of older attempts in those steps are dropped."""
+    if st.empty:
+        return []
+    step_attempt = st.groupby("step")["attempt"].max()
+    out = []
+    for i, (a, steps) in enumerate(step_attempt.groupby(step_attempt, sort=True)):
+        seg = st[st["step"].isin(steps.index) & (st["attempt"] == a)]
+        if seg.empty:
+            continue
+        skip = warmup if i == 0 else restart_warmup
+        out.append(seg[seg["step"] >= int(seg["step"].min()) + skip])
+    return out
+
+
 def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
     cfg = cfg or StragglerConfig()
     st = data.steps
     if st.empty or st["rank"].nunique() < cfg.min_ranks:
         return []
-    first = int(st["step"].min())
-    st = st[st["step"] >= first + cfg.warmup_steps]
+    findings: list[Finding] = []
+    for seg in attempt_segments(st, cfg.warmup_steps, cfg.restart_warmup_steps):
+        if seg["rank"].nunique() >= cfg.min_ranks:
+            findings += _analyze_attempt(data, cfg, seg)
+    return findings
+
+
+def _analyze_attempt(data: RunData, cfg: StragglerConfig, st: pd.DataFrame) -> list[Finding]:
+    """The findings of one attempt's steps (``st``, warm-up already left out)."""
     signal = data.compute_signal()
     comp = _rank_matrix(st, signal)
     if comp.shape[1] < cfg.persist:
@@ -472,11 +502,18 @@ def analyze(data: RunData, cfg: StragglerConfig | None = None) -> list[Finding]:
         host_txt = ("; its device time is normal: the slowness is on the host (CPU contention, launch or Python overhead)"
                     if signal == "device_ms" and not on_device else "")
         host_only = signal == "device_ms" and not on_device
+        blip = (on_device and corroborated is False
+                and c["end"] - c["onset"] + 1 < cfg.short_uncorroborated_steps)
         # host-only episodes (device time normal) are info: on a shared CPU they are the scheduler moving a rank
         # off its core for a few steps, which wall-clock compute cannot tell from a real slow-down
-        sev = _severity(c["ratio"], cfg) if (corroborated is not False or on_device) and not host_only else "info"
+        sev = _severity(c["ratio"], cfg) if (corroborated is not False or on_device) and not (host_only or blip) else "info"
         note = ""
-        if corroborated is False and on_device:
+        if blip:
+            conf = 0.4
+            note = (f" (only {c['end'] - c['onset'] + 1} steps, and wall-clock arrival order does not confirm it: last to "
+                    f"arrive in {(share or 0):.0%} of those steps; another process sharing its core inflates its CPU time "
+                    f"like this)")
+        elif corroborated is False and on_device:
             note = (f" (its device time is {c['ratio']:.2f}x its peers'; wall-clock arrival order does not confirm it yet: "
                     f"last to arrive in {(share or 0):.0%} of those steps)")
         elif corroborated is False and tp_ev:

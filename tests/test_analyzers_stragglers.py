@@ -253,3 +253,33 @@ def test_late_because_of_data_is_not_compute_corroboration():
     slow = build(compute_factor=lambda r, s: 1.3 if (r == 2 and s >= 10) else 1.0)
     (g,) = stragglers.analyze(slow)
     assert g.severity == "warning" and "data_extra_ms" not in g.evidence
+
+
+def test_a_reformed_job_is_judged_one_attempt_at_a_time():
+    """Node 1 (ranks 2, 3) was evicted after step 29; ranks 0 and 1 resumed as attempt 1 at step 30, with a few slow
+    warm-up steps (checkpoint load, bucket rebuild). The culprit of attempt 0 is found; the survivors are not blamed
+    for their warm-up or compared with ranks that left."""
+    import pandas as pd
+
+    from analyzers.loader import RunData
+
+    before = build(world=4, nodes=2, steps=30, device_time=True, compute_factor=lambda r, s: 1.5 if (r == 3 and s >= 10) else 1.0)
+    after = build(world=2, nodes=1, steps=20, device_time=True, seed=1,
+                  compute_factor=lambda r, s: (1.6 if r == 0 else 1.4) if s < 4 else 1.0)
+    st2 = after.steps.assign(step=after.steps["step"] + 30, attempt=1)
+    data = RunData(run_id="synth", manifest=before.manifest, steps=pd.concat([before.steps, st2], ignore_index=True))
+    fs = [f for f in stragglers.analyze(data) if f.severity != "info"]
+    assert [(f.ranks, f.step_start) for f in fs] == [([3], 10)]
+    assert fs[0].step_end == 29
+
+
+def test_a_short_device_time_blip_nobody_waits_for_is_info():
+    # rank 0's device time is 1.3x for three steps but it is not late at the sync (e.g. a process sharing its core)
+    data = build(world=4, steps=30, device_time=True, compute_factor=lambda r, s: 1.3 if (r == 0 and 15 <= s <= 17) else 1.0)
+    st = data.steps
+    # its arrival is made normal: nobody waits for it
+    early = (st["rank"] == 0) & st["step"].between(15, 17)
+    med = st[~early].groupby("step")["sync_arrival"].median()
+    st.loc[early, "sync_arrival"] = st.loc[early, "step"].map(med) - 0.005
+    (f,) = stragglers.analyze(data)
+    assert f.ranks == [0] and f.severity == "info" and "only 3 steps" in f.summary
