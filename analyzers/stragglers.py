@@ -56,10 +56,10 @@ class StragglerConfig:
     mad_k: float = 4.0  # stage drift: threshold 1 + k * sigma
     persist: int = 3  # stage drift: flagged steps needed ...
     window: int = 5  # ... within this many consecutive steps
-    warmup_steps: int = 1  # first steps of the run are not judged (compilation, allocator warm-up)
+    warmup_steps: int = 1  # first steps of the run are not judged (compilation, allocator warm-up) ...
+    restart_warmup_steps: int = 5  # ... nor the first steps after a restart or re-form (checkpoint load, bucket rebuild)
     short_uncorroborated_steps: int = 6  # a device-time episode shorter than this that arrival order does not confirm
     # is info: other processes sharing a rank's core (SMT, cache) inflate its CPU time for a few steps
-    restart_warmup_steps: int = 5  # ... nor the first steps after a restart or re-form (checkpoint load, bucket rebuild)
     critical_ratio: float = 2.0  # a rank at 2x its peers is critical
     baseline_steps: int = 5  # for stage/node drift: the first steps after warm-up form the baseline
     min_ranks: int = 2
@@ -498,15 +498,18 @@ def _analyze_attempt(data: RunData, cfg: StragglerConfig, st: pd.DataFrame) -> l
             lag_txt = ""
             wait_txt = (f"; its stage peers wait {ev['peers_wait_minus_own_ms']:.0f} ms more per step than it does "
                         f"(sync + pipeline waits)")
-        what = ("device time" + (" (SIMULATED device: CPU time)" if data.manifest is None or data.manifest.device == "cpu" else "")) if on_device else "compute"
-        host_txt = ("; its device time is normal: the slowness is on the host (CPU contention, launch or Python overhead)"
-                    if signal == "device_ms" and not on_device else "")
+        simulated_device = data.manifest is None or data.manifest.device == "cpu"
+        what = ("device time" + (" (SIMULATED device: CPU time)" if simulated_device else "")) if on_device else "compute"
+        # host-only: wall-clock compute alarmed while device time stayed normal (on a shared CPU, mostly the scheduler
+        # moving a rank off its core for a few steps); blip: a short device-time episode nobody waited for
         host_only = signal == "device_ms" and not on_device
-        blip = (on_device and corroborated is False
-                and c["end"] - c["onset"] + 1 < cfg.short_uncorroborated_steps)
-        # host-only episodes (device time normal) are info: on a shared CPU they are the scheduler moving a rank
-        # off its core for a few steps, which wall-clock compute cannot tell from a real slow-down
-        sev = _severity(c["ratio"], cfg) if (corroborated is not False or on_device) and not (host_only or blip) else "info"
+        blip = on_device and corroborated is False and c["end"] - c["onset"] + 1 < cfg.short_uncorroborated_steps
+        host_txt = ("; its device time is normal: the slowness is on the host (CPU contention, launch or Python overhead)"
+                    if host_only else "")
+        if host_only or blip or (corroborated is False and not on_device):
+            sev = "info"
+        else:
+            sev = _severity(c["ratio"], cfg)
         note = ""
         if blip:
             conf = 0.4
