@@ -11,9 +11,11 @@ per rank), so its cost grew with the run until the window was full; now it reads
 For each rank count, one synthetic run fills a full live window (``--window`` steps per rank, 2
 collectives per step, one GPU sample per GPU per second, host samples, a manifest), with a
 straggler (rank 3 computes 1.3x from step 100, the others wait for it in the gradient sync).
-The same data goes into one head per analysis window (0 = the whole live window, i.e. the
-behaviour before), and each head runs ``--rounds`` rounds (``Head.analyze_once``, the real
-analyzers); reported: the median main-thread CPU ms per round (pyarrow on one thread), the
+The same data goes into one head per configuration: ``frames()`` as of ``--before-rev`` (the
+code before), and the current code with each ``--analyze-windows`` value (0 = the whole live
+window). The heads take their ``--rounds`` rounds in turn (``Head.analyze_once``, the real
+analyzers; the analyzers' clock pinned to just after the last step, so no round sees a silent
+job); reported: the median main-thread CPU ms per round (pyarrow on one thread), the
 straggler episode each head holds (its onset must be the same), and the cost of a round the
 head skips because nothing new arrived (``Head.analyze_if_due``).
 """
@@ -21,6 +23,7 @@ head skips because nothing new arrived (``Head.analyze_if_due``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import shutil
@@ -38,7 +41,7 @@ import pyarrow as pa  # noqa: E402
 pa.set_cpu_count(1)
 pa.set_io_thread_count(1)
 
-from agent.head import Head  # noqa: E402
+from agent.head import Head, tune_gc  # noqa: E402
 from ranksight import schema  # noqa: E402
 
 RUN = "bench-analysis"
@@ -98,7 +101,7 @@ def build(ranks: int, steps: int, seed: int = 1) -> dict:
             host.append(schema.HostSample(node=n, host=f"n{n}", t=t, cpu_pct=50.0, load1=2.0, mem_used_bytes=1 << 33,
                                           mem_total_bytes=1 << 35, net_rx_bytes=0, net_tx_bytes=0, disk_read_bytes=0,
                                           disk_write_bytes=0))
-    return {"manifest": manifest, "batches": batches, "gpu": gpu, "host": host}
+    return {"manifest": manifest, "batches": batches, "gpu": gpu, "host": host, "now": t_last + 0.5}
 
 
 def old_frames(rev: str):
@@ -121,8 +124,15 @@ def old_frames(rev: str):
 def make_head(root: Path, data: dict, window: int, analyze_window: int | None, frames_fn=None) -> Head:
     h = Head(root, "bench-token", window=window, analyze_window=analyze_window)
     live = h.run_live(RUN)
-    if frames_fn is not None:  # the old code took no window: it always read the whole live window
-        live.frames = lambda window=None, live=live: frames_fn(live)
+    new_frames = live.frames
+
+    def frames(window=None):
+        # the old code took no window: it always read the whole live window
+        fr = frames_fn(live) if frames_fn is not None else new_frames(window)
+        fr["now"] = data["now"]  # the clock pinned to just after the last step: rounds later are no silent job
+        return fr
+
+    live.frames = frames
     live.manifest = data["manifest"]
     for srows, crows in data["batches"]:
         live.add("steps", srows)
@@ -151,32 +161,39 @@ def main(argv: list[str] | None = None) -> int:
     before = old_frames(args.before_rev) if args.before_rev else None
     configs = ([(f"{args.window} (frames() of {args.before_rev}: before)", None, before)] if before else []) + [
         (f"{w}" if w else f"{args.window} (whole live window)", w or None, None) for w in wins]
+    tune_gc()  # as ranksight head does
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-"))
     print(f"bench/head_analysis.py: live window {args.window} steps per rank; {args.rounds} rounds per head; "
           f"load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    header = "| ranks | analysis window (steps per rank) | CPU ms per round, median [min, max] | vs before | straggler episode of a fresh head (ranks, from step) | findings | skipped round, CPU ms |"
+    header = "| ranks | analysis window (steps per rank) | CPU ms per round, median [min, max] | vs before | straggler episode of a fresh head (ranks, from step) | findings | a round skipped (nothing new), CPU ms |"
     print(header)
     print("|---|---|---|---|---|---|---|")
     try:
         for n in [int(x) for x in args.ranks.split(",")]:
             data = build(n, args.window)
-            base = None
-            for i, (label, w, fn) in enumerate(configs):
-                h = make_head(tmp / f"r{n}-{i}", data, args.window, w, fn)
-                try:
-                    times = [cpu_ms(lambda: h.analyze_once(RUN)) for _ in range(args.rounds)]
+            heads = [make_head(tmp / f"r{n}-{i}", data, args.window, w, fn) for i, (_, w, fn) in enumerate(configs)]
+            del data
+            gc.collect()
+            gc.freeze()  # what exists now (the heads' windows) is never scanned, as in the head after tune_gc()
+            try:
+                times: list[list[float]] = [[] for _ in heads]
+                for _ in range(args.rounds):  # interleaved: every head sees the same machine within seconds
+                    for i, h in enumerate(heads):
+                        times[i].append(cpu_ms(lambda: h.analyze_once(RUN)))
+                base = statistics.median(times[0])
+                for (label, _, _), h, ts in zip(configs, heads, times):
                     assert h.stats["analyzer_errors"] == 0
-                    med = statistics.median(times)
-                    base = med if base is None else base
+                    med = statistics.median(ts)
                     eps = h.findings[RUN].current()
-                    strag = [e for e in eps if e.kind == "straggler"]
-                    ep = ", ".join(f"{e.ranks} from {e.step_start}" for e in strag) or "none"
-                    h.analyze_if_due(RUN)  # sets the mark
+                    ep = ", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none"
+                    h.analyze_if_due(RUN)  # sets the mark: nothing new after it
                     skip = statistics.median(cpu_ms(lambda: h.analyze_if_due(RUN)) for _ in range(20))
-                    print(f"| {n} | {label} | {med:.1f} [{min(times):.1f}, {max(times):.1f}] | {med / base:.2f}x | {ep} | "
-                          f"{len(eps)} | {skip:.3f} |", flush=True)
-                finally:
+                    print(f"| {n} | {label} | {med:.1f} [{min(ts):.1f}, {max(ts):.1f}] | {med / base:.2f}x | {ep} | "
+                          f"{', '.join(sorted(f'{e.analyzer}/{e.kind}' for e in eps))} | {skip:.3f} |", flush=True)
+            finally:
+                for h in heads:
                     h.close()
+                gc.unfreeze()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
