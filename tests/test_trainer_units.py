@@ -289,3 +289,20 @@ def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
     cache.write_text(json.dumps({key: {"peak_flops": 1.0}}))  # a lower one is replaced
     peak, _, _ = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
     assert peak > 1.0 and json.loads(cache.read_text())[key]["peak_flops"] == peak
+
+
+def test_an_unwaited_tp_all_reduce_whose_id_is_reused_is_dropped(tmp_path):
+    """A TP all-reduce output that dies unwaited can have its id reused by the next one: the first is dropped (as
+    finish_step drops unwaited ones), never written without a completion."""
+    from trainer.instrument import Recorder
+
+    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, FaultState([], 0, 0), {"tp": [0, 1]})
+    rec.begin_step(1)
+    first = rec.enter("all_reduce", "tp", 4)
+    rec.tp_issued(1234, first)
+    second = rec.enter("all_reduce", "tp", 4)
+    rec.tp_issued(1234, second)  # same id: the first tensor is gone
+    assert [c.seq for c in rec.t.collectives] == [second.seq]
+    c = rec.tp_pending.pop(1234)
+    c.t_done = c.t_arrive + 0.001
+    assert c is second

@@ -144,6 +144,16 @@ class Recorder:
                 c.link_delay = time.perf_counter() - t0
         return c
 
+    def tp_issued(self, key: int, c: _OpenCollective) -> None:
+        """A functional all-reduce was issued; its output tensor's id is ``key`` until wait_tensor finds it."""
+        old = self.tp_pending.get(key)
+        if old is not None:
+            # ids are unique among live objects only: the tensor registered under this id died unwaited and CPython
+            # reused its id. That all-reduce was never waited for: drop it as finish_step does, or it would stay
+            # in the step's records with no completion (and look like a hang).
+            self.t.collectives = [x for x in self.t.collectives if x is not old]
+        self.tp_pending[key] = c
+
     def leave(self, c: _OpenCollective, blocking: bool = True) -> None:
         c.t_done = time.time()
         if blocking:
@@ -334,7 +344,7 @@ def install_tp_timing(recorder: Recorder) -> None:
         c = recorder.enter("all_reduce", name, self.numel() * self.element_size(), sync=sync)
         out = orig_all_reduce(self, reduceOp, group, tag)
         elem = out.elem if isinstance(out, funcol.AsyncCollectiveTensor) else out
-        recorder.tp_pending[id(elem)] = c
+        recorder.tp_issued(id(elem), c)
         if not isinstance(out, funcol.AsyncCollectiveTensor):  # already waited (tracing path)
             recorder.tp_pending.pop(id(elem), None)
             recorder.leave(c)
