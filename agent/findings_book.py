@@ -68,7 +68,7 @@ class FindingsBook:
             i = self._match(f)
             if i is None:
                 ep = msgspec.structs.replace(f, run_id=f.run_id or self.run_id, t=f.t or now, id=uuid.uuid4().hex[:12],
-                                             status=self._status(f, last_step), updated=now)
+                                             status=self._status(f.step_end, last_step), updated=now)
                 self.episodes.append(ep)
                 seen.add(len(self.episodes) - 1)
                 out.new.append(ep)
@@ -76,32 +76,32 @@ class FindingsBook:
             seen.add(i)
             old = self.episodes[i]
             start = old.step_start if f.step_start is None or old.step_start is None else min(old.step_start, f.step_start)
-            end = f.step_end if old.step_end is None else max(old.step_end, f.step_end if f.step_end is not None else old.step_end)
+            end = old.step_end if f.step_end is None else (f.step_end if old.step_end is None else max(old.step_end, f.step_end))
             sev = f.severity if SEVERITY_RANK[f.severity] >= SEVERITY_RANK[old.severity] else old.severity
-            ep = msgspec.structs.replace(f, run_id=old.run_id, t=old.t, id=old.id, step_start=start, step_end=end,
-                                         severity=sev, updated=now)
-            ep = msgspec.structs.replace(ep, status=self._status(ep, last_step))
-            self.episodes[i] = ep
-            if (ep.step_start, ep.step_end, ep.severity, ep.status) != (old.step_start, old.step_end, old.severity, old.status):
+            status = self._status(end, last_step)
+            moved = (start, end, sev, status) != (old.step_start, old.step_end, old.severity, old.status)
+            # the latest analysis's evidence and summary; ``updated`` only moves when the episode did
+            self.episodes[i] = ep = msgspec.structs.replace(
+                f, run_id=old.run_id, t=old.t, id=old.id, step_start=start, step_end=end, severity=sev, status=status,
+                updated=now if moved else old.updated)
+            if moved:
                 out.changed.append(ep)
-                if SEVERITY_RANK[ep.severity] > SEVERITY_RANK[old.severity]:
+                if SEVERITY_RANK[sev] > SEVERITY_RANK[old.severity]:
                     out.escalated.append(ep)
-            else:
-                self.episodes[i] = msgspec.structs.replace(ep, updated=old.updated)  # nothing moved: keep its last change
         # episodes no round reports any more: closed once the run has moved on past them
         for i, e in enumerate(self.episodes):
             if i in seen or e.status == "closed":
                 continue
-            status = self._status(e, last_step)
+            status = self._status(e.step_end, last_step)
             if status != e.status:
                 self.episodes[i] = msgspec.structs.replace(e, status=status, updated=now)
                 out.changed.append(self.episodes[i])
         return out
 
-    def _status(self, f: schema.Finding, last_step: int | None) -> str:
-        if f.step_end is None or last_step is None:
+    def _status(self, step_end: int | None, last_step: int | None) -> str:
+        if step_end is None or last_step is None:
             return "open"
-        return "open" if f.step_end >= last_step - self.close_after else "closed"
+        return "open" if step_end >= last_step - self.close_after else "closed"
 
     def current(self) -> list[schema.Finding]:
         return list(self.episodes)
