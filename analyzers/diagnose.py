@@ -114,12 +114,31 @@ def history_line(hist: dict[str, Any]) -> str:
     return "; ".join(parts) + tail
 
 
+def history_rows(hist: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(when, what, by, detail) for each restart and action, in step order (an action before the restart it caused):
+    the rows of the report's history table, on the console and in the HTML."""
+    rows = []
+    for a in hist["attempts"]:
+        what = f"attempt {a.get('attempt')}: {a.get('world_size')} ranks"
+        if a.get("resumed_step") is not None:
+            what += f", resumed from step {a['resumed_step']}"
+        ended = f"ran to step {a['ended_step']}" if a.get("ended_step") is not None else ""
+        if a.get("evicted_node") is not None:
+            ended += f", then node {a['evicted_node']} left"
+        start = a.get("resumed_step") or 0
+        rows.append((start, 1, (f"step {start}", what, "torchrun", ended)))
+    for a in hist["actions"]:
+        when = f"step {a['applied_step']}" if a["applied_step"] is not None else "-"
+        status = "dry run, not sent" if a["dry_run"] else a["status"]
+        rows.append((a["applied_step"] if a["applied_step"] is not None else 10**9, 0,
+                     (when, f"{a['action']} node {a['node'] if a['node'] is not None else '-'} ({status})",
+                      str(a["requested_by"] or ""), a["reason"] or "")))
+    return [cells for _, _, cells in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
 def _int(x: Any) -> int | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return int(x) if math.isfinite(x) else None
+    v = _num(x)
+    return None if v is None else int(v)
 
 
 def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None) -> dict[str, Any]:
@@ -287,8 +306,7 @@ def render_console(report: dict[str, Any], data: RunData, console: Any) -> None:
     if not heat.empty:
         med = heat.median(axis=0)
         signal = data.compute_signal()
-        what = ("device time" + (" (SIMULATED device: CPU time)" if data.manifest is None or data.manifest.device == "cpu" else "")
-                if signal == "device_ms" else "compute time")
+        what = data.device_time_label() if signal == "device_ms" else "compute time"
         t = Table(title=f"{what} per rank x step (colour: vs the step's median rank)", show_header=True,
                   header_style="dim", box=None, pad_edge=False, padding=(0, 1))
         t.add_column("rank", justify="right")
@@ -342,25 +360,8 @@ def render_console(report: dict[str, Any], data: RunData, console: Any) -> None:
         t = Table(title="what happened to the job (restarts, and the head's actions)", show_lines=False)
         for col in ("when", "what", "by", "detail"):
             t.add_column(col)
-        rows = []  # (step, order, cells): chronological, an action before the restart it caused
-        for a in hist["attempts"]:
-            what = f"attempt {a.get('attempt')}: {a.get('world_size')} ranks"
-            if a.get("resumed_step") is not None:
-                what += f", resumed from step {a['resumed_step']}"
-            ended = f"ran to step {a['ended_step']}" if a.get("ended_step") is not None else ""
-            if a.get("evicted_node") is not None:
-                ended += f", then node {a['evicted_node']} left"
-            start = a.get("resumed_step") or 0
-            rows.append((start, 1, (f"step {start}", what, "torchrun", ended)))
-        for a in hist["actions"]:
-            when = f"step {a['applied_step']}" if a["applied_step"] is not None else "-"
-            status = "dry run, not sent" if a["dry_run"] else a["status"]
-            reason = a["reason"] or ""
-            rows.append((a["applied_step"] if a["applied_step"] is not None else 10**9, 0,
-                         (when, f"{a['action']} node {a['node'] if a['node'] is not None else '-'} ({status})",
-                          str(a["requested_by"] or ""), reason if len(reason) <= 120 else reason[:117] + "...")))
-        for _, _, cells in sorted(rows, key=lambda r: (r[0], r[1])):
-            t.add_row(*cells)
+        for when, what, by, detail in history_rows(hist):
+            t.add_row(when, what, by, detail if len(detail) <= 120 else detail[:117] + "...")
         console.print(t)
 
     recs = []
@@ -477,14 +478,9 @@ def render_html(report: dict[str, Any], data: RunData) -> str:
                   f"<th>result</th><th>latency (steps)</th><th>finding</th></tr>{rows}</table>")
     hist, hist_html = report["history"], ""
     if len(hist["attempts"]) > 1 or hist["actions"]:
-        rows = "".join(f"<tr><td>attempt {e(str(a.get('attempt')))}</td><td>{e(str(a.get('world_size')))} ranks</td>"
-                       f"<td>resumed from {e(str(a.get('resumed_step')))}</td><td>ran to {e(str(a.get('ended_step')))}</td>"
-                       f"<td>{'node ' + e(str(a['evicted_node'])) + ' left' if a.get('evicted_node') is not None else ''}</td></tr>"
-                       for a in hist["attempts"])
-        rows += "".join(f"<tr><td>{e(a['action'])} node {e(str(a['node']))}</td><td>{'dry run' if a['dry_run'] else e(str(a['status']))}</td>"
-                        f"<td>step {e(str(a['applied_step']))}</td><td>{e(str(a['requested_by']))}</td><td>{e(a['reason'] or '')}</td></tr>"
-                        for a in hist["actions"])
-        hist_html = f"<h2>What happened to the job</h2><table class='t'>{rows}</table>"
+        rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in history_rows(hist))
+        hist_html = ("<h2>What happened to the job</h2><table class='t'><tr><th>when</th><th>what</th><th>by</th>"
+                     f"<th>detail</th></tr>{rows}</table>")
     sim = ('<p class="sim">Parts of this report rest on SIMULATED telemetry or a CPU-measured peak; they are marked (simulated).</p>'
            if report["simulated"] else "")
     color = sev_color.get(report["worst_severity"] or "", "#2e7d32")

@@ -193,6 +193,11 @@ class RunData:
             return "device_ms"
         return "compute_ms"
 
+    def device_time_label(self) -> str:
+        """How reports name ``device_ms``: on a CPU run it is a simulated device's time, and says so."""
+        cpu = self.manifest is None or self.manifest.device == "cpu"
+        return "device time (SIMULATED device: CPU time)" if cpu else "device time"
+
     # -- placement -----------------------------------------------------------
     def rank_node(self) -> dict[int, int]:
         out: dict[int, int] = {}

@@ -498,8 +498,7 @@ def _analyze_attempt(data: RunData, cfg: StragglerConfig, st: pd.DataFrame) -> l
             lag_txt = ""
             wait_txt = (f"; its stage peers wait {ev['peers_wait_minus_own_ms']:.0f} ms more per step than it does "
                         f"(sync + pipeline waits)")
-        simulated_device = data.manifest is None or data.manifest.device == "cpu"
-        what = ("device time" + (" (SIMULATED device: CPU time)" if simulated_device else "")) if on_device else "compute"
+        what = data.device_time_label() if on_device else "compute"
         # host-only: wall-clock compute alarmed while device time stayed normal (on a shared CPU, mostly the scheduler
         # moving a rank off its core for a few steps); blip: a short device-time episode nobody waited for
         host_only = signal == "device_ms" and not on_device
