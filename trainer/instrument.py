@@ -213,6 +213,12 @@ class Recorder:
             sync_wait = wait
         return exposed, sync_arrival, sync_wait
 
+    def _collective_record(self, c: _OpenCollective) -> CollectiveRecord:
+        return CollectiveRecord(
+            run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
+            group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
+            duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0, attempt=self.attempt)
+
     def finish_step(self, rec: StepRecord) -> None:
         # A functional all-reduce whose result was never waited for in this step has no
         # completion to report; drop it rather than make it look like a hang.
@@ -221,10 +227,7 @@ class Recorder:
             self.tp_pending.clear()
             self.t.collectives = [c for c in self.t.collectives if id(c) not in unwaited]
         for c in self.t.collectives:
-            self.spool.add(CollectiveRecord(
-                run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
-                group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
-                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0, attempt=self.attempt))
+            self.spool.add(self._collective_record(c))
         self.spool.add(rec)
         self.spool.flush()
         self.t.collectives = []
@@ -232,10 +235,7 @@ class Recorder:
     def flush_unfinished(self, reason: str) -> None:
         """On an error (e.g. a peer hung and the PG timed out): write the collectives this rank was stuck in."""
         for c in self.t.collectives:
-            self.spool.add(CollectiveRecord(
-                run_id=self.run_id, rank=self.rank, step=self.step, seq=c.seq, op=c.op, group=c.group,
-                group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
-                duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0, attempt=self.attempt))
+            self.spool.add(self._collective_record(c))
         self.t.collectives = []
         self.spool.flush()
         self.event("exit", {"reason": reason})
