@@ -525,7 +525,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
             if xids:
                 frames["xid"] = frame_from_records(xids, XidEvent)
         nccl_tests = _read_nccl_tests(rd)
-        actions = _read_actions(rd)
+        actions = _read_actions(rd, bar)
     finally:
         bar.close()
 
@@ -548,19 +548,12 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
     return data
 
 
-def _read_actions(rd: RunDir) -> pd.DataFrame:
+def _read_actions(rd: RunDir, progress: _Progress) -> pd.DataFrame:
     """The head's actions (checkpoint, profile, evict) with their current status: the table has one row per status
-    change of an action, appended in order, so the last row of each id is its state now. Unreadable files are skipped."""
-    frames = []
-    for f in _parquet_files(rd.table("actions")):
-        try:
-            frames.append(pd.read_parquet(f))
-        except Exception:  # noqa: BLE001 - a file being written right now
-            continue
-    frames = [fr for fr in frames if not fr.empty and "id" in fr.columns]
-    if not frames:
+    change of an action, appended in order, so the last row of each id is its state now."""
+    df, _bad = _read_table(_parquet_files(rd.table("actions")), progress, "actions")
+    if df.empty or "id" not in df.columns:
         return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
     return df.drop_duplicates("id", keep="last").sort_values("t", kind="stable").reset_index(drop=True)
 
 
