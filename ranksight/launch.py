@@ -189,9 +189,10 @@ def launch(
     data_path = None
     if agents:
         from agent.launcher import DataPath  # started as processes; imported only for their orchestration
+        from agent.policy_runner import MODES
 
-        if evict not in ("off", "dry-run", "on"):
-            raise typer.BadParameter("--evict must be one of off, dry-run, on")
+        if evict not in MODES:
+            raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
         data_path = DataPath(store, run.run_id, nnodes, head_url=head_url or None,
                              head_args=["--evict", evict, "--analyze-interval", str(analyze_interval),
                                         "--min-nodes", str(min_nodes)])
