@@ -118,10 +118,10 @@ class StepRecord(Record, tag="step", kw_only=True):
     profiling: bool = False  # the profiler was active during this step
     microbatches: int = 1
     # The device's own busy time this step, free of host scheduling noise. CPU runs (a
-    # SIMULATED device): the rank's main-thread CPU time (intra-op threads = 1) plus the
-    # injected slow_rank/throttle slow-down, the CPU analogue of GPU kernel time; wall-clock
-    # compute_ms on a shared, oversubscribed CPU carries 15-30 % per-step scheduling noise that a
-    # GPU does not have. None where not measured (GPU runs today): analyzers fall back to compute_ms.
+    # SIMULATED device): the rank's main-thread CPU time (intra-op threads = 1), less the CPU it
+    # spends inside collectives, plus the injected slow_rank/throttle slow-down: the CPU analogue of
+    # GPU kernel time. Wall-clock compute_ms on a shared, oversubscribed CPU carries 7-16 % per-step
+    # scheduling noise that a GPU does not have (bench/signal_noise.py). None where not measured (GPU runs today): analyzers fall back to compute_ms.
     device_ms: float | None = None
 
 

@@ -1,0 +1,79 @@
+"""Per-step noise of the straggler analyzer's two compute signals, side by side on the same runs.
+
+For every recorded run that carries ``device_ms``: each rank's score per step is log(its signal / the
+leave-one-out median of its comparable peers in that step) (peers: the ranks of the same pipeline stage),
+exactly as analyzers/stragglers.py scores it; the noise is the scores' robust sigma over time, median over
+ranks (``analyzers._common.temporal_sigma``), over the steps before any injected fault starts (the first
+step, a warm-up, left out). Printed for wall-clock ``compute_ms`` and for ``device_ms``, and their ratio.
+
+    .venv/bin/python bench/signal_noise.py --store bench/results/detect-runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analyzers._common import leave_one_out_median, temporal_sigma  # noqa: E402
+from analyzers.loader import LoadError, known_runs, load_run  # noqa: E402
+from analyzers.stragglers import _peer_groups  # noqa: E402
+
+
+def sigma(data, steps, col: str) -> float:
+    comp = steps.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+    scores = []
+    for members in _peer_groups(data, list(comp.index)).values():
+        if len(members) < 2:
+            continue
+        sub = comp.loc[members]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores.append(np.log(sub / leave_one_out_median(sub)))
+    if not scores:
+        return float("nan")
+    import pandas as pd
+
+    return temporal_sigma(pd.concat(scores))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", default=str(ROOT / "bench" / "results" / "detect-runs"))
+    args = ap.parse_args(argv)
+    rows = []
+    for run_id in known_runs(args.store):
+        try:
+            data = load_run(args.store, run_id, progress=False)
+        except LoadError as e:
+            print(f"{run_id}: skipped ({e})")
+            continue
+        if data.compute_signal() != "device_ms":
+            continue
+        first = int(data.steps["step"].min()) + 1
+        onset = min((f.start for f in data.manifest.faults), default=None) if data.manifest else None
+        st = data.steps[(data.steps["step"] >= first) & ((data.steps["step"] < onset) if onset else True)]
+        if st["step"].nunique() < 5:
+            continue
+        lay = data.layout
+        name = f"dp{lay.get('dp')}" + (f"tp{lay['tp']}" if lay.get("tp", 1) > 1 else "") + (f"pp{lay['pp']}" if lay.get("pp", 1) > 1 else "")
+        rows.append((run_id, name, sigma(data, st, "compute_ms"), sigma(data, st, "device_ms")))
+    print("| run | layout | sigma, wall-clock compute_ms | sigma, device_ms | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for run_id, name, w, d in rows:
+        print(f"| {run_id} | {name} | {w:.3f} | {d:.3f} | {w / d if d else float('nan'):.1f}x |")
+    for name in sorted({r[1] for r in rows}):
+        ws = [r[2] for r in rows if r[1] == name]
+        ds = [r[3] for r in rows if r[1] == name]
+        print(f"- {name}: median sigma wall-clock {statistics.median(ws):.3f}, device {statistics.median(ds):.3f} "
+              f"over {len(ws)} runs")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
