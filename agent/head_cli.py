@@ -33,13 +33,20 @@ def head(
     min_nodes: int = typer.Option(1, "--min-nodes", help="The policy never evicts below this many nodes."),
     confirm_rounds: int = typer.Option(3, "--confirm-rounds", help="Analysis rounds a finding must persist before an eviction."),
     evict_cooldown: float = typer.Option(600.0, "--evict-cooldown", help="Seconds between two evictions."),
+    priority: str = typer.Option("normal", "--priority", envvar="RANKSIGHT_HEAD_PRIORITY",
+                                 help="CPU/IO priority: normal (the head has a node of its own) | low (nice 19) | idle "
+                                      "(SCHED_IDLE: for a head that must share the training cores)."),
 ) -> None:
     """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
     from agent.api import make_server
     from agent.head import Head, tune_gc
+    from agent.node import PRIORITIES, set_priority
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if priority not in PRIORITIES:
+        raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
+    set_priority(priority, who="ranksight head")  # before the head's threads start: they inherit it
     if not token:
         token = secrets.token_urlsafe(24)
         print(f"ranksight head: generated token (give it to agents as --token or RANKSIGHT_TOKEN): {token}", flush=True)
@@ -83,7 +90,7 @@ def head(
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     t.start()
     print(f"ranksight head: listening on http://{srv.server_address[0]}:{srv.server_address[1]} "
-          f"store={os.path.abspath(store)} pid={os.getpid()}", flush=True)
+          f"store={os.path.abspath(store)} pid={os.getpid()} priority={priority}", flush=True)
     stop.wait()
     srv.shutdown()
     srv.server_close()

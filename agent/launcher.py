@@ -27,7 +27,8 @@ class DataPath:
     def __init__(self, store: str | os.PathLike, run_id: str, nodes: int, *, head_port: int | None = None,
                  head_url: str | None = None, token: str | None = None, metrics_ports: list[int] | None = None,
                  sim_gpu: str = "auto", python: str = sys.executable, extra_env: dict | None = None,
-                 head_args: list[str] | None = None):
+                 head_args: list[str] | None = None, agent_priority: str | None = None,
+                 head_priority: str | None = None):
         self.rd = RunDir(store, run_id)
         self.nodes = nodes
         self.token = token or os.environ.get("RANKSIGHT_TOKEN") or secrets.token_urlsafe(24)
@@ -37,6 +38,10 @@ class DataPath:
         self.metrics_ports = metrics_ports or [free_port() for _ in range(nodes)]
         self.sim_gpu = sim_gpu
         self.head_args = list(head_args or [])  # extra ``ranksight head`` options (e.g. --evict on)
+        # ``--priority`` of the agents and the head (idle | low | normal). None: the command's default (agent: idle on
+        # Linux, head: normal), or RANKSIGHT_AGENT_PRIORITY / RANKSIGHT_HEAD_PRIORITY from the environment.
+        self.agent_priority = agent_priority
+        self.head_priority = head_priority
         self.python = python
         self.env = {**os.environ, "RANKSIGHT_TOKEN": self.token, **(extra_env or {})}
         self.head: subprocess.Popen | None = None
@@ -54,13 +59,15 @@ class DataPath:
 
     def start(self, timeout: float = 30.0) -> "DataPath":
         if self.own_head:
+            prio = ["--priority", self.head_priority] if self.head_priority else []
             self.head = self._spawn("head", ["head", "--store", str(self.rd.store), "--port", str(self.head_port),
-                                               *self.head_args])
+                                               *prio, *self.head_args])
             self.wait_head(timeout)
         for n in range(self.nodes):
             self.agents.append(self._spawn(f"agent-node{n}", [
                 "agent", "--store", str(self.rd.store), "--run-id", self.rd.run_id, "--node", str(n),
-                "--head", self.head_url, "--metrics-port", str(self.metrics_ports[n]), "--sim-gpu", self.sim_gpu]))
+                "--head", self.head_url, "--metrics-port", str(self.metrics_ports[n]), "--sim-gpu", self.sim_gpu,
+                *(["--priority", self.agent_priority] if self.agent_priority else [])]))
         return self
 
     def wait_head(self, timeout: float = 30.0) -> None:

@@ -30,16 +30,22 @@ def agent(
     dcgm_url: str | None = typer.Option(None, "--dcgm-url", help="Read GPU data from a dcgm-exporter /metrics URL instead of NVML."),
     host: str | None = typer.Option(None, "--host", help="Host name to report (default: this machine's)."),
     outbox_mb: int = typer.Option(256, "--outbox-mb", help="Disk buffer while the head is unreachable; oldest dropped (and counted) beyond it."),
+    priority: str = typer.Option("", "--priority", envvar="RANKSIGHT_AGENT_PRIORITY", show_default=False,
+                                 help="CPU/IO priority: idle (the default on Linux: SCHED_IDLE, runs only on cores "
+                                      "training leaves idle) | low (nice 19) | normal."),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read."""
-    from agent.node import NodeAgent
+    from agent.node import PRIORITIES, NodeAgent, default_priority, set_priority
     from ranksight.layout import RunDir
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if sim_gpu not in ("auto", "on", "off"):
         raise typer.BadParameter("--sim-gpu must be auto, on or off")
+    priority = priority or default_priority()
+    if priority not in PRIORITIES:
+        raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
     if not token:
         raise typer.BadParameter("a token is required: --token or RANKSIGHT_TOKEN (the head prints one)")
     if run_dir is not None:
@@ -50,12 +56,14 @@ def agent(
         rd = RunDir(store, run_id)
     else:
         raise typer.BadParameter("give --run-dir, or --store and --run-id")
+    # Before any thread starts: Linux scheduling policy is per thread, and threads inherit it.
+    set_priority(priority, who="ranksight agent")
     a = NodeAgent(rd, node, head, token, gpu_interval=gpu_interval, ship_interval=ship_interval,
                   metrics_port=metrics_port, bind=bind, sim_gpu=sim_gpu, dcgm_url=dcgm_url, host=host,
                   outbox_bytes=outbox_mb * 1024 * 1024)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"ranksight agent: node {node} run {rd.run_id} pid {os.getpid()}", flush=True)
+    print(f"ranksight agent: node {node} run {rd.run_id} pid {os.getpid()} priority {priority}", flush=True)
     a.run(stop)
     print("ranksight agent: stopped", flush=True)

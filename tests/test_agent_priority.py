@@ -1,0 +1,150 @@
+"""The node agent (and the head, when asked) run below training: SCHED_IDLE on every thread, or nice 19.
+
+Read back from the kernel (``os.sched_getscheduler`` / ``os.getpriority`` per thread id, and
+``/proc/<pid>/sched``), so these fail if a thread is left at the normal policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import agent.node as node_mod
+from agent.launcher import DataPath
+from agent_helpers import REPO, TOKEN, http_json, wait_for
+from conftest import free_port
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"),
+                                reason="SCHED_IDLE and /proc are Linux only")
+
+
+def _threads(pid: int) -> list[int]:
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+def _sched_policy(pid: int) -> int:
+    """The ``policy`` line of /proc/<pid>/sched (5 = SCHED_IDLE)."""
+    with open(f"/proc/{pid}/sched") as f:
+        for line in f:
+            if line.startswith("policy"):
+                return int(line.split(":")[1])
+    raise AssertionError("no policy line in /proc/<pid>/sched")
+
+
+def _spawn(args: list[str], tmp_path, name: str, env_extra: dict | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANKSIGHT_AGENT_PRIORITY", "RANKSIGHT_HEAD_PRIORITY")}
+    env.update({"RANKSIGHT_TOKEN": TOKEN, "PYTHONPATH": str(REPO), **(env_extra or {})})
+    log = open(tmp_path / f"{name}.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "ranksight.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                            env=env, cwd=REPO, start_new_session=True)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
+def _agent_args(tmp_path, metrics_port: int) -> list[str]:
+    # The head is not there: the agent keeps its batches in the outbox and goes on running.
+    return ["agent", "--store", str(tmp_path / "runs"), "--run-id", "r1", "--node", "0",
+            "--head", f"http://127.0.0.1:{free_port()}", "--metrics-port", str(metrics_port), "--sim-gpu", "off"]
+
+
+def test_agent_command_puts_every_thread_at_sched_idle_by_default(tmp_path):
+    port = free_port()
+    p = _spawn(_agent_args(tmp_path, port), tmp_path, "agent")
+    try:
+        # /healthz answers once run() started its HTTP server; the sampler and OTel reader threads start with it
+        wait_for(lambda: http_json(f"http://127.0.0.1:{port}/healthz")[1]["ok"], 60, what="the agent's /healthz")
+        wait_for(lambda: len(_threads(p.pid)) >= 4, 30, what="the agent's threads")
+        tids = _threads(p.pid)
+        assert {t: os.sched_getscheduler(t) for t in tids} == {t: os.SCHED_IDLE for t in tids}
+        assert _sched_policy(p.pid) == os.SCHED_IDLE
+    finally:
+        _kill(p)
+    assert "priority idle" in (tmp_path / "agent.log").read_text()
+
+
+def test_agent_priority_low_is_nice_19_on_every_thread_and_normal_is_untouched(tmp_path):
+    for prio, env in (("low", {}), ("normal", {"RANKSIGHT_AGENT_PRIORITY": "normal"})):
+        port = free_port()
+        args = _agent_args(tmp_path, port) + (["--priority", prio] if prio == "low" else [])
+        p = _spawn(args, tmp_path, f"agent-{prio}", env)
+        try:
+            wait_for(lambda: http_json(f"http://127.0.0.1:{port}/healthz")[1]["ok"], 60, what="the agent's /healthz")
+            wait_for(lambda: len(_threads(p.pid)) >= 4, 30, what="the agent's threads")
+            tids = _threads(p.pid)
+            want_nice = 19 if prio == "low" else os.getpriority(os.PRIO_PROCESS, 0)
+            assert {t: os.sched_getscheduler(t) for t in tids} == {t: os.SCHED_OTHER for t in tids}
+            assert {t: os.getpriority(os.PRIO_PROCESS, t) for t in tids} == {t: want_nice for t in tids}
+        finally:
+            _kill(p)
+
+
+def test_head_priority_idle(tmp_path):
+    port = free_port()
+    p = _spawn(["head", "--store", str(tmp_path / "runs"), "--port", str(port), "--priority", "idle"], tmp_path, "head")
+    try:
+        wait_for(lambda: http_json(f"http://127.0.0.1:{port}/api/health")[1]["ok"], 60, what="the head")
+        tids = _threads(p.pid)
+        assert len(tids) >= 3  # HTTP server, flusher, analyzer: started after the policy was set
+        assert {t: os.sched_getscheduler(t) for t in tids} == {t: os.SCHED_IDLE for t in tids}
+    finally:
+        _kill(p)
+
+
+def test_threads_started_later_inherit_it(tmp_path):
+    code = ("import json, os, threading; from agent.node import set_priority, current_priority\n"
+            "notes = set_priority('idle')\n"
+            "out = {}\n"
+            "t = threading.Thread(target=lambda: out.update(thread=current_priority(threading.get_native_id())))\n"
+            "t.start(); t.join()\n"
+            "print(json.dumps({'notes': notes, 'main': current_priority(), **out}))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"notes": [], "main": "idle", "thread": "idle"}
+
+
+def test_refused_priority_is_logged_and_the_process_goes_on(monkeypatch, caplog):
+    def refuse(*a):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(node_mod.os, "sched_setscheduler", refuse)
+    monkeypatch.setattr(node_mod.os, "setpriority", refuse)
+    monkeypatch.setattr(node_mod, "_ioprio_set", refuse)
+    notes = node_mod.set_priority("idle", who="test")
+    assert len(notes) == 3 and "SCHED_IDLE refused" in notes[0] and "nice 19 refused" in notes[1]
+    assert "I/O priority" in notes[2] and "SCHED_IDLE refused" in caplog.text
+    with pytest.raises(ValueError):
+        node_mod.set_priority("highest")
+
+
+def test_datapath_passes_the_priorities_through(tmp_path, monkeypatch):
+    spawned = {}
+
+    class Dummy:
+        pid = 0
+
+    def spawn(self, name, args):
+        spawned[name] = args
+        return Dummy()
+
+    monkeypatch.setattr(DataPath, "_spawn", spawn)
+    monkeypatch.setattr(DataPath, "wait_head", lambda self, timeout=30.0: None)
+    DataPath(tmp_path, "r1", nodes=2, agent_priority="low", head_priority="idle").start()
+    assert spawned["head"][spawned["head"].index("--priority") + 1] == "idle"
+    assert all(spawned[f"agent-node{n}"][spawned[f"agent-node{n}"].index("--priority") + 1] == "low" for n in (0, 1))
+    spawned.clear()
+    DataPath(tmp_path, "r2", nodes=1).start()  # not given: the commands' defaults (agent idle, head normal)
+    assert "--priority" not in spawned["head"] and "--priority" not in spawned["agent-node0"]
