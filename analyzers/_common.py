@@ -138,3 +138,31 @@ def transfer_ms(st: pd.DataFrame) -> pd.Series:
     min_wait = wait.groupby(st["step"]).transform("min")
     waiting = (wait - min_wait).fillna(0.0).clip(lower=0.0)
     return (st["comm_ms"] - waiting).clip(lower=0.0)
+
+
+def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int:
+    """Least-squares change point over [first - lookback, last]: the split maximising
+    n1*n2/(n1+n2) * (mean_after - mean_before)^2. CUSUM starts accumulating on the first noisy-high step,
+    which can be early, and a noisy dip can restart it late; this is the onset the data supports best."""
+    x = x.dropna()
+    idx = list(x.index)
+    if first not in idx:
+        return first
+    i0 = max(0, idx.index(first) - lookback)
+    seg = x.loc[idx[i0]:last].to_numpy(dtype=float)
+    steps = idx[i0: i0 + len(seg)]
+    n = len(seg)
+    if n < 2:
+        return first
+    csum = np.cumsum(seg)
+    j = np.arange(1, n)
+    mean_a = csum[:-1] / j
+    mean_b = (csum[-1] - csum[:-1]) / (n - j)
+    stat = j * (n - j) / n * (mean_b - mean_a) ** 2
+    # candidates may precede the excursion's start: in noisy data a dip can reset the CUSUM after the true onset
+    valid = mean_b > mean_a
+    if not valid.any():
+        return first
+    stat = np.where(valid, stat, -1.0)
+    best_t = steps[1 + int(np.argmax(stat))]
+    return int(best_t)

@@ -25,6 +25,7 @@ import pandas as pd
 
 from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, temporal_sigma,
                               transfer_ms)
+from analyzers.links import P2P_OPS, last_arriver_ops, slow_communicators
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -51,6 +52,14 @@ class CommConfig:
     last_min_ops: int = 6  # ... with at least this many ops where the rank was the last to arrive
     last_k: float = 6.0  # ... its median duration there exceeds its peers' by k sigma ...
     last_min_extra_ms: float = 4.0  # ... and by at least this much per op
+    link_window: int = 3  # slow communicator: steps pooled per judgement ...
+    link_min_ops: int = 4  # ... with at least this many of its ops ...
+    link_k: float = 4.0  # ... its median transfer exceeds its kind's by k sigma ...
+    link_min_extra_ms: float = 1.0  # ... and by at least this much ...
+    link_ratio: float = 1.5  # ... and this factor
+    link_corroborate_k: float = 1.0  # the named rank's other communicators are slower than their kind by k sigma
+    link_persist: int = 8  # ... in this many steps of link_persist_window: on a shared host one rank's transfers
+    link_persist_window: int = 10  # slow down for 3-6 steps at a time (its core busy); a slow link stays slow
     match_tol_ms: float = 10.0  # records of one op complete within this on every member (else seq numbers disagree)
     busbw_warn_frac: float = 0.5  # achieved busbw below this fraction of the nccl-tests baseline
     size_match: float = 4.0  # baseline row within this factor of the message size
@@ -165,6 +174,7 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
     cands += _self_delay(data, cfg, st, {c["rank"] for c in cands})
+    cands += slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), comp_ratio, {c["rank"] for c in cands})
     cands = _drop_link_partners(cands, data)
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
@@ -188,51 +198,54 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
             ))
             used |= set(members)
     for c in cands:
-        if c["rank"] in used:
-            continue
-        node = node_of.get(c["rank"])
-        if c.get("method") == "self_delay":
-            out.append(Finding(
-                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
-                step_start=c["onset"], step_end=c["end"],
-                evidence=dict(scope="rank", cause="slow_link", method="self_delay", onset_step=c["onset"], detected_at_step=c["confirmed"],
-                              last_arriver_op_ms=fnum(c["own"], 2), peers_last_arriver_op_ms=fnum(c["peers"], 2),
-                              extra_ms_per_op=fnum(c["own"] - c["peers"], 2), ops_per_step=fnum(c["ops_per_step"], 1),
-                              threshold_extra_ms=fnum(c["threshold"], 2), groups=c["groups"], steps_affected=c["n"]),
-                confidence=0.7,
-                summary=(f"rank {c['rank']} (node {node}) has a slow link since step {c['onset']}: when it is the last to arrive at a "
-                         f"collective, nobody is left to wait for, yet the op takes {c['own']:.1f} ms vs {c['peers']:.1f} ms when a peer "
-                         f"is last ({c['own'] - c['peers']:.1f} ms more per op, ~{c['ops_per_step']:.0f} ops a step)"),
-                recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
-            ))
-            continue
-        if c.get("method") == "wait_deficit":
-            out.append(Finding(
-                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
-                step_start=c["onset"], step_end=c["end"],
-                evidence=dict(scope="rank", cause="slow_link", method="wait_deficit", onset_step=c["onset"], detected_at_step=c["confirmed"],
-                              rank_sync_wait_ms=fnum(c["own"], 1), peers_sync_wait_ms=fnum(c["peers"], 1),
-                              unexplained_wait_ms=fnum(c["unexplained"], 1), arrival_lag_ms=fnum(c["lag"], 1), steps_affected=c["n"]),
-                confidence=0.7,
-                summary=(f"rank {c['rank']} (node {node}) has a slow link since step {c['onset']}: it arrives on time "
-                         f"(lag {c['lag']:.0f} ms) yet its peers wait {c['peers']:.0f} ms per step vs its own {c['own']:.0f} ms, "
-                         f"{c['unexplained']:.0f} ms unexplained by its arrival: its data reaches them late"),
-                recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
-            ))
-            continue
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[c["rank"]], nodes=[node] if node is not None else [],
-            step_start=c["onset"], step_end=c["end"],
-            evidence=dict(scope="rank", cause="slow_link", onset_step=c["onset"], detected_at_step=c["confirmed"],
-                          rank_transfer_ms=fnum(c["own"], 1), peers_transfer_ms=fnum(c["peers"], 1), ratio=fnum(c["ratio"], 2),
-                          extra_ms=fnum(c["own"] - c["peers"], 1), compute_ratio=fnum(c["comp_ratio"], 3), steps_affected=c["n"],
-                          threshold_extra_ms=fnum(min_extra, 1)),
-            confidence=0.75,
-            summary=(f"rank {c['rank']} (node {node}) has a slow link since step {c['onset']}: {c['own']:.1f} ms in transfers per step vs "
-                     f"peers {c['peers']:.1f} ms ({c['ratio']:.1f}x) with normal compute"),
-            recommendation=f"Check the network path of rank {c['rank']} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
-        ))
+        if c["rank"] not in used:
+            out.append(_rank_link_finding(c, node_of.get(c["rank"]), min_extra))
     return out
+
+
+def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
+    """One rank's slow link, with the evidence of the method that found it (``c["method"]``)."""
+    r, s0 = c["rank"], c["onset"]
+    where = f"rank {r} (node {node}) has a slow link since step {s0}"
+    method = c.get("method")
+    if method == "communicators":
+        slow = c["slow"][0]
+        evidence = dict(slow_communicators=c["slow"], corroborating_communicators=c["corroborating"],
+                        transfer_ms=fnum(c["own"], 2), kind_transfer_ms=fnum(c["peers"], 2), compute_ratio=fnum(c["comp_ratio"], 3))
+        also = ", ".join(f"{k} +{v:.1f} ms" for k, v in c["corroborating"].items() if k != slow["communicator"])
+        summary = (f"{where}: its ops on {slow['communicator']} move their data in {slow['transfer_ms']:.1f} ms vs "
+                   f"{slow['kind_transfer_ms']:.1f} ms on the other {slow['kind']} communicators (median of {slow['ops']} ops)"
+                   + (f", and its other communicators are slower than their kind too ({also})" if also else "")
+                   + "; its partners are slow only where they share a communicator with it")
+        confidence = 0.75
+    elif method == "self_delay":
+        evidence = dict(last_arriver_op_ms=fnum(c["own"], 2), peers_last_arriver_op_ms=fnum(c["peers"], 2),
+                        extra_ms_per_op=fnum(c["own"] - c["peers"], 2), ops_per_step=fnum(c["ops_per_step"], 1),
+                        threshold_extra_ms=fnum(c["threshold"], 2), groups=c["groups"])
+        summary = (f"{where}: when it is the last to arrive at a collective, nobody is left to wait for, yet the op takes "
+                   f"{c['own']:.1f} ms vs {c['peers']:.1f} ms when a peer is last ({c['own'] - c['peers']:.1f} ms more per op, "
+                   f"~{c['ops_per_step']:.0f} ops a step)")
+        confidence = 0.7
+    elif method == "wait_deficit":
+        evidence = dict(rank_sync_wait_ms=fnum(c["own"], 1), peers_sync_wait_ms=fnum(c["peers"], 1),
+                        unexplained_wait_ms=fnum(c["unexplained"], 1), arrival_lag_ms=fnum(c["lag"], 1))
+        summary = (f"{where}: it arrives on time (lag {c['lag']:.0f} ms) yet its peers wait {c['peers']:.0f} ms per step vs its own "
+                   f"{c['own']:.0f} ms, {c['unexplained']:.0f} ms unexplained by its arrival: its data reaches them late")
+        confidence = 0.7
+    else:  # the rank's transfer time per step against its peers'
+        evidence = dict(rank_transfer_ms=fnum(c["own"], 1), peers_transfer_ms=fnum(c["peers"], 1), ratio=fnum(c["ratio"], 2),
+                        extra_ms=fnum(c["own"] - c["peers"], 1), compute_ratio=fnum(c["comp_ratio"], 3),
+                        threshold_extra_ms=fnum(min_extra, 1))
+        summary = f"{where}: {c['own']:.1f} ms in transfers per step vs peers {c['peers']:.1f} ms ({c['ratio']:.1f}x) with normal compute"
+        confidence = 0.75
+    head = dict(scope="rank", cause="slow_link") | (dict(method=method) if method else {})
+    return Finding(
+        analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=[r], nodes=[node] if node is not None else [],
+        step_start=s0, step_end=c["end"],
+        evidence=head | dict(onset_step=s0, detected_at_step=c["confirmed"]) | evidence | dict(steps_affected=c["n"]),
+        confidence=confidence, summary=summary,
+        recommendation=f"Check the network path of rank {r} on node {node} (NIC, PCIe, NCCL transport); run nccl-tests on that node.",
+    )
 
 
 def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]) -> list[dict]:
@@ -278,7 +291,8 @@ def collective_wait_ms(data: RunData) -> pd.DataFrame:
     co = data.collectives
     if co.empty:
         return pd.DataFrame()
-    co = co[co["t_done"].notna()]
+    # p2p sends complete locally (their t_done says nothing about the peer): collectives only
+    co = co[co["t_done"].notna() & ~co["op"].isin(P2P_OPS)]
     if co.empty:
         return pd.DataFrame()
     g = co.groupby(["gkey", "seq"])
@@ -290,37 +304,6 @@ def collective_wait_ms(data: RunData) -> pd.DataFrame:
         return pd.DataFrame()
     late = (co.groupby(["gkey", "seq"])["t_arrive"].transform("max") - co["t_arrive"]) * 1000.0
     return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
-
-
-SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
-                 "all_gather_into_tensor", "reduce_scatter_tensor"}
-
-
-def last_arriver_ops(data: RunData, first_step: int | None = None) -> pd.DataFrame:
-    """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
-
-    The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
-    its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
-    ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
-    pairing is wrong, so such ops are dropped."""
-    co = data.collectives
-    if co.empty:
-        return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
-    # symmetric ops only: a rooted op (broadcast, reduce, scatter, gather) costs its root more than the others
-    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
-    if first_step is not None:
-        co = co[co["step"] >= first_step]
-    if co.empty:
-        return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
-    g = co.groupby(["gkey", "seq"])
-    n = g["rank"].transform("size")
-    size = co["group_ranks"].map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0)
-    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
-    ok = co[(n == size) & (size >= 2) & (spread <= CommConfig.match_tol_ms)]
-    if ok.empty:
-        return pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms"])
-    last = ok.loc[ok.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
-    return last[["gkey", "seq", "rank", "step", "duration_ms", "group"]].reset_index(drop=True)
 
 
 def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
@@ -363,7 +346,7 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     of ``window`` steps.
     Sensitive where ops are many and quick (tensor-parallel all-reduces); with a few long gloo all-reduces per
     step their duration noise keeps the threshold high."""
-    last = last_arriver_ops(data, int(st["step"].min()))
+    last = last_arriver_ops(data, int(st["step"].min()), cfg.match_tol_ms)
     if last.empty or last["rank"].nunique() < 2:
         return []
     steps = sorted(int(x) for x in st["step"].unique())

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import (confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, robust_sigma,
-                               temporal_sigma)
+from analyzers._common import (confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, refine_onset,
+                               robust_sigma, temporal_sigma)
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -174,34 +174,6 @@ def cusum_runs(logr: pd.Series, k: float, h: float, min_steps: int, high_share: 
         cur["end"] = last_high
         runs.append(cur)
     return runs
-
-
-def refine_onset(x: pd.Series, first: int, last: int, lookback: int = 10) -> int:
-    """Least-squares change point over [first - lookback, last]: the split maximising
-    n1*n2/(n1+n2) * (mean_after - mean_before)^2. CUSUM starts accumulating on the first noisy-high step,
-    which can be early, and a noisy dip can restart it late; this is the onset the data supports best."""
-    x = x.dropna()
-    idx = list(x.index)
-    if first not in idx:
-        return first
-    i0 = max(0, idx.index(first) - lookback)
-    seg = x.loc[idx[i0]:last].to_numpy(dtype=float)
-    steps = idx[i0: i0 + len(seg)]
-    n = len(seg)
-    if n < 2:
-        return first
-    csum = np.cumsum(seg)
-    j = np.arange(1, n)
-    mean_a = csum[:-1] / j
-    mean_b = (csum[-1] - csum[:-1]) / (n - j)
-    stat = j * (n - j) / n * (mean_b - mean_a) ** 2
-    # candidates may precede the excursion's start: in noisy data a dip can reset the CUSUM after the true onset
-    valid = mean_b > mean_a
-    if not valid.any():
-        return first
-    stat = np.where(valid, stat, -1.0)
-    best_t = steps[1 + int(np.argmax(stat))]
-    return int(best_t)
 
 
 def _data_extra_ms(data: RunData, rank: int, group: list[int], s0: int, s1: int) -> float | None:
@@ -545,11 +517,27 @@ def _analyze_attempt(data: RunData, cfg: StragglerConfig, st: pd.DataFrame) -> l
                       stage_median_compute_ms=fnum(c["own_ms"], 1), stage_baseline_compute_ms=fnum(c["baseline_ms"], 1),
                       ratio_vs_other_stages_drift=fnum(c["ratio"], 3), steps_affected=int(c["flagged"]),
                       threshold_ratio=fnum(c["threshold"], 3))
+            severity, note = _severity(c["ratio"], cfg), ""
+            # A member already named a straggler over that span pulls the stage's median up by itself (with two ranks a
+            # stage the median is their mean): what is left is the rest of the stage's own drift, a symptom at most.
+            named = sorted({r for f in findings if f.severity != "info" and f.step_start is not None
+                            and f.step_start <= c["end"] and (f.step_end is None or f.step_end >= c["onset"])
+                            for r in f.ranks if r in c["ranks"]})
+            rest = [r for r in c["ranks"] if r not in named]
+            if named and rest:
+                base_cols = comp.columns[: cfg.baseline_steps]
+                drift = (np.nanmedian(comp.loc[rest, c["onset"]:c["end"]].to_numpy(dtype=float))
+                         / np.nanmedian(comp.loc[rest, base_cols].to_numpy(dtype=float)))
+                ev |= dict(explained_by_ranks=named, rest_of_stage_drift=fnum(drift, 3))
+                severity = "info"
+                note = (f"; rank(s) {fmt_ranks(named)} of it are named stragglers over that span, the rest of the stage "
+                        f"drifted {drift:.2f}x")
             findings.append(Finding(
-                analyzer=NAME, kind="straggler", severity=_severity(c["ratio"], cfg), ranks=c["ranks"], nodes=nodes,
-                step_start=c["onset"], step_end=c["end"], evidence=ev, confidence=0.75,
+                analyzer=NAME, kind="straggler", severity=severity, ranks=c["ranks"], nodes=nodes,
+                step_start=c["onset"], step_end=c["end"], evidence=ev, confidence=0.75 if not named else 0.35,
                 summary=(f"pipeline stage {c['group']} (ranks {fmt_ranks(c['ranks'])}) slowed {c['ratio']:.2f}x against its own "
-                         f"baseline since step {c['onset']} ({c['baseline_ms']:.1f} -> {c['own_ms']:.1f} ms) while other stages did not"),
+                         f"baseline since step {c['onset']} ({c['baseline_ms']:.1f} -> {c['own_ms']:.1f} ms) while other stages did not"
+                         f"{note}"),
                 recommendation=(f"Inspect the hosts of stage {c['group']} (nodes {fmt_ranks(nodes)}); if one node holds the stage, "
                                 f"checkpoint and evict it."),
             ))

@@ -210,3 +210,116 @@ def test_long_transfers_spent_waiting_for_a_late_peer_are_not_a_slow_link():
     with_ops = with_records(data, recs)
     assert comm.collective_wait_ms(with_ops).loc[1, 10] > 75
     assert [f for f in comm.analyze(with_ops) if f.evidence.get("cause") == "slow_link"] == []
+
+
+def _with_ops(data, groups, delay_ms, ops=8, seed=0):
+    """Symmetric collectives on the given communicators ({name: [members, ...]}), ``ops`` per communicator a step in
+    random arrival order; ``delay_ms(rank, step)`` is the time a rank holds its data after arriving (a slow link)."""
+    import numpy as np
+
+    from ranksight.schema import CollectiveRecord
+
+    rng = np.random.default_rng(seed)
+    recs = []
+    st = data.steps
+    for s in sorted(int(x) for x in st["step"].unique()):
+        t0 = float(st.loc[st["step"] == s, "t_start"].min())
+        for name, comms in groups.items():
+            for i in range(ops):
+                for members in comms:
+                    arrive = {r: t0 + 0.005 * i + rng.uniform(0, 0.002) for r in members}
+                    ready = max(arrive[r] + delay_ms(r, s) / 1000 for r in members)
+                    done = ready + (1.0 + 0.1 * rng.standard_normal()) / 1000
+                    for r in members:
+                        recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=s * ops + i, op="all_reduce", group=name,
+                                                     group_ranks=list(members), nbytes=1 << 16, t_arrive=arrive[r], t_done=done,
+                                                     duration_ms=(done - arrive[r]) * 1000))
+    return with_records(data, recs)
+
+
+TP_DP = {"tp": [(0, 1), (2, 3)], "dp": [(0, 2), (1, 3)]}
+
+
+def test_slow_link_named_by_its_communicators():
+    # rank 1 holds its data 3 ms in every op from step 10: under the self-delay floor per op, but its TP group *and*
+    # its DP group are slower than the other TP / DP group, while its partners are slow only in the one they share
+    data = _with_ops(build(world=4, steps=24), TP_DP, lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0)
+    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "communicators")]
+    ev = fs[0].evidence
+    # confirmed once slow in 8 of 10 steps (a rank's transfers on a shared host slow down for up to 6 steps at a time)
+    assert 8 <= fs[0].step_start <= 10 and ev["detected_at_step"] <= 10 + 8
+    slow = {e["communicator"] for e in ev["slow_communicators"]} | set(ev["corroborating_communicators"])
+    assert slow == {"tp[0,1]", "dp[1,3]"}
+    assert all(3.5 <= e["transfer_ms"] <= 4.5 and 0.8 <= e["kind_transfer_ms"] <= 1.2 for e in ev["slow_communicators"])
+    assert "tp[0,1]" in fs[0].summary or "dp[1,3]" in fs[0].summary
+    # no delay: nothing
+    clean = _with_ops(build(world=4, steps=24), TP_DP, lambda r, s: 0.0)
+    assert [f for f in comm.analyze(clean) if f.severity != "info"] == []
+
+
+def test_one_slow_communicator_does_not_name_a_member():
+    # only the TP link between ranks 0 and 1 is slow (both hold their TP data 3 ms; their DP groups are fine): which
+    # end is at fault cannot be told from communicators, so no rank is named for it
+    from analyzers import links
+
+    data = _with_ops(build(world=4, steps=24), {"tp": TP_DP["tp"]}, lambda r, s: 3.0 if (r in (0, 1) and s >= 10) else 0.0)
+    data = _with_ops(data, {"dp": TP_DP["dp"]}, lambda r, s: 0.0, seed=1)
+    tr = links.op_transfers(data, 10)
+    per = tr.groupby("gkey")["transfer_ms"].median()
+    assert per["tp[0,1]"] > 3.5 and per["tp[2,3]"] < 1.5  # the TP link is slow ...
+    assert [f for f in comm.analyze(data) if f.evidence.get("method") == "communicators"] == []  # ... but no rank is named
+
+
+def _with_p2p(data, delay_ms, seed=0):
+    """A 2-stage pipeline (stage 0: ranks 0, 1; stage 1: ranks 2, 3; links 0<->2 and 1<->3), 4 micro-batches a step:
+    per micro-batch a forward send stage 0 -> 1 and a backward send back, recorded by the trainer's p2p hooks (a
+    send's arrival when posted, a recv's when its rank starts waiting). ``delay_ms(rank, step)``: the sender's data
+    leaves that much after it posted it (a slow link)."""
+    import numpy as np
+
+    from ranksight.schema import CollectiveRecord
+
+    rng = np.random.default_rng(seed)
+    recs, seq = [], {}
+    st = data.steps
+    for s in sorted(int(x) for x in st["step"].unique()):
+        t0 = float(st.loc[st["step"] == s, "t_start"].min())
+        for mb in range(4):
+            for k, (src, dst) in enumerate([(0, 2), (1, 3), (2, 0), (3, 1)]):
+                key = f"pp:{src}>{dst}"
+                n = seq.get(key, 0)
+                seq[key] = n + 1
+                t_send = t0 + 0.01 * mb + 0.004 * (k >= 2) + rng.uniform(0, 0.001)
+                t_wait = t_send + rng.uniform(-0.001, 0.001)
+                done = max(t_send + delay_ms(src, s) / 1000, t_wait) + (0.3 + 0.05 * rng.standard_normal()) / 1000
+                for r, op, arr in ((src, "send", t_send), (dst, "recv", t_wait)):
+                    recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=n, op=op, group=key, group_ranks=[src, dst],
+                                                 nbytes=1 << 16, t_arrive=arr, t_done=done if op == "recv" else t_send + 1e-4,
+                                                 duration_ms=None))
+    return with_records(data, recs)
+
+
+def test_p2p_transfers_pair_send_and_recv():
+    from analyzers import links
+
+    data = _with_p2p(build(world=4, steps=6), lambda r, s: 2.0 if r == 1 else 0.0)
+    tr = links.p2p_transfers(data)
+    assert len(tr) == 6 * 4 * 4 and set(tr["cls"]) == {links.P2P_CLASS}
+    per_link = tr.groupby("gkey")["transfer_ms"].median()
+    assert set(per_link.index) == {"pp:0>2[0,2]", "pp:1>3[1,3]", "pp:2>0[0,2]", "pp:3>1[1,3]"}
+    # the delayed link: its data arrives ~2 ms after the later of the two arrivals (the sender's, mostly)
+    assert 1.6 <= per_link["pp:1>3[1,3]"] <= 2.6 and per_link.drop("pp:1>3[1,3]").max() < 0.6
+    assert set(tr.loc[tr["gkey"] == "pp:1>3[1,3]", "suspects"]) == {(1,)}
+
+
+def test_slow_p2p_link_names_its_sender():
+    # rank 1's activations reach rank 3 2 ms late from step 10; rank 1 has no other communicator to compare, so the
+    # slow link it sends on names it (its receiver, rank 3, sends its gradients back at normal speed)
+    data = _with_p2p(build(world=4, steps=24), lambda r, s: 2.0 if (r == 1 and s >= 10) else 0.0)
+    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "communicators")]
+    assert [e["communicator"] for e in fs[0].evidence["slow_communicators"]] == ["pp:1>3[1,3]"]
+    assert 8 <= fs[0].step_start <= 10
+    clean = _with_p2p(build(world=4, steps=24), lambda r, s: 0.0)
+    assert [f for f in comm.analyze(clean) if f.severity != "info"] == []

@@ -283,3 +283,17 @@ def test_a_short_device_time_blip_nobody_waits_for_is_info():
     st.loc[early, "sync_arrival"] = st.loc[early, "step"].map(med) - 0.005
     (f,) = stragglers.analyze(data)
     assert f.ranks == [0] and f.severity == "info" and "only 3 steps" in f.summary
+
+
+def test_stage_drift_explained_by_a_named_member_is_info():
+    # pp=2 x dp=2: rank 3 computes 1.5x from step 10 and its stage partner rank 2 1.1x (a busy neighbour on its core):
+    # the stage's median rises ~1.3x, but the stage did not slow as a whole; rank 3 is the straggler
+    data = build(world=4, pp=2, steps=30, compute_factor=lambda r, s: (1.5 if r == 3 else 1.1 if r == 2 else 1.0) if s >= 10 else 1.0)
+    fs = stragglers.analyze(data)
+    assert [(f.ranks, f.severity) for f in fs if f.severity != "info"] == [([3], "warning")]
+    (stage,) = [f for f in fs if f.evidence.get("scope") == "stage"]
+    assert stage.severity == "info" and stage.evidence["explained_by_ranks"] == [3]
+    assert 1.05 <= stage.evidence["rest_of_stage_drift"] <= 1.15
+    # both ranks 1.3x: the whole stage slowed, a warning naming both
+    both = build(world=4, pp=2, steps=30, compute_factor=lambda r, s: 1.3 if (r >= 2 and s >= 10) else 1.0)
+    assert [(f.ranks, f.evidence.get("scope")) for f in stragglers.analyze(both) if f.severity != "info"] == [([2, 3], "stage")]

@@ -190,6 +190,14 @@ def test_pp_interleaved_nan_loss(tmp_path):
     assert s1[4].loss < s1[1].loss
     assert any(c.group == "pp" for c in collectives(sp[0]))
     assert manifest(tmp_path, "pp")["layout"]["virtual_stages"] == 2
+    # every pipeline send is recorded on its directed link and pairs with the peer's recv of the same seq (the
+    # interleaved schedule posts its recvs ahead and waits for them later: a recv arrives when it is waited for)
+    p2p = {(c.group, c.seq, c.op): c for r in (0, 1) for c in collectives(sp[r]) if c.op in ("send", "recv")}
+    sends = {(g, q) for g, q, op in p2p if op == "send"}
+    assert sends and sends == {(g, q) for g, q, op in p2p if op == "recv"}
+    assert {g for g, _ in sends} == {"pp:0>1", "pp:1>0"}
+    assert all(c.t_done is not None and c.t_done >= c.t_arrive for c in p2p.values())
+    assert all(c.group_ranks == [int(c.group[3]), int(c.group[5])] for c in p2p.values())
 
 
 def test_dp2_tp2(tmp_path):
@@ -251,7 +259,7 @@ def test_pp_fp16_overflow_then_hang(tmp_path):
     assert events(sp[1], "hang_entered")[0].step == 5
     assert not [c for c in collectives(sp[1]) if c.step == 5 and c.t_done is None]
     stuck = [c for c in collectives(sp[0]) if c.step == 5 and c.t_done is None]
-    assert stuck and set(stuck[0].group_ranks) == {0, 1}
+    assert stuck and set(stuck[0].group_ranks) == {0, 1} and stuck[0].op in ("send", "recv")
     assert "finished" not in [e.detail["reason"] for e in events(sp[0], "exit")]
 
 

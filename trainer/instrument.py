@@ -379,42 +379,72 @@ def install_tp_timing(recorder: Recorder) -> None:
 def install_pipeline_timing(recorder: Recorder) -> None:
     """Wrap ``torch.distributed.pipelining.schedules``' p2p helpers (looked up as module globals
     by every schedule). Time waiting for a p2p batch is pipeline wait; a slow_link delays
-    this rank's sends/recvs being posted."""
+    this rank's sends/recvs being posted.
+
+    Every send and recv is also recorded, as the flight recorder does: one CollectiveRecord per op on
+    a *directed link* communicator ``pp:<src>><dst>`` (group_ranks [src, dst], global ranks) whose
+    sequence number counts the transfers from src to dst, so the sender's k-th send and the
+    receiver's k-th recv pair up as one op instance. Arrival: a sender when it posts its data (before
+    any injected slow_link delay, as for collectives: the data leaving late is the link's time); a
+    receiver when it starts waiting for the data (a recv may be posted early and waited on later).
+    Completion: when this rank's wait on that op returned. A p2p op that never completed (the peer hung
+    or died) stays open and is written by ``flush_unfinished``: the hang analyzer then names the rank
+    that never joined."""
+    import torch.distributed as dist
     from torch.distributed.pipelining import schedules
 
     if getattr(schedules, "_ranksight_wrapped", False):
         return
     orig_wait, orig_batch = schedules._wait_batch_p2p, schedules._batch_p2p
+    # id(works list) -> (the list, its ops' records). Holding the list keeps its id from being reused.
+    pending: dict[int, tuple[list, list[_OpenCollective]]] = {}
 
     def _wait_batch_p2p(work):
         if not recorder.enabled:
             return orig_wait(work)
         t0, w0, cpu0 = time.perf_counter(), time.time(), time.thread_time()
-        try:
-            out = orig_wait(work)
-        except BaseException:
-            # The peer never sent/received (it hung or died): leave the evidence, a p2p wait
-            # that this rank entered and that never completed. (Successful waits are only
-            # summed into pipeline_wait_ms, to keep the spool small.)
-            seq = recorder.seq.get("pp", 0)
-            recorder.seq["pp"] = seq + 1
-            recorder.t.collectives.append(_OpenCollective("p2p_wait", "pp", recorder.group_ranks.get("pp", []),
-                                                          0, w0, False, seq))
-            raise
+        _, recs = pending.pop(id(work), (None, []))
+        for c in recs:
+            if c.op == "recv":
+                c.t_arrive = max(c.t_arrive, w0)
+        per_op = isinstance(work, list) and len(work) == len(recs)
+        for i, w in enumerate(work):
+            w.wait()
+            if per_op:
+                recs[i].t_done = time.time()
+        now = time.time()
+        for c in recs:
+            if c.t_done is None:
+                c.t_done = now
         recorder.add_pipeline_wait(time.perf_counter() - t0)
         recorder.t.comm_cpu += time.thread_time() - cpu0
-        return out
 
     def _batch_p2p(p2p_ops, desc=None):
-        if recorder.enabled and recorder.faults is not None:
-            if recorder.faults.has("hang") and p2p_ops:
-                recorder._hang_forever("p2p", "pp")
-            delay = recorder.faults.link_delay_s()
-            if delay > 0 and p2p_ops:
-                t0 = time.perf_counter()
-                time.sleep(delay)
-                recorder.add_pipeline_wait(time.perf_counter() - t0)
-        return orig_batch(p2p_ops, desc=desc) if desc is not None else orig_batch(p2p_ops)
+        recs: list[_OpenCollective] = []
+        if recorder.enabled and p2p_ops:
+            t_post = time.time()
+            if recorder.faults is not None:
+                if recorder.faults.has("hang"):
+                    recorder._hang_forever("p2p", "pp")
+                delay = recorder.faults.link_delay_s()
+                if delay > 0:
+                    t0 = time.perf_counter()
+                    time.sleep(delay)
+                    recorder.add_pipeline_wait(time.perf_counter() - t0)
+            for p in p2p_ops:
+                send = p.op in (dist.isend, dist.send)
+                src, dst = (recorder.rank, int(p.peer)) if send else (int(p.peer), recorder.rank)
+                group = f"pp:{src}>{dst}"
+                seq = recorder.seq.get(group, 0)
+                recorder.seq[group] = seq + 1
+                c = _OpenCollective("send" if send else "recv", group, [src, dst],
+                                    p.tensor.numel() * p.tensor.element_size(), t_post, False, seq)
+                recs.append(c)
+                recorder.t.collectives.append(c)
+        works = orig_batch(p2p_ops, desc=desc) if desc is not None else orig_batch(p2p_ops)
+        if recs:
+            pending[id(works)] = (works, recs)
+        return works
 
     schedules._wait_batch_p2p = _wait_batch_p2p
     schedules._batch_p2p = _batch_p2p

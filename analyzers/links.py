@@ -1,0 +1,232 @@
+"""Which link is slow: op instances' transfer times, compared communicator against communicator.
+
+Used by the comm analyzer (analyzers/comm.py). Two questions, one per function:
+
+- ``op_transfers``: for every op instance that all its participants recorded, how long its data took to
+  move once everybody was there. A collective: the duration seen by the last rank to arrive (nobody is
+  left to wait for, so what remains is the transfer, plus any delay of its own before its data leaves).
+  A pipeline p2p transfer (the trainer records each send and recv on a directed link ``pp:<src>><dst>``):
+  the receiver's completion minus the later of the two arrivals (the sender posting its data, the
+  receiver starting to wait for it).
+- ``slow_communicators``: a communicator whose transfers are persistently slower than those of the other
+  communicators of its kind (tp against tp, dp against dp, a p2p link against the other p2p links) is
+  slow; a rank is named when it is the one member common to the slow communicators (a rank on a slow
+  link slows every communicator it is in: its TP group *and* its data-parallel group; of a p2p link only
+  the sender is suspect, since its data is what arrives late).
+
+Pooling every op of a communicator over a few steps is what makes this sensitive where one op's excess
+is small (2-3 ms per op at the benchmark's low slow_link magnitude): a median over tens of ops, against
+the same kind of communicator on the same job, is steady to a fraction of a millisecond.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzers._common import confirmation_step, leave_one_out_median, persistent_runs, refine_onset, temporal_sigma
+from analyzers.loader import RunData
+
+SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
+                 "all_gather_into_tensor", "reduce_scatter_tensor"}
+P2P_OPS = {"send", "recv"}
+P2P_CLASS = "pp link"  # every directed pipeline link is compared with the others
+
+TRANSFER_COLUMNS = ["gkey", "cls", "seq", "rank", "step", "transfer_ms", "suspects"]
+
+
+def last_arriver_ops(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
+
+    The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
+    its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
+    ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
+    pairing is wrong, so such ops are dropped."""
+    empty = pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"])
+    co = data.collectives
+    if co.empty:
+        return empty
+    # symmetric ops only: a rooted op (broadcast, reduce, scatter, gather) costs its root more than the others
+    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
+    if first_step is not None:
+        co = co[co["step"] >= first_step]
+    if co.empty:
+        return empty
+    g = co.groupby(["gkey", "seq"])
+    n = g["rank"].transform("size")
+    size = co["group_ranks"].map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0)
+    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
+    ok = co[(n == size) & (size >= 2) & (spread <= match_tol_ms)]
+    if ok.empty:
+        return empty
+    last = ok.loc[ok.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
+    return last[["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]].reset_index(drop=True)
+
+
+def p2p_transfers(data: RunData, first_step: int | None = None) -> pd.DataFrame:
+    """One row per pipeline p2p transfer both ends recorded: the link (gkey), its sequence number, the sender, the
+    step, and the transfer time: receiver's completion - max(sender's arrival, receiver's arrival), in ms."""
+    co = data.collectives
+    if co.empty:
+        return pd.DataFrame(columns=TRANSFER_COLUMNS)
+    p = co[co["op"].isin(P2P_OPS) & co["group"].astype(str).str.startswith("pp:")]
+    if first_step is not None:
+        p = p[p["step"] >= first_step]
+    send = p[p["op"] == "send"][["gkey", "seq", "rank", "step", "t_arrive"]]
+    recv = p[(p["op"] == "recv") & p["t_done"].notna()][["gkey", "seq", "t_arrive", "t_done"]]
+    if send.empty or recv.empty:
+        return pd.DataFrame(columns=TRANSFER_COLUMNS)
+    j = send.merge(recv, on=["gkey", "seq"], suffixes=("", "_recv"))
+    if j.empty:
+        return pd.DataFrame(columns=TRANSFER_COLUMNS)
+    xfer = (j["t_done"] - np.maximum(j["t_arrive"], j["t_arrive_recv"])) * 1000.0
+    return pd.DataFrame({"gkey": j["gkey"], "cls": P2P_CLASS, "seq": j["seq"], "rank": j["rank"], "step": j["step"],
+                         "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
+
+
+def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """Collectives' last-arriver durations and p2p transfers, one frame: gkey, cls (the kind of communicator it is
+    compared with), seq, rank (collective: the last arriver; p2p: the sender), step, transfer_ms, suspects (the
+    ranks a slow transfer points at: a collective's members, a p2p link's sender)."""
+    last = last_arriver_ops(data, first_step, match_tol_ms)
+    parts = []
+    if not last.empty:
+        parts.append(pd.DataFrame({
+            "gkey": last["gkey"], "cls": last["group"].astype(str), "seq": last["seq"], "rank": last["rank"], "step": last["step"],
+            "transfer_ms": last["duration_ms"].astype(float),
+            "suspects": [tuple(sorted(int(x) for x in gr)) for gr in last["group_ranks"]]}))
+    p2p = p2p_transfers(data, first_step)
+    if not p2p.empty:
+        parts.append(p2p)
+    if not parts:
+        return pd.DataFrame(columns=TRANSFER_COLUMNS)
+    return pd.concat(parts, ignore_index=True)
+
+
+def windowed_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: int) -> pd.DataFrame:
+    """communicator x step: the median transfer of the communicator's ops in steps (s - window, s], NaN with fewer
+    than ``min_ops`` ops there. Per communicator its ops sorted by step are one contiguous slice per window: two
+    searchsorted calls give every step's slice (the live head runs this every round over its window)."""
+    med = pd.DataFrame(np.nan, index=sorted(tr["gkey"].unique()), columns=steps)
+    s_arr = np.asarray(steps)
+    for key, sub in tr.groupby("gkey"):
+        sub = sub.sort_values("step", kind="stable")
+        st_arr = sub["step"].to_numpy()
+        dur = sub["transfer_ms"].to_numpy(dtype=float)
+        lo = np.searchsorted(st_arr, s_arr - window, side="right")
+        hi = np.searchsorted(st_arr, s_arr, side="right")
+        med.loc[key] = [float(np.median(dur[a:b])) if b - a >= min_ops else np.nan for a, b in zip(lo, hi)]
+    return med
+
+
+def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.DataFrame, skip: set[int]) -> list[dict]:
+    """Slow-link candidates (dicts, as comm._slow_links collects them) from communicators slower than their kind.
+
+    Per kind with at least two communicators: each communicator's windowed median transfer (``link_window`` steps,
+    at least ``link_min_ops`` ops) against the leave-one-out median of the others of its kind (its excess).
+
+    - A communicator is *slow* where its excess is >= max(``link_min_extra_ms``, ``link_k`` x the noise of the
+      kind's medians over time) and its median >= ``link_ratio`` x the reference, in ``persist`` of ``window`` steps.
+    - A suspect of a slow communicator (a collective's members, a p2p link's sender) is named when it is the only
+      suspect whose *other* communicators are all slower than their kind too over that span (median excess >=
+      ``link_corroborate_k`` sigma of their kind): a rank with a slow link slows every communicator it is in, its
+      partners only the one they share with it. A rank whose only compared communicator is a slow p2p link it sends
+      on is named on that alone.
+    - A rank that computes slowly (compute ratio >= 1.08) is the straggler analyzer's, not a slow link.
+    """
+    if not steps:
+        return []
+    tr = op_transfers(data, steps[0], cfg.match_tol_ms)
+    if tr.empty:
+        return []
+    excess_of: dict[str, pd.Series] = {}  # communicator -> its excess per step
+    sigma_of: dict[str, float] = {}  # communicator -> the noise of its kind
+    info: dict[str, dict] = {}
+    slow: list[dict] = []
+    for cls, sub in tr.groupby("cls"):
+        if sub["gkey"].nunique() < 2:
+            continue
+        med = windowed_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
+        if med.notna().sum(axis=0).max() < 2:
+            continue
+        per_step = windowed_medians(sub, steps, 1, 1)  # for the onset: the windowed medians smear it
+        step_excess = per_step - leave_one_out_median(per_step)
+        ref = leave_one_out_median(med)
+        excess = med - ref
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = med / ref.where(ref > 0)
+        sigma = temporal_sigma(med)
+        threshold = max(cfg.link_min_extra_ms, cfg.link_k * sigma)
+        for key, g in sub.groupby("gkey"):
+            key = str(key)
+            excess_of[key], sigma_of[key] = excess.loc[key], sigma
+            info[key] = dict(cls=str(cls), suspects=tuple(g["suspects"].iloc[0]))
+            flags = ((excess.loc[key] >= threshold) & (ratio.loc[key] >= cfg.link_ratio)).fillna(False)
+            for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
+                # the window reaches back link_window - 1 steps; within that, the change point of the per-step excess
+                # (a noisy spell just before a slow link began can chain onto it: the change point skips it)
+                confirmed = confirmation_step(flags, s0, cfg.link_persist)
+                onset = max(steps[0], s0 - cfg.link_window + 1)
+                onset = min(max(onset, refine_onset(step_excess.loc[key], onset, s1)), confirmed)
+                slow.append(dict(gkey=key, onset=onset, end=s1, n=n, threshold=threshold, confirmed=confirmed))
+    # each rank's compared communicators: those it is a suspect of
+    mine: dict[int, list[str]] = {}
+    for key, i in info.items():
+        for r in i["suspects"]:
+            mine.setdefault(int(r), []).append(key)
+
+    def corroborated(r: int, f: dict) -> list[dict] | None:
+        """r's other communicators over f's span that are slower than their kind; None when r is not singled out:
+        a collective's member needs all of them slower (and at least one), a p2p link's sender none."""
+        sender = info[f["gkey"]]["suspects"] == (r,)
+        rows = []
+        for key in mine.get(r, []):
+            if key == f["gkey"]:
+                continue
+            ex = excess_of[key].loc[f["onset"]:f["end"]]
+            level = float(np.nanmedian(ex.to_numpy(dtype=float))) if ex.notna().any() else float("nan")
+            if np.isfinite(level) and level > 0 and level >= cfg.link_corroborate_k * sigma_of[key]:
+                rows.append(dict(communicator=key, excess_ms=round(level, 2)))
+            elif not sender:
+                return None
+        if not rows and not sender:
+            return None  # one collective communicator alone cannot say which of its members is slow
+        return rows
+
+    by_rank: dict[int, dict] = {}
+    for f in sorted(slow, key=lambda f: (f["onset"], f["gkey"])):
+        named = {r: rows for r in info[f["gkey"]]["suspects"] if (rows := corroborated(int(r), f)) is not None}
+        if len(named) != 1:
+            continue
+        (r, rows), = named.items()
+        r = int(r)
+        if r in skip:
+            continue
+        ops = tr[(tr["gkey"] == f["gkey"]) & (tr["step"] >= f["onset"]) & (tr["step"] <= f["end"])]
+        kind = tr[(tr["cls"] == info[f["gkey"]]["cls"]) & (tr["gkey"] != f["gkey"]) & (tr["step"] >= f["onset"]) & (tr["step"] <= f["end"])]
+        ev = dict(communicator=f["gkey"], kind=info[f["gkey"]]["cls"], transfer_ms=round(float(ops["transfer_ms"].median()), 2),
+                  kind_transfer_ms=round(float(kind["transfer_ms"].median()), 2), ops=int(len(ops)), from_step=f["onset"],
+                  threshold_extra_ms=round(f["threshold"], 2))
+        c = by_rank.get(r)
+        if c is None or f["onset"] > c["end"] + cfg.window:
+            c = by_rank[r] = dict(rank=r, onset=f["onset"], end=f["end"], n=f["n"], method="communicators", confirmed=f["confirmed"],
+                                  slow=[], corroborating={}, ratio=float("nan"))
+        c["end"], c["n"] = max(c["end"], f["end"]), max(c["n"], f["n"])
+        c["slow"].append(ev)
+        for row in rows:
+            c["corroborating"].setdefault(row["communicator"], row["excess_ms"])
+    out = []
+    for r, c in by_rank.items():
+        cr = float("nan")
+        if r in compute_ratio.index:
+            span = [s for s in compute_ratio.columns if c["onset"] <= s <= c["end"]]
+            vals = compute_ratio.loc[r, span].to_numpy(dtype=float)
+            cr = float(np.nanmedian(vals)) if np.isfinite(vals).any() else float("nan")
+        if np.isfinite(cr) and cr >= 1.08:
+            continue  # a slow computer, not a slow link: the straggler analyzer owns it
+        c["comp_ratio"] = cr
+        c["own"] = float(np.median([e["transfer_ms"] for e in c["slow"]]))
+        c["peers"] = float(np.median([e["kind_transfer_ms"] for e in c["slow"]]))
+        c["groups_keys"] = sorted({e["communicator"] for e in c["slow"]} | set(c["corroborating"]))
+        out.append(c)
+    return out
