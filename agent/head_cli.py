@@ -40,7 +40,7 @@ def head(
     """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
     from agent.api import make_server
     from agent.head import Head, tune_gc
-    from agent.node import PRIORITIES, set_priority
+    from agent.node import PRIORITIES, serve_in_thread, set_priority, shutdown_server
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -87,12 +87,11 @@ def head(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    t.start()
+    serve_in_thread(srv, "head-http")
     print(f"ranksight head: listening on http://{srv.server_address[0]}:{srv.server_address[1]} "
           f"store={os.path.abspath(store)} pid={os.getpid()} priority={priority}", flush=True)
     stop.wait()
-    srv.shutdown()
+    shutdown_server(srv)
     srv.server_close()
     h.close()
     if sender is not None:

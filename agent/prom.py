@@ -111,28 +111,51 @@ class AgentMetrics:
         return ch
 
     def observe_step(self, rec) -> None:
+        self.observe_steps([rec])
+
+    def observe_steps(self, recs) -> None:
+        """A batch of step records in spool order (the agent passes one rank's records of a cycle). The same
+        series values as observing them one by one: every step time goes into the histogram, the counters grow
+        by the batch's sums, and each gauge takes the value of the last record that sets it; but each series is
+        touched once per batch instead of once per record (~15 updates per step record before)."""
+        if len(recs) > 1 and len({(r.run_id, r.rank, r.node) for r in recs}) > 1:
+            by: dict[tuple, list] = {}
+            for r in recs:
+                by.setdefault((r.run_id, r.rank, r.node), []).append(r)
+            for group in by.values():
+                self.observe_steps(group)
+            return
+        if not recs:
+            return
         c = self._child
-        c(self.step_duration, rec).observe(rec.step_ms / 1000.0)
-        c(self.step_compute, rec).set(rec.compute_ms / 1000.0)
-        c(self.step_comm, rec).set(rec.comm_ms / 1000.0)
-        c(self.step_data, rec).set(rec.data_ms / 1000.0)
-        c(self.step_pipe, rec).set(rec.pipeline_wait_ms / 1000.0)
-        c(self.steps, rec).inc()
-        if rec.tokens:
-            c(self.tokens, rec).inc(rec.tokens)
-        if rec.flops:
-            c(self.flops, rec).inc(rec.flops)
-        if rec.overflow:
-            c(self.overflow, rec).inc()
-        c(self.loss, rec).set(float("nan") if rec.loss is None else rec.loss)
-        if rec.grad_norm is not None:
-            c(self.grad_norm, rec).set(rec.grad_norm)
-        if rec.loss_scale is not None:
-            c(self.loss_scale, rec).set(rec.loss_scale)
-        c(self.last_step, rec).set(rec.step)
-        c(self.last_step_time, rec).set(rec.t_end)
-        if rec.mem_bytes:
-            c(self.mem, rec).set(rec.mem_bytes)
+        last = recs[-1]
+        h = c(self.step_duration, last)
+        for r in recs:
+            h.observe(r.step_ms / 1000.0)
+        c(self.step_compute, last).set(last.compute_ms / 1000.0)
+        c(self.step_comm, last).set(last.comm_ms / 1000.0)
+        c(self.step_data, last).set(last.data_ms / 1000.0)
+        c(self.step_pipe, last).set(last.pipeline_wait_ms / 1000.0)
+        c(self.steps, last).inc(len(recs))
+        tokens = [r.tokens for r in recs if r.tokens]
+        if tokens:
+            c(self.tokens, last).inc(sum(tokens))
+        flops = [r.flops for r in recs if r.flops]
+        if flops:
+            c(self.flops, last).inc(sum(flops))
+        overflows = sum(1 for r in recs if r.overflow)
+        if overflows:
+            c(self.overflow, last).inc(overflows)
+        c(self.loss, last).set(float("nan") if last.loss is None else last.loss)
+        for metric, field in ((self.grad_norm, "grad_norm"), (self.loss_scale, "loss_scale")):
+            v = next((getattr(r, field) for r in reversed(recs) if getattr(r, field) is not None), None)
+            if v is not None:
+                c(metric, last).set(v)
+        c(self.last_step, last).set(last.step)
+        c(self.last_step_time, last).set(last.t_end)
+        mem = next((r.mem_bytes for r in reversed(recs) if r.mem_bytes), None)
+        if mem:
+            c(self.mem, last).set(mem)
 
     def observe_manifest(self, run_id: str, manifest) -> None:
         """The run's manifest as read by the agent (None while it is missing or unreadable)."""
