@@ -282,8 +282,22 @@ def _cpu_of(pids: list[int]) -> float:
     return tot
 
 
+def _policy_of(pids: list[int]) -> str:
+    """The scheduling of these processes' threads as the kernel reports it (idle / nice N / mixed)."""
+    seen = set()
+    for pid in pids:
+        try:
+            for t in os.listdir(f"/proc/{pid}/task"):
+                tid = int(t)
+                seen.add("idle" if os.sched_getscheduler(tid) == getattr(os, "SCHED_IDLE", -1)
+                         else f"nice {os.getpriority(os.PRIO_PROCESS, tid)}")
+        except (OSError, AttributeError):
+            pass
+    return "/".join(sorted(seen)) or "?"
+
+
 def run_toggle_job(store: Path, run_id: str, nproc: int, steps: int, warmup: int, block: int, extra: list[str],
-                   job: str) -> dict:
+                   job: str, agent_priority: str = "idle", head_priority: str = "idle") -> dict:
     """One torchrun job with the instrumentation toggled in blocks, and with it (job ``observed``) the head and
     the agent, or (job ``agent``) the agent alone, the head staying awake; the per-rank rows."""
     with_agent = job in ("observed", "agent")
@@ -294,14 +308,17 @@ def run_toggle_job(store: Path, run_id: str, nproc: int, steps: int, warmup: int
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "PYTHONPATH": str(ROOT), "RANKSIGHT_NODE": "0", "RANKSIGHT_OVERHEAD_BLOCK": str(block),
            "RANKSIGHT_OVERHEAD_WARMUP": str(warmup), "RANKSIGHT_OVERHEAD_OUT": str(out_dir)}
-    dp = DataPath(store, run_id, nodes=1).start() if with_agent else None
+    dp = (DataPath(store, run_id, nodes=1, agent_priority=agent_priority, head_priority=head_priority).start()
+          if with_agent else None)
     pids: list[int] = []
     side_cpu = None
+    policies = None
     try:
         if dp is not None:
             time.sleep(1.0)  # let the agent finish importing before the pids are collected
             head_pids, agent_pids = _tree_pids([dp.head]), _tree_pids(dp.agents)
             pids = head_pids + agent_pids
+            policies = {"head": _policy_of(head_pids), "agent": _policy_of(agent_pids)}
             paused = pids if job == "observed" else agent_pids
             env["RANKSIGHT_OVERHEAD_PAUSE_PIDS"] = ",".join(map(str, paused))
         side0 = _cpu_of(pids)
@@ -342,7 +359,8 @@ def run_toggle_job(store: Path, run_id: str, nproc: int, steps: int, warmup: int
         ranks[d["rank"]] = d["rows"]
     if len(ranks) != nproc:
         raise SystemExit(f"{run_id}: expected {nproc} toggle files in {out_dir}, got {len(ranks)}")
-    return {"ranks": ranks, "side_cpu": side_cpu, "wall": wall, "side_samples": samples if pids else []}
+    return {"ranks": ranks, "side_cpu": side_cpu, "wall": wall, "side_samples": samples if pids else [],
+            "policies": policies}
 
 
 def _cpu_at(samples: list[tuple], t: float, i: int) -> float:
@@ -456,6 +474,11 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
                          "head or agent)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.md"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary store (run directories, toggle files)")
+    ap.add_argument("--agent-priority", default="idle", choices=("idle", "low", "normal"),
+                    help="the node agent's --priority (its default: idle)")
+    ap.add_argument("--head-priority", default="idle", choices=("idle", "low", "normal"),
+                    help="the head's --priority. Its default is normal (it has a node of its own); here it stands in "
+                         "for that separate head node but must share the training cores, so idle")
     a = ap.parse_args(argv)
     jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
     if not jobs or any(j not in WHAT for j in jobs):
@@ -469,7 +492,8 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
     results = []
     for i, job in enumerate(jobs):
         run_id = f"t{i}-{job}"
-        r = run_toggle_job(store, run_id, a.nproc, a.steps, a.warmup_steps, a.block, extra, job)
+        r = run_toggle_job(store, run_id, a.nproc, a.steps, a.warmup_steps, a.block, extra, job,
+                           agent_priority=a.agent_priority, head_priority=a.head_priority)
         pairs = pair_blocks(r["ranks"], a.warmup_steps, a.block)
         rows0 = [row for row in r["ranks"][0] if row[0] > a.warmup_steps]
         on_rows = [row for row in rows0 if row[1]]
@@ -494,6 +518,7 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
                           "on_head": head_s / (on_wall_s if head_counted else t_b - t_a),
                           "on_agent": agent_s / on_wall_s, "head_counted": head_counted}
         res = {"job": job, "pairs": len(pairs), "load": os.getloadavg(), "side_ms": side_ms_per_on_step,
+               "policies": r["policies"],
                "side_per_on_s": side_per_on_s, "side_cpu": r["side_cpu"], "steady": steady,
                **{k: summarize(pairs, k) for k in ("wall", "tcpu", "pcpu")},
                "all_cpu": summarize(pairs, "pcpu", add_on=side_ms_per_on_step)}
@@ -510,6 +535,7 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
               + (f"; head/agent CPU s per s: ON blocks {steady['on_head']:.3f}/{steady['on_agent']:.3f}, steady "
                  f"(warm-up) {steady['head']:.3f}/{steady['agent']:.3f}; ranks + head + agent CPU at the steady rate "
                  f"{_fmt(res['steady_cpu'], 'total')}" if steady is not None else "")
+              + (f"; threads at: agent {r['policies']['agent']}, head {r['policies']['head']}" if r["policies"] else "")
               + f"; load {res['load'][0]:.2f}", flush=True)
     if not a.keep:
         shutil.rmtree(store, ignore_errors=True)
@@ -524,6 +550,13 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
         f"Date (UTC): {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}; {os.cpu_count()} CPU cores shared with other "
         f"work; load average at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f} (1/5/15 min); "
         f"wall {time.time() - t0:.0f} s.",
+        "",
+        f"Priorities: node agent `--priority {a.agent_priority}`, head `--priority {a.head_priority}` "
+        + ("(the head's own default is normal: it runs on a head node of its own; here it stands in for that node "
+           "but has to share the two training cores, so it runs at idle priority too, in the agent and the observed "
+           "job alike)" if a.head_priority == "idle" else "") + "; as the kernel reported their threads: "
+        + "; ".join(f"{res['job']}: agent {res['policies']['agent']}, head {res['policies']['head']}"
+                    for res in results if res.get("policies")) + ".",
         "",
         f"Config: `torchrun --standalone --nproc-per-node {a.nproc} -m trainer {' '.join(MODEL + extra)} "
         f"--steps {a.steps}`, toggle mode: steps 1..{a.warmup_steps} everything on, then blocks of {a.block} steps "
