@@ -933,11 +933,11 @@ class _LeanSession:
                 reused = self._conn is not None
                 if not reused:
                     self._conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-                else:
-                    self._conn.timeout = timeout
-                    if self._conn.sock is not None:
-                        self._conn.sock.settimeout(timeout)
                 try:
+                    if reused:
+                        self._conn.timeout = timeout
+                        if self._conn.sock is not None:
+                            self._conn.sock.settimeout(timeout)
                     self._conn.request(method, path, body=data, headers=dict(headers or {}))
                     r = self._conn.getresponse()
                     body = r.read()

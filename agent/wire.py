@@ -201,6 +201,25 @@ def packed_count(lay: PackedLayout, payload: bytes) -> int:
     return len(payload) // size
 
 
+_pack_plans: dict[str, tuple | None] = {}
+
+
+def _pack_plan(kind: str, lay: PackedLayout) -> tuple | None:
+    """Where each field of ``lay`` sits in ``msgspec.structs.astuple`` of a record (the layout lists the
+    struct's fields in order, less run_id), and which of them are strings and nullable floats."""
+    plan = _pack_plans.get(kind, False)
+    if plan is False:
+        names = [f.name for f in msgspec.structs.fields(BATCH_KINDS[kind][0])]
+        keep = [i for i, n in enumerate(names) if n != "run_id"]
+        plan = None
+        if [names[i] for i in keep] == list(lay.dtype.names):
+            plan = (names.index("run_id"), keep,
+                    [j for j, i in enumerate(keep) if lay.codes[names[i]].startswith("S")],
+                    [j for j, i in enumerate(keep) if lay.codes[names[i]] == "f8"])
+        _pack_plans[kind] = plan
+    return plan
+
+
 def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | None:
     """(layout, body) for ``records`` of ``kind`` (agent side), or None when they cannot be packed
     exactly (a record of another run, a string longer than the field or holding NUL, an integer
@@ -210,27 +229,34 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
         return None
     lay = packed_layout_of(kind, layout)
     names = lay.dtype.names
-    strs = [n for n in names if lay.codes[n].startswith("S")]
+    plan = _pack_plan(kind, lay)
+    if plan is None:
+        return None
+    run_idx, keep, str_pos, f8_pos = plan
     rows = []
-    width = dict.fromkeys(strs, 8)
+    width = [8] * len(str_pos)
+    nan = float("nan")
+    astuple = msgspec.structs.astuple
     try:
         for r in records:
-            if r.run_id != run_id:
+            t = astuple(r)
+            if t[run_idx] != run_id:
                 return None
-            row = []
-            for n in names:
-                v = getattr(r, n)
-                if n in width:
-                    v = v.encode()
-                    if len(v) > PACKED_STR_BYTES or b"\0" in v:
-                        return None
-                    width[n] = max(width[n], len(v))
-                elif v is None:
-                    v = float("nan")
-                row.append(v)
+            row = [t[i] for i in keep]
+            for k, j in enumerate(str_pos):
+                v = row[j].encode()
+                if len(v) > PACKED_STR_BYTES or b"\0" in v:
+                    return None
+                if len(v) > width[k]:
+                    width[k] = len(v)
+                row[j] = v
+            for j in f8_pos:
+                if row[j] is None:
+                    row[j] = nan
             rows.append(tuple(row))
-        if strs:  # string fields as wide as this batch needs (a multiple of 8), not PACKED_STR_BYTES
-            layout = ",".join(f"{n}:S{-(-width[n] // 8) * 8}" if n in width else f"{n}:{lay.codes[n]}" for n in names)
+        if str_pos:  # string fields as wide as this batch needs (a multiple of 8), not PACKED_STR_BYTES
+            w = {names[j]: width[k] for k, j in enumerate(str_pos)}
+            layout = ",".join(f"{n}:S{-(-w[n] // 8) * 8}" if n in w else f"{n}:{lay.codes[n]}" for n in names)
             lay = packed_layout_of(kind, layout)
         return layout, np.array(rows, dtype=lay.dtype).tobytes()
     except (OverflowError, TypeError, ValueError, AttributeError):

@@ -148,3 +148,91 @@ def test_datapath_passes_the_priorities_through(tmp_path, monkeypatch):
     spawned.clear()
     DataPath(tmp_path, "r2", nodes=1).start()  # not given: the commands' defaults (agent idle, head normal)
     assert "--priority" not in spawned["head"] and "--priority" not in spawned["agent-node0"]
+
+
+# -- the agent's quieter plumbing: the exporters' HTTP session and the HTTP server's shutdown ----------------------
+
+def _counting_server(close_after: int | None = None):
+    """A keep-alive HTTP/1.1 server that counts connections; it closes a connection after ``close_after`` requests."""
+    from http.server import ThreadingHTTPServer
+
+    from agent.http import NoDelayHandler
+
+    conns, bodies = [], []
+
+    class H(NoDelayHandler):
+        def setup(self):
+            super().setup()
+            conns.append(self.client_address)
+            self.n = 0
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            bodies.append((self.path, self.headers.get("Content-Type"), self.rfile.read(int(self.headers["Content-Length"]))))
+            self.n += 1
+            out = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            if close_after is not None and self.n >= close_after:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(out)
+
+    class S(ThreadingHTTPServer):
+        daemon_threads = True
+
+    srv = S(("127.0.0.1", 0), H)
+    t = node_mod.serve_in_thread(srv, "test-http")
+    return srv, t, conns, bodies
+
+
+def test_lean_session_keeps_one_connection_and_reconnects(monkeypatch):
+    for k in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    srv, t, conns, bodies = _counting_server()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/logs"
+    s = node_mod._exporter_session(url)
+    assert isinstance(s, node_mod._LeanSession)
+    try:
+        for i in range(3):
+            r = s.request("POST", url, headers={"Content-Type": "application/x-protobuf"}, data=b"x" * (i + 1), timeout=5)
+            assert r.status_code == 200 and r.content == b"ok" and r.text == "ok"
+        assert len(conns) == 1  # kept alive
+        assert [b for _, _, b in bodies] == [b"x", b"xx", b"xxx"] and bodies[0][:2] == ("/v1/logs", "application/x-protobuf")
+        s._conn.sock.close()  # the connection dies between two exports: the next one opens a new one
+        assert s.request("POST", url, data=b"y", timeout=5).status_code == 200 and len(conns) == 2
+    finally:
+        node_mod.shutdown_server(srv)
+        srv.server_close()
+    t.join(10)
+    assert not t.is_alive()
+    import requests
+
+    with pytest.raises(requests.exceptions.ConnectionError):  # the SDK retries these (is_connection_error)
+        node_mod._LeanSession(url).request("POST", url, data=b"z", timeout=5)
+
+
+def test_lean_session_follows_connection_close():
+    srv, t, conns, bodies = _counting_server(close_after=1)
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1/metrics"
+    s = node_mod._LeanSession(url)
+    try:
+        assert [s.request("POST", url, data=b"a", timeout=5).status_code for _ in range(3)] == [200, 200, 200]
+        assert len(conns) == 3 and s._conn is None
+    finally:
+        node_mod.shutdown_server(srv)
+        srv.server_close()
+
+
+def test_exporters_use_requests_for_tls_and_proxies(monkeypatch):
+    import requests
+
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert isinstance(node_mod._exporter_session("https://head:4318/v1/logs"), requests.Session)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    assert isinstance(node_mod._exporter_session("http://head:4318/v1/logs"), requests.Session)
+    monkeypatch.setenv("NO_PROXY", "head")
+    assert isinstance(node_mod._exporter_session("http://head:4318/v1/logs"), node_mod._LeanSession)
