@@ -551,8 +551,8 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
         f"work; load average at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f} (1/5/15 min); "
         f"wall {time.time() - t0:.0f} s.",
         "",
-        f"Priorities: node agent `--priority {a.agent_priority}`, head `--priority {a.head_priority}` "
-        + ("(the head's own default is normal: it runs on a head node of its own; here it stands in for that node "
+        f"Priorities: node agent `--priority {a.agent_priority}`, head `--priority {a.head_priority}`"
+        + (" (the head's own default is normal: it runs on a head node of its own; here it stands in for that node "
            "but has to share the two training cores, so it runs at idle priority too, in the agent and the observed "
            "job alike)" if a.head_priority == "idle" else "") + "; as the kernel reported their threads: "
         + "; ".join(f"{res['job']}: agent {res['policies']['agent']}, head {res['policies']['head']}"
