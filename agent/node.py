@@ -22,6 +22,10 @@ Alongside: a sampler thread (GPU every ``gpu_interval``, host stats), the OTel
 SDK's metric pipeline (periodic OTLP metrics: best effort, the authoritative
 samples travel as logs), and one HTTP server for Prometheus ``/metrics`` and
 the token-protected ``POST /control`` the head uses to request actions.
+
+``ranksight agent`` puts the whole process below training first (``set_priority``:
+SCHED_IDLE on every thread by default), so it only uses core time the ranks leave
+idle; its lag metric shows what that costs when every core is busy.
 """
 
 from __future__ import annotations

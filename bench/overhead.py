@@ -29,6 +29,10 @@ work on the machine, it shows what the trainer-side instrumentation burns). Jobs
 - ``observed``: instrumentation + head + agent toggled together (the goal's figure);
 - ``instr``: no head/agent at all, only the trainer's instrumentation toggled.
 
+Priorities: the agent runs at ``--agent-priority`` (default idle, its own default) and the head at
+``--head-priority`` (default idle: the head stands in for a head node of its own, but here it has to share the
+training cores); the report states both and the policy the kernel reported for their threads.
+
 Bias to know about: the agent's and head's timers run on while they are stopped, so each ON
 block starts with an overdue agent cycle: the agent works somewhat *more* per ON second than it
 would running steadily (reported: their CPU seconds per ON second), so the observed ratio errs
