@@ -31,6 +31,12 @@ def test_replay_scores_recorded_runs(tmp_path, capsys):
     # a slow link of rank 1 in dp2 x pp2: found; its pipeline partner (rank 3, held up by its late sends) is not blamed
     pl = rows["real-dp2pp2-slowlink"]
     assert pl["fault"] == "slow_link" and pl["recall"] == 1.0 and pl["precision"] == 1.0 and pl["false_findings"] == []
+    # the low slow_link magnitudes, under the self-delay floor per op, found by the communicators signature: dp2pp2 at
+    # 2 ms per p2p op (recorded with the per-op p2p records) and dp2tp2 at 3 ms per TP / FSDP op
+    for rid, layout in (("real-dp2pp2-slowlink-2ms", "dp2pp2"), ("real-dp2tp2-slowlink-3ms", "dp2tp2")):
+        r = rows[rid]
+        assert r["layout"] == layout and r["fault"] == "slow_link" and r["magnitude"] in (2.0, 3.0), rid
+        assert r["recall"] == 1.0 and r["precision"] == 1.0 and r["false_findings"] == [], rid
     out = capsys.readouterr().out
     assert "straggler median latency:" in out and "| slow_rank | 2.0 | 100% | 100% |" in out
 
