@@ -40,7 +40,8 @@ def head(
     """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
     from agent.api import make_server
     from agent.head import Head, tune_gc
-    from agent.node import PRIORITIES, serve_in_thread, set_priority, shutdown_server
+    from agent.http import serve_in_thread, shutdown_server
+    from agent.priority import PRIORITIES, set_priority
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -31,12 +31,13 @@ def agent(
     host: str | None = typer.Option(None, "--host", help="Host name to report (default: this machine's)."),
     outbox_mb: int = typer.Option(256, "--outbox-mb", help="Disk buffer while the head is unreachable; oldest dropped (and counted) beyond it."),
     priority: str = typer.Option("", "--priority", envvar="RANKSIGHT_AGENT_PRIORITY", show_default=False,
-                                 help="CPU/IO priority: idle (the default on Linux: SCHED_IDLE, runs only on cores "
-                                      "training leaves idle) | low (nice 19) | normal."),
+                                 help="CPU/IO priority: low (the default: nice 19, gives way to the ranks and keeps up) | "
+                                      "idle (SCHED_IDLE: only cores nothing else wants; lags on a busy node) | normal."),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read."""
-    from agent.node import PRIORITIES, NodeAgent, default_priority, set_priority
+    from agent.node import NodeAgent
+    from agent.priority import PRIORITIES, default_priority, set_priority
     from ranksight.layout import RunDir
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),

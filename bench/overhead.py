@@ -29,7 +29,7 @@ work on the machine, it shows what the trainer-side instrumentation burns). Jobs
 - ``observed``: instrumentation + head + agent toggled together (the goal's figure);
 - ``instr``: no head/agent at all, only the trainer's instrumentation toggled.
 
-Priorities: the agent runs at ``--agent-priority`` (default idle, its own default) and the head at
+Priorities: the agent runs at ``--agent-priority`` (default low, its own default) and the head at
 ``--head-priority`` (default idle: the head stands in for a head node of its own, but here it has to share the
 training cores); the report states both and the policy the kernel reported for their threads.
 
@@ -301,7 +301,7 @@ def _policy_of(pids: list[int]) -> str:
 
 
 def run_toggle_job(store: Path, run_id: str, nproc: int, steps: int, warmup: int, block: int, extra: list[str],
-                   job: str, agent_priority: str = "idle", head_priority: str = "idle") -> dict:
+                   job: str, agent_priority: str = "low", head_priority: str = "idle") -> dict:
     """One torchrun job with the instrumentation toggled in blocks, and with it (job ``observed``) the head and
     the agent, or (job ``agent``) the agent alone, the head staying awake; the per-rank rows."""
     with_agent = job in ("observed", "agent")
@@ -478,8 +478,8 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
                          "head or agent)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.md"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary store (run directories, toggle files)")
-    ap.add_argument("--agent-priority", default="idle", choices=("idle", "low", "normal"),
-                    help="the node agent's --priority (its default: idle)")
+    ap.add_argument("--agent-priority", default="low", choices=("idle", "low", "normal"),
+                    help="the node agent's --priority (its default: low)")
     ap.add_argument("--head-priority", default="idle", choices=("idle", "low", "normal"),
                     help="the head's --priority. Its default is normal (it has a node of its own); here it stands in "
                          "for that separate head node but must share the training cores, so idle")

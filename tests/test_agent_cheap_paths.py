@@ -3,7 +3,8 @@ environment settings, the outbox listing and the Prometheus series."""
 
 import agent.node as node_mod
 from agent import wire
-from agent.node import NodeAgent, _env_once_session, load_state
+from agent.node import NodeAgent, load_state
+from agent.otlp_session import _env_once_session
 from agent.outbox import Item
 from agent_helpers import TOKEN
 from ranksight import schema

@@ -14,7 +14,9 @@ import sys
 
 import pytest
 
-import agent.node as node_mod
+import agent.http as http_mod
+import agent.otlp_session as session_mod
+import agent.priority as prio_mod
 from agent.launcher import DataPath
 from agent_helpers import REPO, TOKEN, http_json, wait_for
 from conftest import free_port
@@ -60,9 +62,9 @@ def _agent_args(tmp_path, metrics_port: int) -> list[str]:
             "--head", f"http://127.0.0.1:{free_port()}", "--metrics-port", str(metrics_port), "--sim-gpu", "off"]
 
 
-def test_agent_command_puts_every_thread_at_sched_idle_by_default(tmp_path):
+def test_agent_command_puts_every_thread_at_sched_idle_on_request(tmp_path):
     port = free_port()
-    p = _spawn(_agent_args(tmp_path, port), tmp_path, "agent")
+    p = _spawn(_agent_args(tmp_path, port) + ["--priority", "idle"], tmp_path, "agent")
     try:
         # /healthz answers once run() started its HTTP server; the sampler and OTel reader threads start with it
         wait_for(lambda: http_json(f"http://127.0.0.1:{port}/healthz")[1]["ok"], 60, what="the agent's /healthz")
@@ -75,10 +77,10 @@ def test_agent_command_puts_every_thread_at_sched_idle_by_default(tmp_path):
     assert "priority idle" in (tmp_path / "agent.log").read_text()
 
 
-def test_agent_priority_low_is_nice_19_on_every_thread_and_normal_is_untouched(tmp_path):
+def test_agent_default_is_nice_19_on_every_thread_and_normal_is_untouched(tmp_path):
     for prio, env in (("low", {}), ("normal", {"RANKSIGHT_AGENT_PRIORITY": "normal"})):
         port = free_port()
-        args = _agent_args(tmp_path, port) + (["--priority", prio] if prio == "low" else [])
+        args = _agent_args(tmp_path, port)  # low: the default; normal: from the environment
         p = _spawn(args, tmp_path, f"agent-{prio}", env)
         try:
             wait_for(lambda: http_json(f"http://127.0.0.1:{port}/healthz")[1]["ok"], 60, what="the agent's /healthz")
@@ -104,7 +106,7 @@ def test_head_priority_idle(tmp_path):
 
 
 def test_threads_started_later_inherit_it(tmp_path):
-    code = ("import json, os, threading; from agent.node import set_priority, current_priority\n"
+    code = ("import json, os, threading; from agent.priority import set_priority, current_priority\n"
             "notes = set_priority('idle')\n"
             "out = {}\n"
             "t = threading.Thread(target=lambda: out.update(thread=current_priority(threading.get_native_id())))\n"
@@ -120,14 +122,14 @@ def test_refused_priority_is_logged_and_the_process_goes_on(monkeypatch, caplog)
     def refuse(*a):
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(node_mod.os, "sched_setscheduler", refuse)
-    monkeypatch.setattr(node_mod.os, "setpriority", refuse)
-    monkeypatch.setattr(node_mod, "_ioprio_set", refuse)
-    notes = node_mod.set_priority("idle", who="test")
+    monkeypatch.setattr(prio_mod.os, "sched_setscheduler", refuse)
+    monkeypatch.setattr(prio_mod.os, "setpriority", refuse)
+    monkeypatch.setattr(prio_mod, "_ioprio_set", refuse)
+    notes = prio_mod.set_priority("idle", who="test")
     assert len(notes) == 3 and "SCHED_IDLE refused" in notes[0] and "nice 19 refused" in notes[1]
     assert "I/O priority" in notes[2] and "SCHED_IDLE refused" in caplog.text
     with pytest.raises(ValueError):
-        node_mod.set_priority("highest")
+        prio_mod.set_priority("highest")
 
 
 def test_datapath_passes_the_priorities_through(tmp_path, monkeypatch):
@@ -146,7 +148,7 @@ def test_datapath_passes_the_priorities_through(tmp_path, monkeypatch):
     assert spawned["head"][spawned["head"].index("--priority") + 1] == "idle"
     assert all(spawned[f"agent-node{n}"][spawned[f"agent-node{n}"].index("--priority") + 1] == "low" for n in (0, 1))
     spawned.clear()
-    DataPath(tmp_path, "r2", nodes=1).start()  # not given: the commands' defaults (agent idle, head normal)
+    DataPath(tmp_path, "r2", nodes=1).start()  # not given: the commands' defaults (agent low, head normal)
     assert "--priority" not in spawned["head"] and "--priority" not in spawned["agent-node0"]
 
 
@@ -184,7 +186,7 @@ def _counting_server(close_after: int | None = None):
         daemon_threads = True
 
     srv = S(("127.0.0.1", 0), H)
-    t = node_mod.serve_in_thread(srv, "test-http")
+    t = http_mod.serve_in_thread(srv, "test-http")
     return srv, t, conns, bodies
 
 
@@ -193,8 +195,8 @@ def test_lean_session_keeps_one_connection_and_reconnects(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     srv, t, conns, bodies = _counting_server()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/logs"
-    s = node_mod._exporter_session(url)
-    assert isinstance(s, node_mod._LeanSession)
+    s = session_mod._exporter_session(url)
+    assert isinstance(s, session_mod._LeanSession)
     try:
         for i in range(3):
             r = s.request("POST", url, headers={"Content-Type": "application/x-protobuf"}, data=b"x" * (i + 1), timeout=5)
@@ -204,25 +206,25 @@ def test_lean_session_keeps_one_connection_and_reconnects(monkeypatch):
         s._conn.sock.close()  # the connection dies between two exports: the next one opens a new one
         assert s.request("POST", url, data=b"y", timeout=5).status_code == 200 and len(conns) == 2
     finally:
-        node_mod.shutdown_server(srv)
+        http_mod.shutdown_server(srv)
         srv.server_close()
     t.join(10)
     assert not t.is_alive()
     import requests
 
     with pytest.raises(requests.exceptions.ConnectionError):  # the SDK retries these (is_connection_error)
-        node_mod._LeanSession(url).request("POST", url, data=b"z", timeout=5)
+        session_mod._LeanSession(url).request("POST", url, data=b"z", timeout=5)
 
 
 def test_lean_session_follows_connection_close():
     srv, t, conns, bodies = _counting_server(close_after=1)
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/metrics"
-    s = node_mod._LeanSession(url)
+    s = session_mod._LeanSession(url)
     try:
         assert [s.request("POST", url, data=b"a", timeout=5).status_code for _ in range(3)] == [200, 200, 200]
         assert len(conns) == 3 and s._conn is None
     finally:
-        node_mod.shutdown_server(srv)
+        http_mod.shutdown_server(srv)
         srv.server_close()
 
 
@@ -231,8 +233,8 @@ def test_exporters_use_requests_for_tls_and_proxies(monkeypatch):
 
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    assert isinstance(node_mod._exporter_session("https://head:4318/v1/logs"), requests.Session)
+    assert isinstance(session_mod._exporter_session("https://head:4318/v1/logs"), requests.Session)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
-    assert isinstance(node_mod._exporter_session("http://head:4318/v1/logs"), requests.Session)
+    assert isinstance(session_mod._exporter_session("http://head:4318/v1/logs"), requests.Session)
     monkeypatch.setenv("NO_PROXY", "head")
-    assert isinstance(node_mod._exporter_session("http://head:4318/v1/logs"), node_mod._LeanSession)
+    assert isinstance(session_mod._exporter_session("http://head:4318/v1/logs"), session_mod._LeanSession)
