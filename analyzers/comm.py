@@ -174,7 +174,7 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
     cands += _self_delay(data, cfg, st, {c["rank"] for c in cands})
-    cands += slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), comp_ratio, {c["rank"] for c in cands})
+    cands = _merge_communicators(cands, slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), comp_ratio, set()), cfg)
     cands = _drop_link_partners(cands, data)
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
@@ -304,6 +304,22 @@ def collective_wait_ms(data: RunData) -> pd.DataFrame:
         return pd.DataFrame()
     late = (co.groupby(["gkey", "seq"])["t_arrive"].transform("max") - co["t_arrive"]) * 1000.0
     return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
+
+
+def _merge_communicators(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
+    """Add the communicators signature's candidates. Where the rank already has a candidate of a direct signature
+    overlapping it in time (within ``window`` steps), that episode goes on as long as this one does (one signature's
+    flags can stop while the link stays slow: the partners must still not be blamed then); a wait-deficit candidate
+    of that rank it overlaps gives way to it (direct evidence)."""
+    for c in comms:
+        near = [a for a in cands if a["rank"] == c["rank"] and a["onset"] <= c["end"] + cfg.window and c["onset"] <= a["end"] + cfg.window]
+        direct = [a for a in near if a.get("method") != "wait_deficit"]
+        if direct:
+            for a in direct:
+                a["end"] = max(a["end"], c["end"])
+            continue
+        cands = [a for a in cands if not any(a is b for b in near)] + [c]
+    return cands
 
 
 def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
