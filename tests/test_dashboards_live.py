@@ -107,6 +107,7 @@ class Stack:
         self.logs: dict[str, Path] = {}
         self.receiver: WebhookReceiver | None = None
         self.ranks: _Ranks | None = None
+        self.xid_injected = False  # _inject_xid
 
     def start(self, name: str, args: list[str]) -> None:
         log = self.tmp / f"{name}.log"
@@ -222,11 +223,18 @@ def stack(tmp_path_factory):
         st.stop()
 
 
+def _inject_xid(stack) -> None:
+    """XID 79 on GPU 1 of node 0, the way the trainer's fault injection does it: in the state file. Once per stack,
+    by whichever test needs it first (each test can run alone, e.g. under ``-k``)."""
+    if stack.xid_injected:
+        return
+    write_state(stack.rd.simgpu_node_dir(0), 1, SimGpuState(uuid="GPU-sim-1", util_gpu=95, temp_c=60, power_mw=500_000,
+                                                            xids=[(79, int(time.time() * 1000))]))
+    stack.xid_injected = True
+
+
 def test_alert_chain_delivers_xid_and_throttle_by_severity(stack):
-    # Inject an XID on GPU 1 of node 0 the way the trainer's fault injection does: in the state file.
-    simdir = stack.rd.simgpu_node_dir(0)
-    write_state(simdir, 1, SimGpuState(uuid="GPU-sim-1", util_gpu=95, temp_c=60, power_mw=500_000,
-                                       xids=[(79, int(time.time() * 1000))]))
+    _inject_xid(stack)
 
     def alerts_named(name):
         out = []
@@ -267,7 +275,8 @@ def test_alert_chain_delivers_xid_and_throttle_by_severity(stack):
 
 
 def test_every_dashboard_query_runs_on_real_prometheus(stack):
-    # Run after the XID test in file order; wait for the XID counter so panel B of "XID errors" has data too.
+    # The XID counter gives panel B of "XID errors" data too.
+    _inject_xid(stack)
     _wait(lambda: _query(stack.prom, "ranksight_gpu_xid_events_total"), 20, "the agent's XID counter")
     # Queries that legitimately return nothing in this setup (nothing was dropped, no export failed,
     # no real GPU): they must still parse and evaluate.
