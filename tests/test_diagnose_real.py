@@ -57,9 +57,20 @@ def test_live_4rank_slow_rank(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:]
     code, obj = diagnose_json(tmp_path, "live-slow")
     check_slow_rank(code, obj, rank=2, start=6)
-    # the steps before the fault are a clean run: nothing worse than info
+    # the steps before the fault are a clean run: nothing worse than info, where they are clean in the data. On the
+    # shared 2-core box a rank sometimes really is slower for the first steps (device time 1.4x its peers' for steps
+    # 2-5 in one suite run, when other tests' processes were still exiting): naming it then is right, not a false
+    # finding, so the assertion is about prefixes where no rank's device time stands out.
+    from analyzers.loader import load_run
+
+    st = load_run(tmp_path, "live-slow").steps
+    dev = st[(st["step"] >= 2) & (st["step"] <= 5)].pivot_table(index="rank", columns="step", values="device_ms")
+    worst = float((dev / dev.median()).median(axis=1).max())
     code, obj = diagnose_json(tmp_path, "live-slow", "--until", "5")
-    assert code == 0 and all(f["severity"] == "info" for f in obj["findings"]), obj["findings"]
+    if worst < 1.15:
+        assert code == 0 and all(f["severity"] == "info" for f in obj["findings"]), (worst, obj["findings"])
+    else:
+        assert [f["ranks"] for f in obj["findings"] if f["severity"] != "info"] in ([], [[int((dev / dev.median()).median(axis=1).idxmax())]])
 
 
 def test_run_without_manifest_still_diagnosed(tmp_path):
