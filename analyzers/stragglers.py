@@ -58,8 +58,10 @@ class StragglerConfig:
     window: int = 5  # ... within this many consecutive steps
     warmup_steps: int = 1  # first steps of the run are not judged (compilation, allocator warm-up) ...
     restart_warmup_steps: int = 5  # ... nor the first steps after a restart or re-form (checkpoint load, bucket rebuild)
-    short_uncorroborated_steps: int = 6  # a device-time episode shorter than this that arrival order does not confirm
-    # is info: other processes sharing a rank's core (SMT, cache) inflate its CPU time for a few steps
+    short_uncorroborated_steps: int = 6  # a device-time episode that arrival order does not confirm is info unless it
+    uncorroborated_ratio: float = 1.2  # lasts this many steps at this ratio or more ...
+    long_uncorroborated_steps: int = 12  # ... or this many steps at any ratio: other processes sharing a rank's core
+    # inflate its CPU time (cache, memory bandwidth) in spells of up to ~10 steps, by up to ~1.15x (the benchmark's runs)
     critical_ratio: float = 2.0  # a rank at 2x its peers is critical
     baseline_steps: int = 5  # for stage/node drift: the first steps after warm-up form the baseline
     min_ranks: int = 2
@@ -250,7 +252,8 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
             s1 = run["end"]
             onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
             span = ratio_df.loc[r, onset:s1]
-            out.append(dict(rank=r, onset=onset, end=s1, flagged=int((logr.loc[r, onset:s1] > k).sum()),
+            high = logr.loc[r, onset:s1] > k
+            out.append(dict(rank=r, onset=onset, end=s1, flagged=int(high.sum()), flag_steps=[int(x) for x in high.index[high]],
                             ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
                             peers_ms=float(np.nanmedian(refs[r].loc[onset:s1])), threshold=float(np.exp(k)),
                             cusum_h=run["h"], cusum_drift=run["drift"], sigma=sigma, baseline_sigma=base_sigma,
@@ -474,7 +477,13 @@ def _analyze_attempt(data: RunData, cfg: StragglerConfig, st: pd.DataFrame) -> l
         # host-only: wall-clock compute alarmed while device time stayed normal (on a shared CPU, mostly the scheduler
         # moving a rank off its core for a few steps); blip: a short device-time episode nobody waited for
         host_only = signal == "device_ms" and not on_device
-        blip = on_device and corroborated is False and c["end"] - c["onset"] + 1 < cfg.short_uncorroborated_steps
+        # unconfirmed by arrival, a device-time episode must have lasted: so many slow steps (above min_ratio)
+        n_steps = c["flagged"]
+        needed = cfg.short_uncorroborated_steps if c["ratio"] >= cfg.uncorroborated_ratio else cfg.long_uncorroborated_steps
+        blip = on_device and corroborated is False and n_steps < needed
+        if on_device and corroborated is False and not blip and c.get("flag_steps"):
+            # a warning only from the step its needed-th slow step came
+            ev["detected_at_step"] = max(int(ev["detected_at_step"]), c["flag_steps"][needed - 1])
         host_txt = ("; its device time is normal: the slowness is on the host (CPU contention, launch or Python overhead)"
                     if host_only else "")
         if host_only or blip or (corroborated is False and not on_device):
@@ -484,9 +493,10 @@ def _analyze_attempt(data: RunData, cfg: StragglerConfig, st: pd.DataFrame) -> l
         note = ""
         if blip:
             conf = 0.4
-            note = (f" (only {c['end'] - c['onset'] + 1} steps, and wall-clock arrival order does not confirm it: last to "
+            note = (f" (only {n_steps} slow steps at {c['ratio']:.2f}x, and wall-clock arrival order does not confirm it: last to "
                     f"arrive in {(share or 0):.0%} of those steps; another process sharing its core inflates its CPU time "
-                    f"like this)")
+                    f"like this; unconfirmed, it takes {cfg.long_uncorroborated_steps} slow steps, or "
+                    f"{cfg.short_uncorroborated_steps} at {cfg.uncorroborated_ratio:.2f}x or more)")
         elif corroborated is False and on_device:
             note = (f" (its device time is {c['ratio']:.2f}x its peers'; wall-clock arrival order does not confirm it yet: "
                     f"last to arrive in {(share or 0):.0%} of those steps)")
