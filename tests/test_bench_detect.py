@@ -25,9 +25,11 @@ def test_replay_scores_recorded_runs(tmp_path, capsys):
     assert tp["layout"] == "dp2tp2" and tp["fault"] == "slow_rank" and tp["magnitude"] == 1.5
     assert tp["recall"] == 1.0 and tp["precision"] == 1.0 and tp["false_findings"] == []
     assert not any(f.startswith("critical hang") for f in tp["findings"])
-    # recorded with device time (StepRecord.device_ms): a 1.15x slow rank of a dp4 run is named, nobody else
+    # recorded with device time (StepRecord.device_ms): a 1.15x slow rank of a dp4 run is named, nobody else. Arrival
+    # order does not confirm it on this box (last to arrive in 35 % of its steps), so it stands once it has 12 slow
+    # steps (a neighbour on a shared core inflates CPU time by up to ~1.15x for up to ~10 steps): 11 steps after onset
     dev = rows["real-dp4-slow-1p15-device"]
-    assert dev["magnitude"] == 1.15 and dev["recall"] == 1.0 and dev["false_findings"] == [] and dev["latencies"][0] <= 5
+    assert dev["magnitude"] == 1.15 and dev["recall"] == 1.0 and dev["false_findings"] == [] and dev["latencies"][0] <= 12
     # a slow link of rank 1 in dp2 x pp2: found; its pipeline partner (rank 3, held up by its late sends) is not blamed
     pl = rows["real-dp2pp2-slowlink"]
     assert pl["fault"] == "slow_link" and pl["recall"] == 1.0 and pl["precision"] == 1.0 and pl["false_findings"] == []
