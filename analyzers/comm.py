@@ -173,8 +173,10 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
-    cands += _self_delay(data, cfg, st, {c["rank"] for c in cands})
-    cands = _merge_communicators(cands, slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), comp_ratio, set()), cfg)
+    # the last arriver of every collective: the self-delay and communicators signatures both start from it
+    last = last_arriver_ops(data, int(st["step"].min()), cfg.match_tol_ms)
+    cands += _self_delay(data, cfg, st, {c["rank"] for c in cands}, last)
+    cands = _merge_communicators(cands, slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), comp_ratio, last), cfg)
     cands = _drop_link_partners(cands, data)
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
@@ -354,15 +356,14 @@ def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
     return [c for c in cands if id(c) not in drop]
 
 
-def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]) -> list[dict]:
+def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int], last: pd.DataFrame) -> list[dict]:
     """A slow link seen per collective: ops in which the rank arrived last (nobody left to wait for) still take
     longer than ops in which a peer arrived last. Per step, each rank's median last-arriver duration over the last
     ``last_window`` steps (at least ``last_min_ops`` ops) against the leave-one-out median of the other ranks';
     flagged when the excess is >= max(min_extra_ms, last_k x the noise of those medians over time), in ``persist``
     of ``window`` steps.
     Sensitive where ops are many and quick (tensor-parallel all-reduces); with a few long gloo all-reduces per
-    step their duration noise keeps the threshold high."""
-    last = last_arriver_ops(data, int(st["step"].min()), cfg.match_tol_ms)
+    step their duration noise keeps the threshold high. ``last``: ``last_arriver_ops`` from ``st``'s first step."""
     if last.empty or last["rank"].nunique() < 2:
         return []
     steps = sorted(int(x) for x in st["step"].unique())

@@ -84,11 +84,14 @@ def p2p_transfers(data: RunData, first_step: int | None = None) -> pd.DataFrame:
                          "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
 
 
-def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0,
+                 last: pd.DataFrame | None = None) -> pd.DataFrame:
     """Collectives' last-arriver durations and p2p transfers, one frame: gkey, cls (the kind of communicator it is
     compared with), seq, rank (collective: the last arriver; p2p: the sender), step, transfer_ms, suspects (the
-    ranks a slow transfer points at: a collective's members, a p2p link's sender)."""
-    last = last_arriver_ops(data, first_step, match_tol_ms)
+    ranks a slow transfer points at: a collective's members, a p2p link's sender). ``last``: ``last_arriver_ops`` of the
+    same arguments, when the caller has it already."""
+    if last is None:
+        last = last_arriver_ops(data, first_step, match_tol_ms)
     parts = []
     if not last.empty:
         parts.append(pd.DataFrame({
@@ -119,7 +122,8 @@ def windowed_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: i
     return med
 
 
-def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.DataFrame, skip: set[int]) -> list[dict]:
+def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.DataFrame,
+                       last: pd.DataFrame | None = None) -> list[dict]:
     """Slow-link candidates (dicts, as comm._slow_links collects them) from communicators slower than their kind.
 
     Per kind with at least two communicators: each communicator's windowed median transfer (``link_window`` steps,
@@ -136,7 +140,7 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.D
     """
     if not steps:
         return []
-    tr = op_transfers(data, steps[0], cfg.match_tol_ms)
+    tr = op_transfers(data, steps[0], cfg.match_tol_ms, last)
     if tr.empty:
         return []
     excess_of: dict[str, pd.Series] = {}  # communicator -> its excess per step
@@ -200,8 +204,6 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.D
             continue
         (r, rows), = named.items()
         r = int(r)
-        if r in skip:
-            continue
         ops = tr[(tr["gkey"] == f["gkey"]) & (tr["step"] >= f["onset"]) & (tr["step"] <= f["end"])]
         kind = tr[(tr["cls"] == info[f["gkey"]]["cls"]) & (tr["gkey"] != f["gkey"]) & (tr["step"] >= f["onset"]) & (tr["step"] <= f["end"])]
         ev = dict(communicator=f["gkey"], kind=info[f["gkey"]]["cls"], transfer_ms=round(float(ops["transfer_ms"].median()), 2),

@@ -253,7 +253,8 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
             onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
             span = ratio_df.loc[r, onset:s1]
             high = logr.loc[r, onset:s1] > k
-            out.append(dict(rank=r, onset=onset, end=s1, flagged=int(high.sum()), flag_steps=[int(x) for x in high.index[high]],
+            flag_steps = [int(x) for x in high.index[high]]
+            out.append(dict(rank=r, onset=onset, end=s1, flagged=len(flag_steps), flag_steps=flag_steps,
                             ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
                             peers_ms=float(np.nanmedian(refs[r].loc[onset:s1])), threshold=float(np.exp(k)),
                             cusum_h=run["h"], cusum_drift=run["drift"], sigma=sigma, baseline_sigma=base_sigma,
