@@ -38,8 +38,8 @@ class DataPath:
         self.metrics_ports = metrics_ports or [free_port() for _ in range(nodes)]
         self.sim_gpu = sim_gpu
         self.head_args = list(head_args or [])  # extra ``ranksight head`` options (e.g. --evict on)
-        # ``--priority`` of the agents and the head (idle | low | normal). None: the command's default (agent: idle on
-        # Linux, head: normal), or RANKSIGHT_AGENT_PRIORITY / RANKSIGHT_HEAD_PRIORITY from the environment.
+        # ``--priority`` of the agents and the head (idle | low | normal). None: the command's default (agent: low,
+        # head: normal), or RANKSIGHT_AGENT_PRIORITY / RANKSIGHT_HEAD_PRIORITY from the environment.
         self.agent_priority = agent_priority
         self.head_priority = head_priority
         self.python = python

@@ -23,9 +23,9 @@ SDK's metric pipeline (periodic OTLP metrics: best effort, the authoritative
 samples travel as logs), and one HTTP server for Prometheus ``/metrics`` and
 the token-protected ``POST /control`` the head uses to request actions.
 
-``ranksight agent`` puts the whole process below training first (``set_priority``:
-SCHED_IDLE on every thread by default), so it only uses core time the ranks leave
-idle; its lag metric shows what that costs when every core is busy.
+``ranksight agent`` puts the whole process below training first (``agent.priority``:
+nice 19 on every thread by default), so a rank that wants a core gets it; its lag
+metric shows when the agent falls behind.
 """
 
 from __future__ import annotations

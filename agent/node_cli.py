@@ -37,14 +37,14 @@ def agent(
 ) -> None:
     """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read."""
     from agent.node import NodeAgent
-    from agent.priority import PRIORITIES, default_priority, set_priority
+    from agent.priority import AGENT_DEFAULT_PRIORITY, PRIORITIES, set_priority
     from ranksight.layout import RunDir
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if sim_gpu not in ("auto", "on", "off"):
         raise typer.BadParameter("--sim-gpu must be auto, on or off")
-    priority = priority or default_priority()
+    priority = priority or AGENT_DEFAULT_PRIORITY
     if priority not in PRIORITIES:
         raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
     if not token:

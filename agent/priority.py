@@ -1,7 +1,7 @@
 """How far below training a ranksight process runs (``--priority idle|low|normal``).
 
-A monitoring agent must never compete with the ranks for a core: ``ranksight agent`` runs at ``idle`` by
-default (``ranksight head`` at ``normal``: it has a node of its own). See docs/data-path.md, "Priority".
+A monitoring agent must not compete with the ranks for a core: ``ranksight agent`` runs at ``low`` by default
+(``ranksight head`` at ``normal``: it has a node of its own). See docs/data-path.md, "Priority".
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282, "risc
 _IOPRIO_WHO_PROCESS, _IOPRIO_CLASS_BE, _IOPRIO_CLASS_IDLE, _IOPRIO_CLASS_SHIFT = 1, 2, 3, 13
 
 
-def default_priority() -> str:
-    """``low`` (nice 19). The agent needs ~0.5 % of a core: nice 19 still gets ~1.5 % of a busy core (weight 15 of
-    1024), so it keeps up on a node whose cores are all busy while giving way to every rank. ``SCHED_IDLE`` gets
-    weight 3 (~0.3 %) there: it falls behind without bound, so live detection is late exactly when a node is
-    loaded, and on the 2-core test machine it showed no measurable gain in step time (bench/results/overhead.md)."""
-    return "low"
+# The agent's default: nice 19. The agent needs ~0.5 % of a core: nice 19 still gets ~1.5 % of a busy core (weight 15
+# of 1024), so it keeps up on a node whose cores are all busy while giving way to every rank. SCHED_IDLE gets weight 3
+# (~0.3 %) there: it falls behind without bound, so live detection is late exactly when a node is loaded, and on the
+# 2-core test machine it showed no measurable gain in step time (bench/results/overhead.md).
+AGENT_DEFAULT_PRIORITY = "low"
 
 
 def _own_threads() -> list[int]:

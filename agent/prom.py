@@ -25,7 +25,7 @@ RANK_LABELS = ("run_id", "rank", "node")
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
-        self._rank_series: dict[tuple, tuple] = {}
+        self._series: dict[tuple, tuple] = {}
         # -- training, per rank ---------------------------------------------------------
         self.step_duration = Histogram("ranksight_step_duration_seconds", "Wall time of one training step",
                                        RANK_LABELS, buckets=STEP_BUCKETS, registry=r)
@@ -100,16 +100,6 @@ class AgentMetrics:
                                al + ("action",), registry=r)
 
     # -- updates -------------------------------------------------------------------------------
-    def _child(self, metric, rec):
-        """``metric.labels(run_id, rank, node)`` of a step record, looked up once per series: ``labels()``
-        takes a lock and validates the labels on every call, ~15 calls per step record. A series is still
-        created only when first used (an overflow counter appears with the first overflow)."""
-        key = (id(metric), rec.run_id, rec.rank, rec.node)
-        ch = self._rank_series.get(key)
-        if ch is None:
-            ch = self._rank_series[key] = metric.labels(rec.run_id, str(rec.rank), str(rec.node))
-        return ch
-
     def observe_step(self, rec) -> None:
         self.observe_steps([rec])
 
@@ -127,35 +117,39 @@ class AgentMetrics:
             return
         if not recs:
             return
-        c = self._child
         last = recs[-1]
-        h = c(self.step_duration, last)
+        lab = (last.run_id, str(last.rank), str(last.node))
+
+        def c(metric):
+            return self._labelled(metric, lab)
+
+        h = c(self.step_duration)
         for r in recs:
             h.observe(r.step_ms / 1000.0)
-        c(self.step_compute, last).set(last.compute_ms / 1000.0)
-        c(self.step_comm, last).set(last.comm_ms / 1000.0)
-        c(self.step_data, last).set(last.data_ms / 1000.0)
-        c(self.step_pipe, last).set(last.pipeline_wait_ms / 1000.0)
-        c(self.steps, last).inc(len(recs))
+        c(self.step_compute).set(last.compute_ms / 1000.0)
+        c(self.step_comm).set(last.comm_ms / 1000.0)
+        c(self.step_data).set(last.data_ms / 1000.0)
+        c(self.step_pipe).set(last.pipeline_wait_ms / 1000.0)
+        c(self.steps).inc(len(recs))
         tokens = [r.tokens for r in recs if r.tokens]
         if tokens:
-            c(self.tokens, last).inc(sum(tokens))
+            c(self.tokens).inc(sum(tokens))
         flops = [r.flops for r in recs if r.flops]
         if flops:
-            c(self.flops, last).inc(sum(flops))
+            c(self.flops).inc(sum(flops))
         overflows = sum(1 for r in recs if r.overflow)
         if overflows:
-            c(self.overflow, last).inc(overflows)
-        c(self.loss, last).set(float("nan") if last.loss is None else last.loss)
+            c(self.overflow).inc(overflows)
+        c(self.loss).set(float("nan") if last.loss is None else last.loss)
         for metric, field in ((self.grad_norm, "grad_norm"), (self.loss_scale, "loss_scale")):
             v = next((getattr(r, field) for r in reversed(recs) if getattr(r, field) is not None), None)
             if v is not None:
-                c(metric, last).set(v)
-        c(self.last_step, last).set(last.step)
-        c(self.last_step_time, last).set(last.t_end)
+                c(metric).set(v)
+        c(self.last_step).set(last.step)
+        c(self.last_step_time).set(last.t_end)
         mem = next((r.mem_bytes for r in reversed(recs) if r.mem_bytes), None)
         if mem:
-            c(self.mem, last).set(mem)
+            c(self.mem).set(mem)
 
     def observe_manifest(self, run_id: str, manifest) -> None:
         """The run's manifest as read by the agent (None while it is missing or unreadable)."""
@@ -202,9 +196,11 @@ class AgentMetrics:
         c(self.host_net_tx, lab).set(h.net_tx_bytes)
 
     def _labelled(self, metric, lab: tuple):
-        """``metric.labels(*lab)``, looked up once per series (the sampler sets ~20 gauges a second)."""
+        """``metric.labels(*lab)``, looked up once per series: ``labels()`` takes a lock and validates the labels on
+        every call (~15 series per step record, ~20 gauges a second from the sampler). A series is still created only
+        when first used (an overflow counter appears with the first overflow)."""
         key = (id(metric), lab)
-        ch = self._rank_series.get(key)
+        ch = self._series.get(key)
         if ch is None:
-            ch = self._rank_series[key] = metric.labels(*lab)
+            ch = self._series[key] = metric.labels(*lab)
         return ch
