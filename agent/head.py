@@ -496,7 +496,10 @@ class Head:
 
     # -- lifecycle --------------------------------------------------------------------
     def start_background(self) -> None:
-        for fn, name in ((self._flush_loop, "flush"), (self._analyzer_loop, "analyze")):
+        loops = [(self._flush_loop, "flush")]
+        if self.analyzer_interval > 0:  # 0: no live analysis (diagnose still analyzes the stored run)
+            loops.append((self._analyzer_loop, "analyze"))
+        for fn, name in loops:
             t = threading.Thread(target=fn, name=f"head-{name}", daemon=True)
             t.start()
             self._threads.append(t)

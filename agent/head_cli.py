@@ -23,7 +23,7 @@ def head(
                               help="Shared token agents and API writers must send (Bearer). Generated and printed if absent."),
     bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API."),
     flush_interval: float = typer.Option(1.0, "--flush-interval", help="Seconds between Parquet flushes."),
-    analyze_interval: float = typer.Option(5.0, "--analyze-interval", help="Seconds between analyzer passes over the live window."),
+    analyze_interval: float = typer.Option(5.0, "--analyze-interval", help="Seconds between analyzer passes over the live window; 0 turns live analysis off."),
     window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for the API (and the analyzers, up to --analyze-window)."),
     analyze_window: int = typer.Option(256, "--analyze-window", min=1,
                                        help="Steps per rank each live analysis round looks at (its cost grows with it); at most --window."),

@@ -26,7 +26,11 @@ and the ratio of the summed times (ON total / OFF total over all pairs, also boo
 for wall time (the goal: issue 3, <= 1.005) and for the ranks' CPU time (insensitive to other
 work on the machine, it shows what the trainer-side instrumentation burns). Jobs:
 
-- ``observed``: instrumentation + head + agent toggled together (the goal's figure);
+- ``agent``: instrumentation + node agent toggled (the goal's figure: issue 3 bounds what instrumentation + agent
+  cost); a real head stays awake throughout and receives and stores, with its live analysis off
+  (``--analyze-interval 0``): that is head-node work, and on these two cores it would be billed to the agent;
+- ``observed``: instrumentation + head (with live analysis) + agent toggled together: what a job costs when
+  the head shares its cores, as on a one-machine setup;
 - ``instr``: no head/agent at all, only the trainer's instrumentation toggled.
 
 Priorities: the agent runs at ``--agent-priority`` (default low, its own default) and the head at
@@ -303,7 +307,8 @@ def _policy_of(pids: list[int]) -> str:
 def run_toggle_job(store: Path, run_id: str, nproc: int, steps: int, warmup: int, block: int, extra: list[str],
                    job: str, agent_priority: str = "low", head_priority: str = "idle") -> dict:
     """One torchrun job with the instrumentation toggled in blocks, and with it (job ``observed``) the head and
-    the agent, or (job ``agent``) the agent alone, the head staying awake; the per-rank rows."""
+    the agent, or (job ``agent``) the agent alone, the head staying awake (receiving and storing, no live
+    analysis); the per-rank rows."""
     with_agent = job in ("observed", "agent")
     out_dir = store / f"{run_id}-toggle"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -312,7 +317,12 @@ def run_toggle_job(store: Path, run_id: str, nproc: int, steps: int, warmup: int
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "PYTHONPATH": str(ROOT), "RANKSIGHT_NODE": "0", "RANKSIGHT_OVERHEAD_BLOCK": str(block),
            "RANKSIGHT_OVERHEAD_WARMUP": str(warmup), "RANKSIGHT_OVERHEAD_OUT": str(out_dir)}
-    dp = (DataPath(store, run_id, nodes=1, agent_priority=agent_priority, head_priority=head_priority).start()
+    # The agent job measures what the issue's goal covers, instrumentation + node agent: its head only receives and
+    # stores. Live analysis is head-node work (a machine of its own in a deployment); here it would share the spare
+    # core with the agent and, toggling with the data it analyzes, be billed to the agent. The observed job keeps it.
+    head_args = ["--analyze-interval", "0"] if job == "agent" else []
+    dp = (DataPath(store, run_id, nodes=1, agent_priority=agent_priority, head_priority=head_priority,
+                   head_args=head_args).start()
           if with_agent else None)
     pids: list[int] = []
     side_cpu = None
@@ -453,7 +463,7 @@ def verdict(lo: float, hi: float, goal: float = 1.005) -> str:
     return "not shown"
 
 
-WHAT = {"agent": "instrumentation + node agent (head awake throughout)",
+WHAT = {"agent": "instrumentation + node agent (head awake throughout, its live analysis off)",
         "observed": "instrumentation + node agent + head",
         "instr": "instrumentation only (no head, no agent)"}
 
@@ -474,7 +484,7 @@ def main_toggle(argv: list[str], extra: list[str]) -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--jobs", default="agent,observed,instr",
                     help="comma list, run in this order: agent (instrumentation + agent toggled, the head always "
-                         "awake), observed (instrumentation + head + agent toggled), instr (instrumentation, no "
+                         "awake, its live analysis off), observed (instrumentation + head + agent toggled), instr (instrumentation, no "
                          "head or agent)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "overhead.md"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary store (run directories, toggle files)")

@@ -151,3 +151,15 @@ def test_writes_to_the_api_need_the_token(head):
     assert http_status(url, body, {"Authorization": "Bearer nope"}) == 403
     assert http_status(url, b'{"action": "reboot"}', {"Authorization": f"Bearer {TOKEN}"}) == 400
     assert http_status(url, b"[1,2", {"Authorization": f"Bearer {TOKEN}"}) == 400
+
+
+def test_analyze_interval_zero_turns_live_analysis_off(tmp_path):
+    # --analyze-interval 0: the head receives and stores but starts no analysis thread (bench/overhead.py's agent
+    # job runs it so, live analysis being head-node work)
+    h = Head(tmp_path / "runs", TOKEN, flush_interval=0.2, analyzer_interval=0)
+    h.start_background()
+    try:
+        names = {t.name for t in h._threads}
+        assert names == {"head-flush"}
+    finally:
+        h.close()
