@@ -35,6 +35,16 @@ def persistent_runs(flags: pd.Series, persist: int, window: int) -> list[tuple[i
     return [(r[0], r[-1], len(r)) for r in runs if len(r) >= persist]
 
 
+def rows_with_runs(flags: pd.DataFrame, persist: int) -> list:
+    """The rows (labels, in order) of a rank x step frame of flags that can hold a persistent run: those with at
+    least ``persist`` flagged steps (``persistent_runs`` of any other row is empty). The analyzers compute their
+    flags for every rank at once and walk only these rows, not every rank every round."""
+    if flags.empty:
+        return []
+    counts = flags.to_numpy(dtype=bool).sum(axis=1)
+    return [r for r, c in zip(flags.index, counts) if c >= max(persist, 1)]
+
+
 def confirmation_step(flags: pd.Series, start: int, persist: int) -> int:
     """The step at which a run starting at ``start`` had collected ``persist`` flagged steps."""
     n = 0
@@ -60,26 +70,101 @@ def temporal_sigma(frame: pd.DataFrame) -> float:
     Estimating the spread per row (over time) and then taking the median across rows stays
     small when many rows shift together (half the world slow), where a pooled MAD would not.
     """
-    sig = [robust_sigma(frame.loc[idx].to_numpy(dtype=float)) for idx in frame.index]
-    sig = [s for s in sig if np.isfinite(s)]
-    return float(np.median(sig)) if sig else 0.0
+    # robust_sigma of every row at once (the head runs this every round over ranks x steps): the same medians
+    # (nanmedian over the finite values), and 0.0 for a row without any, as robust_sigma gives
+    if frame.shape[0] == 0:
+        return 0.0
+    sig = row_robust_sigmas(frame.to_numpy(dtype=float))
+    sig = sig[np.isfinite(sig)]
+    return float(np.median(sig)) if sig.size else 0.0
+
+
+def row_robust_sigmas(values: np.ndarray) -> np.ndarray:
+    """``robust_sigma`` of each row of a 2-D array (non-finite values left out; 0.0 for a row without any)."""
+    v = np.where(np.isfinite(values), values, np.nan)
+    has = ~np.isnan(v).all(axis=1)
+    out = np.zeros(v.shape[0])
+    if has.any():
+        v = v[has]
+        med = _nanmedian_rows(v)
+        out[has] = MAD_SCALE * _nanmedian_rows(np.abs(v - med[:, None]))
+    return out
+
+
+def _nanmedian_rows(v: np.ndarray) -> np.ndarray:
+    """np.nanmedian along axis 1 of rows that each have a non-NaN value (no all-NaN warning to silence)."""
+    if v.shape[1] == 0:
+        return np.full(v.shape[0], np.nan)
+    return np.nanmedian(v, axis=1)
 
 
 def leave_one_out_median(frame: pd.DataFrame) -> pd.DataFrame:
-    """For a rank x step frame, each cell's reference: the median of the *other* rows in that column."""
-    out = pd.DataFrame(np.nan, index=frame.index, columns=frame.columns)
-    values = frame.to_numpy(dtype=float)
-    for i, idx in enumerate(frame.index):
-        others = np.delete(values, i, axis=0)
-        if others.shape[0] == 0:
-            continue
-        with np.errstate(all="ignore"):
-            import warnings
+    """For a rank x step frame, each cell's reference: the median of the *other* rows in that column (NaNs left
+    out; NaN where no other row has a value).
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                out.loc[idx] = np.nanmedian(others, axis=0)
+    Vectorized, because the head runs it several times a round over ranks x steps (deleting one row per rank and
+    taking a median of the rest cost O(ranks^2 x steps)): sort each column once; the median of a column without
+    one of its values is read off the sorted column at the one or two middle positions of the n - 1 values left,
+    skipping the removed value's own position. As in np.nanmedian, an even count's median is (low + high) / 2."""
+    values = frame.to_numpy(dtype=float)
+    return pd.DataFrame(_loo_median(values), index=frame.index, columns=frame.columns)
+
+
+def _loo_median(values: np.ndarray) -> np.ndarray:
+    n_rows, n_cols = values.shape
+    out = np.full((n_rows, n_cols), np.nan)
+    if n_rows < 2 or n_cols == 0:
+        return out
+    order = np.argsort(values, axis=0, kind="stable")  # NaNs last
+    srt = np.take_along_axis(values, order, axis=0)
+    pos = np.empty_like(order)  # each cell's position in its sorted column
+    np.put_along_axis(pos, order, np.arange(n_rows)[:, None].repeat(n_cols, axis=1), axis=0)
+    valid = ~np.isnan(values)
+    n_valid = valid.sum(axis=0)  # per column
+    # a NaN cell removes nothing: the others are all n valid values; a valid cell leaves n - 1
+    m = np.where(valid, n_valid[None, :] - 1, n_valid[None, :])
+    lo, hi = (m - 1) // 2, m // 2  # the middle positions among the values left
+    # positions at or after the removed value's own shift by one (a NaN cell's position is past every valid one)
+    lo = np.where(lo >= pos, lo + 1, lo)
+    hi = np.where(hi >= pos, hi + 1, hi)
+    ok = m > 0
+    cols = np.broadcast_to(np.arange(n_cols), (n_rows, n_cols))
+    lo_v = srt[np.where(ok, lo, 0), cols]
+    hi_v = srt[np.where(ok, hi, 0), cols]
+    with np.errstate(invalid="ignore", over="ignore"):
+        med = (lo_v + hi_v) / 2.0
+    out[ok] = med[ok]
     return out
+
+
+def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
+    """``frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)``: a rank x
+    step matrix of ``col`` (its last non-NaN value per (rank, step); ranks and steps without any left out).
+
+    The analyzers build a dozen of these per round from the same step rows, and pivot_table's generic
+    groupby + unstack costs ~10 ms each at 64 ranks x 256 steps; for a float column the same matrix is a few
+    numpy operations. Other dtypes (where pivot_table's result dtype depends on gaps) go through pivot_table."""
+    values = frame[col] if col in frame.columns else None
+    if values is None or frame.empty or values.dtype != np.float64:
+        return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+    x = values.to_numpy()
+    keep = ~np.isnan(x)  # "last" skips NaN; a (rank, step) with only NaN is no cell, as in pivot_table
+    r, s, x = frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep], x[keep]
+    if x.size == 0:
+        return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+    ranks, ri = np.unique(r, return_inverse=True)
+    steps, si = np.unique(s, return_inverse=True)
+    cell = ri * len(steps) + si
+    # the last row of each cell (row order, as groupby's "last"): the end of each run of a stable sort by cell
+    order = np.argsort(cell, kind="stable")
+    cs = cell[order]
+    last = np.ones(len(cs), np.bool_)
+    last[:-1] = cs[1:] != cs[:-1]
+    take = order[last]
+    out = np.full(len(ranks) * len(steps), np.nan)
+    out[cell[take]] = x[take]
+    return pd.DataFrame(out.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
+                        columns=pd.Index(steps, name="step"))
 
 
 def fnum(x: Any, nd: int = 2) -> Any:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, temporal_sigma,
-                              transfer_ms)
+from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, rank_step_matrix,
+                              rows_with_runs, temporal_sigma, transfer_ms)
 from analyzers.links import P2P_OPS, last_arriver_ops, slow_communicators
 from analyzers.loader import RunData
 from ranksight.schema import Finding
@@ -141,8 +141,8 @@ def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
 def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
     out: list[Finding] = []
     st = st.assign(transfer=_transfer(st))
-    tr = st.pivot_table(index="rank", columns="step", values="transfer", aggfunc="last").sort_index(axis=1)
-    comp = st.pivot_table(index="rank", columns="step", values=data.compute_signal(), aggfunc="last").sort_index(axis=1)
+    tr = rank_step_matrix(st, "transfer")
+    comp = rank_step_matrix(st, data.compute_signal())
     if tr.shape[0] < 2 or tr.shape[1] < cfg.persist:
         return out
     ref = leave_one_out_median(tr)
@@ -153,12 +153,13 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
     min_extra = max(cfg.min_extra_ms, cfg.mad_k * sigma_ms)
     comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
     cands = []
-    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last").reindex(index=tr.index, columns=tr.columns)
+    wait = rank_step_matrix(st, "sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     # a slow link makes its peers wait for it: its own sync wait is not above theirs
     others_wait_more = (leave_one_out_median(wait) >= wait) | wait.isna()
     late_wait = None
-    for r in tr.index:
-        flags = ((ratio.loc[r] >= cfg.rank_ratio) & (extra.loc[r] >= min_extra) & others_wait_more.loc[r]).fillna(False)
+    flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= min_extra) & others_wait_more).fillna(False)
+    for r in rows_with_runs(flag_rows, cfg.persist):
+        flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1]))
             if cr >= 1.08:
@@ -260,24 +261,27 @@ def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[in
     """
     if st["sync_wait_ms"].isna().all() or st["sync_arrival"].isna().all():
         return []
-    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last").sort_index(axis=1)
-    arr = st.pivot_table(index="rank", columns="step", values="sync_arrival", aggfunc="last").sort_index(axis=1)
+    wait = rank_step_matrix(st, "sync_wait_ms")
+    arr = rank_step_matrix(st, "sync_arrival")
     step_ms = st.groupby("step")["step_ms"].median()
     if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
         return []
-    deficit = leave_one_out_median(wait) - wait
+    wait_ref = leave_one_out_median(wait)
+    deficit = wait_ref - wait
     lag = (arr - leave_one_out_median(arr)) * 1000.0
     unexplained = deficit - lag.clip(lower=0)
     sigma = temporal_sigma(unexplained)
     floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
     floor = np.maximum(floor, 0.10 * step_ms.reindex(unexplained.columns).fillna(0))
     out = []
-    for r in unexplained.index:
+    flag_rows = pd.DataFrame(unexplained.to_numpy(dtype=float) >= floor.to_numpy(dtype=float)[None, :],
+                             index=unexplained.index, columns=unexplained.columns)
+    for r in rows_with_runs(flag_rows, cfg.persist):
         if int(r) in skip:
             continue
-        flags = (unexplained.loc[r] >= floor).fillna(False)
+        flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            peers_wait = float(np.nanmedian(leave_one_out_median(wait).loc[r, s0:s1]))
+            peers_wait = float(np.nanmedian(wait_ref.loc[r, s0:s1]))
             out.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(wait.loc[r, s0:s1])), peers=peers_wait,
                             ratio=peers_wait / max(float(np.nanmedian(wait.loc[r, s0:s1])), 1e-3), comp_ratio=float("nan"),
                             confirmed=confirmation_step(flags, s0, cfg.persist), method="wait_deficit",
@@ -390,13 +394,14 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     sigma = temporal_sigma(med)
     threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
     ops_per_step = last.groupby("step").size().median() / max(len(ranks), 1) * len(ranks)
-    comp = st.pivot_table(index="rank", columns="step", values=data.compute_signal(), aggfunc="last")
+    comp = rank_step_matrix(st, data.compute_signal())
     comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
     out = []
-    for r in med.index:
+    flag_rows = (excess >= threshold).fillna(False)
+    for r in rows_with_runs(flag_rows, cfg.persist):
         if r in skip:
             continue
-        flags = (excess.loc[r] >= threshold).fillna(False)
+        flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1])) if r in comp_ratio.index else float("nan")
             # the window reaches back last_window - 1 steps: the delay began at most that much before the first flag

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers._common import confirmation_step, fmt_ranks, fnum, persistent_runs
+from analyzers._common import confirmation_step, fmt_ranks, fnum, persistent_runs, rank_step_matrix, rows_with_runs
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -38,12 +38,13 @@ def analyze(data: RunData, cfg: DataStallConfig | None = None) -> list[Finding]:
     if st.empty:
         return []
     st = st.assign(share=np.where(st["step_ms"] > 0, st["data_ms"] / st["step_ms"].where(st["step_ms"] > 0, 1), 0.0))
-    share = st.pivot_table(index="rank", columns="step", values="share", aggfunc="last").sort_index(axis=1)
-    ms = st.pivot_table(index="rank", columns="step", values="data_ms", aggfunc="last").sort_index(axis=1)
-    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last").sort_index(axis=1)
+    share = rank_step_matrix(st, "share")
+    ms = rank_step_matrix(st, "data_ms")
+    wait = rank_step_matrix(st, "sync_wait_ms")
     cands = []
-    for r in share.index:
-        flags = ((share.loc[r] >= cfg.share) & (ms.loc[r] >= cfg.min_ms)).fillna(False)
+    flag_rows = ((share >= cfg.share) & (ms >= cfg.min_ms)).fillna(False)
+    for r in rows_with_runs(flag_rows, cfg.persist):
+        flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             others = [x for x in share.index if x != r]
             cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, share=float(share.loc[r, s0:s1].median()),

@@ -59,7 +59,9 @@ def count_xids(data: RunData) -> pd.DataFrame:
                                                first_t=float(sub["t"].min()), counter=0)
     gp = data.gpu
     if not gp.empty:
-        for (node, gpu), sub in gp.groupby(["node", "gpu"]):
+        # a GPU whose counter reads 0 in every sample adds nothing: only the others are walked sample by sample
+        counted = pd.to_numeric(gp["xid_total"], errors="coerce").fillna(0) != 0
+        for (node, gpu), sub in _gpu_groups(gp, counted):
             v = pd.to_numeric(sub.sort_values("t")["xid_total"], errors="coerce").fillna(0).to_numpy()
             if v.size == 0:
                 continue
@@ -81,6 +83,36 @@ def count_xids(data: RunData) -> pd.DataFrame:
                     r["first_t"] = first_t
     out = [dict(node=k[0], gpu=k[1], count=max(v["events"], v["counter"]), **v) for k, v in rows.items()]
     return pd.DataFrame(out)
+
+
+def _gpu_groups(gp: pd.DataFrame, rows: pd.Series):
+    """``gp.groupby(["node", "gpu"])``'s (key, sub-frame) pairs, in its order, of the GPUs with at least one of
+    ``rows`` true. The analyzer judges every GPU every round; the per-GPU work (a dozen pandas operations) is
+    spent only on the GPUs that can produce a finding, which the row-wise tests in ``rows`` tell at once."""
+    flag = rows.to_numpy(dtype=bool)
+    if not flag.any():
+        return
+    for key, idx in sorted(gp.groupby(["node", "gpu"]).indices.items()):
+        if flag[idx].any():
+            yield key, gp.iloc[idx]
+
+
+def _may_find(gp: pd.DataFrame, cfg: GpuHealthConfig) -> pd.Series:
+    """Per sample: could its GPU produce a finding? A double-bit ECC error; a memory-error counter that differs
+    from another sample of its GPU (growth needs its last value above its first); a throttled or under-clocked
+    busy sample (a throttle finding needs ``min_samples`` of them). Necessary conditions only: the per-GPU
+    code decides."""
+    keys = [gp["node"], gp["gpu"]]
+    may = (gp["ecc_dbe"] > 0).fillna(False)
+    for c in ("ecc_sbe", "retired_pages", "remapped_rows"):
+        g = gp[c].groupby(keys)
+        may |= (g.transform("max") > g.transform("min")).fillna(False)
+    harm = (gp["throttle_reasons"] & THROTTLE_HARMFUL) != 0
+    busy = gp["util_pct"].isna() | (gp["util_pct"] >= cfg.busy_util)
+    low_clock = (gp["sm_clock_mhz"] < cfg.clock_frac * gp["max_sm_clock_mhz"]).fillna(False) & busy
+    bad = (harm | low_clock).astype(int)
+    may |= (bad.groupby(keys).transform("sum") >= cfg.min_samples).fillna(False)
+    return may
 
 
 def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
@@ -124,7 +156,7 @@ def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
     for c in ("ecc_dbe", "ecc_sbe", "retired_pages", "remapped_rows", "sm_clock_mhz", "max_sm_clock_mhz", "util_pct", "temp_c", "power_w"):
         gp[c] = pd.to_numeric(gp[c], errors="coerce")
     gp["throttle_reasons"] = pd.to_numeric(gp["throttle_reasons"], errors="coerce").fillna(0).astype(int)
-    for (node, gpu), sub in gp.groupby(["node", "gpu"]):
+    for (node, gpu), sub in _gpu_groups(gp, _may_find(gp, cfg)):
         node, gpu = int(node), int(gpu)
         ranks = data.gpu_ranks(node, gpu)
         sub = sub.sort_values("t")

@@ -46,22 +46,45 @@ def _stall_s(data: RunData, cfg: HangConfig) -> float:
     return max(cfg.min_stall_s, cfg.stall_factor * med_step_s)
 
 
+class _GroupMembers:
+    """Each communicator's members (by gkey): the union of its records' ``group_ranks``, else the ranks that
+    recorded it. Computed on first use, for the communicators of an incomplete op only, and each distinct member
+    list is converted once: a window holds one record per op and rank, all with the same list (the head runs this
+    every round, and a set per record cost O(records x group size))."""
+
+    def __init__(self, co: pd.DataFrame):
+        self.co = co
+        self.known: dict[str, set[int]] = {}
+
+    def __getitem__(self, grp: str) -> set[int]:
+        if grp not in self.known:
+            sub = self.co[self.co["gkey"].astype(str) == grp]
+            mem: set[int] = set()
+            seen: set = set()
+            for gr in sub["group_ranks"]:
+                if isinstance(gr, (list, tuple, np.ndarray)):
+                    try:
+                        look = (gr.dtype.str, gr.tobytes()) if isinstance(gr, np.ndarray) else tuple(gr)
+                        if look in seen:
+                            continue
+                        seen.add(look)
+                    except TypeError:  # unhashable: convert it
+                        pass
+                    mem |= {int(x) for x in gr}
+            self.known[grp] = mem or {int(x) for x in sub["rank"].unique()}
+        return self.known[grp]
+
+
 def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     co = data.collectives
     if co.empty:
         return []
     out: list[Finding] = []
     node_of = data.rank_node()
-    members_by_group: dict[str, set[int]] = {}
-    for grp, sub in co.groupby("gkey"):
-        mem: set[int] = set()
-        for gr in sub["group_ranks"]:
-            if isinstance(gr, (list, tuple, np.ndarray)):
-                mem |= {int(x) for x in gr}
-        members_by_group[str(grp)] = mem or {int(x) for x in sub["rank"].unique()}
     incomplete = co[co["t_done"].isna()]
     if incomplete.empty:
         return []
+    members_by_group = _GroupMembers(co)
     problems = []
     for (grp, seq), sub in incomplete.groupby(["gkey", "seq"]):
         allrec = co[(co["gkey"] == grp) & (co["seq"] == seq)]

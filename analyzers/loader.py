@@ -101,6 +101,26 @@ def _group_key(group: Any, members: Any, attempt: int = 0) -> str:
     return key + (f" attempt {attempt}" if attempt else "")
 
 
+def _group_keys(groups: Iterable[Any], members: Iterable[Any], attempts: Iterable[Any]) -> list[str]:
+    """``_group_key`` of every collective row. The rows of one communicator repeat the same (group, members,
+    attempt) thousands of times in a window, and sorting the member list of each row costs O(group size): each
+    distinct key is computed once, looked up by the members' raw bytes (a numpy array, as read from Arrow) or
+    tuple (a list, as decoded from a spool)."""
+    cache: dict[Any, str] = {}
+    out = []
+    for g, m, a in zip(groups, members, attempts):
+        try:
+            look = (g, a, m.dtype.str, m.tobytes()) if isinstance(m, np.ndarray) else (
+                g, a, type(m), tuple(m) if isinstance(m, (list, tuple)) else m)
+            key = cache.get(look)
+            if key is None:
+                key = cache[look] = _group_key(g, m, a)
+        except TypeError:  # unhashable: compute it for this row
+            key = _group_key(g, m, a)
+        out.append(key)
+    return out
+
+
 @dataclass
 class RunData:
     """Everything the analyzers look at, for one run (or one live window of it)."""
@@ -172,7 +192,7 @@ class RunData:
             co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
             # A collective may be written at arrival and again when done: keep the completed one.
             # one communicator = group name + its member ranks (dp groups of different tp/pp coordinates share the name)
-            co["gkey"] = [_group_key(g, m, a) for g, m, a in zip(co["group"], co["group_ranks"], co["attempt"])]
+            co["gkey"] = _group_keys(co["group"], co["group_ranks"], co["attempt"])
             co["_done"] = co["t_done"].notna()
             co = (co.sort_values(["rank", "attempt", "group", "seq", "_done"])
                   .drop_duplicates(["rank", "attempt", "group", "seq"], keep="last"))

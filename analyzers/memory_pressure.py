@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from analyzers._common import fnum, fmt_ranks
 from analyzers.loader import RunData
@@ -50,6 +51,24 @@ def _capacity(data: RunData) -> dict[int, float]:
     return cap
 
 
+def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
+    """``st.groupby("rank")``'s (rank, rows) pairs, in its order, of the ranks that can be near capacity or
+    growing. The per-rank test (a line fit among others) runs every round for every rank; a rank whose peak is
+    under ``warn_frac`` of its capacity and whose memory moved less than ``growth_min_bytes`` over the window
+    (its end - start growth can be no more than max - min) is passed over without it."""
+    if st.empty:
+        return
+    g = st.groupby("rank")
+    mem = g["mem_bytes"].agg(["max", "min"])
+    for r, idx in sorted(g.indices.items()):
+        peak, low = float(mem.at[r, "max"]), float(mem.at[r, "min"])
+        c = cap.get(int(r))
+        near = bool(c) and peak / c >= min(cfg.warn_frac, cfg.critical_frac)
+        moved = not (peak - low < cfg.growth_min_bytes)  # NaN: judge it
+        if near or moved:
+            yield r, st.iloc[idx]
+
+
 def analyze(data: RunData, cfg: MemoryConfig | None = None) -> list[Finding]:
     cfg = cfg or MemoryConfig()
     st = data.steps
@@ -60,7 +79,7 @@ def analyze(data: RunData, cfg: MemoryConfig | None = None) -> list[Finding]:
     node_of = data.rank_node()
     near: dict[str, list] = {"warning": [], "critical": []}
     grow = []
-    for r, sub in st.groupby("rank"):
+    for r, sub in _ranks_to_judge(st, cap, cfg):
         r = int(r)
         mem = sub.set_index("step")["mem_bytes"].astype(float)
         if mem.empty:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import (confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, refine_onset,
-                               robust_sigma, temporal_sigma)
+from analyzers._common import (confirmation_step, fnum, fmt_ranks, leave_one_out_median, persistent_runs, rank_step_matrix,
+                               refine_onset, robust_sigma, temporal_sigma)
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -70,7 +70,7 @@ class StragglerConfig:
 
 
 def _rank_matrix(steps: pd.DataFrame, col: str) -> pd.DataFrame:
-    return steps.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+    return rank_step_matrix(steps, col)
 
 
 def _peer_groups(data: RunData, ranks: list[int]) -> dict[int, list[int]]:
@@ -90,7 +90,7 @@ def _arrival_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: i
     ev: dict = {}
     if st.empty:
         return ev
-    arr = st.pivot_table(index="rank", columns="step", values="sync_arrival", aggfunc="last")
+    arr = rank_step_matrix(st, "sync_arrival")
     if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
         own = arr.loc[rank]
         others = arr.drop(index=rank)
@@ -104,7 +104,7 @@ def _arrival_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: i
         if not co.empty and co["rank"].nunique() > 1:
             last = co.loc[co.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
             ev["last_arrival_share"] = fnum((last["rank"] == rank).mean(), 2)
-    wait = st.pivot_table(index="rank", columns="step", values="sync_wait_ms", aggfunc="last")
+    wait = rank_step_matrix(st, "sync_wait_ms")
     if rank in wait.index and wait.notna().values.any():
         ev["own_wait_ms"] = fnum(wait.loc[rank].mean(), 1)
         others = wait.drop(index=rank)
@@ -178,12 +178,58 @@ def cusum_runs(logr: pd.Series, k: float, h: float, min_steps: int, high_share: 
     return runs
 
 
+def cusum_runs_rows(x: np.ndarray, steps: list, k: float, h: np.ndarray, min_steps: int,
+                    high_share: float) -> list[list[dict]]:
+    """``cusum_runs`` of every row of ``x`` (ranks x steps, step labels ``steps``; row i's threshold ``h[i]``) in
+    one pass over the steps with the ranks as vectors: the same runs, without a Python loop per rank and step
+    (the head runs this every round, twice per signal). Each row's update is cusum_runs' own, in the same
+    float operations."""
+    n_rows = x.shape[0]
+    out: list[list[dict]] = [[] for _ in range(n_rows)]
+    S = np.zeros(n_rows)
+    start = np.full(n_rows, -1, np.int64)  # -1: no excursion under way
+    n = np.zeros(n_rows, np.int64)
+    n_high = np.zeros(n_rows, np.int64)
+    last_high = np.full(n_rows, -1, np.int64)  # -1: None
+    alarmed = np.zeros(n_rows, np.bool_)  # a run (cur) is open
+    onset = np.zeros(n_rows, np.int64)
+    detected = np.zeros(n_rows, np.int64)
+
+    def close(rows: np.ndarray) -> None:
+        for i in np.nonzero(rows)[0]:
+            end = int(last_high[i])
+            out[i].append(dict(onset=int(onset[i]), detected=int(detected[i]), end=end if end >= 0 else None))
+
+    for j, step in enumerate(steps):
+        step = int(step)
+        xj = x[:, j]
+        fin = np.isfinite(xj)
+        with np.errstate(invalid="ignore"):
+            S_new = S + xj - k
+        reset = fin & (S_new <= 0)
+        close(reset & alarmed)
+        S[reset], start[reset], n[reset], n_high[reset], last_high[reset] = 0.0, -1, 0, 0, -1
+        alarmed &= ~reset
+        go = fin & ~reset
+        start[go & (start < 0)] = step
+        S[go] = S_new[go]
+        n += go
+        high = go & (xj > k)
+        n_high += high
+        last_high[high] = step
+        new = go & ~alarmed & (S >= h) & (n >= min_steps) & (n_high >= high_share * n)
+        onset[new], detected[new] = start[new], step
+        alarmed |= new
+    close(alarmed)
+    return out
+
+
 def _data_extra_ms(data: RunData, rank: int, group: list[int], s0: int, s1: int) -> float | None:
     """Median over [s0, s1] of the rank's data wait minus its peers' median data wait, per step."""
     st = data.steps[(data.steps["step"] >= s0) & (data.steps["step"] <= s1) & (data.steps["rank"].isin(group))]
     if st.empty or st["rank"].nunique() < 2 or st["data_ms"].isna().all():
         return None
-    d = st.pivot_table(index="rank", columns="step", values="data_ms", aggfunc="last")
+    d = rank_step_matrix(st, "data_ms")
     if rank not in d.index:
         return None
     return float(np.nanmedian((d.loc[rank] - d.drop(index=rank).median()).to_numpy(dtype=float)))
@@ -195,7 +241,7 @@ def _wait_evidence(data: RunData, rank: int, group: list[int], s0: int, s1: int)
     if st.empty or st["rank"].nunique() < 2:
         return {}
     st = st.assign(total_wait=st["sync_wait_ms"].fillna(0.0) + st["pipeline_wait_ms"].fillna(0.0))
-    w = st.pivot_table(index="rank", columns="step", values="total_wait", aggfunc="last")
+    w = rank_step_matrix(st, "total_wait")
     if rank not in w.index:
         return {}
     own = w.loc[rank]
@@ -240,14 +286,20 @@ def _rank_findings(data: RunData, cfg: StragglerConfig, comp: pd.DataFrame) -> l
     for drift, h_sig, floor in ((k, cfg.h_sigma, cfg.min_h_factor),
                                 (float(np.log(cfg.fast_ratio)), cfg.fast_h_sigma, cfg.fast_min_h_factor)):
         detectors.append((drift, max(h_sig * sigma, floor * drift)))
+    group_of = {r: m for m in groups.values() for r in m}
+    scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in ratio_df.index])
+    # both CUSUMs of every rank at once (one pass over the steps); then only the ranks that alarmed are looked at
+    runs_of: dict = {r: [] for r in ratio_df.index}
+    for drift, h in detectors:
+        h_r = h * scale
+        x = np.minimum(logr.to_numpy(dtype=float), (drift + cfg.clip_h_share * h_r)[:, None])
+        for i, rank_runs in enumerate(cusum_runs_rows(x, list(logr.columns), drift, h_r, cfg.min_steps, cfg.high_share)):
+            runs_of[ratio_df.index[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
     for r in ratio_df.index:
-        runs = []
-        group = next(m for m in groups.values() if r in m)
-        scale = cfg.few_peers_h_factor if len(group) <= 2 else 1.0
-        for drift, h in detectors:
-            h = h * scale
-            x = logr.loc[r].clip(upper=drift + cfg.clip_h_share * h)
-            runs += [dict(run, drift=drift, h=h) for run in cusum_runs(x, drift, h, cfg.min_steps, cfg.high_share)]
+        runs = runs_of[r]
+        if not runs:
+            continue
+        group = group_of[r]
         for run in merge_runs(runs):
             s1 = run["end"]
             onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])

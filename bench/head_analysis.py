@@ -49,10 +49,10 @@ STEP_S = 0.062
 ONSET = 100
 
 
-def build(ranks: int, steps: int, seed: int = 1) -> dict:
+def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None) -> dict:
     rnd = random.Random(seed)
     per_node = 8
-    t_last = time.time() - 0.5
+    t_last = time.time() - 0.5 if t_last is None else t_last
     t0 = t_last - steps * STEP_S
     manifest = schema.Manifest(
         run_id=RUN, created=t0 - 5, start_time=t0 - 1, layout={"dp": ranks, "tp": 1, "pp": 1, "world": ranks},
