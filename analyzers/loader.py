@@ -192,7 +192,7 @@ class RunData:
             co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
             # A collective may be written at arrival and again when done: keep the completed one.
             # one communicator = group name + its member ranks (dp groups of different tp/pp coordinates share the name)
-            co["gkey"] = _group_keys(co["group"], co["group_ranks"], co["attempt"])
+            co["gkey"] = _group_keys(co["group"].tolist(), co["group_ranks"].tolist(), co["attempt"].tolist())
             co["_done"] = co["t_done"].notna()
             co = (co.sort_values(["rank", "attempt", "group", "seq", "_done"])
                   .drop_duplicates(["rank", "attempt", "group", "seq"], keep="last"))

@@ -15,7 +15,7 @@ the wall clock ``t`` a finding gets when it is made (post-mortem, ``run_all`` st
 - every run of every store given with ``--stores`` (default: bench/results/detect-runs, /tmp/det-val,
   tests/fixtures/runs, /tmp/det-pp; a missing store is skipped and said so), read with
   ``analyzers.loader.load_run``;
-- synthetic live windows (``--synthetic``, default 8,64 ranks): the run of bench/head_analysis.py (a 1.3x
+- synthetic live windows (``--synthetic``, default 8, 64 and 256 ranks): the run of bench/head_analysis.py (a 1.3x
   straggler, 2 collectives per step) through the head's live path, ``RunLive.frames(256)`` and the head's
   default analyzer's ``RunData``. The stored runs have 4-8 ranks; these exercise the code paths whose cost
   grows with the rank count. They use the *working tree's* ``RunLive`` in both dumps (only the analyzers
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--rev", default=None if name == "dump" else "HEAD",
                        help="the analyzers as of this git revision (default: the working tree)")
         p.add_argument("--stores", default=",".join(DEFAULT_STORES))
-        p.add_argument("--synthetic", default="8,64", help="rank counts of synthetic live windows ('' for none)")
+        p.add_argument("--synthetic", default="8,64,256", help="rank counts of synthetic live windows ('' for none)")
         p.add_argument("--_analyzers-from", dest="analyzers_from", default=None, help=argparse.SUPPRESS)
     p = sub.add_parser("compare")
     p.add_argument("a")

@@ -1,40 +1,48 @@
-"""CPU of one live analysis round on the head: the whole live window vs the bounded analysis window.
+"""CPU of one live analysis round on the head, before and after a change to the analysis code, 8 to 1024 ranks.
 
-    .venv/bin/python bench/head_analysis.py [--ranks 8,64] [--window 512] [--analyze-windows 0,256,128] [--rounds 5]
+    .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 64d38ef]
+        [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64]
 
-The head (``agent.head.Head``) analyzes each run every ``--analyze-interval`` seconds: it turns the
-live window into DataFrames (``RunLive.frames``) and runs every analyzer (``analyzers.run_all``)
-on them. Before ``--analyze-window`` a round read the whole live window (``--window``, 512 steps
-per rank), so its cost grew with the run until the window was full; now it reads the last
-``--analyze-window`` steps per rank (default 256).
+The head (``agent.head.Head``) analyzes each run every ``--analyze-interval`` seconds (5 s): it turns the last
+``--analyze-window`` steps per rank of its live window into DataFrames (``RunLive.frames``) and runs every
+analyzer on them (``analyzers.run_all``, through ``RunData``).
 
-For each rank count, one synthetic run fills a full live window (``--window`` steps per rank, 2
-collectives per step, one GPU sample per GPU per second, host samples, a manifest), with a
-straggler (rank 3 computes 1.3x from step 100, the others wait for it in the gradient sync).
-The same data goes into one head per configuration: ``frames()`` as of ``--before-rev`` (the
-code before), and the current code with each ``--analyze-windows`` value (0 = the whole live
-window). The heads take their ``--rounds`` rounds in turn (``Head.analyze_once``, the real
-analyzers; the analyzers' clock pinned to just after the last step, so no round sees a silent
-job); reported: the median main-thread CPU ms per round (pyarrow on one thread), the
-straggler episode each head holds (its onset must be the same), and the cost of a round the
-head skips because nothing new arrived (``Head.analyze_if_due``).
+For each rank count, one synthetic run fills a full live window (``--window`` steps per rank, 2 collectives
+per step on communicators of ``--group-size`` consecutive ranks, one GPU sample per GPU per second, host
+samples, a manifest), with a straggler (rank 3 computes 1.3x from step 100, the others wait for it in the
+gradient sync). It is analyzed by two heads in two processes, one after the other:
+
+- *before*: the code as of ``--before-rev`` (its ``agent``, ``analyzers`` and ``ranksight`` packages, from a
+  temporary git worktree), only up to ``--before-max-ranks`` ranks (at 1024 ranks it needs minutes a round);
+- *now*: the working tree.
+
+Each takes ``--rounds`` rounds (``Head.analyze_once``, the real analyzers; the analyzers' clock pinned to
+just after the last step, so no round sees a silent job; fewer rounds at 256 ranks and up, see
+``rounds_for``). Reported: the median main-thread CPU ms per round (pyarrow on one thread), the ratio, the
+findings of the fresh head (they must be the same), and the cost of a round the head skips because nothing
+new arrived (``Head.analyze_if_due``). Ratios, not absolute times, are what carries over: the machine is
+shared and noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# the code measured: the working tree, or (the "before" worker) a worktree of --before-rev
+CODE = Path(os.environ.get("RS_BENCH_CODE", ROOT))
+sys.path.insert(0, str(CODE))
 
 import pyarrow as pa  # noqa: E402
 
@@ -49,8 +57,13 @@ STEP_S = 0.062
 ONSET = 100
 
 
-def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None) -> dict:
+def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None, group_size: int = 64) -> dict:
+    """The synthetic run. Collectives run on communicators of ``group_size`` consecutive ranks (one communicator
+    at 8 and 64 ranks; a 1024-rank job with world-sized member lists would hold 1024 x 1024 x 1024 ranks in
+    its live window)."""
     rnd = random.Random(seed)
+    gs = max(1, min(group_size, ranks))
+    members = {r: list(range(r - r % gs, min(ranks, r - r % gs + gs))) for r in range(ranks)}
     per_node = 8
     t_last = time.time() - 0.5 if t_last is None else t_last
     t0 = t_last - steps * STEP_S
@@ -79,11 +92,11 @@ def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None) ->
                 sync_wait_ms=wait, tokens=512, loss=3.0 - s * 1e-3, grad_norm=1.0, lr=3e-4, mem_bytes=2 << 30,
                 flops=6 * 1.1e6 * 512))
             crows.append(schema.CollectiveRecord(run_id=RUN, rank=r, step=s, seq=2 * s, op="all_reduce", group="dp",
-                                                 group_ranks=list(range(ranks)), nbytes=4 << 20,
+                                                 group_ranks=members[r], nbytes=4 << 20,
                                                  t_arrive=base + c / 1000, t_done=base + (slowest + 3.0) / 1000,
                                                  duration_ms=wait + 3.0))
             crows.append(schema.CollectiveRecord(run_id=RUN, rank=r, step=s, seq=2 * s + 1, op="broadcast", group="world",
-                                                 group_ranks=list(range(ranks)), nbytes=8, t_arrive=t_end - 0.001,
+                                                 group_ranks=members[r], nbytes=8, t_arrive=t_end - 0.001,
                                                  t_done=t_end, duration_ms=1.0))
         if (s + 1) % per_batch == 0 or s == steps - 1:
             batches.append((srows, crows))
@@ -104,31 +117,13 @@ def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None) ->
     return {"manifest": manifest, "batches": batches, "gpu": gpu, "host": host, "now": t_last + 0.5}
 
 
-def old_frames(rev: str):
-    """``RunLive.frames`` as it was at git revision ``rev`` (the code before the analysis window), or None."""
-    import subprocess
-    import types
-
-    try:
-        src = subprocess.run(["git", "show", f"{rev}:agent/live.py"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    mod = types.ModuleType("agent._live_before")
-    mod.__file__ = f"{rev}:agent/live.py"
-    sys.modules[mod.__name__] = mod  # its dataclasses look their module up
-    exec(compile(src, mod.__file__, "exec"), mod.__dict__)
-    return mod.RunLive.frames
-
-
-def make_head(root: Path, data: dict, window: int, analyze_window: int | None, frames_fn=None) -> Head:
+def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -> Head:
     h = Head(root, "bench-token", window=window, analyze_window=analyze_window)
     live = h.run_live(RUN)
     new_frames = live.frames
 
     def frames(window=None):
-        # the old code took no window: it always read the whole live window
-        fr = frames_fn(live) if frames_fn is not None else new_frames(window)
+        fr = new_frames(window)
         fr["now"] = data["now"]  # the clock pinned to just after the last step: rounds later are no silent job
         return fr
 
@@ -148,53 +143,88 @@ def cpu_ms(fn) -> float:
     return (time.thread_time() - t0) * 1000.0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ranks", default="8,64")
-    ap.add_argument("--window", type=int, default=512, help="the live window (ranksight head --window)")
-    ap.add_argument("--analyze-windows", default="0,256,128", help="0 = the whole live window (before)")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--before-rev", default="99d07a2",
-                    help="also run the live window's frames() as of this git revision (before the analysis window)")
-    args = ap.parse_args(argv)
-    wins = [int(w) for w in args.analyze_windows.split(",")]
-    before = old_frames(args.before_rev) if args.before_rev else None
-    configs = ([(f"{args.window} (frames() of {args.before_rev}: before)", None, before)] if before else []) + [
-        (f"{w}" if w else f"{args.window} (whole live window)", w or None, None) for w in wins]
+def rounds_for(ranks: int, rounds: int) -> int:
+    """Fewer rounds where one takes seconds: 3 at 256 ranks, 2 at 1024 and up."""
+    return rounds if ranks < 256 else max(1, min(rounds, 3 if ranks < 1024 else 2))
+
+
+def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int) -> dict:
+    """One head over one synthetic run: CPU ms of each round, its findings, a skipped round's cost."""
     tune_gc()  # as ranksight head does
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-"))
-    print(f"bench/head_analysis.py: live window {args.window} steps per rank; {args.rounds} rounds per head; "
-          f"load average {' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    header = "| ranks | analysis window (steps per rank) | CPU ms per round, median [min, max] | vs before | straggler episode of a fresh head (ranks, from step) | findings | a round skipped (nothing new), CPU ms |"
-    print(header)
-    print("|---|---|---|---|---|---|---|")
+    try:
+        data = build(ranks, window, group_size=group_size)
+        h = make_head(tmp / "head", data, window, analyze_window)
+        del data
+        gc.collect()
+        gc.freeze()  # what exists now (the head's window) is never scanned, as in the head after tune_gc()
+        try:
+            times = [cpu_ms(lambda: h.analyze_once(RUN)) for _ in range(rounds)]
+            assert h.stats["analyzer_errors"] == 0
+            eps = h.findings[RUN].current()
+            h.analyze_if_due(RUN)  # sets the mark: nothing new after it
+            skip = statistics.median(cpu_ms(lambda: h.analyze_if_due(RUN)) for _ in range(20))
+            return dict(times=times, skip=skip,
+                        straggler=", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none",
+                        findings=", ".join(sorted(f"{e.analyzer}/{e.kind}" for e in eps)))
+        finally:
+            h.close()
+            gc.unfreeze()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_worker(code: Path, args, ranks: int, rounds: int) -> dict:
+    env = dict(os.environ, RS_BENCH_CODE=str(code), PYTHONPATH=str(code))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ranks", str(ranks), "--rounds", str(rounds),
+           "--window", str(args.window), "--analyze-window", str(args.analyze_window), "--group-size", str(args.group_size)]
+    out = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"worker for {ranks} ranks at {code} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="8,64,256,1024")
+    ap.add_argument("--window", type=int, default=512, help="the live window (ranksight head --window)")
+    ap.add_argument("--analyze-window", type=int, default=256, help="ranksight head --analyze-window")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--group-size", type=int, default=64, help="ranks per communicator")
+    ap.add_argument("--before-rev", default="64d38ef", help="the code before (a git revision; '' for none)")
+    ap.add_argument("--before-max-ranks", type=int, default=256)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(int(args.ranks), args.rounds, args.window, args.analyze_window, args.group_size)))
+        return 0
+    tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-rev-"))
+    before = None
+    if args.before_rev:
+        subprocess.run(["git", "worktree", "add", "--detach", str(tmp / "before"), args.before_rev], cwd=ROOT,
+                       check=True, capture_output=True)
+        before = tmp / "before"
+    print(f"bench/head_analysis.py: live window {args.window}, analysis window {args.analyze_window} steps per rank, "
+          f"communicators of {args.group_size} ranks; before = {args.before_rev or '-'}; load average "
+          f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print("| ranks | rounds | before: CPU ms per round, median [min, max] | now: CPU ms per round | before / now | "
+          "findings of a fresh head (now) | same as before | a round skipped (nothing new), CPU ms |")
+    print("|---:|---:|---:|---:|---:|---|---|---:|")
     try:
         for n in [int(x) for x in args.ranks.split(",")]:
-            data = build(n, args.window)
-            heads = [make_head(tmp / f"r{n}-{i}", data, args.window, w, fn) for i, (_, w, fn) in enumerate(configs)]
-            del data
-            gc.collect()
-            gc.freeze()  # what exists now (the heads' windows) is never scanned, as in the head after tune_gc()
-            try:
-                times: list[list[float]] = [[] for _ in heads]
-                for _ in range(args.rounds):  # interleaved: every head sees the same machine within seconds
-                    for i, h in enumerate(heads):
-                        times[i].append(cpu_ms(lambda: h.analyze_once(RUN)))
-                base = statistics.median(times[0])
-                for (label, _, _), h, ts in zip(configs, heads, times):
-                    assert h.stats["analyzer_errors"] == 0
-                    med = statistics.median(ts)
-                    eps = h.findings[RUN].current()
-                    ep = ", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none"
-                    h.analyze_if_due(RUN)  # sets the mark: nothing new after it
-                    skip = statistics.median(cpu_ms(lambda: h.analyze_if_due(RUN)) for _ in range(20))
-                    print(f"| {n} | {label} | {med:.1f} [{min(ts):.1f}, {max(ts):.1f}] | {med / base:.2f}x | {ep} | "
-                          f"{', '.join(sorted(f'{e.analyzer}/{e.kind}' for e in eps))} | {skip:.3f} |", flush=True)
-            finally:
-                for h in heads:
-                    h.close()
-                gc.unfreeze()
+            k = rounds_for(n, args.rounds)
+            old = run_worker(before, args, n, 1 if n >= 256 else k) if before and n <= args.before_max_ranks else None
+            new = run_worker(ROOT, args, n, k)
+            med = statistics.median(new["times"])
+            fmt = lambda r: f"{statistics.median(r['times']):.0f} [{min(r['times']):.0f}, {max(r['times']):.0f}]"  # noqa: E731
+            ratio = f"{statistics.median(old['times']) / med:.1f}x" if old else "-"
+            same = "-" if old is None else ("yes" if (old["findings"], old["straggler"]) == (new["findings"], new["straggler"])
+                                            else f"NO: before {old['findings']}; {old['straggler']}")
+            print(f"| {n} | {len(old['times']) if old else '-'} / {k} | {fmt(old) if old else '-'} | {fmt(new)} | {ratio} | "
+                  f"{new['findings']}; straggler {new['straggler']} | {same} | {new['skip']:.3f} |", flush=True)
     finally:
+        if before is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

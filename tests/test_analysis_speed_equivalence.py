@@ -1,0 +1,160 @@
+"""The vectorized helpers of the head's analysis round give exactly what the per-rank code they replaced gave.
+
+The analyzers' findings must not change when their cost does: each fast path here is compared with a plain
+reference implementation (the code it replaced) on random data with the awkward cases (NaN, inf, ties, a
+single row, an empty frame). The whole analyzers are compared on stored runs by bench/findings_equivalence.py.
+No timings are asserted.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections import deque
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers._common import (MAD_SCALE, leave_one_out_median, persistent_runs, rank_step_matrix, robust_sigma,
+                               rows_with_runs, temporal_sigma)
+from analyzers.loader import _group_key, _group_keys
+from analyzers.stragglers import cusum_runs, cusum_runs_rows
+
+
+def _loo_reference(frame: pd.DataFrame) -> pd.DataFrame:
+    """leave_one_out_median as it was: delete each row, nanmedian of the rest."""
+    out = pd.DataFrame(np.nan, index=frame.index, columns=frame.columns)
+    values = frame.to_numpy(dtype=float)
+    for i, idx in enumerate(frame.index):
+        others = np.delete(values, i, axis=0)
+        if others.shape[0] == 0:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out.loc[idx] = np.nanmedian(others, axis=0)
+    return out
+
+
+def _random_frame(rng: np.random.Generator, rows: int, cols: int, trial: int) -> pd.DataFrame:
+    v = rng.normal(size=(rows, cols))
+    if trial % 3 == 0:
+        v = np.round(v, 1)  # ties
+    v[rng.random((rows, cols)) < rng.choice([0.0, 0.1, 0.5, 0.95])] = np.nan
+    if trial % 7 == 0 and v.size:
+        v.flat[rng.integers(0, v.size)] = np.inf
+        v.flat[rng.integers(0, v.size)] = -np.inf
+    return pd.DataFrame(v, index=[10 + 3 * i for i in range(rows)], columns=list(range(5, 5 + cols)))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 16, 65])
+def test_leave_one_out_median_and_temporal_sigma_match_the_per_row_code(rows):
+    rng = np.random.default_rng(rows)
+    for trial in range(40):
+        f = _random_frame(rng, rows, int(rng.integers(0, 12)), trial)
+        got, want = leave_one_out_median(f), _loo_reference(f)
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+        sig = [robust_sigma(f.loc[i].to_numpy(dtype=float)) for i in f.index]
+        sig = [s for s in sig if np.isfinite(s)]
+        assert temporal_sigma(f) == (float(np.median(sig)) if sig else 0.0)
+    assert temporal_sigma(pd.DataFrame()) == 0.0
+    assert MAD_SCALE == 1.4826
+
+
+def test_rank_step_matrix_is_pivot_table_last():
+    rng = np.random.default_rng(1)
+    for trial in range(60):
+        n = int(rng.integers(1, 300))
+        df = pd.DataFrame({"rank": rng.integers(0, 9, n), "step": rng.integers(0, 30, n) * 2, "v": rng.normal(size=n)})
+        df.loc[rng.random(n) < rng.choice([0.0, 0.3, 0.9]), "v"] = np.nan
+        want = df.pivot_table(index="rank", columns="step", values="v", aggfunc="last").sort_index(axis=1)
+        pd.testing.assert_frame_equal(rank_step_matrix(df, "v"), want, check_exact=True)
+    # other dtypes go through pivot_table itself
+    df = pd.DataFrame({"rank": [0, 1, 0], "step": [1, 1, 2], "b": [1, 2, 3]})
+    pd.testing.assert_frame_equal(rank_step_matrix(df, "b"),
+                                  df.pivot_table(index="rank", columns="step", values="b", aggfunc="last"))
+
+
+def _cusum_reference(logr: pd.Series, k: float, h: float, min_steps: int, high_share: float) -> list[dict]:
+    """cusum_runs as it was: over the Series' items."""
+    runs: list[dict] = []
+    S, start, n, n_high, cur, last_high = 0.0, None, 0, 0, None, None
+    for step, x in logr.items():
+        if not np.isfinite(x):
+            continue
+        S_new = S + x - k
+        if S_new <= 0:
+            if cur is not None:
+                cur["end"] = last_high
+                runs.append(cur)
+            S, start, n, n_high, cur, last_high = 0.0, None, 0, 0, None, None
+            continue
+        if start is None:
+            start = int(step)
+        S = S_new
+        n += 1
+        if x > k:
+            n_high += 1
+            last_high = int(step)
+        if cur is None and S >= h and n >= min_steps and n_high >= high_share * n:
+            cur = dict(onset=start, detected=int(step))
+    if cur is not None:
+        cur["end"] = last_high
+        runs.append(cur)
+    return runs
+
+
+@pytest.mark.parametrize("vector_min_rows", [0, 1000])  # the vectorized pass and the per-row loop
+def test_cusum_over_all_ranks_matches_cusum_per_rank(vector_min_rows):
+    rng = np.random.default_rng(2)
+    k = float(np.log(1.08))
+    for _ in range(150):
+        rows, cols = int(rng.integers(1, 12)), int(rng.integers(0, 50))
+        x = rng.normal(0, rng.choice([0.02, 0.1, 0.3]), size=(rows, cols)) + (rng.random((rows, 1)) < 0.3) * 0.2
+        x[rng.random((rows, cols)) < 0.1] = np.nan
+        x[rng.random((rows, cols)) < 0.02] = np.inf
+        steps = sorted(int(s) for s in rng.choice(1000, cols, replace=False))
+        h = rng.choice([0.1, 0.2, 0.5], rows)
+        got = cusum_runs_rows(x, steps, k, h, 3, 0.6, vector_min_rows=vector_min_rows)
+        for i in range(rows):
+            want = _cusum_reference(pd.Series(x[i], index=steps), k, float(h[i]), 3, 0.6)
+            assert got[i] == want == cusum_runs(pd.Series(x[i], index=steps), k, float(h[i]), 3, 0.6)
+
+
+def test_rows_with_runs_keeps_every_row_with_a_persistent_run():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        flags = pd.DataFrame(rng.random((8, 30)) < rng.choice([0.05, 0.2, 0.6]), index=range(8), columns=range(30))
+        kept = rows_with_runs(flags, 3)
+        assert kept == sorted(kept)
+        for r in flags.index:
+            if persistent_runs(flags.loc[r], 3, 5):
+                assert r in kept
+
+
+def test_group_keys_once_per_distinct_list_same_keys():
+    groups = ["dp", "dp", "tp", "dp", None, "pp:0>1"]
+    members = [np.array([3, 1, 2]), np.array([3, 1, 2]), [1, 0], np.array([1.0, 2.0]), None, np.array([], dtype=np.int64)]
+    attempts = [0, 1, 0, 0, 0, 2]
+    assert _group_keys(groups, members, attempts) == [_group_key(g, m, a) for g, m, a in zip(groups, members, attempts)]
+
+
+def test_live_telemetry_window_converts_only_new_samples_same_frame():
+    from agent.live import _ConvertedWindow
+    from agent.store import SPECS
+    from ranksight import schema
+
+    rnd = random.Random(0)
+    conv = _ConvertedWindow("r", "gpu")
+    dq: deque = deque(maxlen=50)
+    t = 0
+    for it in range(120):
+        for _ in range(rnd.choice([0, 0, 1, 7, 30, 80])):
+            t += 1
+            dq.append(schema.GpuSample(node=t % 3, host="h", gpu=t % 4, t=float(t), source="sim", simulated=True,
+                                       name="x", uuid="u", util_pct=float(t % 100)))
+        if it % 37 == 0:
+            dq = deque(list(dq)[::-1], maxlen=50)  # not a continuation: converted whole
+        rows = list(dq)
+        if rows:
+            assert conv.table(rows).to_pandas().equals(SPECS["gpu"].to_table("r", rows).to_pandas())
