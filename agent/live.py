@@ -22,13 +22,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 
 from ranksight import schema
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("ranksight.live")
 
@@ -392,7 +395,7 @@ class RunLive:
             t = _tail_per_rank(pa.concat_tables(chunks).combine_chunks(), k)
             if steps_k is not None:
                 t = _last_steps_per_rank(t, steps_k)
-            return t.to_pandas()
+            return _to_pandas_shared_lists(t, "group_ranks") if table == "collectives" else t.to_pandas()
 
         return {
             "run_id": self.run_id,
@@ -460,6 +463,41 @@ def _kept_prefix(prev: list, cur: list) -> int:
     if kept > len(cur) or not all(a is b for a, b in zip(prev[d:], cur)):
         return 0
     return kept
+
+
+def _to_pandas_shared_lists(t: pa.Table, col: str) -> pd.DataFrame:
+    """``t.to_pandas()``, with the rows of ``col`` (a list column) that hold equal lists sharing one numpy array.
+
+    A collective record carries its communicator's member ranks, so the window holds the same list once per op
+    and rank (at 1024 ranks, half a million of them). ``to_pandas`` makes an array per row; the analyzers'
+    loader then derives a communicator key from each. Equal lists are found here in bulk (each list's raw bytes
+    as one Arrow binary value, dictionary-encoded), and each distinct list is one array object, which the loader
+    recognises by identity. Other list types convert as usual."""
+    import pandas as pd
+    import pyarrow.compute as pc
+
+    if col not in t.column_names or t.num_rows == 0:
+        return t.to_pandas()
+    lists = t.column(col).combine_chunks()
+    if not (pa.types.is_list(lists.type) and pa.types.is_integer(lists.type.value_type)) or lists.flatten().null_count:
+        return t.to_pandas()
+    flat = lists.flatten().to_numpy()
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    raw = np.ascontiguousarray(flat).view(np.uint8)
+    as_bytes = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets * flat.dtype.itemsize), pa.py_buffer(raw)])
+    code = pc.dictionary_encode(as_bytes).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    _, first = np.unique(code, return_index=True)
+    shared = np.empty(len(first) + 1, dtype=object)  # the last slot: None, for a null list
+    for j, i in enumerate(first):
+        shared[j] = flat[offsets[i]:offsets[i + 1]].copy()
+    null = lists.is_null().to_numpy(zero_copy_only=False)
+    code[null] = len(first)
+    df = t.drop_columns([col]).to_pandas()
+    df.insert(t.column_names.index(col), col, shared[code])
+    return df
 
 
 def _tail_per_rank(t: pa.Table, k: int) -> pa.Table:

@@ -26,7 +26,7 @@ import pandas as pd
 from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, rank_step_matrix,
                               rows_with_runs, temporal_sigma, transfer_ms)
 from analyzers.links import P2P_OPS, last_arriver_ops, slow_communicators
-from analyzers.loader import RunData
+from analyzers.loader import RunData, member_counts
 from ranksight.schema import Finding
 
 NAME = "comm"
@@ -302,7 +302,7 @@ def collective_wait_ms(data: RunData) -> pd.DataFrame:
     if co.empty:
         return pd.DataFrame()
     g = co.groupby(["gkey", "seq"])
-    size = co["group_ranks"].map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0)
+    size = member_counts(co["group_ranks"])
     spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
     ok = (g["rank"].transform("size") == size) & (size >= 2) & (spread <= CommConfig.match_tol_ms)
     co = co[ok]

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers._common import confirmation_step, leave_one_out_median, persistent_runs, refine_onset, temporal_sigma
-from analyzers.loader import RunData
+from analyzers.loader import RunData, member_counts
 
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
                  "all_gather_into_tensor", "reduce_scatter_tensor"}
@@ -54,7 +54,7 @@ def last_arriver_ops(data: RunData, first_step: int | None = None, match_tol_ms:
         return empty
     g = co.groupby(["gkey", "seq"])
     n = g["rank"].transform("size")
-    size = co["group_ranks"].map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0)
+    size = member_counts(co["group_ranks"])
     spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
     ok = co[(n == size) & (size >= 2) & (spread <= match_tol_ms)]
     if ok.empty:
@@ -84,6 +84,22 @@ def p2p_transfers(data: RunData, first_step: int | None = None) -> pd.DataFrame:
                          "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
 
 
+def _sorted_members(members: pd.Series) -> list[tuple]:
+    """Each row's member ranks as a sorted tuple; each distinct numpy member list converted once (a communicator's
+    ops all carry the same one)."""
+    cache: dict = {}
+    out = []
+    for gr in members:
+        look = (gr.dtype.str, gr.tobytes()) if isinstance(gr, np.ndarray) else None
+        got = cache.get(look) if look is not None else None
+        if got is None:
+            got = tuple(sorted(int(x) for x in gr))
+            if look is not None:
+                cache[look] = got
+        out.append(got)
+    return out
+
+
 def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0,
                  last: pd.DataFrame | None = None) -> pd.DataFrame:
     """Collectives' last-arriver durations and p2p transfers, one frame: gkey, cls (the kind of communicator it is
@@ -97,7 +113,7 @@ def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: flo
         parts.append(pd.DataFrame({
             "gkey": last["gkey"], "cls": last["group"].astype(str), "seq": last["seq"], "rank": last["rank"], "step": last["step"],
             "transfer_ms": last["duration_ms"].astype(float),
-            "suspects": [tuple(sorted(int(x) for x in gr)) for gr in last["group_ranks"]]}))
+            "suspects": _sorted_members(last["group_ranks"])}))
     p2p = p2p_transfers(data, first_step)
     if not p2p.empty:
         parts.append(p2p)

@@ -101,11 +101,33 @@ def _group_key(group: Any, members: Any, attempt: int = 0) -> str:
     return key + (f" attempt {attempt}" if attempt else "")
 
 
-def _group_keys(groups: Iterable[Any], members: Iterable[Any], attempts: Iterable[Any]) -> list[str]:
+def _group_keys(groups: list, members: list, attempts: list) -> list[str]:
     """``_group_key`` of every collective row. The rows of one communicator repeat the same (group, members,
-    attempt) thousands of times in a window, and sorting the member list of each row costs O(group size): each
-    distinct key is computed once, looked up by the members' raw bytes (a numpy array, as read from Arrow) or
-    tuple (a list, as decoded from a spool)."""
+    attempt) thousands of times in a window (a record per op and rank), and sorting the member list of each row
+    cost O(rows x group size) every analysis round: each distinct combination is computed once.
+
+    The head's live window hands equal member lists over as one shared array object (agent/live.py
+    ``_to_pandas_shared_lists``): then the combinations are told apart in bulk by the objects' identity (with
+    string groups and int attempts, which factorize keeps apart exactly). Otherwise (a run read from disk: an
+    array per row) a lookup per row by the members' raw bytes or tuple."""
+    n = len(members)
+    if n and set(map(type, groups)) <= {str} and set(map(type, attempts)) <= {int}:
+        m_code, m_uniq = pd.factorize(np.fromiter(map(id, members), dtype=np.int64, count=n))
+        if len(m_uniq) <= max(1000, n // 8):
+            g_code, g_uniq = pd.factorize(np.array(groups, dtype=object))
+            a_code, a_uniq = pd.factorize(np.array(attempts, dtype=np.int64))
+            if len(g_uniq) * len(a_uniq) * len(m_uniq) >= 2**62:  # the combined code would overflow
+                return _group_keys_by_row(groups, members, attempts)
+            code = (g_code.astype(np.int64) * len(a_uniq) + a_code) * len(m_uniq) + m_code
+            _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+            keys = np.array([_group_key(groups[i], members[i], attempts[i]) for i in first], dtype=object)
+            return keys[inverse.ravel()].tolist()
+    return _group_keys_by_row(groups, members, attempts)
+
+
+def _group_keys_by_row(groups: list, members: list, attempts: list) -> list[str]:
+    """``_group_key`` of every row, each distinct combination computed once (looked up by the members' raw bytes
+    or tuple)."""
     cache: dict[Any, str] = {}
     out = []
     for g, m, a in zip(groups, members, attempts):
@@ -119,6 +141,16 @@ def _group_keys(groups: Iterable[Any], members: Iterable[Any], attempts: Iterabl
             key = _group_key(g, m, a)
         out.append(key)
     return out
+
+
+def member_counts(members: pd.Series) -> pd.Series:
+    """The number of members of each collective record's ``group_ranks`` (0 when it is not a list)."""
+    values = members.tolist()
+    if set(map(type, values)) <= {np.ndarray, list, tuple}:
+        counts = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    else:
+        counts = np.array([len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0 for gr in values], dtype=np.int64)
+    return pd.Series(counts, index=members.index)
 
 
 @dataclass

@@ -133,10 +133,33 @@ def test_rows_with_runs_keeps_every_row_with_a_persistent_run():
 
 
 def test_group_keys_once_per_distinct_list_same_keys():
+    # the row-by-row path (lists, None, a float array, a missing group) ...
     groups = ["dp", "dp", "tp", "dp", None, "pp:0>1"]
     members = [np.array([3, 1, 2]), np.array([3, 1, 2]), [1, 0], np.array([1.0, 2.0]), None, np.array([], dtype=np.int64)]
     attempts = [0, 1, 0, 0, 0, 2]
     assert _group_keys(groups, members, attempts) == [_group_key(g, m, a) for g, m, a in zip(groups, members, attempts)]
+    # ... and the bulk one (integer arrays, string groups, int attempts), with repeats, an empty list, mixed widths
+    rng = np.random.default_rng(4)
+    lists = [np.array([3, 1, 2]), np.array([1, 2, 3]), np.array([], dtype=np.int64), np.array([0, 1], dtype=np.int32),
+             np.arange(64), np.arange(64)[::-1].copy(), np.array([7])]
+    for _ in range(20):
+        n = int(rng.integers(1, 200))
+        members = [lists[i] for i in rng.integers(0, len(lists), n)]
+        groups = [str(rng.choice(["dp", "tp", "world", "pp:0>1"])) for _ in range(n)]
+        attempts = [int(a) for a in rng.integers(0, 3, n)]
+        assert _group_keys(groups, members, attempts) == [_group_key(g, m, a) for g, m, a in
+                                                          zip(groups, members, attempts)]
+
+
+def test_member_counts_and_sorted_members():
+    from analyzers.links import _sorted_members
+    from analyzers.loader import member_counts
+
+    s = pd.Series([np.array([2, 0, 1]), [4, 3], (), np.array([2, 0, 1])], index=[5, 6, 7, 8])
+    pd.testing.assert_series_equal(member_counts(s), s.map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0))
+    s2 = pd.Series([np.array([1, 0]), None, "x"])
+    pd.testing.assert_series_equal(member_counts(s2), pd.Series([2, 0, 0]))
+    assert _sorted_members(s) == [(0, 1, 2), (3, 4), (), (0, 1, 2)]
 
 
 def test_live_telemetry_window_converts_only_new_samples_same_frame():
@@ -158,3 +181,22 @@ def test_live_telemetry_window_converts_only_new_samples_same_frame():
         rows = list(dq)
         if rows:
             assert conv.table(rows).to_pandas().equals(SPECS["gpu"].to_table("r", rows).to_pandas())
+
+
+def test_live_collectives_frame_shares_equal_member_lists_same_content():
+    import pyarrow as pa
+
+    from agent.live import _to_pandas_shared_lists
+
+    members = [[3, 1, 2], [3, 1, 2], None, [], [0], [3, 1, 2], [1, 2, 3]]
+    t = pa.table({"rank": list(range(7)), "group_ranks": pa.array(members, pa.list_(pa.int64())),
+                  "group": ["dp"] * 7}).slice(1)  # a sliced table: offsets into the list buffers
+    got, want = _to_pandas_shared_lists(t, "group_ranks"), t.to_pandas()
+    assert list(got.columns) == list(want.columns)
+    pd.testing.assert_frame_equal(got.drop(columns="group_ranks"), want.drop(columns="group_ranks"))
+    for a, b in zip(got["group_ranks"], want["group_ranks"]):
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b))
+    assert got["group_ranks"].iloc[0] is got["group_ranks"].iloc[4]  # equal lists: one object
+    # the loader keys them as it keys one array per row
+    keys = _group_keys(got["group"].tolist(), got["group_ranks"].tolist(), [0] * len(got))
+    assert keys == [_group_key(g, m, 0) for g, m in zip(want["group"], want["group_ranks"])]
