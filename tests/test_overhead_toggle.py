@@ -104,7 +104,8 @@ def test_ddp_comm_hook_is_the_plain_allreduce_when_disabled(tmp_path):
 def test_simulated_gpu_writes_at_most_once_a_second_but_faults_at_once(tmp_path):
     run = RunDir(tmp_path, "r")
     g = SimulatedGpu(run, 0, 0, 0, min_interval_s=3600.0)
-    g.update(100.0, 80.0, 1000, None)  # the first update is written
+    g.update(100.0, 80.0, 1000, None)  # the first update is written (by the writer thread: wait for it)
+    assert g.file.wait()
     assert g.writes == 1 and read_state(run.simgpu_node_dir(0), 0).util_gpu == 80
     g.update(100.0, 20.0, 2000, None)
     g.update(100.0, 20.0, 3000, None)
@@ -112,6 +113,7 @@ def test_simulated_gpu_writes_at_most_once_a_second_but_faults_at_once(tmp_path)
     faults = FaultState([parse_fault("throttle:rank=0,factor=2,start=5")], rank=0, node=0)
     faults.set_step(5)
     g.update(100.0, 20.0, 4000, faults)  # the throttle starts: written at once
+    assert g.file.wait()
     st = read_state(run.simgpu_node_dir(0), 0)
     assert g.writes == 2 and st.throttle_reasons & THROTTLE_HW_THERMAL and st.sm_clock_mhz == st.max_sm_clock_mhz // 2
     assert st.util_gpu == 20 and st.mem_used == 4000  # utilization over every step since the last write

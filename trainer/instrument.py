@@ -18,6 +18,7 @@ How communication is measured (details per wrapper in docs/trainer.md):
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, encode
+from ranksight.schema import CollectiveRecord, EventRecord, StepRecord
 
 
 class NullSpool:
@@ -41,20 +42,25 @@ class NullSpool:
         pass
 
 
+# ``ranksight.schema.encode``'s encoder settings (msgspec's defaults): ``encode_lines`` gives exactly the bytes of
+# ``b"".join(encode(r) + b"\n" for r in recs)`` in one call, without a bytes object per record and a join.
+_lines_encoder = msgspec.json.Encoder()
+
+
 class SpoolWriter:
     """Append-only JSON-lines file, one ``os.write`` per flush (line-atomic, O_APPEND)."""
 
     def __init__(self, path: os.PathLike):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.pending: list[bytes] = []
+        self.pending: list[msgspec.Struct] = []
 
     def add(self, rec: msgspec.Struct) -> None:
-        self.pending.append(encode(rec) + b"\n")
+        self.pending.append(rec)
 
     def flush(self) -> None:
         if self.pending:
-            data = b"".join(self.pending)
+            data = _lines_encoder.encode_lines(self.pending)
             self.pending.clear()
             os.write(self.fd, data)
 
@@ -63,7 +69,7 @@ class SpoolWriter:
         self.flush()
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpenCollective:
     op: str
     group: str
@@ -78,7 +84,7 @@ class _OpenCollective:
     async_bucket: bool = False  # a DDP bucket: overlapped with backward (see Recorder.comm_summary)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTimes:
     """Accumulators for the current step (seconds)."""
 
@@ -123,8 +129,12 @@ class Recorder:
         self.t = StepTimes()
 
     # -- collectives ---------------------------------------------------------
-    def enter(self, op: str, group: str, nbytes: int = 0, sync: bool = False) -> _OpenCollective:
-        """This rank arrives at a collective. Applies the hang and slow_link faults, which happen *here*."""
+    def enter(self, op: str, group: str, nbytes: int = 0, sync: bool = False,
+              async_bucket: bool = False) -> _OpenCollective:
+        """This rank arrives at a collective. Applies the hang and slow_link faults, which happen *here*.
+
+        ``async_bucket``: a DDP bucket, overlapped with backward and never left through ``leave()``, so
+        no CPU time is taken at its arrival (``time.thread_time`` is a system call)."""
         t_arrive = time.time()
         faulty = self.faults is not None and bool(self.faults.specs)  # no --inject: skip the fault checks
         if faulty and self.faults.has("hang"):
@@ -132,7 +142,7 @@ class Recorder:
         seq = self.seq.get(group, 0)
         self.seq[group] = seq + 1
         c = _OpenCollective(op, group, self.group_ranks.get(group, []), nbytes, t_arrive, sync, seq,
-                            cpu_arrive=time.thread_time())
+                            cpu_arrive=0.0 if async_bucket else time.thread_time(), async_bucket=async_bucket)
         self.t.collectives.append(c)
         if faulty:
             delay = self.faults.link_delay_s()
@@ -188,30 +198,48 @@ class Recorder:
 
     # -- end of step -----------------------------------------------------------
     def comm_summary(self) -> tuple[float, float | None, float | None]:
-        """(exposed comm seconds, sync_arrival, sync_wait seconds) for the step so far."""
-        sync = [c for c in self.t.collectives if c.sync]
+        """(exposed comm seconds, sync_arrival, sync_wait seconds) for the step so far.
+
+        One pass over the step's collectives (this runs every step); the sums are taken in the same
+        order as ever, so the values are bit for bit what they were."""
         exposed = self.t.blocked_comm
-        sync_arrival = min(c.t_arrive for c in sync) if sync else None
-        sync_wait = None
-        if sync:
-            async_sync = [c for c in sync if c.async_bucket]
-            blocking_sync = [c for c in sync if not c.async_bucket]
-            # sync_wait is time spent waiting for *peers*: an injected slow_link delay is this rank's own
-            # data leaving late (comm time, in ``exposed``), not a wait, so it is taken out of the wait.
-            wait = sum(max(0.0, (c.t_done or c.t_arrive) - c.t_arrive - c.link_delay) for c in blocking_sync)
-            if async_sync:
-                # DDP buckets run asynchronously under backward: the rank is only *blocked* from the
-                # moment its last bucket was ready until the last bucket finished.
-                last = max(async_sync, key=lambda c: c.t_arrive)
-                last_arrive = last.t_arrive
-                last_done = max((c.t_done or last_arrive) for c in async_sync)
-                peers_wait = max(0.0, last_done - last_arrive - last.link_delay)
-                wait += peers_wait
-                # Exposed: the wait, plus every slow_link delay posting a bucket: it ran inside the comm
-                # hook on the autograd thread, so this rank was blocked in communication then, not computing.
-                exposed += peers_wait + sum(c.link_delay for c in async_sync)
-            sync_wait = wait
-        return exposed, sync_arrival, sync_wait
+        sync_arrival = None
+        # sync_wait is time spent waiting for *peers*: an injected slow_link delay is this rank's own
+        # data leaving late (comm time, in ``exposed``), not a wait, so it is taken out of the wait.
+        blocking_wait = 0
+        last = None  # the DDP bucket that was ready last (the first of equals)
+        max_done = None  # the latest bucket completion
+        open_bucket = False  # a bucket without completion (counts as done when the last one arrived)
+        bucket_delay = 0  # slow_link delay spent posting buckets
+        for c in self.t.collectives:
+            if not c.sync:
+                continue
+            if sync_arrival is None or c.t_arrive < sync_arrival:
+                sync_arrival = c.t_arrive
+            if c.async_bucket:
+                if last is None or c.t_arrive > last.t_arrive:
+                    last = c
+                if c.t_done is None:
+                    open_bucket = True
+                elif max_done is None or c.t_done > max_done:
+                    max_done = c.t_done
+                bucket_delay += c.link_delay
+            else:
+                blocking_wait += max(0.0, (c.t_done or c.t_arrive) - c.t_arrive - c.link_delay)
+        if sync_arrival is None:
+            return exposed, None, None
+        wait = blocking_wait
+        if last is not None:
+            # DDP buckets run asynchronously under backward: the rank is only *blocked* from the
+            # moment its last bucket was ready until the last bucket finished.
+            last_arrive = last.t_arrive
+            last_done = last_arrive if max_done is None else (max(max_done, last_arrive) if open_bucket else max_done)
+            peers_wait = max(0.0, last_done - last_arrive - last.link_delay)
+            wait += peers_wait
+            # Exposed: the wait, plus every slow_link delay posting a bucket: it ran inside the comm
+            # hook on the autograd thread, so this rank was blocked in communication then, not computing.
+            exposed += peers_wait + bucket_delay
+        return exposed, sync_arrival, wait
 
     def _collective_record(self, c: _OpenCollective) -> CollectiveRecord:
         return CollectiveRecord(
@@ -241,6 +269,41 @@ class Recorder:
         self.event("exit", {"reason": reason})
 
 
+class StepWriter:
+    """Builds this rank's StepRecord at the end of a step and hands it to the Recorder.
+
+    The fields that are the same every step (run, placement, tokens, FLOPs, micro-batches) are bound
+    once; ``write`` takes what the step measured."""
+
+    def __init__(self, recorder: Recorder, mem: "MemoryProbe", *, node: int, host: str, world_size: int,
+                 pp_stage: int, dp_rank: int, tp_rank: int, tokens: int, flops: float, microbatches: int):
+        self.rec, self.mem = recorder, mem
+        self.static = dict(run_id=recorder.run_id, rank=recorder.rank, node=node, host=host,
+                           attempt=recorder.attempt, world_size=world_size, pp_stage=pp_stage, dp_rank=dp_rank,
+                           tp_rank=tp_rank, tokens=tokens, flops=flops, microbatches=microbatches)
+
+    def write(self, step: int, t_start: float, t_end: float, step_ms: float, device_ms: float | None,
+              loss: float, grad_norm: float, loss_scale: float | None, overflow: bool, skipped: bool, lr: float,
+              profiling: bool) -> tuple[float, int]:
+        """Write the step's collectives and its StepRecord; returns (compute_ms, mem_bytes) for the simulated GPU."""
+        rec = self.rec
+        t = rec.t
+        comm_s, sync_arrival, sync_wait = rec.comm_summary()
+        data_ms, comm_ms, pw_ms = t.data * 1000, comm_s * 1000, t.pipeline_wait * 1000
+        compute_ms = max(0.0, step_ms - data_ms - comm_ms - pw_ms)
+        mem_bytes = self.mem.sample()
+        loss_ok = math.isfinite(loss)
+        rec.finish_step(StepRecord(
+            **self.static, step=step, t_start=t_start, t_end=t_end,
+            step_ms=step_ms, data_ms=data_ms, forward_ms=t.forward * 1000, backward_ms=t.backward * 1000,
+            optimizer_ms=t.optimizer * 1000, comm_ms=comm_ms, pipeline_wait_ms=pw_ms, compute_ms=compute_ms,
+            sync_arrival=sync_arrival, sync_wait_ms=None if sync_wait is None else sync_wait * 1000,
+            loss=loss if loss_ok else None, loss_nonfinite=not loss_ok,
+            grad_norm=grad_norm if math.isfinite(grad_norm) else None, loss_scale=loss_scale,
+            overflow=overflow, skipped=skipped, lr=lr, mem_bytes=mem_bytes, profiling=profiling, device_ms=device_ms))
+        return compute_ms, mem_bytes
+
+
 # --------------------------------------------------------------------------
 # DDP: a comm hook around the default allreduce hook
 # --------------------------------------------------------------------------
@@ -249,22 +312,27 @@ class Recorder:
 def make_ddp_comm_hook(recorder: Recorder):
     """DDP calls the hook when a gradient bucket is ready on *this* rank (= arrival).
     The future's callback runs when the bucket's all-reduce has completed (= done)."""
+    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     def hook(process_group, bucket):
         if not recorder.enabled:  # switched off at run time (bench/overhead.py): the plain all-reduce
             return allreduce_hook(process_group, bucket)
         buf = bucket.buffer()
-        c = recorder.enter("all_reduce", "dp", buf.numel() * buf.element_size(), sync=True)
-        c.async_bucket = True  # overlapped with backward: exposed time is computed in comm_summary()
-        fut = allreduce_hook(process_group, bucket)
+        # overlapped with backward: exposed time is computed in comm_summary()
+        c = recorder.enter("all_reduce", "dp", buf.numel() * buf.element_size(), sync=True, async_bucket=True)
+        # allreduce_hook's own steps (default_hooks._allreduce_fut), with the completion time taken in its one
+        # ``then`` callback: chaining a second callback after allreduce_hook's costs a future and a Python call
+        # (with the GIL, on gloo's thread) per bucket.
+        group = process_group if process_group is not None else dist.group.WORLD
+        buf.div_(group.size())
 
         def done(f):
-            value = f.value()  # raises if the all-reduce failed (e.g. timed out): t_done stays None
+            value = f.value()[0]  # raises if the all-reduce failed (e.g. timed out): t_done stays None
             c.t_done = time.time()
             return value
 
-        return fut.then(done)
+        return dist.all_reduce(buf, group=group, async_op=True).get_future().then(done)
 
     return hook
 

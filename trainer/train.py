@@ -21,13 +21,13 @@ import torch
 import torch.distributed as dist
 
 from ranksight.layout import RunDir, atomic_write
-from ranksight.schema import RankPlacement, StepRecord
+from ranksight.schema import RankPlacement
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.control import REFORM_EXIT_CODE, REFORM_SLEEP_S, ControlChannel, evicted_marker
 from trainer.data import DataLoader, make_dataset
 from trainer.faults import FaultState, apply_config_faults, parse_faults, targets
-from trainer.instrument import MemoryProbe, OverheadToggle, Recorder
+from trainer.instrument import MemoryProbe, OverheadToggle, Recorder, StepWriter
 from trainer.manifest import ManifestWriter, attempt_entry, make_manifest, measure_cpu_peak
 from trainer.model import count_params, flops_per_token, loss_fn
 from trainer.parallelize import (
@@ -224,6 +224,10 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     mem = MemoryProbe(device)
     pp_group = mesh["pp"].get_group() if pp > 1 else None
     tokens_per_step = cfg.batch_size * cfg.model.seq_len * cfg.grad_accum  # per dp replica
+    step_writer = StepWriter(rec, mem, node=node, host=host, world_size=world, pp_stage=lay.pp_rank,
+                             dp_rank=lay.dp_rank, tp_rank=lay.tp_rank, tokens=tokens_per_step,
+                             flops=fpt * tokens_per_step / (tp * pp),
+                             microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum)
     announced: set[int] = set()
     ended: set[int] = set()
 
@@ -368,25 +372,10 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
         # injected slow-down: the simulated device's busy time
         device_ms = ((time.thread_time() - cpu0 - rec.t.comm_cpu + rec.t.injected_slow) * 1000.0
                      if device.type == "cpu" else None)
-        tokens = tokens_per_step
         if rec.enabled:
-            comm_s, sync_arrival, sync_wait = rec.comm_summary()
-            data_ms, comm_ms, pw_ms = rec.t.data * 1000, comm_s * 1000, rec.t.pipeline_wait * 1000
-            compute_ms = max(0.0, step_ms - data_ms - comm_ms - pw_ms)
-            mem_bytes = mem.sample()
-            loss_ok = math.isfinite(step_loss)
-            rec.finish_step(StepRecord(
-                run_id=run.run_id, rank=rank, step=step, node=node, host=host, attempt=attempt, world_size=world,
-                pp_stage=lay.pp_rank, dp_rank=lay.dp_rank, tp_rank=lay.tp_rank, t_start=t_start, t_end=t_end,
-                step_ms=step_ms, data_ms=data_ms, forward_ms=rec.t.forward * 1000, backward_ms=rec.t.backward * 1000,
-                optimizer_ms=rec.t.optimizer * 1000, comm_ms=comm_ms, pipeline_wait_ms=pw_ms, compute_ms=compute_ms,
-                sync_arrival=sync_arrival, sync_wait_ms=None if sync_wait is None else sync_wait * 1000,
-                tokens=tokens, loss=step_loss if loss_ok else None, loss_nonfinite=not loss_ok,
-                grad_norm=grad_norm if math.isfinite(grad_norm) else None,
-                loss_scale=float(scaler.get_scale()) if scaler is not None else None,
-                overflow=overflow, skipped=skipped, lr=lr, mem_bytes=mem_bytes,
-                flops=fpt * tokens / (tp * pp), profiling=profiling,
-                microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum, device_ms=device_ms))
+            compute_ms, mem_bytes = step_writer.write(
+                step, t_start, t_end, step_ms, device_ms, step_loss, grad_norm,
+                float(scaler.get_scale()) if scaler is not None else None, overflow, skipped, lr, profiling)
         if overflow:
             rec.event("overflow", {"found_inf": found, "grad_norm_finite": math.isfinite(grad_norm),
                                    "loss_scale": float(scaler.get_scale()) if scaler is not None else None})
@@ -394,7 +383,7 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
             simgpu.update(step_ms, compute_ms, mem_bytes, faults)
         profiler.after_step(step)
         if rank == 0 and not cfg.quiet:
-            tps = tokens * dp / max(step_ms / 1000.0, 1e-9)
+            tps = tokens_per_step * dp / max(step_ms / 1000.0, 1e-9)
             print(f"step {step:5d} | loss {step_loss:8.4f} | {step_ms:8.1f} ms | {tps:10.0f} tok/s"
                   + (" | skipped (overflow)" if skipped else ""), flush=True)
 
