@@ -167,6 +167,33 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
                         columns=pd.Index(steps, name="step"))
 
 
+def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
+                     window: int, min_ops: int) -> pd.DataFrame:
+    """index x steps: for each row label and step s, the median of ``values`` of that label with a step in
+    (s - window, s]; NaN with fewer than ``min_ops`` of them (labels not in ``index`` are left out).
+
+    The rows of a label sorted by step (stably) make each window one contiguous slice: one sort of all rows,
+    then two searchsorted calls per label give every step's slice. (The comm analyzer's self-delay and
+    communicators signatures run this every round, for every rank that arrived last somewhere.)"""
+    out = np.full((len(index), len(steps)), np.nan)
+    labels, step, vals = np.asarray(labels, dtype=object), np.asarray(step), np.asarray(values, dtype=float)
+    code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
+    keep = code >= 0
+    code, step, vals = code[keep], step[keep], vals[keep]
+    if len(code) and len(steps):
+        order = np.lexsort((step, code))  # by label, then step; stable: ties keep their row order
+        code, step, vals = code[order], step[order], vals[order]
+        bounds = np.flatnonzero(np.diff(code)) + 1
+        s_arr = np.asarray(steps)
+        for seg_code, lo_i, hi_i in zip(code[np.r_[0, bounds]], np.r_[0, bounds], np.r_[bounds, len(code)]):
+            st_arr, dur = step[lo_i:hi_i], vals[lo_i:hi_i]
+            lo = np.searchsorted(st_arr, s_arr - window, side="right")
+            hi = np.searchsorted(st_arr, s_arr, side="right")
+            ok = np.flatnonzero(hi - lo >= min_ops)
+            out[seg_code, ok] = [float(np.median(dur[lo[j]:hi[j]])) for j in ok]
+    return pd.DataFrame(out, index=index, columns=steps)
+
+
 def fnum(x: Any, nd: int = 2) -> Any:
     """Round a number for evidence (JSON-safe: NaN/inf become None)."""
     if x is None:

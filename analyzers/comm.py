@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, rank_step_matrix,
-                              rows_with_runs, temporal_sigma, transfer_ms)
+                              rows_with_runs, temporal_sigma, transfer_ms, windowed_medians)
 from analyzers.links import P2P_OPS, last_arriver_ops, slow_communicators
 from analyzers.loader import RunData, member_counts
 from ranksight.schema import Finding
@@ -372,19 +372,9 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
         return []
     steps = sorted(int(x) for x in st["step"].unique())
     ranks = sorted(int(r) for r in st["rank"].unique())
-    med = pd.DataFrame(np.nan, index=ranks, columns=steps)
-    # Per rank, the ops it was last at in steps (s - last_window, s] are one contiguous slice of its rows sorted by
-    # step: two searchsorted calls give every step's slice (the live head runs this every round over its window).
-    s_arr = np.asarray(steps)
-    for r, sub in last.groupby("rank"):
-        if int(r) not in med.index:
-            continue
-        sub = sub.sort_values("step", kind="stable")
-        st_arr = sub["step"].to_numpy()
-        dur = sub["duration_ms"].to_numpy(dtype=float)
-        lo = np.searchsorted(st_arr, s_arr - cfg.last_window, side="right")
-        hi = np.searchsorted(st_arr, s_arr, side="right")
-        med.loc[int(r)] = [float(np.median(dur[a:b])) if b - a >= cfg.last_min_ops else np.nan for a, b in zip(lo, hi)]
+    # per rank, the median duration of the ops it was last at in steps (s - last_window, s]
+    med = windowed_medians(last["rank"].astype(int), last["step"], last["duration_ms"], ranks, steps, cfg.last_window,
+                           cfg.last_min_ops)
     if med.notna().sum(axis=0).max() < 2:
         return []
     ref = leave_one_out_median(med)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzers._common import confirmation_step, leave_one_out_median, persistent_runs, refine_onset, temporal_sigma
+from analyzers._common import (confirmation_step, leave_one_out_median, persistent_runs, refine_onset, temporal_sigma,
+                               windowed_medians as windowed_medians_by)
 from analyzers.loader import RunData, member_counts
 
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
@@ -126,16 +127,8 @@ def windowed_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: i
     """communicator x step: the median transfer of the communicator's ops in steps (s - window, s], NaN with fewer
     than ``min_ops`` ops there. Per communicator its ops sorted by step are one contiguous slice per window: two
     searchsorted calls give every step's slice (the live head runs this every round over its window)."""
-    med = pd.DataFrame(np.nan, index=sorted(tr["gkey"].unique()), columns=steps)
-    s_arr = np.asarray(steps)
-    for key, sub in tr.groupby("gkey"):
-        sub = sub.sort_values("step", kind="stable")
-        st_arr = sub["step"].to_numpy()
-        dur = sub["transfer_ms"].to_numpy(dtype=float)
-        lo = np.searchsorted(st_arr, s_arr - window, side="right")
-        hi = np.searchsorted(st_arr, s_arr, side="right")
-        med.loc[key] = [float(np.median(dur[a:b])) if b - a >= min_ops else np.nan for a, b in zip(lo, hi)]
-    return med
+    return windowed_medians_by(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
+                               min_ops)
 
 
 def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.DataFrame,

@@ -200,3 +200,41 @@ def test_live_collectives_frame_shares_equal_member_lists_same_content():
     # the loader keys them as it keys one array per row
     keys = _group_keys(got["group"].tolist(), got["group_ranks"].tolist(), [0] * len(got))
     assert keys == [_group_key(g, m, 0) for g, m in zip(want["group"], want["group_ranks"])]
+
+
+def _windowed_reference(df: pd.DataFrame, label: str, value: str, index: list, steps: list, window: int,
+                        min_ops: int) -> pd.DataFrame:
+    """The per-label loop windowed_medians replaced (comm's self-delay and links' communicators)."""
+    med = pd.DataFrame(np.nan, index=index, columns=steps)
+    s_arr = np.asarray(steps)
+    for key, sub in df.groupby(label):
+        if key not in med.index:
+            continue
+        sub = sub.sort_values("step", kind="stable")
+        st_arr = sub["step"].to_numpy()
+        dur = sub[value].to_numpy(dtype=float)
+        lo = np.searchsorted(st_arr, s_arr - window, side="right")
+        hi = np.searchsorted(st_arr, s_arr, side="right")
+        med.loc[key] = [float(np.median(dur[a:b])) if b - a >= min_ops else np.nan for a, b in zip(lo, hi)]
+    return med
+
+
+def test_windowed_medians_match_the_per_label_loop():
+    from analyzers._common import windowed_medians
+
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        n = int(rng.integers(0, 300))
+        df = pd.DataFrame({"rank": rng.integers(0, 12, n), "gkey": [f"dp[{i}]" for i in rng.integers(0, 5, n)],
+                           "step": rng.integers(0, 40, n), "v": np.round(rng.normal(10, 3, n), 1)})
+        df.loc[rng.random(n) < 0.05, "v"] = np.nan
+        steps = sorted(int(s) for s in rng.choice(50, int(rng.integers(1, 30)), replace=False))
+        window, min_ops = int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        ranks = list(range(0, 10))  # rows of ranks 10, 11 are left out
+        got = windowed_medians(df["rank"], df["step"], df["v"], ranks, steps, window, min_ops)
+        pd.testing.assert_frame_equal(got, _windowed_reference(df, "rank", "v", ranks, steps, window, min_ops),
+                                      check_exact=True)
+        keys = sorted(df["gkey"].unique())
+        got = windowed_medians(df["gkey"], df["step"], df["v"], keys, steps, window, min_ops)
+        pd.testing.assert_frame_equal(got, _windowed_reference(df, "gkey", "v", keys, steps, window, min_ops),
+                                      check_exact=True)
