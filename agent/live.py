@@ -390,11 +390,10 @@ class RunLive:
         def cols(table, chunks, k, steps_k=None):
             if not chunks:
                 return empty(table)
-            # one contiguous table first: the window is many small batches, and filtering and converting
-            # a table of hundreds of chunks costs several times more than copying it once
-            t = _tail_per_rank(pa.concat_tables(chunks).combine_chunks(), k)
-            if steps_k is not None:
-                t = _last_steps_per_rank(t, steps_k)
+            # the window's rows, cut from the rank/step columns in one filter; then one contiguous table: the
+            # window is many small batches, and converting a table of hundreds of chunks costs several times
+            # more than copying it once
+            t = _window_rows(pa.concat_tables(chunks), k, steps_k).combine_chunks()
             return _to_pandas_shared_lists(t, "group_ranks") if table == "collectives" else t.to_pandas()
 
         return {
@@ -504,7 +503,34 @@ def _tail_per_rank(t: pa.Table, k: int) -> pa.Table:
     """The last ``k`` rows (arrival order) of each rank."""
     if t.num_rows == 0:
         return t
+    keep = _tail_mask(_np(t, "rank"), k)
+    return t if keep.all() else t.filter(pa.array(keep))
+
+
+def _last_steps_per_rank(t: pa.Table, k: int) -> pa.Table:
+    """The rows of each rank's last ``k`` steps (step > that rank's newest step - k)."""
+    if t.num_rows == 0:
+        return t
+    keep = _last_steps_mask(_np(t, "rank"), _np(t, "step"), k)
+    return t if keep.all() else t.filter(pa.array(keep))
+
+
+def _window_rows(t: pa.Table, k: int, steps_k: int | None = None) -> pa.Table:
+    """``_last_steps_per_rank(_tail_per_rank(t, k), steps_k)`` (no step cut when ``steps_k`` is None) with one
+    filter: the masks come from the rank and step columns alone, and the other columns (a collective's member
+    list among them) are copied once, kept rows only."""
+    if t.num_rows == 0:
+        return t
     rank = _np(t, "rank")
+    keep = _tail_mask(rank, k)
+    if steps_k is not None:
+        kept = np.flatnonzero(keep)
+        keep[kept] = _last_steps_mask(rank[kept], _np(t, "step")[kept], steps_k)
+    return t if keep.all() else t.filter(pa.array(keep))
+
+
+def _tail_mask(rank: np.ndarray, k: int) -> np.ndarray:
+    """Rows among the last ``k`` (arrival order) of their rank."""
     n = len(rank)
     # position from the end within each rank: stable sort by rank keeps arrival order
     order = np.argsort(rank, kind="stable")
@@ -516,14 +542,14 @@ def _tail_per_rank(t: pa.Table, k: int) -> pa.Table:
     from_end = end_idx[grp] - np.arange(n)
     keep = np.zeros(n, np.bool_)
     keep[order[from_end < k]] = True
-    return t if keep.all() else t.filter(pa.array(keep))
+    return keep
 
 
-def _last_steps_per_rank(t: pa.Table, k: int) -> pa.Table:
-    """The rows of each rank's last ``k`` steps (step > that rank's newest step - k)."""
-    if t.num_rows == 0:
-        return t
-    rank, step = _np(t, "rank").astype(np.int64), _np(t, "step").astype(np.int64)
+def _last_steps_mask(rank: np.ndarray, step: np.ndarray, k: int) -> np.ndarray:
+    """Rows of their rank's last ``k`` steps (step > that rank's newest step - k)."""
+    rank, step = rank.astype(np.int64), step.astype(np.int64)
+    if len(rank) == 0:
+        return np.zeros(0, np.bool_)
     order = np.argsort(rank, kind="stable")
     rs = rank[order]
     starts = np.ones(len(rs), np.bool_)
@@ -532,4 +558,4 @@ def _last_steps_per_rank(t: pa.Table, k: int) -> pa.Table:
     newest = np.maximum.reduceat(step[order], np.nonzero(starts)[0])
     keep = np.empty(len(rs), np.bool_)
     keep[order] = step[order] > newest[grp] - k
-    return t if keep.all() else t.filter(pa.array(keep))
+    return keep
