@@ -3,6 +3,7 @@ handling (including evict refusal), data determinism, FLOPs, stage splitting, sp
 
 from __future__ import annotations
 
+import os
 import time
 
 import msgspec
@@ -178,7 +179,7 @@ def test_refused_evict_is_acked_and_not_broadcast(tmp_path, monkeypatch):
     _req(run, "bad", "checkpoint", 2.0)
     (run.control_requests / "bad.json").write_text('{"id": "bad", "action": "explode", "t": 2}')
     sent = []
-    monkeypatch.setattr(control.dist, "broadcast", lambda t, src: sent.append(t.clone()))
+    monkeypatch.setattr(control.dist, "broadcast", lambda t, src, group=None: sent.append(t.clone()))
     ch = control.ControlChannel(run, 0, nodes={0, 1}, min_nodes=1, device=torch.device("cpu"))
     assert ch.poll(4) == (None, 0, None)
     assert sent[0].tolist() == [0, 0, 0]
@@ -192,6 +193,29 @@ def test_refused_evict_is_acked_and_not_broadcast(tmp_path, monkeypatch):
     ch.ack(5, "done")
     assert msgspec.json.decode((run.control_acks / "e2.json").read_bytes(), type=ControlAck).status == "applied"
     assert control.evicted_marker(run, 1) == run.root / "control" / "evicted" / "node-1"
+
+
+def test_control_poll_reads_the_requests_folder_only_when_it_changed(tmp_path, monkeypatch):
+    """Rank 0 lists and decodes the requests only when the folder's time stamp moved (or moved recently)."""
+    run = RunDir(tmp_path, "ctl3")
+    _req(run, "old", "checkpoint", 1.0)
+    control.write_ack(run, "old", "checkpoint", 1)
+    monkeypatch.setattr(control.dist, "broadcast", lambda t, src, group=None: None)
+    monkeypatch.setattr(control, "RESCAN_RECENT_S", 0.0)  # no recent-change window: only the time stamp counts
+    reads = []
+    real = control.pending_requests
+    monkeypatch.setattr(control, "pending_requests", lambda r: reads.append(1) or real(r))
+    ch = control.ControlChannel(run, 0, nodes={0}, min_nodes=1, device=torch.device("cpu"))
+    assert ch.poll(2) == (None, 0, None) and len(reads) == 1
+    assert ch.poll(3) == (None, 0, None) and len(reads) == 1  # unchanged: not read again
+    _req(run, "new", "profile", 2.0, steps=2)
+    st = run.control_requests.stat()
+    os.utime(run.control_requests, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a later clock tick
+    assert ch.poll(4) == ("profile", 2, None) and len(reads) == 2
+    assert ch.poll(5) == ("profile", 2, None) and len(reads) == 3  # still pending (no ack yet): read again
+    ch.ack(5)
+    assert ch.poll(6) == (None, 0, None) and len(reads) == 4
+    assert ch.poll(7) == (None, 0, None) and len(reads) == 4
 
 
 def test_spool_writer_appends_whole_lines(tmp_path):
