@@ -25,7 +25,7 @@ import pandas as pd
 
 from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, rank_step_matrix,
                               rows_with_runs, temporal_sigma, transfer_ms, windowed_medians)
-from analyzers.links import P2P_OPS, last_arriver_ops, slow_communicators
+from analyzers.links import P2P_OPS, STRAGGLER_RATIO, ComputeCheck, last_arriver_ops, slow_communicators
 from analyzers.loader import RunData, member_counts
 from ranksight.schema import Finding
 
@@ -151,7 +151,8 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
         ratio = tr / ref.replace(0, np.nan)
     sigma_ms = temporal_sigma(extra)
     min_extra = max(cfg.min_extra_ms, cfg.mad_k * sigma_ms)
-    comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
+    comp_ref = leave_one_out_median(comp)
+    compute = ComputeCheck(comp / comp_ref.replace(0, np.nan), comp - comp_ref, extra)
     cands = []
     wait = rank_step_matrix(st, "sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     # a slow link makes its peers wait for it: its own sync wait is not above theirs
@@ -161,9 +162,9 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1]))
-            if cr >= 1.08:
+            if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler analyzer owns it
+            cr = compute.compute_ratio(r, s0, s1)
             if late_wait is None:
                 late_wait = collective_wait_ms(data)
             if r in late_wait.index:
@@ -177,7 +178,7 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(data, int(st["step"].min()), cfg.match_tol_ms)
     cands += _self_delay(data, cfg, st, {c["rank"] for c in cands}, last)
-    cands = _merge_communicators(cands, slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), comp_ratio, last), cfg)
+    cands = _merge_communicators(cands, slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), compute, last), cfg)
     cands = _drop_link_partners(cands, data)
     node_ranks = data.node_ranks()
     node_of = data.rank_node()
@@ -239,7 +240,10 @@ def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
         evidence = dict(rank_transfer_ms=fnum(c["own"], 1), peers_transfer_ms=fnum(c["peers"], 1), ratio=fnum(c["ratio"], 2),
                         extra_ms=fnum(c["own"] - c["peers"], 1), compute_ratio=fnum(c["comp_ratio"], 3),
                         threshold_extra_ms=fnum(min_extra, 1))
-        summary = f"{where}: {c['own']:.1f} ms in transfers per step vs peers {c['peers']:.1f} ms ({c['ratio']:.1f}x) with normal compute"
+        cr = c["comp_ratio"]
+        compute_txt = ("with normal compute" if not np.isfinite(cr) or cr < STRAGGLER_RATIO else
+                       f"while computing {cr:.2f}x its peers, far less than its transfers' excess")
+        summary = f"{where}: {c['own']:.1f} ms in transfers per step vs peers {c['peers']:.1f} ms ({c['ratio']:.1f}x) {compute_txt}"
         confidence = 0.75
     head = dict(scope="rank", cause="slow_link") | (dict(method=method) if method else {})
     return Finding(

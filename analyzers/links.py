@@ -28,6 +28,39 @@ from analyzers._common import (confirmation_step, leave_one_out_median, persiste
                                windowed_medians as windowed_medians_by)
 from analyzers.loader import RunData, member_counts
 
+STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler analyzer's ...
+LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
+
+
+class ComputeCheck:
+    """Is a slow-link suspect really a slow computer? Per rank and step: its compute against its peers' (ratio and
+    extra ms) and its transfers' extra ms over its peers' (from the step records, as the transfer-ratio signature
+    measures them)."""
+
+    def __init__(self, comp_ratio: pd.DataFrame, comp_extra_ms: pd.DataFrame, transfer_extra_ms: pd.DataFrame):
+        self.comp_ratio, self.comp_extra_ms, self.transfer_extra_ms = comp_ratio, comp_extra_ms, transfer_extra_ms
+
+    @staticmethod
+    def _median(frame: pd.DataFrame, r: int, s0: int, s1: int) -> float:
+        if r not in frame.index:
+            return float("nan")
+        vals = frame.loc[r, [s for s in frame.columns if s0 <= s <= s1]].to_numpy(dtype=float)
+        return float(np.nanmedian(vals)) if np.isfinite(vals).any() else float("nan")
+
+    def compute_ratio(self, r: int, s0: int, s1: int) -> float:
+        return self._median(self.comp_ratio, r, s0, s1)
+
+    def slow_computer(self, r: int, s0: int, s1: int) -> bool:
+        """Rank r over [s0, s1] computes >= STRAGGLER_RATIO x its peers and that explains its transfers: they exceed
+        its peers' by at most LINK_DOMINANCE x its extra compute. A slow link can cost its rank some compute too
+        (its delays make its CPU time run cache-cold on this machine: 1.08x device time with a 10 ms delay per TP
+        op in one run), but then its transfers' excess is many times that."""
+        cr = self.compute_ratio(r, s0, s1)
+        if not (np.isfinite(cr) and cr >= STRAGGLER_RATIO):
+            return False
+        comp_extra, tr_extra = self._median(self.comp_extra_ms, r, s0, s1), self._median(self.transfer_extra_ms, r, s0, s1)
+        return not (np.isfinite(comp_extra) and np.isfinite(tr_extra) and tr_extra > LINK_DOMINANCE * max(comp_extra, 0.0))
+
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
                  "all_gather_into_tensor", "reduce_scatter_tensor"}
 P2P_OPS = {"send", "recv"}
@@ -131,7 +164,7 @@ def windowed_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: i
                                min_ops)
 
 
-def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.DataFrame,
+def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeCheck,
                        last: pd.DataFrame | None = None) -> list[dict]:
     """Slow-link candidates (dicts, as comm._slow_links collects them) from communicators slower than their kind.
 
@@ -145,7 +178,7 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.D
       ``link_corroborate_k`` sigma of their kind): a rank with a slow link slows every communicator it is in, its
       partners only the one they share with it. A rank whose only compared communicator is a slow p2p link it sends
       on is named on that alone.
-    - A rank that computes slowly (compute ratio >= 1.08) is the straggler analyzer's, not a slow link.
+    - A rank that computes slowly (``ComputeCheck.slow_computer``) is the straggler analyzer's, not a slow link.
     """
     if not steps:
         return []
@@ -228,14 +261,9 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute_ratio: pd.D
             c["corroborating"].setdefault(row["communicator"], row["excess_ms"])
     out = []
     for r, c in by_rank.items():
-        cr = float("nan")
-        if r in compute_ratio.index:
-            span = [s for s in compute_ratio.columns if c["onset"] <= s <= c["end"]]
-            vals = compute_ratio.loc[r, span].to_numpy(dtype=float)
-            cr = float(np.nanmedian(vals)) if np.isfinite(vals).any() else float("nan")
-        if np.isfinite(cr) and cr >= 1.08:
+        if compute.slow_computer(r, c["onset"], c["end"]):
             continue  # a slow computer, not a slow link: the straggler analyzer owns it
-        c["comp_ratio"] = cr
+        c["comp_ratio"] = compute.compute_ratio(r, c["onset"], c["end"])
         c["own"] = float(np.median([e["transfer_ms"] for e in c["slow"]]))
         c["peers"] = float(np.median([e["kind_transfer_ms"] for e in c["slow"]]))
         c["groups_keys"] = sorted({e["communicator"] for e in c["slow"]} | set(c["corroborating"]))

@@ -40,6 +40,19 @@ def test_straggler_is_not_a_slow_link():
     assert [f for f in comm.analyze(data) if f.severity != "info"] == []
 
 
+def test_slow_link_that_also_costs_its_rank_some_compute_is_still_a_slow_link():
+    # a fresh dp2tp2 run: the 10 ms-per-op delay made its rank's (CPU) device time 1.08x its peers' as well;
+    # a compute ratio over 1.08 alone must not hand a rank whose transfers' excess dwarfs it to the straggler analyzer
+    data = build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0,
+                 compute_factor=lambda r, s: 1.1 if (r == 3 and s >= 8) else 1.0)
+    fs = [f for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"]
+    assert [(f.ranks, f.step_start) for f in fs] == [([3], 8)]
+    assert fs[0].evidence["compute_ratio"] >= 1.08 and "while computing 1.1" in fs[0].summary
+    # a slow computer whose transfers are normal stays the straggler analyzer's
+    data = build(compute_factor=lambda r, s: 1.12 if (r == 3 and s >= 8) else 1.0)
+    assert [f for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"] == []
+
+
 def test_exposed_comm_share_is_info_on_a_clean_run():
     data = build(transfer_ms=30.0)
     fs = comm.analyze(data)
