@@ -50,3 +50,19 @@ def test_cells_cover_every_fault_and_layout():
     assert not any(c["fault"] == "few_microbatches" and "pp" not in c["layout"] for c in cells)
     assert {c["magnitude"] for c in cells if c["fault"] == "slow_rank"} == {1.15, 1.5}
     assert len({detect.run_id_of(c) for c in cells}) == len(cells)
+
+
+def test_host_noise_is_measured_on_the_ranks_no_fault_targets():
+    from analyzer_fixtures import build
+
+    from ranksight.schema import FaultSpec
+
+    run = build(device_time=True, compute_factor=lambda r, s: 1.5 if (r == 1 and s >= 5) else 1.0)
+    fault = FaultSpec(kind="slow_rank", rank=1, factor=1.5, start=5)
+    quiet = detect.host_noise(run, [fault])
+    assert quiet["noise_spell"] < 1.05 and quiet["noise_sigma"] < 0.03 and detect.quiet(quiet)
+    # scored as if nothing had been injected, rank 1's slow-down is what the untouched ranks show: a 1.5x spell
+    noisy = detect.host_noise(run, [])
+    assert noisy["noise_spell"] >= 1.4
+    # without device time (a GPU run, an old run) there is nothing to report
+    assert detect.host_noise(build(), [fault]) == {} and not detect.quiet({})
