@@ -10,7 +10,8 @@ Each cell is one run of ``torchrun --standalone --nproc-per-node 4 -m trainer`` 
 too (any finding of warning or worse there is a false positive). Scoring is analyzers.score:
 recall (faults found by a finding of their primary kind naming the right rank/node), precision
 (warning+ findings that match an injected fault), latency in steps from the fault's start to
-the step the finding was confirmed.
+the step the finding was confirmed. Each run also reports its host's noise (``host_noise``: how much the device time of
+the ranks no fault touched wandered), and the summary scores the quiet-host runs on their own as well.
 
 Results: a JSON file per invocation under bench/results/ and a table in bench/RESULTS.md between
 the ``detect`` markers. Runs are kept under --store (default bench/results/detect-runs) so
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analyzers import run_all  # noqa: E402
-from analyzers._common import leave_one_out_median, temporal_sigma  # noqa: E402
+from analyzers._common import leave_one_out_median, rank_step_matrix, temporal_sigma  # noqa: E402
 from analyzers.loader import LoadError, load_run  # noqa: E402
 from analyzers.score import score  # noqa: E402
 from ranksight.schema import FaultSpec  # noqa: E402
@@ -160,7 +161,7 @@ def host_noise(data, faults: list[FaultSpec]) -> dict:
     if data.compute_signal() != "device_ms":
         return {}
     st = data.steps[(data.steps["step"] > 1) & (data.steps["attempt"] == data.steps["attempt"].min())]
-    comp = st.pivot_table(index="rank", columns="step", values="device_ms", aggfunc="last").sort_index(axis=1)
+    comp = rank_step_matrix(st, "device_ms")
     stage = data.rank_stage()
     targets = {f.rank for f in faults if f.rank is not None}
     # a rank compared with a single peer mirrors it: a target's only peer is not untouched either
