@@ -47,9 +47,9 @@ class _LeanResponse:
 
 class _LeanSession:
     """A ``requests.Session`` stand-in for the OTLP exporters (``session=``) that sends each export over one
-    kept-alive ``http.client`` connection. Through requests and urllib3 an export cost ~1.5 ms of CPU, a third of
-    a ship cycle, and urllib3-future adds a keep-alive watcher thread per connection pool that wakes every 5 s;
-    this costs ~0.3 ms and no thread. Only what the SDK's transport uses is implemented: ``request()`` (no
+    kept-alive ``http.client`` connection. Through requests and urllib3 a cycle's export (20 step records) costs
+    ~1.3 ms of CPU, and urllib3-future adds a keep-alive watcher thread per connection pool that wakes every 5 s;
+    this costs ~0.5 ms (2.6x less, ``bench/agent_cycle.py``) and no thread. Only what the SDK's transport uses is implemented: ``request()`` (no
     redirects, no proxies, no TLS: ``_exporter_session`` picks it for plain http without a proxy only) and the
     ``verify`` / ``cert`` attributes it sets. Failures raise requests' exception types, so the SDK's retry rules
     (one immediate retry on a connection error, backoff on 429/502/503/504) are unchanged. A kept-alive connection
