@@ -164,6 +164,19 @@ def windowed_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: i
                                min_ops)
 
 
+def kind_windowed_medians(tr: pd.DataFrame, steps: list[int], cfg):
+    """Per kind of communicator (``cls``) with at least two communicators: (kind, its ops, each communicator's
+    windowed median transfer: ``link_window`` steps, at least ``link_min_ops`` ops). A kind whose medians never
+    have two communicators in one step is left out: there is nothing to compare."""
+    for cls, sub in tr.groupby("cls"):
+        if sub["gkey"].nunique() < 2:
+            continue
+        med = windowed_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
+        if med.notna().sum(axis=0).max() < 2:
+            continue
+        yield cls, sub, med
+
+
 def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeCheck,
                        last: pd.DataFrame | None = None) -> list[dict]:
     """Slow-link candidates (dicts, as comm._slow_links collects them) from communicators slower than their kind.
@@ -189,12 +202,7 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeChe
     sigma_of: dict[str, float] = {}  # communicator -> the noise of its kind
     info: dict[str, dict] = {}
     slow: list[dict] = []
-    for cls, sub in tr.groupby("cls"):
-        if sub["gkey"].nunique() < 2:
-            continue
-        med = windowed_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
-        if med.notna().sum(axis=0).max() < 2:
-            continue
+    for cls, sub, med in kind_windowed_medians(tr, steps, cfg):
         per_step = windowed_medians(sub, steps, 1, 1)  # for the onset: the windowed medians smear it
         step_excess = per_step - leave_one_out_median(per_step)
         ref = leave_one_out_median(med)

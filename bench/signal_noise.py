@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from analyzers._common import leave_one_out_median, temporal_sigma  # noqa: E402
 from analyzers.comm import CommConfig  # noqa: E402
-from analyzers.links import op_transfers, windowed_medians  # noqa: E402
+from analyzers.links import kind_windowed_medians, op_transfers  # noqa: E402
 from analyzers.loader import LoadError, known_runs, load_run  # noqa: E402
 from analyzers.stragglers import _peer_groups  # noqa: E402
 
@@ -58,12 +58,7 @@ def comm_sigmas(data, steps, cfg: CommConfig) -> dict[str, tuple[int, float, flo
         return {}
     tr = tr[tr["step"].isin(steps)]
     out = {}
-    for cls, sub in tr.groupby("cls"):
-        if sub["gkey"].nunique() < 2:
-            continue
-        med = windowed_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
-        if med.notna().sum(axis=0).max() < 2:
-            continue
+    for cls, sub, med in kind_windowed_medians(tr, steps, cfg):
         out[str(cls)] = (int(sub["gkey"].nunique()), temporal_sigma(med), float(np.nanmedian(med.to_numpy())))
     return out
 
