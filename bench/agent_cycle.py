@@ -24,14 +24,10 @@ Printed: medians with bootstrap 95 % CIs (calls resampled) and baseline / new ra
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent import wire  # noqa: E402
+from agent.launcher import DataPath  # noqa: E402
 from agent.node import NodeAgent  # noqa: E402
 from agent.otlp_session import _env_once_session, _exporter_session, _LeanSession  # noqa: E402
 from agent.prom import AgentMetrics  # noqa: E402
 from ranksight import schema  # noqa: E402
 from ranksight.layout import RunDir  # noqa: E402
-from ranksight.local_cluster import free_port  # noqa: E402
 
 TOKEN = "bench-agent-cycle"
 RUN = "bench-cycle"
@@ -129,34 +125,6 @@ def timed(fn, clocks):
     return [c() - a for c, a in zip(clocks, t0)]
 
 
-def start_head(store: Path, port: int, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-m", "ranksight.cli", "head", "--store", str(store), "--port", str(port),
-                          "--bind", "127.0.0.1", "--token", TOKEN, "--analyze-interval", "3600"],
-                         stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if p.poll() is not None:
-            raise RuntimeError(f"head exited ({p.returncode}): {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
-                if r.status == 200:
-                    return p
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("head did not come up")
-
-
-def stop_head(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exports", type=int, default=400, help="export calls per session arm")
@@ -174,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     with tempfile.TemporaryDirectory(prefix="ranksight-agent-cycle-") as tmp:
         store = Path(tmp) / "store"
-        port = free_port()
-        head = start_head(store, port, Path(tmp) / "head.log")
+        # the head only receives and stores here (no live analysis), on 127.0.0.1, as ranksight launch starts it
+        head = DataPath(store, RUN, nodes=0, token=TOKEN, head_args=["--analyze-interval", "0"]).start(timeout=60)
         try:
-            url = f"http://127.0.0.1:{port}"
+            url = head.head_url
             rd = RunDir(store, RUN)
             for r in range(args.ranks):
                 write_spool(rd, r, range(args.records))
@@ -241,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             shipped_ok = agent.ship_errors == 0
             agent.close()
         finally:
-            stop_head(head)
+            head.stop()
 
     n_rec = args.ranks * args.records
     print(f"# agent per-cycle CPU: {args.ranks} rank(s) x {args.records} step records per cycle, head at 127.0.0.1; "
