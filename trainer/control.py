@@ -101,26 +101,17 @@ class ControlChannel:
         # Collective: every rank builds its channel at the same point of the loop's set-up.
         self.group = dist.new_group(backend="gloo") if torch.device(device).type != "cpu" else None
 
-    def _folder_unchanged(self) -> bool:
-        """Rank 0: the requests folder is as it was when the last read found nothing to do."""
+    def _next_request(self, step: int) -> ControlRequest | None:
+        """Rank 0: the oldest valid request without an ack (refusing the invalid ones on the way); None at once
+        while the folder is as it was when the last read found nothing to do."""
         try:
             st = os.stat(self.run.control_requests)
         except OSError:
-            return True  # no folder: no request
+            return None  # no folder: no request
         key = (st.st_ino, st.st_mtime_ns)
         if key == self._seen and time.time_ns() - st.st_mtime_ns > RESCAN_RECENT_S * 1e9:
-            return True
+            return None
         self._seen = None
-        return False
-
-    def _next_request(self, step: int) -> ControlRequest | None:
-        """Rank 0: the oldest valid request without an ack (refusing the invalid ones on the way)."""
-        if self._folder_unchanged():
-            return None
-        try:
-            before = os.stat(self.run.control_requests)
-        except OSError:
-            return None
         for req, path, err in pending_requests(self.run):
             if req is None:
                 write_ack(self.run, path.stem, "unknown", step, "refused", f"unreadable request: {err}")
@@ -130,7 +121,7 @@ class ControlChannel:
                 write_ack(self.run, req.id, req.action, step, "refused", why)
                 continue
             return req
-        self._seen = (before.st_ino, before.st_mtime_ns)  # nothing pending as of that state of the folder
+        self._seen = key  # nothing pending as of that state of the folder
         return None
 
     def poll(self, step: int) -> tuple[str | None, int, int | None]:
