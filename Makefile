@@ -56,7 +56,7 @@ test: setup
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 demo: setup
-	$(PY) -m ranksight.demo
+	$(PY) -m cli.demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(SIMNVML_LIB) runs/demo-*

@@ -8,7 +8,7 @@ random order:
 1. **OTLP export** of one realistic cycle (``--ranks`` x ``--records`` step records, packed as ``NodeAgent.collect``
    packs them, plus the heartbeat ``NodeAgent.cycle`` adds) through ``OTLPLogExporter.export``, the same
    exporter settings the agent uses (deflate, timeout, auth header), with three sessions:
-   ``lean`` = ``agent.otlp_session._LeanSession`` (what ``_exporter_session`` picks for a plain-http head without
+   ``lean`` = ``node.otlp_session._LeanSession`` (what ``_exporter_session`` picks for a plain-http head without
    a proxy), ``requests`` = a plain ``requests.Session()`` (what the SDK exporter uses when given no session: the
    baseline), ``env_once`` = ``_env_once_session()`` (the agent's TLS / proxy path).
 2. **Prometheus step series**: ``AgentMetrics.observe_steps`` (each series once per rank and cycle) vs the
@@ -35,11 +35,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent import wire  # noqa: E402
-from agent.launcher import DataPath  # noqa: E402
-from agent.node import NodeAgent  # noqa: E402
-from agent.otlp_session import _env_once_session, _exporter_session, _LeanSession  # noqa: E402
-from agent.prom import AgentMetrics  # noqa: E402
+from ranksight import wire  # noqa: E402
+from cli.datapath import DataPath  # noqa: E402
+from node.agent import NodeAgent  # noqa: E402
+from node.otlp_session import _env_once_session, _exporter_session, _LeanSession  # noqa: E402
+from node.prom import AgentMetrics  # noqa: E402
 from ranksight import schema  # noqa: E402
 from ranksight.layout import RunDir  # noqa: E402
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 64d38ef]
         [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64]
 
-The head (``agent.head.Head``) analyzes each run every ``--analyze-interval`` seconds (5 s): it turns the last
+The head (``head.service.Head``) analyzes each run every ``--analyze-interval`` seconds (5 s): it turns the last
 ``--analyze-window`` steps per rank of its live window into DataFrames (``RunLive.frames``) and runs every
 analyzer on them (``analyzers.run_all``, through ``RunData``).
 
@@ -49,7 +49,7 @@ import pyarrow as pa  # noqa: E402
 pa.set_cpu_count(1)
 pa.set_io_thread_count(1)
 
-from agent.head import Head, tune_gc  # noqa: E402
+from head.service import Head, tune_gc  # noqa: E402
 from ranksight import schema  # noqa: E402
 
 RUN = "bench-analysis"

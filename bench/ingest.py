@@ -48,8 +48,8 @@ from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs  #
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 
-from agent import otlp_receiver, wire  # noqa: E402
-from agent.head import Head, tune_gc  # noqa: E402
+from head import receiver; from ranksight import wire  # noqa: E402
+from head.service import Head, tune_gc  # noqa: E402
 from ranksight import schema  # noqa: E402
 
 RUN = "bench"
@@ -77,7 +77,7 @@ _step_decoder = msgspec.json.Decoder(schema.StepRecord)
 
 
 def agent_records(node: int, ranks_per_node: int, step: int, world: int) -> list:
-    """One node agent's log records for one second, as agent.node ships them: one log record per
+    """One node agent's log records for one second, as node.agent ships them: one log record per
     kind holding every local rank's records (steps packed, or JSON spool lines with ENCODING=json)."""
     res = Resource.create({"service.name": "ranksight-agent", wire.R_NODE: node, wire.R_HOST: f"node{node:05d}"})
     colls, steps = [], []
@@ -223,7 +223,7 @@ def main() -> None:
             cpus = sorted(r[0] for r in runs)
             res[enc] = (cpus[0], cpus[len(cpus) // 2], min(r[1] for r in runs), runs[0][2])
         # Both encodings store the same table.
-        from agent.store import read_table
+        from head.store import read_table
 
         a = read_table(tmp / "store-json0", RUN, "steps").sort_values(["rank", "step"]).reset_index(drop=True)
         b = read_table(tmp / "store-packed0", RUN, "steps").sort_values(["rank", "step"]).reset_index(drop=True)
@@ -280,7 +280,7 @@ def bench_http(store: Path, flat: list[bytes]) -> float:
     port = port_sock.getsockname()[1]
     port_sock.close()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    p = subprocess.Popen([sys.executable, "-m", "ranksight.cli", "head", "--store", str(store), "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "head", "--store", str(store), "--port", str(port),
                           "--token", "t", "--log-level", "WARNING", "--analyze-interval", "3600"], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     try:

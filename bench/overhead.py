@@ -12,7 +12,7 @@ far more than the 0.5 % goal, so the two arms alternate *inside one training job
 ABBA order, switching at a step boundary:
 
 - ON: everything on: the Recorder (spool records, collective/p2p timing hooks, simulated GPU
-  state) and, in the ``observed`` job, a real head and node agent (``agent.launcher.DataPath``)
+  state) and, in the ``observed`` job, a real head and node agent (``cli.datapath.DataPath``)
   tailing the spool and shipping OTLP, as ``ranksight launch`` runs them.
 - OFF: ``Recorder.enabled = False`` (no spool writes; the hooks pass straight to the plain
   collective; no simulated GPU state) and the head and agent stopped (SIGSTOP by local rank 0
@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from agent.launcher import DataPath  # noqa: E402
+from cli.datapath import DataPath  # noqa: E402
 
 STEP_RE = re.compile(r"^step\s+(\d+) \|.*\|\s+([0-9.]+) ms \|")
 MODEL = ["--d-model", "128", "--n-layers", "4", "--n-heads", "4", "--seq-len", "64", "--batch-size", "8"]
@@ -237,7 +237,7 @@ def main_jobs(argv: list[str], extra: list[str]) -> None:
         f"Config: `torchrun --standalone --nproc-per-node {a.nproc} -m trainer {' '.join(MODEL + extra)} "
         f"--steps {a.steps}`; step time = rank 0's median over steps {a.warmup_steps + 1}..{a.steps}. "
         "bare = `--no-instrument`, no agent/head; instr = default instrumentation, no agent/head; observed = "
-        "default instrumentation + a head and one node agent (`agent.launcher.DataPath`) on the same cores. "
+        "default instrumentation + a head and one node agent (`cli.datapath.DataPath`) on the same cores. "
         "Order rotates per round (B = bare, I = instr, O = observed).",
         "",
         "| round | order | bare ms | instr ms | observed ms | instr/bare | observed/bare | bare CPU s "

@@ -79,12 +79,12 @@ class Procs:
         return p
 
     def head(self, store: Path, port: int, name: str = "head", extra: list[str] | None = None):
-        return self.start(name, [PY, "-m", "ranksight.cli", "head", "--store", str(store), "--port", str(port),
+        return self.start(name, [PY, "-m", "cli.main", "head", "--store", str(store), "--port", str(port),
                                  "--token", TOKEN, "--analyze-interval", "2", *(extra or [])])
 
     def agent(self, store: Path, run_id: str, node: int, head_port: int, metrics_port: int | None = None,
               name: str | None = None, extra: list[str] | None = None):
-        args = [PY, "-m", "ranksight.cli", "agent", "--store", str(store), "--run-id", run_id, "--node", str(node),
+        args = [PY, "-m", "cli.main", "agent", "--store", str(store), "--run-id", run_id, "--node", str(node),
                 "--head", f"http://127.0.0.1:{head_port}", "--token", TOKEN, "--ship-interval", "0.5",
                 "--sim-gpu", "on"]
         if metrics_port is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ranksight.local_cluster import free_port  # noqa: F401  (tests import it from here)
+from cli.local_cluster import free_port  # noqa: F401  (tests import it from here)
 
 
 @pytest.fixture

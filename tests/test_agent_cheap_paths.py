@@ -1,11 +1,11 @@
 """The node agent's per-cycle shortcuts keep its behaviour: the state file, the OTel resource, the exporter's
 environment settings, the outbox listing and the Prometheus series."""
 
-import agent.node as node_mod
-from agent import wire
-from agent.node import NodeAgent, load_state
-from agent.otlp_session import _env_once_session
-from agent.outbox import Item
+import node.agent as node_mod
+from ranksight import wire
+from node.agent import NodeAgent, load_state
+from node.otlp_session import _env_once_session
+from node.outbox import Item
 from agent_helpers import TOKEN
 from ranksight import schema
 from ranksight.layout import RunDir

@@ -44,7 +44,7 @@ def test_real_run_exactly_once_through_agent_kills_and_head_outage(tmp_path):
         procs.agent(store, RUN, 0, hp, mp0, name="agent0")
         procs.agent(store, RUN, 1, hp, mp1, name="agent1")
         wait_for(lambda: head_ready(hp), 30, what="head")
-        launch = procs.start("launch", [PY, "-m", "ranksight.cli", "launch", "--nnodes", "2", "--nproc-per-node", "2",
+        launch = procs.start("launch", [PY, "-m", "cli.main", "launch", "--nnodes", "2", "--nproc-per-node", "2",
                                         "--steps", str(STEPS), "--run-id", RUN, "--store", str(store), "--no-live",
                                         "--timeout", "400", "--no-agents"])  # this test runs its own
         prom.wait_up(1, timeout=40)

@@ -1,6 +1,6 @@
-"""agent.launcher.DataPath: head + one agent per node around a run, stopped without losing records."""
+"""cli.datapath.DataPath: head + one agent per node around a run, stopped without losing records."""
 
-from agent.launcher import DataPath
+from cli.datapath import DataPath
 from agent_helpers import FakeRanks, http_json, spool_keys, stored_key_list, wait_for
 
 

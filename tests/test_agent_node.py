@@ -5,10 +5,10 @@ import urllib.request
 
 import msgspec
 
-from agent.api import make_server
-from agent.head import Head
-from agent.node import NodeAgent, load_state
-from agent.store import read_table
+from head.api import make_server
+from head.service import Head
+from node.agent import NodeAgent, load_state
+from head.store import read_table
 from agent_helpers import TOKEN, FakeRanks, http_json, http_status
 from conftest import free_port
 from ranksight import schema

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-import agent.http as http_mod
-import agent.otlp_session as session_mod
-import agent.priority as prio_mod
-from agent.launcher import DataPath
+import ranksight.http_server as http_mod
+import node.otlp_session as session_mod
+import ranksight.priority as prio_mod
+from cli.datapath import DataPath
 from agent_helpers import REPO, TOKEN, http_json, wait_for
 from conftest import free_port
 
@@ -42,7 +42,7 @@ def _spawn(args: list[str], tmp_path, name: str, env_extra: dict | None = None) 
     env = {k: v for k, v in os.environ.items() if k not in ("RANKSIGHT_AGENT_PRIORITY", "RANKSIGHT_HEAD_PRIORITY")}
     env.update({"RANKSIGHT_TOKEN": TOKEN, "PYTHONPATH": str(REPO), **(env_extra or {})})
     log = open(tmp_path / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "ranksight.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=log, stderr=subprocess.STDOUT,
                             env=env, cwd=REPO, start_new_session=True)
 
 
@@ -106,7 +106,7 @@ def test_head_priority_idle(tmp_path):
 
 
 def test_threads_started_later_inherit_it(tmp_path):
-    code = ("import json, os, threading; from agent.priority import set_priority, current_priority\n"
+    code = ("import json, os, threading; from ranksight.priority import set_priority, current_priority\n"
             "notes = set_priority('idle')\n"
             "out = {}\n"
             "t = threading.Thread(target=lambda: out.update(thread=current_priority(threading.get_native_id())))\n"
@@ -158,7 +158,7 @@ def _counting_server(close_after: int | None = None):
     """A keep-alive HTTP/1.1 server that counts connections; it closes a connection after ``close_after`` requests."""
     from http.server import ThreadingHTTPServer
 
-    from agent.http import NoDelayHandler
+    from ranksight.http_server import NoDelayHandler
 
     conns, bodies = [], []
 

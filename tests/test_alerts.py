@@ -103,7 +103,7 @@ def test_rule_unit_tests_fail_on_a_wrong_expectation(tmp_path):
 
 @needs_promtool
 def test_rules_cli_writes_with_runbook_base_and_checks(tmp_path):
-    r = _run([sys.executable, "-m", "ranksight.cli", "dashboards", "rules", "--out", str(tmp_path),
+    r = _run([sys.executable, "-m", "cli.main", "dashboards", "rules", "--out", str(tmp_path),
               "--runbook-base", "https://wiki.example.com/ranksight/alerts"], cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     text = (tmp_path / "ranksight.rules.yml").read_text()
@@ -114,7 +114,7 @@ def test_rules_cli_writes_with_runbook_base_and_checks(tmp_path):
     assert "SUCCESS" in r.stdout
     with pytest.raises(ValueError, match="http"):
         render_rules("wiki/alerts")
-    r = _run([sys.executable, "-m", "ranksight.cli", "dashboards", "rules", "--runbook-base", "ftp://x"], cwd=REPO)
+    r = _run([sys.executable, "-m", "cli.main", "dashboards", "rules", "--runbook-base", "ftp://x"], cwd=REPO)
     assert r.returncode == 2 and "http(s) URL" in r.stderr
 
 
@@ -154,10 +154,10 @@ def test_agent_exports_run_finished_from_the_manifest(tmp_path):
 
     from prometheus_client import generate_latest
 
-    from agent.node import NodeAgent
+    from node.agent import NodeAgent
     from ranksight import schema
     from ranksight.layout import RunDir
-    from ranksight.local_cluster import free_port
+    from cli.local_cluster import free_port
 
     rd = RunDir(tmp_path / "store", "r-fin")
     rd.manifest.parent.mkdir(parents=True, exist_ok=True)

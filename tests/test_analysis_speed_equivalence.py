@@ -163,8 +163,8 @@ def test_member_counts_and_sorted_members():
 
 
 def test_live_telemetry_window_converts_only_new_samples_same_frame():
-    from agent.live import _ConvertedWindow
-    from agent.store import SPECS
+    from head.live import _ConvertedWindow
+    from head.store import SPECS
     from ranksight import schema
 
     rnd = random.Random(0)
@@ -186,7 +186,7 @@ def test_live_telemetry_window_converts_only_new_samples_same_frame():
 def test_live_collectives_frame_shares_equal_member_lists_same_content():
     import pyarrow as pa
 
-    from agent.live import _to_pandas_shared_lists
+    from head.live import _to_pandas_shared_lists
 
     members = [[3, 1, 2], [3, 1, 2], None, [], [0], [3, 1, 2], [1, 2, 3]]
     t = pa.table({"rank": list(range(7)), "group_ranks": pa.array(members, pa.list_(pa.int64())),

@@ -103,8 +103,8 @@ def test_restart_keeps_newest_attempt():
 
 
 def test_reads_the_heads_store_tables(tmp_path):
-    """Contract with agent.store: what the head writes, the loader reads (steps, collectives, xid)."""
-    store_mod = pytest.importorskip("agent.store")
+    """Contract with head.store: what the head writes, the loader reads (steps, collectives, xid)."""
+    store_mod = pytest.importorskip("head.store")
     import msgspec
 
     from analyzers import run_all

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from agent.api import gpu_states, make_server
-from agent.head import Head
+from head.api import gpu_states, make_server
+from head.service import Head
 from ranksight import schema
 
 RUN = "gpu-run"

@@ -143,7 +143,7 @@ def test_write_all_and_cli_build(tmp_path):
     assert [p.name for p in paths] == ["ranksight-job.json"]
     assert load_dir(tmp_path / "a") == build_all()
     out = tmp_path / "cli"
-    r = subprocess.run([sys.executable, "-m", "ranksight.cli", "dashboards", "build", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "cli.main", "dashboards", "build", "--out", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "ranksight-job.json").read_text()) == build_all()["ranksight-job"]
@@ -234,13 +234,13 @@ def test_cli_push(httpserver, tmp_path):
     httpserver.expect_request("/api/dashboards/db", method="POST",
                               headers={"Authorization": f"Bearer {TOKEN}"}).respond_with_json(
         {"status": "success", "uid": "ranksight-job", "version": 1, "url": "/d/ranksight-job/x"})
-    r = subprocess.run([sys.executable, "-m", "ranksight.cli", "dashboards", "push", "--url", httpserver.url_for("/"),
+    r = subprocess.run([sys.executable, "-m", "cli.main", "dashboards", "push", "--url", httpserver.url_for("/"),
                         "--token", TOKEN, "--dir", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "success: ranksight-job version 1" in r.stdout
     from typer.testing import CliRunner
 
-    from ranksight.cli import main
+    from cli.main import main
 
     r = CliRunner().invoke(main, ["dashboards", "push", "--url", httpserver.url_for("/"), "--token", TOKEN,
                                   "--dir", str(tmp_path / "empty")])
@@ -252,7 +252,7 @@ def test_cli_push(httpserver, tmp_path):
 def test_cli_lint(tmp_path):
     from typer.testing import CliRunner
 
-    from ranksight.cli import main
+    from cli.main import main
 
     write_all(tmp_path)
     r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path)])

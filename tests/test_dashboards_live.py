@@ -189,9 +189,9 @@ def stack(tmp_path_factory):
         st.start("alertmanager", ["prometheus-alertmanager", f"--config.file={tmp / 'alertmanager.yml'}",
                                   f"--storage.path={tmp / 'am-data'}", f"--web.listen-address=127.0.0.1:{am_port}",
                                   "--cluster.listen-address=", "--log.level=warn"])
-        st.start("head", [sys.executable, "-m", "ranksight.cli", "head", "--store", str(store), "--port", str(head_port),
+        st.start("head", [sys.executable, "-m", "cli.main", "head", "--store", str(store), "--port", str(head_port),
                           "--token", TOKEN, "--analyze-interval", "30"])
-        st.start("agent", [sys.executable, "-m", "ranksight.cli", "agent", "--store", str(store), "--run-id", RUN_ID,
+        st.start("agent", [sys.executable, "-m", "cli.main", "agent", "--store", str(store), "--run-id", RUN_ID,
                            "--node", "0", "--head", f"http://127.0.0.1:{head_port}", "--token", TOKEN,
                            "--metrics-port", str(agent_port), "--sim-gpu", "on", "--gpu-interval", "0.5",
                            "--ship-interval", "0.5", "--host", "node0"])
@@ -318,7 +318,7 @@ def test_cli_lint_against_prometheus(stack, tmp_path):
     from typer.testing import CliRunner
 
     from dashboards.build import write_all
-    from ranksight.cli import main
+    from cli.main import main
 
     write_all(tmp_path)
     r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path), "--prometheus", stack.prom])

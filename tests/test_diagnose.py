@@ -9,7 +9,7 @@ import pytest
 from analyzer_fixtures import build, write_run
 from typer.testing import CliRunner
 
-from ranksight.cli import main as ranksight_main
+from cli.main import main as ranksight_main
 from ranksight.schema import SCHEMA_VERSION, FaultSpec, FINDING_KINDS
 
 FINDING_KEYS = {"analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence", "recommendation",

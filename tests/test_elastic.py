@@ -29,7 +29,7 @@ def spool_records(rd: RunDir, rank: int) -> list:
 
 def test_evicted_node_leaves_and_training_resumes_on_the_other(tmp_path):
     rd = RunDir(tmp_path / "runs", "elastic")
-    cmd = [sys.executable, "-m", "ranksight.cli", "launch", "--nnodes", "2", "--nproc-per-node", "1",
+    cmd = [sys.executable, "-m", "cli.main", "launch", "--nnodes", "2", "--nproc-per-node", "1",
            "--steps", str(STEPS), "--run-id", rd.run_id, "--store", str(rd.store), "--no-live",
            "--timeout", "400", "--no-agents", "--quiet",
            # Steps of >= 0.4 s, so the request lands mid-run however fast the machine is.

@@ -1,6 +1,6 @@
-"""agent.findings_book: one live finding per episode across analysis rounds, updated, escalated, closed."""
+"""head.findings_book: one live finding per episode across analysis rounds, updated, escalated, closed."""
 
-from agent.findings_book import FindingsBook, latest_per_id
+from head.findings_book import FindingsBook, latest_per_id
 from ranksight import schema
 
 

@@ -4,8 +4,8 @@ import time
 
 import msgspec
 
-from agent.head import Head, resolve_analyzers
-from agent.live import RunLive
+from head.service import Head, resolve_analyzers
+from head.live import RunLive
 from agent_helpers import TOKEN
 from ranksight import schema
 

@@ -3,10 +3,10 @@
 import threading
 import time
 
-from agent.api import make_server
-from agent.head import Head, resolve_analyzers
-from agent.live import RunLive
-from agent.store import read_table
+from head.api import make_server
+from head.service import Head, resolve_analyzers
+from head.live import RunLive
+from head.store import read_table
 from agent_helpers import TOKEN, http_json
 from ranksight import schema
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.head import Head
-from agent.policy_runner import PolicyRunner
+from head.service import Head
+from head.policy_runner import PolicyRunner
 from analyzers.policy import PolicyConfig
 from ranksight import schema
 

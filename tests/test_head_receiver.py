@@ -13,10 +13,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from agent import wire
-from agent.api import make_server
-from agent.head import Head
-from agent.store import read_table
+from ranksight import wire
+from head.api import make_server
+from head.service import Head
+from head.store import read_table
 from ranksight import schema
 from agent_helpers import TOKEN, http_json, http_status
 
@@ -103,7 +103,7 @@ def test_bad_requests_get_4xx_and_the_head_stays_up(head):
     assert http_status(url, good, {**auth, "Content-Encoding": "br"}) == 415
     assert http_status(url, b"{}", {**auth, "Content-Type": "application/json"}) == 415
     # a gzip bomb is refused after a bounded amount of work
-    from agent import otlp_receiver
+    from head import receiver as otlp_receiver
 
     old = otlp_receiver.MAX_DECOMPRESSED_BYTES
     bomb = gzip.compress(b"\0" * (4 * 1024 * 1024))

@@ -9,10 +9,10 @@ from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.sdk.resources import Resource
 
-from agent import wire
-from agent.head import Head
-from agent.outbox import Item, Outbox
-from agent.store import RunStore, SeqIndex, Store, read_table
+from ranksight import wire
+from head.service import Head
+from node.outbox import Item, Outbox
+from head.store import RunStore, SeqIndex, Store, read_table
 from ranksight import schema
 
 TOKEN = "t"

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ranksight.local_cluster import LocalCluster
+from cli.local_cluster import LocalCluster
 
 TESTS = Path(__file__).parent
 
@@ -74,7 +74,7 @@ def test_kill_node_takes_its_workers_with_it(tmp_path):
 
 
 def test_launch_rejects_a_layout_that_does_not_fit_the_world(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "ranksight.cli", "launch", "--nnodes", "2", "--nproc-per-node", "2",
+    r = subprocess.run([sys.executable, "-m", "cli.main", "launch", "--nnodes", "2", "--nproc-per-node", "2",
                         "--dp", "3", "--store", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "dp*tp*pp = 3*1*1 = 3 but nnodes*nproc_per_node = 4" in r.stderr

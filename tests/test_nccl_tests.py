@@ -250,10 +250,10 @@ def test_module_entry_point_rejects_bad_flag():
 
 
 def test_ranksight_cli_dispatches_to_the_same_parser():
-    p = subprocess.run([PY, "-m", "ranksight.cli", "nccl-tests", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([PY, "-m", "cli.main", "nccl-tests", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "ranksight nccl-tests: error: argument op: unknown operation 'nope'" in p.stderr
-    h = subprocess.run([PY, "-m", "ranksight.cli", "nccl-tests", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    h = subprocess.run([PY, "-m", "cli.main", "nccl-tests", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert h.returncode == 0 and "--check" in h.stdout and "-b MINBYTES" in h.stdout
 
 

@@ -268,7 +268,7 @@ def test_summarize_log_set(tmp_path: Path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ranksight.cli", "nccl-log", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", "nccl-log", *args], capture_output=True, text=True,
                           cwd=str(ROOT), timeout=120)
 
 

@@ -4,9 +4,9 @@ import json
 
 from typer.testing import CliRunner
 
-from agent.store import Store
+from head.store import Store
 from agent_helpers import FakeRanks
-from ranksight.cli import main
+from cli.main import main
 from ranksight import schema
 from ranksight.layout import atomic_write
 

@@ -1,10 +1,10 @@
-"""probes.steps: the spool tailer survives partial lines, garbage, truncation, rotation and restarts."""
+"""ranksight.spool: the spool tailer survives partial lines, garbage, truncation, rotation and restarts."""
 
 import os
 
 import msgspec
 
-from probes.steps import TailPosition, first_node, spool_ranks, tail
+from ranksight.spool import TailPosition, first_node, spool_ranks, tail
 from ranksight import schema
 
 

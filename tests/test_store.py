@@ -1,4 +1,4 @@
-"""agent.store: Parquet tables by directory, dedupe by natural keys across restarts, WAL replay, safe concurrent reads."""
+"""head.store: Parquet tables by directory, dedupe by natural keys across restarts, WAL replay, safe concurrent reads."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pandas as pd
 import pyarrow.parquet as pq
 
-from agent.store import KEYS, SPECS, RunStore, Store, read_table
+from head.store import KEYS, SPECS, RunStore, Store, read_table
 from ranksight import schema
 
 

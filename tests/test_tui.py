@@ -390,7 +390,7 @@ def test_snapshot(fake, snap_compare, monkeypatch):
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_tmux_smoke(fake, tmp_path):
     sock = f"rs-tui-{os.getpid()}"
-    cmd = (f"cd {REPO} && TERM=xterm-256color {sys.executable} -m ranksight.cli tui --head {fake.url} "
+    cmd = (f"cd {REPO} && TERM=xterm-256color {sys.executable} -m cli.main tui --head {fake.url} "
            f"--run {RUN} --interval 0.5; echo exited-$? > {tmp_path}/rc; sleep 5")
     subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", "t", "-x", "150", "-y", "45", cmd], check=True)
     try:

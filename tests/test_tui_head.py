@@ -12,7 +12,7 @@ from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.sdk._logs.export import LogRecordExportResult  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 
-from agent import wire  # noqa: E402  (the test feeds the head like an agent; the TUI itself imports no agent code)
+from ranksight import wire  # noqa: E402  (the test feeds the head like an agent; the TUI itself imports no agent code)
 from agent_helpers import TOKEN, Procs, head_ready, http_json, wait_for  # noqa: E402
 from ranksight import schema  # noqa: E402
 from tui.app import RanksightApp  # noqa: E402

@@ -329,7 +329,7 @@ def test_cli_receiver_and_send(tmp_path):
     port = free_port()
     out = tmp_path / "deliveries.jsonl"
     env = dict(os.environ, PYTHONPATH=str(REPO), RANKSIGHT_WEBHOOK_SECRET=SECRET)
-    p = subprocess.Popen([sys.executable, "-m", "ranksight.cli", "dashboards", "webhook-receiver", "--port", str(port),
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboards", "webhook-receiver", "--port", str(port),
                           "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                          env=env, start_new_session=True)
     try:
@@ -341,7 +341,7 @@ def test_cli_receiver_and_send(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline and p.poll() is None, "receiver did not start"
                 time.sleep(0.1)
-        r = subprocess.run([sys.executable, "-m", "ranksight.cli", "dashboards", "webhook-send", "--url",
+        r = subprocess.run([sys.executable, "-m", "cli.main", "dashboards", "webhook-send", "--url",
                             f"http://127.0.0.1:{port}/hook"], capture_output=True, text=True, cwd=REPO, env=env,
                            timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -349,7 +349,7 @@ def test_cli_receiver_and_send(tmp_path):
         rec = json.loads(out.read_text().splitlines()[0])
         assert rec["auth"] == "signature" and rec["payload"]["summary"] == "ranksight test webhook: ignore"
         # wrong secret: refused, and the sender says so with a non-zero exit
-        r = subprocess.run([sys.executable, "-m", "ranksight.cli", "dashboards", "webhook-send", "--url",
+        r = subprocess.run([sys.executable, "-m", "cli.main", "dashboards", "webhook-send", "--url",
                             f"http://127.0.0.1:{port}/hook", "--secret", "wrong"], capture_output=True, text=True,
                            cwd=REPO, env=env, timeout=60)
         assert r.returncode == 1 and "HTTP 401" in r.stdout
@@ -360,7 +360,7 @@ def test_cli_receiver_and_send(tmp_path):
     # no arguments that make sense: a clear error, not a traceback
     from typer.testing import CliRunner
 
-    from ranksight.cli import main
+    from cli.main import main
 
     r = CliRunner().invoke(main, ["dashboards", "webhook-receiver"], env={"RANKSIGHT_WEBHOOK_SECRET": ""})
     assert r.exit_code == 2 and "--secret" in r.output
@@ -368,7 +368,7 @@ def test_cli_receiver_and_send(tmp_path):
 
 def test_head_findings_through_sender(receiver, tmp_path):
     """The wiring the head uses: new findings from Head.analyze_once go to WebhookSender.send_findings."""
-    from agent.head import Head
+    from head.service import Head
 
     produced = [_finding(run_id="", t=0.0), _finding(kind="hang", severity="critical", ranks=[2], summary="rank 2 hung", run_id="")]
     head = Head(tmp_path / "store", "tok", analyzer=lambda frames: list(produced))

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ranksight.layout import RunDir
-from ranksight.local_cluster import kill_tree
+from cli.local_cluster import kill_tree
 from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, decode_spool_line
 
 ROOT = Path(__file__).resolve().parents[1]

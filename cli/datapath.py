@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from ranksight.layout import RunDir
-from ranksight.local_cluster import free_port
+from cli.local_cluster import free_port
 
 
 class DataPath:
@@ -54,7 +54,7 @@ class DataPath:
         log = open(logdir / f"{name}.log", "ab")
         self._logs.append(log)
         # The token travels in the environment, not on the command line (ps shows arguments).
-        return subprocess.Popen([self.python, "-m", "ranksight.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen([self.python, "-m", "cli.main", *args], stdout=log, stderr=subprocess.STDOUT,
                                 env=self.env, start_new_session=True)
 
     def start(self, timeout: float = 30.0) -> "DataPath":

@@ -36,8 +36,8 @@ def agent(
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read."""
-    from agent.node import NodeAgent
-    from agent.priority import AGENT_DEFAULT_PRIORITY, PRIORITIES, set_priority
+    from node.agent import NodeAgent
+    from ranksight.priority import AGENT_DEFAULT_PRIORITY, PRIORITIES, set_priority
     from ranksight.layout import RunDir
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),

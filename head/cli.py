@@ -38,10 +38,10 @@ def head(
                                       "(SCHED_IDLE: for a head that must share the training cores)."),
 ) -> None:
     """Run the head service until SIGINT/SIGTERM, then flush everything to Parquet."""
-    from agent.api import make_server
-    from agent.head import Head, tune_gc
-    from agent.http import serve_in_thread, shutdown_server
-    from agent.priority import PRIORITIES, set_priority
+    from head.api import make_server
+    from head.service import Head, tune_gc
+    from ranksight.http_server import serve_in_thread, shutdown_server
+    from ranksight.priority import PRIORITIES, set_priority
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -52,7 +52,7 @@ def head(
         token = secrets.token_urlsafe(24)
         print(f"ranksight head: generated token (give it to agents as --token or RANKSIGHT_TOKEN): {token}", flush=True)
     tune_gc()
-    from agent.policy_runner import MODES, PolicyRunner
+    from head.policy_runner import MODES, PolicyRunner
     from analyzers.policy import PolicyConfig
 
     if evict not in MODES:

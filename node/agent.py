@@ -4,7 +4,7 @@ Each cycle (``ship_interval``, 1 s):
 
 1. find the local ranks (manifest placement says node == N; before the manifest
    exists, the node named in each spool's first record),
-2. tail their spools from the saved positions (probes.steps), turn spool gaps
+2. tail their spools from the saved positions (ranksight.spool), turn spool gaps
    into ``spool_gap``/``spool_reset`` events, read new control acks and a changed
    manifest, and take the GPU/host samples gathered by the sampler thread,
 3. ship: first the disk outbox (oldest first), then this cycle's batch, each as
@@ -23,7 +23,7 @@ SDK's metric pipeline (periodic OTLP metrics: best effort, the authoritative
 samples travel as logs), and one HTTP server for Prometheus ``/metrics`` and
 the token-protected ``POST /control`` the head uses to request actions.
 
-``ranksight agent`` puts the whole process below training first (``agent.priority``:
+``ranksight agent`` puts the whole process below training first (``ranksight.priority``:
 nice 19 on every thread by default), so a rank that wants a core gets it; its lag
 metric shows when the agent falls behind.
 """
@@ -45,12 +45,12 @@ from typing import Any
 
 import msgspec
 
-from agent import wire
-from agent.http import NoDelayHandler, serve_in_thread, shutdown_server
-from agent.otlp_session import _exporter_session
-from agent.outbox import Item, Outbox
-from agent.prom import AgentMetrics
-from probes.steps import SpoolGap, TailPosition, first_node, spool_ranks, tail
+from ranksight import wire
+from ranksight.http_server import NoDelayHandler, serve_in_thread, shutdown_server
+from node.otlp_session import _exporter_session
+from node.outbox import Item, Outbox
+from node.prom import AgentMetrics
+from ranksight.spool import SpoolGap, TailPosition, first_node, spool_ranks, tail
 from ranksight import schema
 from ranksight.layout import RunDir, atomic_write
 
@@ -183,7 +183,7 @@ class NodeAgent:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
-        from agent.prom import STEP_BUCKETS
+        from node.prom import STEP_BUCKETS
 
         exp = OTLPMetricExporter(endpoint=self.head_url + "/v1/metrics", headers=self._headers, timeout=self.ship_timeout,
                                  session=_exporter_session(self.head_url + "/v1/metrics"))

@@ -61,7 +61,7 @@ def show_eviction(report: dict) -> bool:
 def main() -> int:
     store = Path("runs")
     run_id = time.strftime("demo-%Y%m%d-%H%M%S")
-    ranksight = [sys.executable, "-m", "ranksight.cli"]
+    ranksight = [sys.executable, "-m", "cli.main"]
     fault = f"slow_rank:rank={CULPRIT_RANK},factor=1.6,start={ONSET_STEP}"
 
     console.print(Rule("ranksight demo"))

@@ -620,7 +620,7 @@ class RunStore:
 
     def _replay_wal(self) -> None:
         """Rows acknowledged but not yet in a part file: back into the buffers (through the dedupe)."""
-        from agent import wire
+        from ranksight import wire
 
         wals = sorted(list(self.head_dir.glob("wal-*.jsonl")) + list(self.head_dir.glob("wal-*.log")),
                       key=lambda p: (p.name.startswith("wal-current"), p.name))
@@ -722,7 +722,7 @@ class RunStore:
             self.flush()
 
     def enqueue_packed(self, table: str, batches: list) -> None:
-        """Queue packed batches (``agent.wire.PackedBatch``: layout, payload, count); durable (WAL)
+        """Queue packed batches (``ranksight.wire.PackedBatch``: layout, payload, count); durable (WAL)
         when this returns."""
         with self.lock:
             entries = []

@@ -2,7 +2,7 @@
 
     agents --OTLP/HTTP logs+metrics--> Head.ingest_* --> Store (WAL, Parquet) + RunLive (memory)
                                                       --> analyzer hook --> findings table
-    API clients --HTTP JSON--> agent.api --> Head views / Head.request_action --> agent /control
+    API clients --HTTP JSON--> head.api --> Head views / Head.request_action --> agent /control
 
 Threads: the HTTP server (one thread per connection), a flusher (buffers to
 Parquet every ``flush_interval``) and an analyzer loop. Shared state is guarded
@@ -22,10 +22,10 @@ from typing import Any, Callable
 
 import msgspec
 
-from agent import wire
-from agent.findings_book import FindingsBook, latest_per_id
-from agent.live import DEFAULT_WINDOW, RunLive
-from agent.store import SPECS, Store, read_table
+from ranksight import wire
+from head.findings_book import FindingsBook, latest_per_id
+from head.live import DEFAULT_WINDOW, RunLive
+from head.store import SPECS, Store, read_table
 from ranksight import schema
 
 log = logging.getLogger("ranksight.head")
@@ -102,7 +102,7 @@ class Head:
         self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync)
         self.window = window
         self.live: dict[str, RunLive] = {}
-        self._stores: dict = {}  # run id -> RunStore wired to its live window (agent.store.RunStore.on_new)
+        self._stores: dict = {}  # run id -> RunStore wired to its live window (head.store.RunStore.on_new)
         self._live_lock = threading.Lock()
         self.flush_interval = flush_interval
         self.analyzer: AnalyzerFn | None = resolve_analyzers() if analyzer == "auto" else analyzer  # type: ignore[assignment]
@@ -113,7 +113,7 @@ class Head:
         self.findings: dict[str, FindingsBook] = {}  # live findings per run: episodes across analysis rounds
         # Called with each analyzer pass's new findings (alerts: dashboards.webhook.WebhookSender.send_findings).
         self.finding_listeners: list[Callable[[list[schema.Finding]], Any]] = []
-        # Called with every analysis round's full list of current findings (agent.policy_runner.PolicyRunner).
+        # Called with every analysis round's full list of current findings (head.policy_runner.PolicyRunner).
         self.round_hooks: list[Callable[[str, list[schema.Finding], schema.Manifest | None], Any]] = []
         self.actions: dict[str, dict[str, schema.Action]] = {}
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics

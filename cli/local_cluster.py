@@ -99,7 +99,7 @@ class LocalCluster:
         self.rdzv_port = self.rdzv_port or free_port()
         store_log = open(logs / "rdzv-store.log", "ab")
         self.store_proc = subprocess.Popen(
-            [sys.executable, "-m", "ranksight.rdzv_store", "--port", str(self.rdzv_port)],
+            [sys.executable, "-m", "cli.rdzv_store", "--port", str(self.rdzv_port)],
             stdout=store_log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         wait_for_port(self.rdzv_port, timeout=60, proc=self.store_proc)

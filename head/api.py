@@ -26,9 +26,9 @@ import time
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from agent.http import NoDelayHandler
-from agent import otlp_receiver as rx
-from agent.otlp_receiver import HttpError
+from ranksight.http_server import NoDelayHandler
+from head import receiver as rx
+from head.receiver import HttpError
 from ranksight import schema
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names

@@ -1,12 +1,12 @@
 """``ranksight launch``: a local multi-node training run on this host, watched live.
 
-One torchrun per simulated node (see ranksight.local_cluster), all on 127.0.0.1,
+One torchrun per simulated node (see cli.local_cluster), all on 127.0.0.1,
 with elastic c10d rendezvous so a node can leave (evict) and the job re-forms
 without it. Options the launcher does not know are passed to the trainer as is
 (``ranksight launch ... -- --d-model 128``).
 
 By default it also runs the data path beside the job, as a user would on a
-cluster: a head and one node agent per node (agent.launcher.DataPath, started as
+cluster: a head and one node agent per node (cli.datapath.DataPath, started as
 commands), and shows the findings the head's live analyzers report.
 """
 
@@ -29,7 +29,7 @@ from rich.text import Text
 
 from ranksight import schema
 from ranksight.layout import DEFAULT_STORE, RunDir
-from ranksight.local_cluster import LocalCluster
+from cli.local_cluster import LocalCluster
 
 console = Console(stderr=True)
 
@@ -188,8 +188,8 @@ def launch(
                   + (f", inject {', '.join(inject)}" if inject else ""))
     data_path = None
     if agents:
-        from agent.launcher import DataPath  # started as processes; imported only for their orchestration
-        from agent.policy_runner import MODES
+        from cli.datapath import DataPath  # started as processes; imported only for their orchestration
+        from head.policy_runner import MODES
 
         if evict not in MODES:
             raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")

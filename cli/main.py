@@ -18,13 +18,13 @@ from ranksight import __version__
 # name -> (target, one-line help). Keep the help here so --help stays import-free.
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli:train_command", "Run the trainer on this rank (started by torchrun)."),
-    "launch": ("ranksight.launch:launch_command", "Start a local multi-node run on this host and wait for it."),
+    "launch": ("cli.launch:launch_command", "Start a local multi-node run on this host and wait for it."),
     "nccl-tests": ("nccl_tests.cli:nccl_tests_command", "Collective benchmarks (nccl-tests output) and the pre-flight health check."),
     "diagnose": ("analyzers.diagnose:diagnose_command", "Post-mortem report of a run."),
     "nccl-log": ("probes.nccl_log_cli:nccl_log_command", "Summarize NCCL_DEBUG=INFO logs a user already has."),
-    "agent": ("agent.node_cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
-    "head": ("agent.head_cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),
-    "runs": ("agent.runs_cli:runs_command", "List the runs in a store."),
+    "agent": ("node.cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
+    "head": ("head.cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),
+    "runs": ("cli.runs:runs_command", "List the runs in a store."),
     "dashboards": ("dashboards.cli:dashboards_command", "Build Grafana dashboards and push them to a Grafana."),
     "tui": ("tui.cli:tui_command", "Live terminal view of a run (talks to the head)."),
 }

@@ -28,7 +28,7 @@ class Item(msgspec.Struct, array_like=True):
     """One OTLP log record to be: kind + body + the attributes that describe it.
 
     ``layout``: None for a JSON body; the packed-v1 layout when the body is packed records
-    (agent.wire.pack_records). New fields go at the end with a default: segments written by
+    (ranksight.wire.pack_records). New fields go at the end with a default: segments written by
     an older agent still decode."""
 
     kind: str

@@ -142,7 +142,7 @@ class RunLive:
         if not rows:
             return
         if table in ("steps", "collectives"):
-            from agent.store import SPECS
+            from head.store import SPECS
 
             self.add_arrow(table, SPECS[table].to_table(self.run_id, rows), now)
             return
@@ -180,7 +180,7 @@ class RunLive:
             return
         now = now or time.time()
         if table not in ("steps", "collectives"):
-            from agent.store import TABLE_TYPES
+            from head.store import TABLE_TYPES
 
             try:
                 rows = msgspec.convert(t.to_pylist(), list[TABLE_TYPES[table]], strict=False)
@@ -368,7 +368,7 @@ class RunLive:
         last rows, so a rank that went silent long ago still appears with its last steps."""
         import pandas as pd
 
-        from agent.store import SPECS
+        from head.store import SPECS
 
         k = self.window if window is None else max(1, min(int(window), self.window))
         self._pull()
@@ -433,7 +433,7 @@ class _ConvertedWindow:
             return self._table(rows)
 
     def _table(self, rows: list) -> pa.Table:
-        from agent.store import SPECS
+        from head.store import SPECS
 
         spec = SPECS[self.name]
         prev, tbl = self.rows, self.tbl

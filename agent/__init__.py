@@ -1,1 +1,0 @@
-"""Long-running processes: the node agent and the head service."""

@@ -1,0 +1,1 @@
+"""The application: the ``ranksight`` command, the local multi-node launcher and the demo."""
