@@ -387,7 +387,6 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     # the peers' references contain the culprit, so their excess shifts with it and would inflate sigma.
     sigma = temporal_sigma(med)
     threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
-    ops_per_step = last.groupby("step").size().median() / max(len(ranks), 1) * len(ranks)
     comp = rank_step_matrix(st, data.compute_signal())
     comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
     out = []

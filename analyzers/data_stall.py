@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers._common import confirmation_step, fmt_ranks, fnum, persistent_runs, rank_step_matrix, rows_with_runs
+from analyzers._common import confirmation_step, fnum, persistent_runs, rank_step_matrix, rows_with_runs
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 

@@ -80,7 +80,6 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     if co.empty:
         return []
     out: list[Finding] = []
-    node_of = data.rank_node()
     incomplete = co[co["t_done"].isna()]
     if incomplete.empty:
         return []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,8 +24,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from ranksight import schema
+from ranksight import tables
 from ranksight.layout import RunDir
+from ranksight.spool import read_spool
 from ranksight.schema import (
     SCHEMA_VERSION,
     CollectiveRecord,
@@ -40,17 +40,10 @@ from ranksight.schema import (
     XidEvent,
 )
 
-# Tables read from the store, with the record type that gives their columns.
-TABLE_TYPES: dict[str, type[msgspec.Struct]] = {
-    "steps": StepRecord,
-    "collectives": CollectiveRecord,
-    "events": EventRecord,
-    "gpu": GpuSample,
-    "host": HostSample,
-    "nccl_events": NcclEvent,
-    "trace_summaries": TraceSummary,
-    "xid": XidEvent,
-}
+# The store tables the analyzers read, with the record type that gives their columns (the head's own findings and
+# actions are not analysed; the actions are read apart, as the job's history).
+TABLE_TYPES: dict[str, type[msgspec.Struct]] = {name: typ for name, typ in tables.TABLE_TYPES.items()
+                                                if name not in ("findings", "actions")}
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024  # show a progress bar when a run is bigger than this
 
@@ -400,12 +393,6 @@ def _read_manifest(rd: RunDir) -> Manifest | None:
         raise LoadError(f"run {rd.run_id}: {path} does not match the manifest schema: {e}") from e
 
 
-def _parquet_files(dirpath: Path) -> list[Path]:
-    if not dirpath.is_dir():
-        return []
-    return sorted(p for p in dirpath.rglob("*.parquet") if not p.name.startswith("."))
-
-
 def _check_store_version(rd: RunDir, files: list[Path]) -> None:
     import pyarrow.parquet as pq
 
@@ -465,38 +452,8 @@ class _Progress:
 
 
 def _read_table(files: list[Path], progress: _Progress, name: str) -> tuple[pd.DataFrame, int]:
-    frames, bad = [], 0
-    for f in files:
-        try:
-            frames.append(pd.read_parquet(f))
-        except Exception:  # noqa: BLE001 - a file being written right now; skip and count it
-            bad += 1
-        progress.advance(f.stat().st_size if f.exists() else 0, name)
-    frames = [fr for fr in frames if not fr.empty]
-    if not frames:
-        return pd.DataFrame(), bad
-    return pd.concat(frames, ignore_index=True), bad
-
-
-def _read_spool(path: Path, progress: _Progress) -> tuple[list[msgspec.Struct], int, int]:
-    """Records of one spool file, the count of truncated trailing lines and of bad lines elsewhere."""
-    data = path.read_bytes()
-    progress.advance(len(data), path.name)
-    lines = data.split(b"\n")
-    records, truncated, bad = [], 0, 0
-    last = len(lines) - 1
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(schema.decode_spool_line(line))
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            # The final line without its newline is a write cut short; anything else is garbage.
-            if i == last:
-                truncated += 1
-            else:
-                bad += 1
-    return records, truncated, bad
+    """A table's part files (``ranksight.tables.read_parts``), advancing the progress bar by each file's size."""
+    return tables.read_parts(files, on_file=lambda f: progress.advance(f.stat().st_size if f.exists() else 0, name))
 
 
 def _simgpu_xids(rd: RunDir, run_id: str) -> list[XidEvent]:
@@ -534,7 +491,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
         raise UnknownRunError(f"unknown run id {run_id!r} in store {Path(store)}; known runs: {listing}")
 
     manifest = _read_manifest(rd)
-    table_files = {name: _parquet_files(rd.table(name)) for name in TABLE_TYPES}
+    table_files = {name: tables.part_files(rd.table(name)) for name in TABLE_TYPES}
     all_files = [f for fs in table_files.values() for f in fs]
     _check_store_version(rd, all_files)
     spools = sorted(rd.spool_dir.glob("rank-*.jsonl")) if rd.spool_dir.is_dir() else []
@@ -554,10 +511,11 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
         if not use_store or "steps" not in frames or frames["steps"].empty:
             records: list[msgspec.Struct] = []
             for sp in spools:
-                recs, t, b = _read_spool(sp, bar)
-                records.extend(recs)
-                truncated += t
-                bad += b
+                got = read_spool(sp)
+                bar.advance(got.nbytes, sp.name)
+                records.extend(got.records)
+                truncated += got.truncated
+                bad += got.bad
             for name, cls in (("steps", StepRecord), ("collectives", CollectiveRecord), ("events", EventRecord)):
                 recs = [r for r in records if isinstance(r, cls)]
                 if recs:
@@ -603,38 +561,23 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
 def _read_actions(rd: RunDir, progress: _Progress) -> pd.DataFrame:
     """The head's actions (checkpoint, profile, evict) with their current status: the table has one row per status
     change of an action, appended in order, so the last row of each id is its state now."""
-    df, _bad = _read_table(_parquet_files(rd.table("actions")), progress, "actions")
+    df, _bad = _read_table(tables.part_files(rd.table("actions")), progress, "actions")
     if df.empty or "id" not in df.columns:
         return pd.DataFrame()
     return df.drop_duplicates("id", keep="last").sort_values("t", kind="stable").reset_index(drop=True)
 
 
 def _read_nccl_tests(rd: RunDir) -> pd.DataFrame:
-    """The nccl_tests baseline of this run (or of the store), read defensively: columns vary by writer."""
-    files = _parquet_files(rd.root / "nccl_tests") or _parquet_files(rd.store / "nccl_tests")
-    frames = []
-    for f in files:
-        try:
-            frames.append(pd.read_parquet(f))
-        except Exception:  # noqa: BLE001
-            continue
-    if not frames:
+    """The collective benchmarks' bandwidth baseline of this run (or of the store): the nccl_tests ``perf`` table
+    (``ranksight.tables.PERF_SCHEMA``) as op, size_bytes, busbw (GB/s) and nranks."""
+    files = (tables.part_files(rd.root / tables.NCCL_TESTS_DIR / "perf")
+             or tables.part_files(rd.store / tables.NCCL_TESTS_DIR / "perf"))
+    df, _bad = tables.read_parts(files, columns=["op", "size", "busbw", "nranks"])
+    if df.empty:
         return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
-    cols = {c.lower(): c for c in df.columns}
     out = pd.DataFrame()
-    op = cols.get("op") or cols.get("collective") or cols.get("name")
-    size = cols.get("size_bytes") or cols.get("nbytes") or cols.get("size")
-    busbw = cols.get("busbw") or cols.get("busbw_gbps") or cols.get("busbw_gb_s") or cols.get("busbw_oop")
-    if not (op and size and busbw):
-        return pd.DataFrame()
-    out["op"] = df[op].astype(str).str.replace("nccl:", "", regex=False).str.lower()
-    out["size_bytes"] = pd.to_numeric(df[size], errors="coerce")
-    out["busbw"] = pd.to_numeric(df[busbw], errors="coerce")
-    n = cols.get("nranks") or cols.get("world_size") or cols.get("n")
-    out["nranks"] = pd.to_numeric(df[n], errors="coerce") if n else np.nan
+    out["op"] = df["op"].astype(str).str.replace("nccl:", "", regex=False).str.lower()
+    out["size_bytes"] = pd.to_numeric(df["size"], errors="coerce")
+    out["busbw"] = pd.to_numeric(df["busbw"], errors="coerce")
+    out["nranks"] = pd.to_numeric(df["nranks"], errors="coerce")
     return out.dropna(subset=["size_bytes", "busbw"]).reset_index(drop=True)
-
-
-def wall_now() -> float:
-    return time.time()

@@ -48,7 +48,8 @@ from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs  #
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 
-from head import receiver; from ranksight import wire  # noqa: E402
+from head import receiver as otlp_receiver  # noqa: E402
+from ranksight import wire  # noqa: E402
 from head.service import Head, tune_gc  # noqa: E402
 from ranksight import schema  # noqa: E402
 
@@ -223,7 +224,7 @@ def main() -> None:
             cpus = sorted(r[0] for r in runs)
             res[enc] = (cpus[0], cpus[len(cpus) // 2], min(r[1] for r in runs), runs[0][2])
         # Both encodings store the same table.
-        from head.store import read_table
+        from ranksight.tables import read_table
 
         a = read_table(tmp / "store-json0", RUN, "steps").sort_values(["rank", "step"]).reset_index(drop=True)
         b = read_table(tmp / "store-packed0", RUN, "steps").sort_values(["rank", "step"]).reset_index(drop=True)

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from ranksight.layout import RunDir
 from cli.local_cluster import free_port

@@ -142,7 +142,7 @@ class RunLive:
         if not rows:
             return
         if table in ("steps", "collectives"):
-            from head.store import SPECS
+            from ranksight.tables import SPECS
 
             self.add_arrow(table, SPECS[table].to_table(self.run_id, rows), now)
             return
@@ -180,7 +180,7 @@ class RunLive:
             return
         now = now or time.time()
         if table not in ("steps", "collectives"):
-            from head.store import TABLE_TYPES
+            from ranksight.tables import TABLE_TYPES
 
             try:
                 rows = msgspec.convert(t.to_pylist(), list[TABLE_TYPES[table]], strict=False)
@@ -368,7 +368,7 @@ class RunLive:
         last rows, so a rank that went silent long ago still appears with its last steps."""
         import pandas as pd
 
-        from head.store import SPECS
+        from ranksight.tables import SPECS
 
         k = self.window if window is None else max(1, min(int(window), self.window))
         self._pull()
@@ -433,7 +433,7 @@ class _ConvertedWindow:
             return self._table(rows)
 
     def _table(self, rows: list) -> pa.Table:
-        from head.store import SPECS
+        from ranksight.tables import SPECS
 
         spec = SPECS[self.name]
         prev, tbl = self.rows, self.tbl
@@ -472,7 +472,6 @@ def _to_pandas_shared_lists(t: pa.Table, col: str) -> pd.DataFrame:
     loader then derives a communicator key from each. Equal lists are found here in bulk (each list's raw bytes
     as one Arrow binary value, dictionary-encoded), and each distinct list is one array object, which the loader
     recognises by identity. Other list types convert as usual."""
-    import pandas as pd
     import pyarrow.compute as pc
 
     if col not in t.column_names or t.num_rows == 0:

@@ -25,7 +25,8 @@ import msgspec
 from ranksight import wire
 from head.findings_book import FindingsBook, latest_per_id
 from head.live import DEFAULT_WINDOW, RunLive
-from head.store import SPECS, Store, read_table
+from head.store import Store
+from ranksight.tables import SPECS, read_table
 from ranksight import schema
 
 log = logging.getLogger("ranksight.head")

@@ -23,80 +23,13 @@ import pyarrow.parquet as pq
 from nccl_tests.formulas import AVG_MODE_NAMES, busbw_factor
 from ranksight.layout import RunDir, atomic_write
 from ranksight.schema import SCHEMA_VERSION
+from ranksight.tables import ENTITIES_SCHEMA, NCCL_TESTS_DIR, PAIRS_SCHEMA, PERF_SCHEMA
 
-TABLE_DIR = "nccl_tests"
 
-PERF_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("op", pa.string()),
-    ("size", pa.int64()),
-    ("count", pa.int64()),
-    ("dtype", pa.string()),
-    ("redop", pa.string()),
-    ("root", pa.int64()),
-    ("in_place", pa.bool_()),
-    ("time_us", pa.float64()),
-    ("algbw", pa.float64()),
-    ("busbw", pa.float64()),
-    ("busbw_factor", pa.float64()),
-    ("wrong", pa.int64()),
-    ("per_rank_time_us", pa.list_(pa.float64())),
-    ("nranks", pa.int64()),
-    ("nnodes", pa.int64()),
-    ("backend", pa.string()),
-    ("device", pa.string()),
-    ("hosts", pa.list_(pa.string())),
-    ("nodes", pa.list_(pa.string())),
-    ("iters", pa.int64()),
-    ("warmup_iters", pa.int64()),
-    ("time_agg", pa.string()),
-    ("t", pa.float64()),
-    ("schema_version", pa.int64()),
-])
-
-PAIRS_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("rank_a", pa.int64()),
-    ("rank_b", pa.int64()),
-    ("node_a", pa.string()),
-    ("node_b", pa.string()),
-    ("host_a", pa.string()),
-    ("host_b", pa.string()),
-    ("size", pa.int64()),
-    ("iters", pa.int64()),
-    ("time_us", pa.float64()),
-    ("bw", pa.float64()),
-    ("median_bw", pa.float64()),
-    ("ratio", pa.float64()),
-    ("flagged", pa.bool_()),
-    ("threshold", pa.float64()),
-    ("nranks", pa.int64()),
-    ("backend", pa.string()),
-    ("t", pa.float64()),
-    ("schema_version", pa.int64()),
-])
-
-ENTITIES_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("kind", pa.string()),
-    ("name", pa.string()),
-    ("ranks", pa.list_(pa.int64())),
-    ("nodes", pa.list_(pa.string())),
-    ("bw", pa.float64()),
-    ("reference", pa.float64()),
-    ("ratio", pa.float64()),
-    ("flagged", pa.bool_()),
-    ("explained_by", pa.string()),
-    ("threshold", pa.float64()),
-    ("nranks", pa.int64()),
-    ("backend", pa.string()),
-    ("t", pa.float64()),
-    ("schema_version", pa.int64()),
-])
 
 
 def table_dir(store: str | os.PathLike, run_id: str, table: str) -> Path:
-    return RunDir(store, run_id).table(TABLE_DIR) / table
+    return RunDir(store, run_id).table(NCCL_TESTS_DIR) / table
 
 
 def _write(store, run_id: str, table: str, rows: list[dict], schema: pa.Schema, tag: str) -> Path:

@@ -240,7 +240,6 @@ def summarize_trace(
     ``truncated=True``.
     """
     notes: list[str] = []
-    meta: dict[str, Any] = {}
     thread_names: dict[tuple[Any, Any], str] = {}
     gloo_tids: set[tuple[Any, Any]] = set()
 

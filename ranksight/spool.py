@@ -1,14 +1,20 @@
-"""Tail a rank's step spool (``RunDir.spool(rank)``) with saved offsets.
+"""A rank's spool (``RunDir.spool(rank)``): the one file format between a training rank and ranksight.
 
-The trainer appends one JSON object per line and never waits for anyone. This
-reader turns the bytes appended since the last saved position into decoded
-records, and hands back the position to save *after* those records are safe
-somewhere else (the node agent saves it once the head acknowledged them).
+One JSON object per line (``ranksight.schema`` step, collective and event records), appended by the
+rank that owns the file and by nobody else. Here are the one writer and the two readers:
 
-What it must survive, and how:
+- ``SpoolWriter``: the rank's side. Records are batched and written with one ``os.write`` per flush
+  on an ``O_APPEND`` descriptor, so a reader never sees half a line and the rank never waits.
+- ``tail``: the node agent's side. The bytes appended since a saved position become decoded
+  records, and the position to save *after* those records are safe somewhere else (the agent saves
+  it once the head acknowledged them).
+- ``read_spool``: a whole file at once (``diagnose`` on a run that had no agents).
+
+What the readers must survive, and how:
 
 - **Partial last line**: a rank may be mid-``write`` when we read. Only bytes up
-  to the last newline are consumed; the tail waits for the next read.
+  to the last newline are consumed; the tail waits for the next read. ``read_spool``
+  counts a cut-short last line as truncated (a rank killed mid-write), not as garbage.
 - **Truncation / rotation**: if the file's inode changed or it is now shorter
   than our offset, it is a new file: restart from 0 and say so (``reset``), so
   the caller can record it. Records re-read after a reset are deduplicated by
@@ -28,6 +34,54 @@ from pathlib import Path
 import msgspec
 
 from ranksight.schema import SpoolRecord, decode_spool_line
+
+# ---------------------------------------------------------------------------
+# Writing (the training rank)
+# ---------------------------------------------------------------------------
+
+# ``ranksight.schema.encode``'s encoder settings (msgspec's defaults): ``encode_lines`` gives exactly the bytes of
+# ``b"".join(encode(r) + b"\n" for r in recs)`` in one call, without a bytes object per record and a join.
+_lines_encoder = msgspec.json.Encoder()
+
+
+class SpoolWriter:
+    """Append-only JSON-lines file, one ``os.write`` per flush (line-atomic, O_APPEND)."""
+
+    def __init__(self, path: os.PathLike):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.pending: list[msgspec.Struct] = []
+
+    def add(self, rec: msgspec.Struct) -> None:
+        self.pending.append(rec)
+
+    def flush(self) -> None:
+        if self.pending:
+            data = _lines_encoder.encode_lines(self.pending)
+            self.pending.clear()
+            os.write(self.fd, data)
+
+    def write_now(self, rec: msgspec.Struct) -> None:
+        self.add(rec)
+        self.flush()
+
+
+class NullSpool:
+    """A spool that writes nothing (instrumentation off)."""
+
+    def add(self, rec) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def write_now(self, rec) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Reading (the node agent: ``tail``; post-mortem: ``read_spool``)
+# ---------------------------------------------------------------------------
 
 # One read is bounded so a large backlog (agent down for an hour) is shipped in
 # pieces instead of being loaded whole.
@@ -193,3 +247,32 @@ def first_node(path: str | os.PathLike) -> int | None:
     except FileNotFoundError:
         return None
     return None
+
+
+class SpoolContents(msgspec.Struct, kw_only=True):
+    """A whole spool file, decoded."""
+
+    records: list[SpoolRecord]
+    truncated: int  # a last line without its newline that does not decode: a write cut short (tolerated)
+    bad: int  # undecodable lines elsewhere (skipped)
+    nbytes: int
+
+
+def read_spool(path: str | os.PathLike) -> SpoolContents:
+    """Every record of one spool file, and the count of truncated trailing lines and of bad lines elsewhere."""
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")
+    records, truncated, bad = [], 0, 0
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(decode_spool_line(line))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            # The final line without its newline is a write cut short; anything else is garbage.
+            if i == last:
+                truncated += 1
+            else:
+                bad += 1
+    return SpoolContents(records=records, truncated=truncated, bad=bad, nbytes=len(data))

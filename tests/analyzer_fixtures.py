@@ -16,13 +16,11 @@ import numpy as np
 from analyzers.loader import RunData
 from ranksight.schema import (
     CollectiveRecord,
-    EventRecord,
     FaultSpec,
     GpuSample,
     Manifest,
     RankPlacement,
     StepRecord,
-    XidEvent,
 )
 
 T0 = 1_700_000_000.0
@@ -86,7 +84,6 @@ def build(spec: Spec | None = None, **kw) -> RunData:
     steps, colls, events = [], [], []
     t = T0
     scale = 65536.0
-    stopped: set[int] = set()
     hung_at: int | None = None
     for s in range(spec.steps):
         if hung_at is not None:
@@ -193,7 +190,7 @@ def with_records(data: RunData, records: list) -> RunData:
     """A copy of ``data`` with telemetry records added."""
     import pandas as pd
 
-    from analyzers.loader import TABLE_TYPES, frame_from_records
+    from analyzers.loader import TABLE_TYPES
 
     extra = RunData.from_records(data.run_id, records, manifest=data.manifest)
     kw = {}

@@ -8,7 +8,7 @@ import msgspec
 from head.api import make_server
 from head.service import Head
 from node.agent import NodeAgent, load_state
-from head.store import read_table
+from ranksight.tables import read_table
 from agent_helpers import TOKEN, FakeRanks, http_json, http_status
 from conftest import free_port
 from ranksight import schema

@@ -164,7 +164,7 @@ def test_member_counts_and_sorted_members():
 
 def test_live_telemetry_window_converts_only_new_samples_same_frame():
     from head.live import _ConvertedWindow
-    from head.store import SPECS
+    from ranksight.tables import SPECS
     from ranksight import schema
 
     rnd = random.Random(0)

@@ -6,7 +6,7 @@ import time
 from head.api import make_server
 from head.service import Head, resolve_analyzers
 from head.live import RunLive
-from head.store import read_table
+from ranksight.tables import read_table
 from agent_helpers import TOKEN, http_json
 from ranksight import schema
 

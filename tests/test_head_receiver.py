@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import Resource
 from ranksight import wire
 from head.api import make_server
 from head.service import Head
-from head.store import read_table
+from ranksight.tables import read_table
 from ranksight import schema
 from agent_helpers import TOKEN, http_json, http_status
 

@@ -12,7 +12,8 @@ from opentelemetry.sdk.resources import Resource
 from ranksight import wire
 from head.service import Head
 from node.outbox import Item, Outbox
-from head.store import RunStore, SeqIndex, Store, read_table
+from head.store import SeqIndex, Store
+from ranksight.tables import read_table
 from ranksight import schema
 
 TOKEN = "t"

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from cli.local_cluster import LocalCluster
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from ranksight.layout import RunDir
 from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, decode_spool_line, encode
 from ranksight.simgpu import read_state
 from trainer.faults import FaultState, parse_fault
-from trainer.instrument import MemoryProbe, Recorder, SpoolWriter, StepWriter, _OpenCollective
+from ranksight.spool import SpoolWriter
+from trainer.instrument import MemoryProbe, Recorder, StepWriter, _OpenCollective
 from trainer.simdevice import SimulatedGpu
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,8 @@ import time
 import pandas as pd
 import pyarrow.parquet as pq
 
-from head.store import KEYS, SPECS, RunStore, Store, read_table
+from head.store import RunStore, Store
+from ranksight.tables import KEYS, SPECS, read_table
 from ranksight import schema
 
 

@@ -16,7 +16,7 @@ from trainer import control
 from trainer.config import ModelConfig, ParallelConfig, TrainConfig
 from trainer.data import DataLoader, SyntheticTokens, TextFileTokens, make_dataset
 from trainer.faults import FaultSpecError, FaultState, parse_fault
-from trainer.instrument import SpoolWriter
+from ranksight.spool import SpoolWriter
 from trainer.model import GPT, count_params, flops_per_token, init_weights
 from trainer.parallelize import stage_layers
 

@@ -24,49 +24,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-import msgspec
-
 from ranksight.schema import CollectiveRecord, EventRecord, StepRecord
-
-
-class NullSpool:
-    """--no-instrument: nothing is written."""
-
-    def add(self, rec) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def write_now(self, rec) -> None:
-        pass
-
-
-# ``ranksight.schema.encode``'s encoder settings (msgspec's defaults): ``encode_lines`` gives exactly the bytes of
-# ``b"".join(encode(r) + b"\n" for r in recs)`` in one call, without a bytes object per record and a join.
-_lines_encoder = msgspec.json.Encoder()
-
-
-class SpoolWriter:
-    """Append-only JSON-lines file, one ``os.write`` per flush (line-atomic, O_APPEND)."""
-
-    def __init__(self, path: os.PathLike):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.pending: list[msgspec.Struct] = []
-
-    def add(self, rec: msgspec.Struct) -> None:
-        self.pending.append(rec)
-
-    def flush(self) -> None:
-        if self.pending:
-            data = _lines_encoder.encode_lines(self.pending)
-            self.pending.clear()
-            os.write(self.fd, data)
-
-    def write_now(self, rec: msgspec.Struct) -> None:
-        self.add(rec)
-        self.flush()
+from ranksight.spool import NullSpool, SpoolWriter
 
 
 @dataclass(slots=True)
