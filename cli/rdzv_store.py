@@ -27,9 +27,13 @@ def main() -> None:
                           timeout=timedelta(seconds=300))
     print(f"rendezvous store listening on {args.host}:{args.port}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    while True:  # the store serves from its own threads; keep the process (and `store`) alive
+    serve_forever(store)
+
+
+def serve_forever(store) -> None:
+    """The store serves from its own threads: keep the process, and a reference to the store, alive until SIGTERM."""
+    while store is not None:
         time.sleep(3600)
-    del store
 
 
 if __name__ == "__main__":

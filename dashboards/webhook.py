@@ -1,4 +1,4 @@
-"""Signed alert webhooks: the head's findings (or any Alertmanager-style payload) POSTed to URLs.
+"""Signed alert webhooks: the head's findings POSTed to URLs.
 
     sender = WebhookSender([WebhookTarget(url="https://hooks.example/ranksight", secret="s3cret")])
     sender.send_findings(new_findings)      # returns at once: deliveries go through a background queue
@@ -177,6 +177,12 @@ _COUNTERS = ("queued", "delivered", "retried", "failed", "dropped", "abandoned")
 
 
 class WebhookSender:
+    """Formats findings per target and delivers them through a bounded, retrying queue served by worker threads.
+
+    Its ~15 methods are the public surface (constructors, send, flush, close, stats, context manager) and the
+    queue's few internals (enqueue, post, worker); the queue shares the sender's lock and counters, which a
+    class of its own would only pass back and forth."""
+
     def __init__(self, targets: Iterable[WebhookTarget], *, queue_size: int = 1000, max_attempts: int = 5,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, workers: int = 2, external_url: str = "",
                  user_agent: str = "ranksight-webhook/1"):
@@ -259,13 +265,6 @@ class WebhookSender:
                     body = json.dumps(alertmanager_payload([f], external_url=self.external_url)).encode()
                 n += self._enqueue(t, body, t.format)
         return n
-
-    def send_payload(self, payload: dict[str, Any], event: str = "alertmanager") -> int:
-        """Queue an arbitrary JSON payload (e.g. an Alertmanager webhook being relayed) to every target."""
-        if not isinstance(payload, dict):
-            raise TypeError("payload must be a JSON object (dict)")
-        body = json.dumps(payload).encode()
-        return sum(self._enqueue(t, body, event) for t in self.targets)
 
     # -- delivery ------------------------------------------------------------------------------------
     def _post(self, d: _Delivery) -> tuple[bool, bool, float | None, str]:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from nccl_tests import data
 from nccl_tests.formulas import OPS, canonical_op
-from nccl_tests.runtime import Hooks, _all_gather_single, _reduce_scatter_single
+from nccl_tests.runtime import Hooks, all_gather_single, reduce_scatter_single
 
 _REDOP = {
     "sum": dist.ReduceOp.SUM,
@@ -64,13 +64,13 @@ class Collective:
     def _probe_backend(self) -> None:
         n, dev = self.n, self.device
         if self.op == "all_gather":
-            self.native_gather = _probe(lambda: _all_gather_single(torch.empty(n, device=dev), torch.ones(1, device=dev)))
+            self.native_gather = _probe(lambda: all_gather_single(torch.empty(n, device=dev), torch.ones(1, device=dev)))
         if self.op == "reduce_scatter":
-            self.native_rs = _probe(lambda: _reduce_scatter_single(torch.empty(1, device=dev), torch.ones(n, device=dev)))
+            self.native_rs = _probe(lambda: reduce_scatter_single(torch.empty(1, device=dev), torch.ones(n, device=dev)))
         if self.spec.reduces and self.redop == "avg":
             self.native_avg = _probe(lambda: dist.all_reduce(torch.ones(1, device=dev), op=dist.ReduceOp.AVG))
             if self.op == "reduce_scatter" and self.native_avg and self.native_rs:
-                self.native_avg = _probe(lambda: _reduce_scatter_single(torch.empty(1, device=dev), torch.ones(n, device=dev), op=dist.ReduceOp.AVG))
+                self.native_avg = _probe(lambda: reduce_scatter_single(torch.empty(1, device=dev), torch.ones(n, device=dev), op=dist.ReduceOp.AVG))
             if self.op == "reduce" and self.native_avg:
                 self.native_avg = _probe(lambda: dist.reduce(torch.ones(1, device=dev), self.root, op=dist.ReduceOp.AVG))
 
@@ -129,13 +129,13 @@ class Collective:
                 self._fix_avg(recv)
         elif op == "all_gather":
             if self.native_gather:
-                _all_gather_single(recv, send)
+                all_gather_single(recv, send)
             else:
                 src = send.clone() if in_place else send
                 dist.all_gather(list(recv.chunk(n)), src)
         elif op == "reduce_scatter":
             if self.native_rs:
-                _reduce_scatter_single(recv, send, op=self._torch_op())
+                reduce_scatter_single(recv, send, op=self._torch_op())
                 self._fix_avg(recv)
             else:
                 tmp = send.clone()

@@ -13,14 +13,14 @@ import torch.distributed as dist
 from nccl_tests import data, output
 from nccl_tests.collectives import Collective
 from nccl_tests.formulas import AVG_MODE_NAMES, DTYPES, OPS, aggregate, algbw, busbw, busbw_factor, element_count, row_bytes
-from nccl_tests.runtime import Hooks, Identity, _all_gather_single, sync
+from nccl_tests.runtime import Hooks, Identity, all_gather_single, sync
 
 
 def _gather_floats(values: list[float], device: str, n: int) -> list[list[float]]:
     """Every rank's ``values`` (same length everywhere), on every rank."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)
     out = torch.empty(n * len(values), dtype=torch.float64, device=device)
-    _all_gather_single(out, mine)
+    all_gather_single(out, mine)
     return out.view(n, len(values)).cpu().tolist()
 
 

@@ -154,5 +154,5 @@ class Hooks:
 
 # torch renamed the tensor forms (all_gather_into_tensor -> all_gather_single, reduce_scatter_tensor
 # -> reduce_scatter_single) and deprecated the old names; use whichever this torch has.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -68,7 +68,6 @@ BATCH_KINDS: dict[str, tuple[Any, str | None]] = {
     "trace_summary": (schema.TraceSummary, "trace_summaries"),
     "ack": (schema.ControlAck, None),  # the trainer's control acks: become action status updates (not a table)
 }
-OBJECT_KINDS = ("manifest", "heartbeat")
 
 _batch_decoders = {k: msgspec.json.Decoder(list[t]) for k, (t, _) in BATCH_KINDS.items()}
 _manifest_decoder = msgspec.json.Decoder(schema.Manifest)

@@ -31,6 +31,10 @@ from tui.widgets.trends import Trends
 
 
 class RanksightApp(App):
+    """The app: its layout, the refresh cycle, and one action per key binding (with the callback of the modal it
+    opens). That is more than ~15 methods, kept in one class because Textual binds keys to ``action_*`` methods of
+    the app and splitting them apart would scatter the key map."""
+
     CSS_PATH = "ranksight.tcss"
     TITLE = "ranksight"
     BINDINGS = [
