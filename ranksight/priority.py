@@ -16,10 +16,10 @@ _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282, "risc
 _IOPRIO_WHO_PROCESS, _IOPRIO_CLASS_BE, _IOPRIO_CLASS_IDLE, _IOPRIO_CLASS_SHIFT = 1, 2, 3, 13
 
 
-# The agent's default: nice 19. The agent needs ~0.5 % of a core: nice 19 still gets ~1.5 % of a busy core (weight 15
-# of 1024), so it keeps up on a node whose cores are all busy while giving way to every rank. SCHED_IDLE gets weight 3
-# (~0.3 %) there: it falls behind without bound, so live detection is late exactly when a node is loaded, and on the
-# 2-core test machine it showed no measurable gain in step time (bench/results/overhead.md).
+# The agent's default: nice 19. On a node whose cores are all busy, nice 19 still gets the kernel's weight 15 of 1024
+# of a core, more than the agent needs (bench/RESULTS.md, the agent's CPU per step), so it keeps up while giving way
+# to every rank. SCHED_IDLE's weight is 3 of 1024: below the agent's need, it falls behind without bound, so live
+# detection would be late exactly when a node is loaded; and it bought no measurable step time (bench/overhead.py).
 AGENT_DEFAULT_PRIORITY = "low"
 
 

@@ -98,8 +98,8 @@ class TableSpec:
         self.type = typ
         info = msgspec.inspect.type_info(typ)
         self.fields: list[tuple[str, pa.DataType, bool]] = []
-        # How each column is built from a tuple of Python values: numpy for plain numbers (4-10x
-        # faster than pyarrow's per-object conversion), pyarrow otherwise.
+        # How each column is built from a tuple of Python values: numpy for plain numbers (far cheaper
+        # than pyarrow's per-object conversion), pyarrow otherwise.
         self.builders = []
         for f in info.fields:
             at, as_json = _arrow_type(f.type)
@@ -144,7 +144,7 @@ class TableSpec:
         arrays = []
         if not self.has_run_id:
             arrays.append(pa.array([run_id] * len(rows), pa.string()))
-        # Transpose with C-level astuple + zip (3x faster than a getattr per cell).
+        # Transpose with C-level astuple + zip (cheaper than a getattr per cell).
         cols = zip(*map(msgspec.structs.astuple, rows)) if rows else [() for _ in self.fields]
         for build, col in zip(self.builders, cols):
             arrays.append(build(col))
