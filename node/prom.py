@@ -107,7 +107,7 @@ class AgentMetrics:
         """A batch of step records in spool order (the agent passes one rank's records of a cycle). The same
         series values as observing them one by one: every step time goes into the histogram, the counters grow
         by the batch's sums, and each gauge takes the value of the last record that sets it; but each series is
-        touched once per batch instead of once per record (~15 updates per step record before)."""
+        touched once per batch instead of once per record."""
         if len(recs) > 1 and len({(r.run_id, r.rank, r.node) for r in recs}) > 1:
             by: dict[tuple, list] = {}
             for r in recs:
@@ -197,8 +197,8 @@ class AgentMetrics:
 
     def _labelled(self, metric, lab: tuple):
         """``metric.labels(*lab)``, looked up once per series: ``labels()`` takes a lock and validates the labels on
-        every call (~15 series per step record, ~20 gauges a second from the sampler). A series is still created only
-        when first used (an overflow counter appears with the first overflow)."""
+        every call, and the agent updates a dozen series per rank and cycle and every GPU gauge per sample. A
+        series is still created only when first used (an overflow counter appears with the first overflow)."""
         key = (id(metric), lab)
         ch = self._series.get(key)
         if ch is None:
