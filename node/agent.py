@@ -71,22 +71,22 @@ class NodeAgent:
         self.metrics_port = metrics_port
         self.host = host or socket.gethostname()
         self.state_file = StateFile(run_dir.agent_state(node), node)
-        self.state = self.state_file.state
         self.outbox = Outbox(self.state_file.path.parent / f"node-{node}.outbox", outbox_bytes)
         self.metrics = AgentMetrics()
         self.shipper = Shipper(head_url, token, run_id=run_dir.run_id, node=node, host=self.host,
                                agent_id=uuid.uuid4().hex[:8], timeout=ship_timeout, metrics=self.metrics)
         self.otlp_metrics = OtlpMetrics(head_url, self.shipper.headers, ship_timeout, enabled=otlp_metrics)
-        self.spool = SpoolSource(run_dir, node, self.state, self.metrics, self.otlp_metrics)
+        state = self.state_file.state  # each source owns one field of it
+        self.spool = SpoolSource(run_dir, node, state, self.metrics, self.otlp_metrics)
         self.samples = SampleSource(run_dir, node, self.host, interval=gpu_interval, sim_gpu=sim_gpu,
                                     dcgm_url=dcgm_url, metrics=self.metrics, otlp_metrics=self.otlp_metrics)
         self.sources: list[Source] = [
             self.spool,
             self.samples,
-            NcclLogSource(run_dir, node, self.host, self.state),
-            TraceSource(run_dir, self.state, lambda: self.spool.local_ranks),
-            AckSource(run_dir, self.state),
-            ManifestSource(run_dir, self.state),
+            NcclLogSource(run_dir, node, self.host, state),
+            TraceSource(run_dir, state, lambda: self.spool.local_ranks),
+            AckSource(run_dir, state),
+            ManifestSource(run_dir, state),
         ]
         self.server: ControlServer | None = None
         self.url = ""  # the control endpoint's, once it listens

@@ -1,4 +1,5 @@
-"""The node agent's Prometheus metrics (served on /metrics) and their OTLP twins.
+"""The node agent's Prometheus metrics, served on ``GET /metrics`` by node/control.py. (Some of them also go to the
+head as OTLP metrics: node/shipping.py ``OtlpMetrics``.)
 
 Names follow Prometheus conventions (base units, ``_total`` counters); GPU
 gauges use dcgm-exporter's names and labels (``gpu``, ``UUID``, ``device``,
@@ -23,6 +24,9 @@ RANK_LABELS = ("run_id", "rank", "node")
 
 
 class AgentMetrics:
+    """Every metric of one agent, in its own registry (``registry``): the ranks' training series, the run, the
+    GPUs and the host as the sampler sees them, and the agent's own shipping counters."""
+
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
         self._series: dict[tuple, tuple] = {}
@@ -100,9 +104,6 @@ class AgentMetrics:
                                al + ("action",), registry=r)
 
     # -- updates -------------------------------------------------------------------------------
-    def observe_step(self, rec) -> None:
-        self.observe_steps([rec])
-
     def observe_steps(self, recs) -> None:
         """A batch of step records in spool order (the agent passes one rank's records of a cycle). The same
         series values as observing them one by one: every step time goes into the histogram, the counters grow

@@ -68,9 +68,9 @@ def test_prometheus_series_are_created_on_first_use(tmp_path):
     a = NodeAgent(RunDir(tmp_path, "r1"), 0, "http://127.0.0.1:9", TOKEN, otlp_metrics=False)
     rec = schema.StepRecord(run_id="r1", rank=1, step=3, node=0, host="h", world_size=2, t_start=1.0, t_end=1.2,
                             step_ms=200.0, tokens=10, loss=2.0)
-    a.metrics.observe_step(rec)
-    a.metrics.observe_step(schema.StepRecord(run_id="r1", rank=1, step=4, node=0, host="h", world_size=2, t_start=1.2,
-                                             t_end=1.4, step_ms=200.0, tokens=10, loss=1.5, overflow=True))
+    a.metrics.observe_steps([rec])
+    a.metrics.observe_steps([schema.StepRecord(run_id="r1", rank=1, step=4, node=0, host="h", world_size=2, t_start=1.2,
+                                               t_end=1.4, step_ms=200.0, tokens=10, loss=1.5, overflow=True)])
     text = generate_latest(a.metrics.registry).decode()
     lab = 'node="0",rank="1",run_id="r1"'
     assert f"ranksight_steps_total{{{lab}}} 2.0" in text and f"ranksight_tokens_total{{{lab}}} 20.0" in text
