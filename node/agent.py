@@ -91,7 +91,6 @@ class NodeAgent:
         self.server: ControlServer | None = None
         self.url = ""  # the control endpoint's, once it listens
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._pending_since: float | None = None  # wall time of the oldest record not yet acknowledged
         self._last_ship_ok = True
         self._dropped_reported = 0
@@ -186,13 +185,13 @@ class NodeAgent:
         self.server = ControlServer((self.bind, self.metrics_port), rd=self.rd, node=self.node, token=self.token,
                                     metrics=self.metrics, local_ranks=lambda: self.spool.local_ranks)
         self.url = self.shipper.agent_url = self.server.url
-        self._threads.append(serve_in_thread(self.server, "agent-http"))
+        serve_in_thread(self.server, "agent-http")
 
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or self._stop
         self.start_server()
         self.otlp_metrics.start(self.shipper.resource())
-        self._threads.append(self.samples.start(self._stop))
+        self.samples.start(self._stop)
         log.info("agent node %d for run %s: shipping to %s, metrics %s", self.node, self.rd.run_id,
                  self.shipper.head_url, self.url or "off")
         while not stop.is_set() and not self._stop.is_set():

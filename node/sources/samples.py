@@ -104,11 +104,9 @@ class SampleSource:
                     del self._buffer[:drop]
                     self.dropped += drop
 
-    def start(self, stop: threading.Event) -> threading.Thread:
+    def start(self, stop: threading.Event) -> None:
         """The sampler thread: builds the probes, then samples every ``interval`` until ``stop`` is set."""
-        t = threading.Thread(target=self._loop, args=(stop,), daemon=True, name="agent-sampler")
-        t.start()
-        return t
+        threading.Thread(target=self._loop, args=(stop,), daemon=True, name="agent-sampler").start()
 
     def _loop(self, stop: threading.Event) -> None:
         self.build_probes()
