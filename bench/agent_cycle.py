@@ -5,12 +5,12 @@ per call (``time.thread_time``: this thread; ``time.process_time``: the whole be
 helper threads such as urllib3-future's keep-alive watcher), the arms of each pair alternating call by call in a
 random order:
 
-1. **OTLP export** of one realistic cycle (``--ranks`` x ``--records`` step records, packed as ``NodeAgent.collect``
-   packs them, plus the heartbeat ``NodeAgent.cycle`` adds) through ``OTLPLogExporter.export``, the same
-   exporter settings the agent uses (deflate, timeout, auth header), with three sessions:
-   ``lean`` = ``node.otlp_session._LeanSession`` (what ``_exporter_session`` picks for a plain-http head without
-   a proxy), ``requests`` = a plain ``requests.Session()`` (what the SDK exporter uses when given no session: the
-   baseline), ``env_once`` = ``_env_once_session()`` (the agent's TLS / proxy path).
+1. **OTLP export** of one realistic cycle (``--ranks`` x ``--records`` step records, packed as the agent's
+   ``SpoolSource.collect`` packs them, plus a heartbeat as ``NodeAgent.cycle`` adds) through
+   ``OTLPLogExporter.export``, the same exporter settings the agent uses (deflate, timeout, auth header), with
+   three sessions: ``lean`` = ``node.otlp_session.LeanSession`` (what ``exporter_session`` picks for a plain-http
+   head without a proxy), ``requests`` = a plain ``requests.Session()`` (what the SDK exporter uses when given no
+   session: the baseline), ``env_once`` = ``env_once_session()`` (the agent's TLS / proxy path).
 2. **Prometheus step series**: ``AgentMetrics.observe_steps`` (each series once per rank and cycle) vs the
    per-record updates of the code before (reproduced below in ``per_record_observe``).
 3. ``NodeAgent.cycle()`` whole, with ``--records`` new step records per rank per cycle (written untimed), CPU
@@ -35,10 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ranksight import wire  # noqa: E402
 from cli.datapath import DataPath  # noqa: E402
 from node.agent import NodeAgent  # noqa: E402
-from node.otlp_session import _env_once_session, _exporter_session, _LeanSession  # noqa: E402
+from node.otlp_session import LeanSession, env_once_session, exporter_session  # noqa: E402
 from node.prom import AgentMetrics  # noqa: E402
 from ranksight import schema  # noqa: E402
 from ranksight.layout import RunDir  # noqa: E402
@@ -150,21 +149,18 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.ranks):
                 write_spool(rd, r, range(args.records))
             agent = NodeAgent(rd, 0, url, TOKEN, sim_gpu="off", otlp_metrics=False, ship_timeout=5.0)
-            assert isinstance(agent.exporter._client._transport._session, _LeanSession), type(agent.exporter._client._transport._session)
-            assert isinstance(_exporter_session(url + "/v1/logs"), _LeanSession)
-            items, *_ = agent.collect()  # one cycle's items, positions not committed
+            lean = agent.shipper.exporter._client._transport._session
+            assert isinstance(lean, LeanSession), type(lean)
+            assert isinstance(exporter_session(url + "/v1/logs"), LeanSession)
+            items = agent.spool.collect()  # one cycle's items, positions not committed
             step_items = [i for i in items if i.kind == "step"]
             assert step_items and sum(i.count for i in step_items) == args.ranks * args.records, items
-            res = agent._resource()
-            recs = [wire.make_log_record(RUN, it.kind, it.body, rank=it.rank, node=0, count=it.count,
-                                         step_min=it.step_min, step_max=it.step_max, resource=res,
-                                         scope=agent._scope, layout=it.layout) for it in items]
-            recs.append(agent._heartbeat_record())
-            sessions = {"lean": agent.exporter._client._transport._session, "requests": requests.Session(), "env_once": _env_once_session()}
+            recs = agent.shipper.log_records(items, [agent.heartbeat()])
+            sessions = {"lean": lean, "requests": requests.Session(), "env_once": env_once_session()}
             exporters = {k: OTLPLogExporter(endpoint=url + "/v1/logs", headers={"Authorization": f"Bearer {TOKEN}"},
                                             timeout=5.0, compression=Compression.Deflate, session=s)
                          for k, s in sessions.items()}
-            exporters["lean"] = agent.exporter
+            exporters["lean"] = agent.shipper.exporter
             for e in exporters.values():  # warm-up: connections open, code paths imported
                 for _ in range(5):
                     assert e.export(recs) == LogRecordExportResult.SUCCESS
@@ -206,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     write_spool(rd, r, range(next_step, next_step + args.records))
                 next_step += args.records
                 cyc.append(timed(agent.cycle, clocks))
-            shipped_ok = agent.ship_errors == 0
+            shipped_ok = agent.shipper.errors == 0
             agent.close()
         finally:
             head.stop()

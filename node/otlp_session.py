@@ -1,8 +1,8 @@
 """The HTTP sessions the node agent's OTLP exporters send through (their ``session=`` argument).
 
-A ship cycle's exports were a third of the agent's CPU through requests + urllib3; for a plain-http head without
-a proxy one kept-alive ``http.client`` connection does the same for a quarter of it (``_LeanSession``). TLS and
-proxies keep requests (``_env_once_session``).
+For a plain-http head without a proxy, one kept-alive ``http.client`` connection (``LeanSession``): much less CPU
+per export than requests + urllib3, and no keep-alive watcher thread (``bench/agent_cycle.py`` measures both).
+TLS and proxies keep requests (``env_once_session``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import threading
 from typing import Any
 
 
-def _exporter_session(url: str):
-    """The HTTP session of an OTLP exporter: ``_LeanSession`` for a plain-http head that no proxy setting applies
+def exporter_session(url: str):
+    """The HTTP session of an OTLP exporter: ``LeanSession`` for a plain-http head that no proxy setting applies
     to (the usual case: the head on the cluster network, or this host), else a ``requests.Session``
-    (``_env_once_session``) for TLS and proxies."""
+    (``env_once_session``) for TLS and proxies."""
     import urllib.parse
 
     try:
@@ -25,8 +25,8 @@ def _exporter_session(url: str):
     except Exception:  # noqa: BLE001 - unsure: take the general path
         proxied = True
     if urllib.parse.urlsplit(url).scheme == "http" and not proxied:
-        return _LeanSession(url)
-    return _env_once_session()
+        return LeanSession(url)
+    return env_once_session()
 
 
 class _LeanResponse:
@@ -45,13 +45,12 @@ class _LeanResponse:
         return json.loads(self.content)
 
 
-class _LeanSession:
+class LeanSession:
     """A ``requests.Session`` stand-in for the OTLP exporters (``session=``) that sends each export over one
-    kept-alive ``http.client`` connection. Through requests and urllib3 a cycle's export (20 step records) costs
-    ~1.3 ms of CPU, and urllib3-future adds a keep-alive watcher thread per connection pool that wakes every 5 s;
-    this costs ~0.5 ms (2.6x less, ``bench/agent_cycle.py``) and no thread. Only what the SDK's transport uses is implemented: ``request()`` (no
-    redirects, no proxies, no TLS: ``_exporter_session`` picks it for plain http without a proxy only) and the
-    ``verify`` / ``cert`` attributes it sets. Failures raise requests' exception types, so the SDK's retry rules
+    kept-alive ``http.client`` connection, without the per-request work of requests and urllib3 and without the
+    keep-alive watcher thread urllib3-future adds per connection pool. Only what the SDK's transport uses is
+    implemented: ``request()`` (no redirects, no proxies, no TLS: ``exporter_session`` picks it for plain http
+    without a proxy only) and the ``verify`` / ``cert`` attributes it sets. Failures raise requests' exception types, so the SDK's retry rules
     (one immediate retry on a connection error, backoff on 429/502/503/504) are unchanged. A kept-alive connection
     the head closed in between is re-opened and the request sent once more."""
 
@@ -112,10 +111,10 @@ class _LeanSession:
             self._drop()
 
 
-def _env_once_session():
+def env_once_session():
     """A ``requests.Session`` for the OTLP exporters that resolves the environment's proxy and CA-bundle
     settings once per URL instead of on every request (``merge_environment_settings`` parses the proxy
-    variables each time: about a millisecond per export). The environment of a running agent does not
+    variables each time). The environment of a running agent does not
     change, so the settings are the same."""
     import requests
 

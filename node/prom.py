@@ -1,4 +1,5 @@
-"""The node agent's Prometheus metrics (served on /metrics) and their OTLP twins.
+"""The node agent's Prometheus metrics, served on ``GET /metrics`` by node/control.py. (Some of them also go to the
+head as OTLP metrics: node/shipping.py ``OtlpMetrics``.)
 
 Names follow Prometheus conventions (base units, ``_total`` counters); GPU
 gauges use dcgm-exporter's names and labels (``gpu``, ``UUID``, ``device``,
@@ -23,6 +24,9 @@ RANK_LABELS = ("run_id", "rank", "node")
 
 
 class AgentMetrics:
+    """Every metric of one agent, in its own registry (``registry``): the ranks' training series, the run, the
+    GPUs and the host as the sampler sees them, and the agent's own shipping counters."""
+
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
         self._series: dict[tuple, tuple] = {}
@@ -100,14 +104,11 @@ class AgentMetrics:
                                al + ("action",), registry=r)
 
     # -- updates -------------------------------------------------------------------------------
-    def observe_step(self, rec) -> None:
-        self.observe_steps([rec])
-
     def observe_steps(self, recs) -> None:
         """A batch of step records in spool order (the agent passes one rank's records of a cycle). The same
         series values as observing them one by one: every step time goes into the histogram, the counters grow
         by the batch's sums, and each gauge takes the value of the last record that sets it; but each series is
-        touched once per batch instead of once per record (~15 updates per step record before)."""
+        touched once per batch instead of once per record."""
         if len(recs) > 1 and len({(r.run_id, r.rank, r.node) for r in recs}) > 1:
             by: dict[tuple, list] = {}
             for r in recs:
@@ -197,8 +198,8 @@ class AgentMetrics:
 
     def _labelled(self, metric, lab: tuple):
         """``metric.labels(*lab)``, looked up once per series: ``labels()`` takes a lock and validates the labels on
-        every call (~15 series per step record, ~20 gauges a second from the sampler). A series is still created only
-        when first used (an overflow counter appears with the first overflow)."""
+        every call, and the agent updates a dozen series per rank and cycle and every GPU gauge per sample. A
+        series is still created only when first used (an overflow counter appears with the first overflow)."""
         key = (id(metric), lab)
         ch = self._series.get(key)
         if ch is None:

@@ -7,7 +7,8 @@ import msgspec
 
 from head.api import make_server
 from head.service import Head
-from node.agent import NodeAgent, load_state
+from node.agent import NodeAgent
+from node.state import load_state
 from ranksight.tables import read_table
 from agent_helpers import TOKEN, FakeRanks, http_json, http_status
 from conftest import free_port
@@ -52,24 +53,24 @@ def test_head_down_outbox_then_delivery_exactly_once(tmp_path):
     a = NodeAgent(rd, 0, f"http://127.0.0.1:{port}", TOKEN, sim_gpu="off", ship_timeout=0.5, otlp_metrics=False)
     try:
         a.cycle()  # head unreachable
-        assert a.local_ranks == [0]
+        assert a.spool.local_ranks == [0]
         assert len(a.outbox) == 1 and a.outbox.records() == 30
         # the batch is durable in the outbox, so the position moved on (and was saved)
         assert load_state(rd.agent_state(0), 0).positions[0].records == 30
         write_steps(rd, 0, 0, range(30, 40))
         a.cycle()
-        assert a.outbox.records() == 40 and a.ship_errors >= 2
-        assert a._lag() > 0
+        assert a.outbox.records() == 40 and a.shipper.errors >= 2
+        assert a.lag() > 0
         # stopping while the head is away: the last batch goes to the outbox without another try
-        errors = a.ship_errors
+        errors = a.shipper.errors
         write_steps(rd, 0, 0, range(40, 42))
         a.cycle(final=True)
-        assert a.ship_errors == errors and a.outbox.records() == 42
+        assert a.shipper.errors == errors and a.outbox.records() == 42
         h = HeadThread(store, port)
         try:
             write_steps(rd, 0, 0, range(42, 45))
             a.cycle()  # drains the outbox oldest first, then ships the new batch
-            assert len(a.outbox) == 0 and a._lag() == 0.0
+            assert len(a.outbox) == 0 and a.lag() == 0.0
             h.head.store.flush_all()
             assert stored(store, "r1") == [(0, s) for s in range(45)]
             # a restarted agent with a lost state file re-reads everything: the head drops it all
@@ -82,7 +83,7 @@ def test_head_down_outbox_then_delivery_exactly_once(tmp_path):
         finally:
             h.close()
     finally:
-        a.exporter.shutdown()
+        a.shipper.close()
 
 
 def test_outbox_is_bounded_and_drops_are_counted(tmp_path):
@@ -100,7 +101,7 @@ def test_outbox_is_bounded_and_drops_are_counted(tmp_path):
         text = a.metrics.registry.get_sample_value("ranksight_agent_dropped_records_total", {"node": "0"})
         assert text == a.outbox.dropped_records
     finally:
-        a.exporter.shutdown()
+        a.shipper.close()
 
 
 def test_garbage_spool_lines_become_a_recorded_gap(tmp_path):
@@ -129,7 +130,7 @@ def test_garbage_spool_lines_become_a_recorded_gap(tmp_path):
         ev = read_table(store, "r1", "events")
         assert (ev["event"] == "spool_gap").sum() == 1
     finally:
-        a.exporter.shutdown()
+        a.shipper.close()
         h.close()
 
 
@@ -181,7 +182,7 @@ def test_action_flow_head_to_agent_to_trainer_files_and_back(tmp_path):
         assert "ranksight_agent_records_shipped_total" in text
     finally:
         a.server.shutdown()
-        a.exporter.shutdown()
+        a.shipper.close()
         h.close()
 
 
@@ -233,8 +234,8 @@ def test_nccl_logs_traces_and_dcgm_flow_into_the_store(tmp_path):
     a = NodeAgent(rd, 0, f"http://127.0.0.1:{port}", TOKEN, otlp_metrics=False,
                   dcgm_url=f"http://127.0.0.1:{dcgm.server_address[1]}/metrics")
     try:
-        a._build_probes()
-        a.sample_once()
+        a.samples.build_probes()
+        a.samples.sample_once()
         a.cycle()
         a.cycle()
         h.head.store.flush_all()
@@ -254,6 +255,6 @@ def test_nccl_logs_traces_and_dcgm_flow_into_the_store(tmp_path):
         assert len(read_table(store, "r1", "nccl_events")) == n_nccl
         assert len(read_table(store, "r1", "trace_summaries")) == 1
     finally:
-        a.exporter.shutdown()
+        a.shipper.close()
         dcgm.shutdown()
         h.close()

@@ -195,8 +195,8 @@ def test_lean_session_keeps_one_connection_and_reconnects(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     srv, t, conns, bodies = _counting_server()
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/logs"
-    s = session_mod._exporter_session(url)
-    assert isinstance(s, session_mod._LeanSession)
+    s = session_mod.exporter_session(url)
+    assert isinstance(s, session_mod.LeanSession)
     try:
         for i in range(3):
             r = s.request("POST", url, headers={"Content-Type": "application/x-protobuf"}, data=b"x" * (i + 1), timeout=5)
@@ -213,13 +213,13 @@ def test_lean_session_keeps_one_connection_and_reconnects(monkeypatch):
     import requests
 
     with pytest.raises(requests.exceptions.ConnectionError):  # the SDK retries these (is_connection_error)
-        session_mod._LeanSession(url).request("POST", url, data=b"z", timeout=5)
+        session_mod.LeanSession(url).request("POST", url, data=b"z", timeout=5)
 
 
 def test_lean_session_follows_connection_close():
     srv, t, conns, bodies = _counting_server(close_after=1)
     url = f"http://127.0.0.1:{srv.server_address[1]}/v1/metrics"
-    s = session_mod._LeanSession(url)
+    s = session_mod.LeanSession(url)
     try:
         assert [s.request("POST", url, data=b"a", timeout=5).status_code for _ in range(3)] == [200, 200, 200]
         assert len(conns) == 3 and s._conn is None
@@ -233,8 +233,8 @@ def test_exporters_use_requests_for_tls_and_proxies(monkeypatch):
 
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    assert isinstance(session_mod._exporter_session("https://head:4318/v1/logs"), requests.Session)
+    assert isinstance(session_mod.exporter_session("https://head:4318/v1/logs"), requests.Session)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
-    assert isinstance(session_mod._exporter_session("http://head:4318/v1/logs"), requests.Session)
+    assert isinstance(session_mod.exporter_session("http://head:4318/v1/logs"), requests.Session)
     monkeypatch.setenv("NO_PROXY", "head")
-    assert isinstance(session_mod._exporter_session("http://head:4318/v1/logs"), session_mod._LeanSession)
+    assert isinstance(session_mod.exporter_session("http://head:4318/v1/logs"), session_mod.LeanSession)

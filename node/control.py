@@ -1,0 +1,111 @@
+"""The node agent's HTTP endpoint (``--metrics-port``): ``GET /metrics`` (Prometheus text), ``GET /healthz``, and
+the token-protected ``POST /control`` through which the head asks for an action.
+
+A control request is only written to ``<run>/control/requests/<id>.json`` (atomically): rank 0 of the trainer acts
+on it at a step boundary and writes an ack, which ``node.sources.control_acks`` ships back to the head.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from node.prom import AgentMetrics
+from ranksight import schema
+from ranksight.http_server import NoDelayHandler
+from ranksight.layout import RunDir, atomic_write
+
+log = logging.getLogger("ranksight.agent")
+
+SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a request id becomes a file name
+MAX_REQUEST_BYTES = 65536
+
+
+class ControlServer(ThreadingHTTPServer):
+    """The endpoint of one agent (``ControlHandler`` answers its requests). ``local_ranks`` is asked at every
+    ``/healthz``."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], *, rd: RunDir, node: int, token: str, metrics: AgentMetrics,
+                 local_ranks: Callable[[], list[int]]):
+        super().__init__(address, ControlHandler)
+        self.rd = rd
+        self.node = node
+        self.token = token
+        self.metrics = metrics
+        self.local_ranks = local_ranks
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def write_request(self, req: schema.ControlRequest) -> Path:
+        """Hand a control request to the trainer: ``<run>/control/requests/<id>.json``."""
+        if not SAFE_ID.match(req.id):
+            raise ValueError("control request id must be 1-64 of [A-Za-z0-9_.-]")
+        path = self.rd.control_requests / f"{req.id}.json"
+        atomic_write(path, schema.encode(req))
+        self.metrics.control.labels(str(self.node), req.action).inc()
+        log.info("agent node %d: control request %s (%s) written for the trainer", self.node, req.id, req.action)
+        return path
+
+    def token_ok(self, authorization: str) -> bool:
+        return authorization.startswith("Bearer ") and hmac.compare_digest(authorization[7:].strip().encode(),
+                                                                            self.token.encode())
+
+
+class ControlHandler(NoDelayHandler):
+    server: ControlServer
+
+    def log_message(self, fmt, *args):
+        log.debug("agent http: " + fmt, *args)
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._send(200, json.dumps({"ok": True, "node": self.server.node,
+                                        "ranks": self.server.local_ranks()}).encode())
+        else:
+            self._send(404, b'{"error":"not found"}')
+
+    def do_POST(self):
+        self.close_connection = True
+        if self.path.split("?")[0] != "/control":
+            self._send(404, b'{"error":"not found"}')
+            return
+        auth = self.headers.get("Authorization") or ""
+        if not self.server.token_ok(auth):
+            log.warning("agent: control request without a valid token from %s", self.client_address[0])
+            self._send(401 if not auth else 403, b'{"error":"bearer token required"}')
+            return
+        try:
+            n = int(self.headers.get("Content-Length") or -1)
+            if not 0 <= n <= MAX_REQUEST_BYTES:
+                raise ValueError("bad Content-Length")
+            req = msgspec.json.decode(self.rfile.read(n), type=schema.ControlRequest)
+            path = self.server.write_request(req)
+        except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as e:
+            log.warning("agent: bad control request: %s", e)
+            self._send(400, json.dumps({"error": str(e)}).encode())
+            return
+        self._send(202, json.dumps({"written": str(path)}).encode())
