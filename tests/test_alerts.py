@@ -163,7 +163,7 @@ def test_agent_exports_run_finished_from_the_manifest(tmp_path):
     rd.manifest.parent.mkdir(parents=True, exist_ok=True)
 
     def finished_value(agent) -> str:
-        agent.discover(force=True)
+        agent.spool.discover(force=True)
         lines = [ln for ln in generate_latest(agent.metrics.registry).decode().splitlines()
                  if ln.startswith("ranksight_run_finished{")]
         assert len(lines) == 1 and 'run_id="r-fin"' in lines[0], lines
