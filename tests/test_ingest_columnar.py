@@ -12,7 +12,8 @@ from opentelemetry.sdk.resources import Resource
 from ranksight import wire
 from head.service import Head
 from node.outbox import Item, Outbox
-from head.store import SeqIndex, Store
+from head.store import Store
+from head.store.dedupe import SeqIndex
 from ranksight.tables import read_table
 from ranksight import schema
 
@@ -248,8 +249,7 @@ def test_wal_replay_across_generations_and_layouts(tmp_path):
     h = Head(tmp_path, TOKEN, analyzer=None)
     rs = h.store.run("r1")
     h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(3)]))
-    rs.process()
-    rs._flush_locked()  # a WAL rotation: the first generation is in Parquet, its WAL file gone
+    rs.flush()  # a WAL rotation: the first generation is in Parquet, its WAL file gone
     h.ingest_logs(request([[step(r, s, host="a-much-longer-host-name") for r in range(2)] for s in range(3, 6)]))
     h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(6, 8)]))
     # kill -9 now: two layouts in the current WAL file, the first generation already in Parquet
