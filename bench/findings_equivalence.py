@@ -16,11 +16,11 @@ the wall clock ``t`` a finding gets when it is made (post-mortem, ``run_all`` st
   tests/fixtures/runs, /tmp/det-pp; a missing store is skipped and said so), read with
   ``analyzers.loader.load_run``;
 - synthetic live windows (``--synthetic``, default 8, 64 and 256 ranks): the run of bench/head_analysis.py (a 1.3x
-  straggler, 2 collectives per step) through the head's live path, ``RunLive.frames(256)`` and the head's
-  default analyzer's ``RunData``. The stored runs have 4-8 ranks; these exercise the code paths whose cost
-  grows with the rank count. They use the *working tree's* ``RunLive`` in both dumps (only the analyzers
-  are taken from ``--rev``), so a change in agent/live.py is compared by the stored-run cases only through
-  the loader; compare its frames separately if it changes what they hold.
+  straggler, 2 collectives per step) through the head's live path, ``RunLive.run_data(256)``, the ``RunData``
+  the head's analysis hands the analyzers. The stored runs have 4-8 ranks; these exercise the code paths whose
+  cost grows with the rank count. They use the *working tree's* ``RunLive`` in both dumps (only the analyzers
+  are taken from ``--rev``), so a change in head/live.py is compared by the stored-run cases only through
+  the loader; compare against a dump made before the change (``compare``) when it changes what the window holds.
 
 Floats are compared after rounding to 6 significant digits (a vectorized median may differ from a
 loop's in the last bits); anything else must be equal.
@@ -56,25 +56,19 @@ def _plain(f: Any) -> dict:
 
 
 def _synthetic_data(ranks: int):
-    """The live window of bench/head_analysis.py's run as the head's default analyzer sees it."""
+    """The live window of bench/head_analysis.py's run as the head's analysis hands it to the analyzers."""
     import tempfile as _tf
 
     sys.path.insert(0, str(ROOT / "bench"))
     import head_analysis as ha  # noqa: E402
-    from analyzers.loader import RunData
 
     data = ha.build(ranks, 512, t_last=1.7e9)  # a fixed clock: both dumps see the same timestamps
     with _tf.TemporaryDirectory(prefix="rs-equiv-") as tmp:
         h = ha.make_head(Path(tmp), data, 512, 256)
         try:
-            frames = h.run_live(ha.RUN).frames(256)
+            return h.live.run(ha.RUN).run_data(256, now=data["now"])
         finally:
             h.close()
-    frames["now"] = data["now"]
-    # as agent/head.py's default analyzer builds it
-    return RunData(run_id=frames["run_id"], manifest=frames.get("manifest"), steps=frames["steps"],
-                   collectives=frames["collectives"], events=frames["events"], gpu=frames["gpu"],
-                   host=frames["host"], xid=frames["xid"], source="live", now=frames["now"])
 
 
 def dump(out: str, stores: list[str], synthetic: list[int]) -> int:
@@ -112,7 +106,7 @@ def dump(out: str, stores: list[str], synthetic: list[int]) -> int:
 
 def dump_at_rev(rev: str, out: str, stores: list[str], synthetic: list[int]) -> int:
     """Run ``dump`` with the analyzers package as of ``rev`` (a temporary git worktree; the rest, e.g.
-    agent/live.py for the synthetic cases, from the working tree)."""
+    head/live.py for the synthetic cases, from the working tree)."""
     tmp = Path(tempfile.mkdtemp(prefix="rs-equiv-rev-"))
     wt = tmp / "wt"
     try:

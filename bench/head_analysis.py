@@ -3,24 +3,26 @@
     .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 64d38ef]
         [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64]
 
-The head (``head.service.Head``) analyzes each run every ``--analyze-interval`` seconds (5 s): it turns the last
-``--analyze-window`` steps per rank of its live window into DataFrames (``RunLive.frames``) and runs every
-analyzer on them (``analyzers.run_all``, through ``RunData``).
+The head (``head.service.Head``, its ``head.analysis.LiveAnalysis``) analyzes each run every
+``--analyze-interval`` seconds (5 s): it turns the last ``--analyze-window`` steps per rank of its live window
+into the analyzers' ``RunData`` (``RunLive.run_data``) and runs every analyzer on it (``analyzers.run_all``).
 
 For each rank count, one synthetic run fills a full live window (``--window`` steps per rank, 2 collectives
 per step on communicators of ``--group-size`` consecutive ranks, one GPU sample per GPU per second, host
 samples, a manifest), with a straggler (rank 3 computes 1.3x from step 100, the others wait for it in the
 gradient sync). It is analyzed by two heads in two processes, one after the other:
 
-- *before*: the code as of ``--before-rev`` (its ``agent``, ``analyzers`` and ``ranksight`` packages, from a
-  temporary git worktree), only up to ``--before-max-ranks`` ranks (at 1024 ranks it needs minutes a round);
+- *before*: the code as of ``--before-rev`` (from a temporary git worktree; a revision from before the ``head``
+  package had the head in ``agent/head.py``, and its live window handed the analyzers a dict of DataFrames:
+  ``make_head`` and ``worker`` take either), only up to ``--before-max-ranks`` ranks (at 1024 ranks it needs
+  minutes a round);
 - *now*: the working tree.
 
-Each takes ``--rounds`` rounds (``Head.analyze_once``, the real analyzers; the analyzers' clock pinned to
-just after the last step, so no round sees a silent job; fewer rounds at 256 ranks and up, see
+Each takes ``--rounds`` rounds (``LiveAnalysis.analyze_once``, the real analyzers; the analyzers' clock pinned
+to just after the last step, so no round sees a silent job; fewer rounds at 256 ranks and up, see
 ``rounds_for``). Reported: the median main-thread CPU ms per round (pyarrow on one thread), the ratio, the
 findings of the fresh head (they must be the same), and the cost of a round the head skips because nothing
-new arrived (``Head.analyze_if_due``). Ratios, not absolute times, are what carries over: the machine is
+new arrived (``LiveAnalysis.analyze_if_due``). Ratios, not absolute times, are what carries over: the machine is
 shared and noisy.
 """
 
@@ -49,7 +51,10 @@ import pyarrow as pa  # noqa: E402
 pa.set_cpu_count(1)
 pa.set_io_thread_count(1)
 
-from head.service import Head, tune_gc  # noqa: E402
+try:
+    from head.service import Head, tune_gc  # noqa: E402
+except ImportError:  # the "before" worker at a revision from before the head package
+    from agent.head import Head, tune_gc  # noqa: E402
 from ranksight import schema  # noqa: E402
 
 RUN = "bench-analysis"
@@ -118,16 +123,17 @@ def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None, gr
 
 
 def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -> Head:
+    """A head whose live window holds the synthetic run, its analysis clock pinned to just after the last step
+    (rounds run later see no silent job)."""
     h = Head(root, "bench-token", window=window, analyze_window=analyze_window)
-    live = h.run_live(RUN)
-    new_frames = live.frames
-
-    def frames(window=None):
-        fr = new_frames(window)
-        fr["now"] = data["now"]  # the clock pinned to just after the last step: rounds later are no silent job
-        return fr
-
-    live.frames = frames
+    now = data["now"]
+    if hasattr(h, "analysis"):
+        h.analysis.clock = lambda: now
+        live = h.live.run(RUN)
+    else:  # a head from before head/analysis.py: the live window handed the analyzers a dict with "now"
+        live = h.run_live(RUN)
+        frames = live.frames
+        live.frames = lambda window=None: {**frames(window), "now": now}
     live.manifest = data["manifest"]
     for srows, crows in data["batches"]:
         live.add("steps", srows)
@@ -155,15 +161,16 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
     try:
         data = build(ranks, window, group_size=group_size)
         h = make_head(tmp / "head", data, window, analyze_window)
+        analysis = getattr(h, "analysis", h)  # a head from before head/analysis.py analyzes itself
         del data
         gc.collect()
         gc.freeze()  # what exists now (the head's window) is never scanned, as in the head after tune_gc()
         try:
-            times = [cpu_ms(lambda: h.analyze_once(RUN)) for _ in range(rounds)]
+            times = [cpu_ms(lambda: analysis.analyze_once(RUN)) for _ in range(rounds)]
             assert h.stats["analyzer_errors"] == 0
-            eps = h.findings[RUN].current()
-            h.analyze_if_due(RUN)  # sets the mark: nothing new after it
-            skip = statistics.median(cpu_ms(lambda: h.analyze_if_due(RUN)) for _ in range(20))
+            eps = analysis.findings[RUN].current()
+            analysis.analyze_if_due(RUN)  # sets the mark: nothing new after it
+            skip = statistics.median(cpu_ms(lambda: analysis.analyze_if_due(RUN)) for _ in range(20))
             return dict(times=times, skip=skip,
                         straggler=", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none",
                         findings=", ".join(sorted(f"{e.analyzer}/{e.kind}" for e in eps)))

@@ -4,7 +4,7 @@
 
 What is measured (CPU seconds of this process, pyarrow limited to one thread):
 
-- **head path, packed bodies** (current agents): ``Head.ingest_logs`` on OTLP/HTTP request
+- **head path, packed bodies** (current agents): ``Head.ingest.logs`` on OTLP/HTTP request
   bodies exactly as the node agents send them (gzip, ExportLogsServiceRequest built by the
   OpenTelemetry SDK's encoder, one log record per agent and kind; step records as a
   ``packed-v1`` bytes body, see docs/otlp-mapping.md): gunzip, protobuf parse, layout/length
@@ -189,7 +189,7 @@ def main() -> None:
             warm = agent_request(range(4), args.ranks_per_node, 0, 64)
         finally:
             RUN, ENCODING = "bench", "packed"
-        accepted, rejected, msg = head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(warm, "gzip"), ""))
+        accepted, rejected, msg = head.ingest.logs(otlp_receiver.parse("logs", otlp_receiver.decompress(warm, "gzip"), ""))
         assert rejected == 0 and accepted > 0, msg
         head.store.flush_all()
 
@@ -197,18 +197,18 @@ def main() -> None:
             for sec in payloads:
                 for body in sec:
                     req = otlp_receiver.parse("logs", otlp_receiver.decompress(body, "gzip"), "application/x-protobuf")
-                    head.ingest_logs(req)
+                    head.ingest.logs(req)
                 head.store.flush_all()  # once per simulated second: the head's flush interval
 
         c = cpu(head_path)
         rs = head.store.run(RUN)
         assert rs.rows_stored["steps"] == n_steps
         # the live window was fed: every rank's latest step is the last simulated second
-        assert head.run_live(RUN).max_step() == args.seconds - 1
+        assert head.live.run(RUN).max_step() == args.seconds - 1
 
         def again():  # an agent resending everything of one second (all duplicates), then the flush
             for b in payloads[0]:
-                head.ingest_logs(otlp_receiver.parse("logs", otlp_receiver.decompress(b, "gzip"), ""))
+                head.ingest.logs(otlp_receiver.parse("logs", otlp_receiver.decompress(b, "gzip"), ""))
             head.store.flush_all()
 
         dup = cpu(again)

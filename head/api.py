@@ -182,10 +182,10 @@ class HeadHandler(NoDelayHandler):
             kind = "logs" if path == "/v1/logs" else "metrics"
             req = rx.parse(kind, payload, self.headers.get("Content-Type"))
             if kind == "logs":
-                _, rejected, msg = self.head.ingest_logs(req)
+                _, rejected, msg = self.head.ingest.logs(req)
                 out = rx.logs_response(rejected, msg)
             else:
-                self.head.ingest_metrics(req)
+                self.head.ingest.metrics(req)
                 out = rx.metrics_response()
             self._send(200, out, "application/x-protobuf")
             return
@@ -201,7 +201,7 @@ class HeadHandler(NoDelayHandler):
             if not isinstance(req, dict):
                 raise HttpError(400, "body must be a JSON object")
             try:
-                a = self.head.request_action(run_id, req, requested_by=f"api:{self.client_address[0]}")
+                a = self.head.actions.request(run_id, req, requested_by=f"api:{self.client_address[0]}")
             except ValueError as e:
                 raise HttpError(400, str(e)) from None
             self._json(202 if a.status == "requested" else 200, schema.to_dict(a))
@@ -214,21 +214,21 @@ class HeadHandler(NoDelayHandler):
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         head = self.head
         if path == "/api/health":
-            self._json(200, {"ok": True, "stats": head.stats, "runs": len(head.live)})
+            self._json(200, {"ok": True, "stats": head.stats, "runs": len(head.live.runs)})
             return
         if path == "/api/runs":
-            self._json(200, head.runs_summary())
+            self._json(200, head.live.summary())
             return
         parts = path.split("/")
         if len(parts) == 5 and parts[1] == "api" and parts[2] == "runs":
             run_id = self._run_id(parts[1:])
-            if run_id not in head.live and not (head.store.root / run_id).is_dir():
+            if run_id not in head.live.runs and not (head.store.root / run_id).is_dir():
                 raise HttpError(404, f"unknown run {run_id!r}")  # a GET never creates a run
             what = parts[4]
             if what == "ranks":
-                self._json(200, head.run_live(run_id).rank_states())
+                self._json(200, head.live.run(run_id).rank_states())
             elif what == "agents":
-                self._json(200, head.run_live(run_id).agent_states())
+                self._json(200, head.live.run(run_id).agent_states())
             elif what == "steps":
                 try:
                     since = int(q.get("since", -1))
@@ -236,14 +236,14 @@ class HeadHandler(NoDelayHandler):
                     limit = min(int(q.get("limit", 10_000)), 100_000)
                 except ValueError:
                     raise HttpError(400, "since, rank and limit must be integers") from None
-                recs = head.run_live(run_id).steps_since(since, rank, limit)
+                recs = head.live.run(run_id).steps_since(since, rank, limit)
                 self._json(200, [schema.to_dict(r) for r in recs])
             elif what == "gpus":
-                self._json(200, gpu_states(head.run_live(run_id)))
+                self._json(200, gpu_states(head.live.run(run_id)))
             elif what == "findings":
-                self._json(200, head.findings_of(run_id))
+                self._json(200, head.analysis.findings_of(run_id))
             elif what == "actions":
-                self._json(200, head.actions_of(run_id))
+                self._json(200, head.actions.current(run_id))
             else:
                 raise HttpError(404, f"no such endpoint: GET {path}")
             return

@@ -59,8 +59,8 @@ def head(
         raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
              analyze_window=analyze_window)
-    h.round_hooks.append(PolicyRunner(h, evict, PolicyConfig(min_nodes=min_nodes, confirm_rounds=confirm_rounds,
-                                                             cooldown_s=evict_cooldown)))
+    h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
+        min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:
         srv = make_server(h, bind, port)
     except OSError as e:
@@ -78,7 +78,7 @@ def head(
         srv.server_close()
         raise typer.BadParameter(f"webhook configuration: {e}") from None
     if sender is not None:
-        h.finding_listeners.append(sender.send_findings)
+        h.analysis.finding_listeners.append(sender.send_findings)
         print(f"ranksight head: findings go to {len(sender.targets)} webhook target(s)", flush=True)
     h.start_background()
     stop = threading.Event()

@@ -23,8 +23,6 @@ import msgspec
 
 from ranksight import schema
 
-SEVERITY_RANK = schema.SEVERITY_ORDER
-
 
 @dataclass
 class RoundResult:
@@ -38,6 +36,8 @@ def _identity(f: schema.Finding) -> tuple:
 
 
 class FindingsBook:
+    """One run's finding episodes; ``observe`` takes each analysis round's findings."""
+
     def __init__(self, run_id: str, close_after: int = 5):
         self.run_id = run_id
         self.close_after = close_after
@@ -77,7 +77,7 @@ class FindingsBook:
             old = self.episodes[i]
             start = old.step_start if f.step_start is None or old.step_start is None else min(old.step_start, f.step_start)
             end = old.step_end if f.step_end is None else (f.step_end if old.step_end is None else max(old.step_end, f.step_end))
-            sev = f.severity if SEVERITY_RANK[f.severity] >= SEVERITY_RANK[old.severity] else old.severity
+            sev = f.severity if schema.SEVERITY_ORDER[f.severity] >= schema.SEVERITY_ORDER[old.severity] else old.severity
             status = self._status(end, last_step)
             moved = (start, end, sev, status) != (old.step_start, old.step_end, old.severity, old.status)
             # the latest analysis's evidence and summary; ``updated`` only moves when the episode did
@@ -86,7 +86,7 @@ class FindingsBook:
                 updated=now if moved else old.updated)
             if moved:
                 out.changed.append(ep)
-                if SEVERITY_RANK[sev] > SEVERITY_RANK[old.severity]:
+                if schema.SEVERITY_ORDER[sev] > schema.SEVERITY_ORDER[old.severity]:
                     out.escalated.append(ep)
         # episodes no round reports any more: closed once the run has moved on past them
         for i, e in enumerate(self.episodes):

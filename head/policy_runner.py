@@ -1,8 +1,9 @@
 """Carries out the evict policy on the head: findings in, checkpoint-and-evict actions out.
 
 The decision logic is ``analyzers.policy.EvictPolicy`` (pure, tested on its own); this
-module only feeds it each analysis round's findings and sends what it decides through
-the head, the same way a person's request from the TUI or the API travels:
+module only feeds it each analysis round's findings (it is one of the head's round hooks,
+``head.analysis.LiveAnalysis.round_hooks``) and sends what it decides through the head's
+``head.actions.ActionsBook``, the same way a person's request from the TUI or the API travels:
 head -> node agent -> control file -> the trainer acts at a step boundary.
 
 Modes: ``off``; ``dry-run`` (the default: decisions are recorded as actions with
@@ -17,6 +18,7 @@ import logging
 from typing import Any
 
 from analyzers.policy import EvictPolicy, PolicyConfig
+from head.actions import ActionsBook
 from ranksight import schema
 
 log = logging.getLogger("ranksight.head.policy")
@@ -25,10 +27,12 @@ MODES = ("off", "dry-run", "on")
 
 
 class PolicyRunner:
-    def __init__(self, head, mode: str = "dry-run", cfg: PolicyConfig | None = None):
+    """A round hook: each round's findings into the run's ``EvictPolicy``; its actions recorded or sent."""
+
+    def __init__(self, actions: ActionsBook, mode: str = "dry-run", cfg: PolicyConfig | None = None):
         if mode not in MODES:
             raise ValueError(f"evict mode must be one of {', '.join(MODES)}, not {mode!r}")
-        self.head = head
+        self.actions = actions
         self.mode = mode
         self.cfg = cfg or PolicyConfig()
         self.cfg.dry_run = mode != "on"
@@ -57,16 +61,16 @@ class PolicyRunner:
         for a in decision.audit:
             if a.status == "refused":
                 log.warning("policy refused to evict node %s: %s", a.node, a.reason)
-                self.head._record_action(a)
+                self.actions.record(a)
                 done.append(a)
         for a in decision.actions:
             if a.dry_run:
                 log.warning("policy (dry run) would checkpoint and evict node %s: %s", a.node, a.reason)
-                self.head._record_action(a)
+                self.actions.record(a)
                 done.append(a)
             else:
                 log.warning("policy: checkpoint and evict node %s: %s", a.node, a.reason)
-                sent = self.head.request_action(run_id, {
+                sent = self.actions.request(run_id, {
                     "id": a.id, "action": "evict", "node": a.node, "ranks": a.ranks, "reason": a.reason,
                     "finding_kind": a.finding_kind, "dry_run": False}, requested_by="policy")
                 done.append(sent)

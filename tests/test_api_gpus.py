@@ -53,7 +53,7 @@ def get(url: str, headers: dict | None = None):
 
 
 def feed(h: Head, now: float) -> None:
-    live = h.run_live(RUN)
+    live = h.live.run(RUN)
     live.manifest = schema.Manifest(
         run_id=RUN, created=now, start_time=now, nodes=2,
         ranks=[schema.RankPlacement(rank=r, node=r // 2, host=f"node{r // 2}", local_rank=r % 2, pp_stage=0,
@@ -103,7 +103,7 @@ def test_gpus_latest_sample_per_gpu_with_decoded_fields(head):
 
 def test_gpus_xid_events_count_without_samples_and_beyond_the_agent_count(head):
     now = time.time()
-    live = head.run_live(RUN)
+    live = head.live.run(RUN)
     live.add("xid", [schema.XidEvent(node=2, host="node2", gpu=0, t=now - k, code=48, source="nvml",
                                      simulated=False) for k in (1.0, 2.0, 3.0)])
     (g,) = gpu_states(live, now=now)
@@ -120,7 +120,7 @@ def test_gpus_token_rules_and_errors(head):
     assert get(f"{head.url}/api/runs/{RUN}/gpus")[0] == 200
     assert get(f"{head.url}/api/runs/{RUN}/gpus", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
     st, body = get(f"{head.url}/api/runs/nope/gpus")
-    assert st == 404 and "unknown run" in body["error"] and "nope" not in head.live  # a GET creates no run
+    assert st == 404 and "unknown run" in body["error"] and "nope" not in head.live.runs  # a GET creates no run
     st, body = get(f"{head.url}/api/runs/..%2Fx/gpus")
     assert st in (400, 404)
     # nothing writes here: a POST is not an endpoint, with or without the token
@@ -130,5 +130,5 @@ def test_gpus_token_rules_and_errors(head):
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 404
     # a run with no GPU samples yet: an empty list
-    head.run_live("empty-run")
+    head.live.run("empty-run")
     assert get(f"{head.url}/api/runs/empty-run/gpus") == (200, [])

@@ -87,7 +87,7 @@ def test_otlp_metrics_from_the_sdk_are_accepted(head):
     assert mp.force_flush(5000)
     mp.shutdown()
     assert head.stats["metric_points"] >= 2
-    assert head.metrics_latest[(3, "gpu.utilization", (("gpu", "0"),))] == 87.0
+    assert head.ingest.metrics_latest[(3, "gpu.utilization", (("gpu", "0"),))] == 87.0
 
 
 def test_bad_requests_get_4xx_and_the_head_stays_up(head):

@@ -12,7 +12,8 @@ from opentelemetry.sdk.resources import Resource
 from ranksight import wire
 from head.service import Head
 from node.outbox import Item, Outbox
-from head.store import SeqIndex, Store
+from head.store import Store
+from head.store.dedupe import SeqIndex
 from ranksight.tables import read_table
 from ranksight import schema
 
@@ -73,7 +74,7 @@ def test_packed_and_json_bodies_store_the_same_rows(tmp_path):
     assert a is not None and "host:S8," in a[0]  # as wide as the batch needs
     for packed, where in ((True, "p"), (False, "j")):
         h = Head(tmp_path / where, TOKEN, analyzer=None)
-        acc, rej, msg = h.ingest_logs(request([rows[:24], rows[24:]], packed=packed))
+        acc, rej, msg = h.ingest.logs(request([rows[:24], rows[24:]], packed=packed))
         assert (acc, rej) == (48, 0), msg
         h.close()
     p, j = stored(tmp_path / "p"), stored(tmp_path / "j")
@@ -83,14 +84,14 @@ def test_packed_and_json_bodies_store_the_same_rows(tmp_path):
 
 def test_exactly_once_across_resends_mixed_encodings_and_restarts(tmp_path):
     h = Head(tmp_path, TOKEN, analyzer=None)
-    h.ingest_logs(request([[step(r, s) for r in range(4)] for s in range(10)]))
-    h.ingest_logs(request([[step(r, s) for r in range(4)] for s in range(5, 15)]))  # overlapping resend
-    h.ingest_logs(request([[step(r, s) for r in range(4)] for s in range(12, 16)], packed=False))  # an old agent
+    h.ingest.logs(request([[step(r, s) for r in range(4)] for s in range(10)]))
+    h.ingest.logs(request([[step(r, s) for r in range(4)] for s in range(5, 15)]))  # overlapping resend
+    h.ingest.logs(request([[step(r, s) for r in range(4)] for s in range(12, 16)], packed=False))  # an old agent
     h.store.flush_all()
     assert h.stats["duplicates"] == 4 * 5 + 4 * 3
     h.close()
     h2 = Head(tmp_path, TOKEN, analyzer=None)  # keys come back from the part files
-    h2.ingest_logs(request([[step(r, s) for r in range(4)] for s in range(16)]))
+    h2.ingest.logs(request([[step(r, s) for r in range(4)] for s in range(16)]))
     h2.close()
     df = stored(tmp_path)
     assert len(df) == 64 and not df.duplicated(["rank", "step", "attempt"]).any()
@@ -99,10 +100,10 @@ def test_exactly_once_across_resends_mixed_encodings_and_restarts(tmp_path):
 def test_steps_redone_after_a_restart_are_kept(tmp_path):
     """A crash-resume re-runs steps from the last checkpoint under a new attempt: both are real data."""
     h = Head(tmp_path, TOKEN, analyzer=None)
-    h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(10)]))
-    h.ingest_logs(request([[step(r, s, attempt=1) for r in range(2)] for s in range(6, 12)]))
-    h.ingest_logs(request([[step(r, s, attempt=1) for r in range(2)] for s in range(6, 12)]))  # resend
-    states = {x["rank"]: x for x in h.run_live("r1").rank_states()}
+    h.ingest.logs(request([[step(r, s) for r in range(2)] for s in range(10)]))
+    h.ingest.logs(request([[step(r, s, attempt=1) for r in range(2)] for s in range(6, 12)]))
+    h.ingest.logs(request([[step(r, s, attempt=1) for r in range(2)] for s in range(6, 12)]))  # resend
+    states = {x["rank"]: x for x in h.live.run("r1").rank_states()}
     assert states[0]["step"] == 11 and states[0]["attempt"] == 1
     h.close()
     df = stored(tmp_path)
@@ -112,7 +113,7 @@ def test_steps_redone_after_a_restart_are_kept(tmp_path):
 
 def test_acknowledged_packed_batches_survive_a_crash_before_flush(tmp_path):
     h = Head(tmp_path, TOKEN, analyzer=None)
-    h.ingest_logs(request([[step(r, s) for r in range(4)] for s in range(5)]))
+    h.ingest.logs(request([[step(r, s) for r in range(4)] for s in range(5)]))
     # kill -9: no flush, no close (the WAL is written with os.write: it is in the page cache)
     st = Store(tmp_path)
     st.open_existing()
@@ -140,12 +141,12 @@ def test_malformed_packed_payloads_are_rejected_and_good_batches_kept(tmp_path):
         ({k: v for k, v in base.items() if k != wire.A_LAYOUT}, body),  # no layout
     ]
     for attrs, b in bad:
-        acc, rej, msg = h.ingest_logs(raw_request(attrs, b))
+        acc, rej, msg = h.ingest.logs(raw_request(attrs, b))
         assert (acc, rej) == (0, 1), (attrs, msg)
     # a request mixing a bad and a good batch: the good one is stored
     req = raw_request(base, body[:-3])
     req.resource_logs.extend(request([[step(1, s) for s in range(4)]]).resource_logs)
-    assert h.ingest_logs(req)[:2] == (4, 1)
+    assert h.ingest.logs(req)[:2] == (4, 1)
     h.close()
     assert sorted(stored(tmp_path)["step"]) == [0, 1, 2, 3]
 
@@ -154,7 +155,7 @@ def test_invalid_utf8_in_a_packed_string_is_stored_replaced(tmp_path):
     h = Head(tmp_path, TOKEN, analyzer=None)
     layout, body = wire.pack_records("step", "r1", [step(0, 0, host="abcdefgh")])
     body = body.replace(b"abcdefgh", b"abc\xffdefg")
-    assert h.ingest_logs(raw_request({wire.A_RUN: "r1", wire.A_KIND: "step", wire.A_ENCODING: wire.ENC_PACKED,
+    assert h.ingest.logs(raw_request({wire.A_RUN: "r1", wire.A_KIND: "step", wire.A_ENCODING: wire.ENC_PACKED,
                                       wire.A_LAYOUT: layout}, body))[:2] == (1, 0)
     h.close()
     assert stored(tmp_path)["host"].tolist() == ["abc\ufffddefg"]
@@ -171,15 +172,15 @@ def test_pack_falls_back_to_json_when_records_cannot_be_packed_exactly():
 def test_live_window_is_fed_from_the_queue(tmp_path):
     h = Head(tmp_path, TOKEN, analyzer=None, window=4)
     for s in range(10):
-        h.ingest_logs(request([[step(r, s) for r in range(3)]]))
-    live = h.run_live("r1")
+        h.ingest.logs(request([[step(r, s) for r in range(3)]]))
+    live = h.live.run("r1")
     states = live.rank_states()  # processes the queue first
     assert [(x["rank"], x["step"], x["host"]) for x in states] == [(0, 9, "hôst-0"), (1, 9, "hôst-0"),
                                                                      (2, 9, "hôst-0")]
     assert [s.step for s in live.steps_since(5, rank=1)] == [6, 7, 8, 9]
-    frames = live.frames()
-    assert len(frames["steps"]) == 12 and set(frames["steps"]["rank"]) == {0, 1, 2}  # window=4 per rank
-    assert h.runs_summary()[0]["last_step"] == 9 and h.runs_summary()[0]["steps_stored"] == 30
+    steps = live.run_data().steps
+    assert len(steps) == 12 and set(steps["rank"]) == {0, 1, 2}  # window=4 per rank
+    assert h.live.summary()[0]["last_step"] == 9 and h.live.summary()[0]["steps_stored"] == 30
     h.close()
 
 
@@ -247,11 +248,10 @@ def test_wal_replay_across_generations_and_layouts(tmp_path):
     """Layout texts are written once per WAL file: every generation must replay on its own."""
     h = Head(tmp_path, TOKEN, analyzer=None)
     rs = h.store.run("r1")
-    h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(3)]))
-    rs.process()
-    rs._flush_locked()  # a WAL rotation: the first generation is in Parquet, its WAL file gone
-    h.ingest_logs(request([[step(r, s, host="a-much-longer-host-name") for r in range(2)] for s in range(3, 6)]))
-    h.ingest_logs(request([[step(r, s) for r in range(2)] for s in range(6, 8)]))
+    h.ingest.logs(request([[step(r, s) for r in range(2)] for s in range(3)]))
+    rs.flush()  # a WAL rotation: the first generation is in Parquet, its WAL file gone
+    h.ingest.logs(request([[step(r, s, host="a-much-longer-host-name") for r in range(2)] for s in range(3, 6)]))
+    h.ingest.logs(request([[step(r, s) for r in range(2)] for s in range(6, 8)]))
     # kill -9 now: two layouts in the current WAL file, the first generation already in Parquet
     st = Store(tmp_path)
     st.open_existing()

@@ -1,0 +1,142 @@
+"""The head's actions on running jobs: checkpoint, profile, evict.
+
+An action is requested through the API (a person, the TUI) or by the evict policy
+(``head.policy_runner``), sent to the node agent that can carry it out (agent ``POST /control``), and
+acknowledged by the trainer through the agent (a control ack in the logs path). Each status change
+is appended to the run's ``actions`` table: the audit trail, read back after a head restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import msgspec
+
+from head.live import AgentLive, RunLive
+from head.runs import LiveRuns
+from head.store import Store
+from ranksight import schema
+from ranksight.tables import read_table
+
+log = logging.getLogger("ranksight.head")
+
+ACTIONS = ("checkpoint", "profile", "evict")
+
+
+class ActionsBook:
+    """Every run's actions, latest status per id."""
+
+    def __init__(self, store: Store, live: LiveRuns, token: str):
+        self.store = store
+        self.live = live
+        self.token = token  # sent to the agents' /control
+        self.by_run: dict[str, dict[str, schema.Action]] = {}
+
+    def of_run(self, run_id: str) -> dict[str, schema.Action]:
+        """The run's actions by id, read from its ``actions`` table on first use."""
+        acts = self.by_run.get(run_id)
+        if acts is None:
+            acts = {}
+            try:
+                df = read_table(self.store.root, run_id, "actions")
+                # The latest status of each action wins: a final one (applied/refused/failed) over
+                # "requested" whatever the clocks say (an ack carries the trainer's time).
+                rows = df.to_dict("records") if len(df) else []
+                rows.sort(key=lambda r: (r["status"] != "requested", r["t"]))
+                for row in rows:
+                    ranks = row.get("ranks")
+                    row["ranks"] = [int(r) for r in ranks] if ranks is not None else []
+                    row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+                    acts[row["id"]] = msgspec.convert({**row, "run_id": run_id}, schema.Action, strict=False)
+            except Exception as e:
+                log.warning("head: could not load stored actions of %s: %s", run_id, e)
+            self.by_run[run_id] = acts
+        return acts
+
+    def current(self, run_id: str) -> list[dict[str, Any]]:
+        """The latest state of each of the run's actions, oldest first (``GET /api/runs/<id>/actions``)."""
+        return [schema.to_dict(a) for a in sorted(self.of_run(run_id).values(), key=lambda a: a.t)]
+
+    def record(self, a: schema.Action) -> None:
+        """Record an action's new state (kept as its latest, appended to the ``actions`` table); nothing is sent."""
+        self.of_run(a.run_id)[a.id] = a
+        self.store.run(a.run_id).add("actions", [a])
+
+    def apply_acks(self, run_id: str, acks: list[schema.ControlAck]) -> None:
+        """The trainer's acknowledgements: each action's status and applied step follow them."""
+        acts = self.of_run(run_id)
+        for ack in acks:
+            prev = acts.get(ack.id)
+            if prev is None:
+                prev = schema.Action(run_id=run_id, id=ack.id, t=ack.t, action=ack.action if ack.action in ACTIONS
+                                     else "checkpoint", requested_by="unknown")
+            if prev.status == ack.status and prev.applied_step == ack.applied_step:
+                continue
+            upd = msgspec.structs.replace(prev, status=ack.status, applied_step=ack.applied_step, t=ack.t)
+            self.record(upd)
+            log.info("head: action %s (%s) %s at step %s", ack.id, ack.action, ack.status, ack.applied_step)
+
+    def request(self, run_id: str, req: dict[str, Any], requested_by: str = "api") -> schema.Action:
+        """Create an action from a request body (``POST /api/runs/<id>/actions``), record it, and forward it to the
+        node agent that can carry it out (not with ``dry_run``). ValueError for a bad request."""
+        action = req.get("action")
+        if action not in ACTIONS:
+            raise ValueError("action must be one of checkpoint, profile, evict")
+        node = req.get("node")
+        if node is not None and not isinstance(node, int):
+            raise ValueError("node must be an integer")
+        if action == "evict" and node is None:
+            raise ValueError("evict needs a node")
+        steps = int(req.get("steps") or (5 if action == "profile" else 0))
+        a = schema.Action(run_id=run_id, id=req.get("id") or uuid.uuid4().hex[:12], t=time.time(), action=action,
+                          node=node, ranks=[int(r) for r in req.get("ranks") or []], steps=steps,
+                          reason=str(req.get("reason") or ""), finding_kind=str(req.get("finding_kind") or ""),
+                          dry_run=bool(req.get("dry_run", False)), requested_by=requested_by)
+        if not a.dry_run:
+            a = self._send(a)
+        self.record(a)
+        return a
+
+    def _send(self, a: schema.Action) -> schema.Action:
+        """POST the action's ``ControlRequest`` to the chosen agent; the action as it stands after (``failed`` with
+        the reason when no agent could take it)."""
+        agent = _agent_for(self.live.run(a.run_id), a)
+        if agent is None:
+            return msgspec.structs.replace(a, status="failed", reason=(a.reason + " [no live agent for this run]").strip())
+        creq = schema.ControlRequest(id=a.id, action=a.action, t=a.t, steps=a.steps, node=a.node, reason=a.reason)
+        try:
+            r = urllib.request.Request(agent.url.rstrip("/") + "/control", data=schema.encode(creq), method="POST",
+                                       headers={"Authorization": f"Bearer {self.token}",
+                                                "Content-Type": "application/json"})
+            with urllib.request.urlopen(r, timeout=5) as resp:
+                resp.read()
+        except (urllib.error.URLError, OSError) as e:
+            a = msgspec.structs.replace(a, status="failed",
+                                        reason=(a.reason + f" [agent {agent.node} unreachable: {e}]").strip())
+        return a
+
+
+def _agent_for(live: RunLive, a: schema.Action) -> AgentLive | None:
+    """The agent to send ``a`` to (rank 0's trainer acts on every request); None when no agent of the run has
+    told the head its control URL."""
+    with live.lock:
+        agents = {n: ag for n, ag in live.agents.items() if ag.url}
+        if not agents:
+            return None
+        if a.node is not None and a.action == "evict":
+            # The eviction is carried out by rank 0's trainer, but the request names the node;
+            # any agent of the run writes into the shared control directory. Prefer the named node's.
+            return agents.get(a.node) or agents[min(agents)]
+        rank0_node = None
+        if live.manifest is not None:
+            for p in live.manifest.ranks:
+                if p.rank == 0:
+                    rank0_node = p.node
+        if rank0_node is None:
+            rank0_node = live.rank_node(0)
+        return agents.get(rank0_node) or agents[min(agents)]

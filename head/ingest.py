@@ -1,0 +1,134 @@
+"""The head's ingest: decoded OTLP requests from the node agents into the store and the live windows.
+
+Log records (``POST /v1/logs``) carry record batches (``ranksight.wire``): table rows are logged and
+queued in the run's store (deduplicated at its next processing, which feeds the live window), and
+control records (manifest, heartbeat, control acks) are applied at once. Metric points
+(``POST /v1/metrics``) only update the latest value of each gauge.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from head.actions import ActionsBook
+from head.runs import LiveRuns
+from ranksight import wire
+from ranksight.tables import SPECS
+
+log = logging.getLogger("ranksight.head")
+
+_TABLE_OF_KIND = {k: t for k, (_, t) in wire.BATCH_KINDS.items() if t}
+
+
+class Ingest:
+    """What the receiver hands over: ``logs`` and ``metrics`` requests (parsed protobuf)."""
+
+    def __init__(self, live: LiveRuns, actions: ActionsBook, stats: dict[str, int]):
+        self.live = live
+        self.actions = actions
+        self.stats = stats
+        self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
+
+    def logs(self, request) -> tuple[int, int, str]:
+        """Apply an ExportLogsServiceRequest. Returns (records accepted, log records rejected, message).
+
+        Record batches are grouped per (run, table) so each table's write-ahead-log write happens once
+        per request, not once per log record. Batches are only logged and queued here: the store
+        dedupes a whole flush of them at once, vectorized, and feeds the live window
+        (``head.runs.LiveRuns.store_of``, ``head.store.RunStore.on_new``).
+        """
+        stats = self.stats
+        stats["log_requests"] += 1
+        rejected, reasons, accepted = 0, [], 0
+        groups: dict[tuple[str, str], list[wire.Batch]] = {}
+        for batch, reason in wire.iter_batches(request):
+            if batch is None:
+                rejected += 1
+                reasons.append(reason)
+                continue
+            try:
+                table = _TABLE_OF_KIND.get(batch.kind)
+                if table is None:
+                    accepted += self._apply_control(batch)
+                    continue
+                if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
+                    run_id = batch.run_id
+                    for r in batch.items:
+                        if r.run_id != run_id:
+                            raise ValueError(f"{batch.kind} record(s) of run {r.run_id!r} shipped as run {run_id!r}")
+                groups.setdefault((batch.run_id, table), []).append(batch)
+            except ValueError as e:  # e.g. a run id the store refuses, records of another run
+                rejected += 1
+                reasons.append(str(e))
+        for (run_id, table), batches in groups.items():
+            try:
+                accepted += self._queue(run_id, table, batches)
+            except ValueError as e:
+                rejected += len(batches)
+                reasons.append(str(e))
+        if rejected:
+            stats["rejected"] += rejected
+            log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(reasons[:3]))
+        return accepted, rejected, "; ".join(reasons[:5])
+
+    def _queue(self, run_id: str, table: str, batches: list[wire.Batch]) -> int:
+        """Log and queue a request's batches of one (run, table); the store dedupes them at its next
+        processing (every flush, or before a view reads the live window)."""
+        rs = self.live.store_of(run_id)
+        packed, decoded, n = [], [], 0
+        for b in batches:
+            it = b.items
+            if type(it) is wire.PackedBatch:
+                packed.append(it)
+                n += it.count
+            else:
+                decoded.append((it, b.body))
+                n += len(it)
+        if packed:
+            rs.enqueue_packed(table, packed)
+        if decoded:
+            rs.enqueue_rows(table, decoded)
+        self.live.runs[run_id].last_seen = time.time()
+        return n
+
+    def _apply_control(self, b: wire.Batch) -> int:
+        """Manifest, heartbeat and control acks: small, rare, applied one by one."""
+        run_id = b.run_id
+        live = self.live.run(run_id)
+        if b.kind == "heartbeat":
+            live.heartbeat(b.items)
+            return 0
+        if b.kind == "manifest":
+            if b.items.run_id != run_id:
+                raise ValueError(f"manifest of {b.items.run_id!r} shipped as run {run_id!r}")
+            live.manifest = b.items
+            self.live.store.run(run_id).write_manifest(b.items, b.attrs.get(wire.A_MTIME))
+            return 0
+        if b.kind == "ack":
+            self.actions.apply_acks(run_id, b.items)
+            return len(b.items)
+        raise ValueError(f"unknown kind {b.kind!r}")
+
+    def metrics(self, request) -> int:
+        """Keep the latest value of each gauge/sum point (the live GPU/host view); history is in the logs path."""
+        self.stats["metric_requests"] += 1
+        n = 0
+        for rm in request.resource_metrics:
+            res = wire.attributes(rm.resource.attributes)
+            node = res.get(wire.R_NODE)
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    if kind not in ("gauge", "sum", "histogram"):
+                        continue
+                    for p in getattr(m, kind).data_points:
+                        attrs = tuple(sorted((a.key, str(wire.any_value(a.value))) for a in p.attributes))
+                        if kind == "histogram":
+                            val = p.sum / p.count if p.count else 0.0
+                        else:
+                            val = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+                        self.metrics_latest[(node, m.name, attrs)] = val
+                        n += 1
+        self.stats["metric_points"] += n
+        return n

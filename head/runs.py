@@ -1,0 +1,123 @@
+"""The head's runs: each run's live window, wired to the run's store, and the runs list the API serves."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+
+from head.live import DEFAULT_WINDOW, RunLive
+from head.store import RunStore, Store
+from ranksight import schema
+
+
+def read_manifest(store: Store, run_id: str) -> schema.Manifest | None:
+    """The run's stored manifest (run.json), None when absent or unreadable."""
+    try:
+        return msgspec.json.decode((store.root / run_id / "run.json").read_bytes(), type=schema.Manifest)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _gpu_simulated(live: RunLive | None) -> bool | None:
+    """True when the run's recent GPU samples come from the simulator, None when there are none."""
+    if live is None or not live.gpu:
+        return None
+    return any(getattr(g, "simulated", False) for g in list(live.gpu)[-64:])
+
+
+class LiveRuns:
+    """The live window (``RunLive``) of every run the head has seen, each wired to its run's store: the rows the
+    store keeps after dedupe reach the window (and the ingest counters in ``stats``), and a view of the window
+    first lets the store process its queued batches."""
+
+    def __init__(self, store: Store, stats: dict[str, int], window: int = DEFAULT_WINDOW):
+        self.store = store
+        self.stats = stats
+        self.window = window
+        self.runs: dict[str, RunLive] = {}
+        self._wired: dict[str, RunStore] = {}  # run id -> its RunStore, feeding the live window (RunStore.on_new)
+        self._lock = threading.Lock()
+
+    def run(self, run_id: str) -> RunLive:
+        """The run's live window, created on first use (with the stored manifest, if any)."""
+        rl = self.runs.get(run_id)
+        if rl is None:
+            with self._lock:
+                rl = self.runs.get(run_id)
+                if rl is None:
+                    rl = self.runs[run_id] = RunLive(run_id, self.window)
+                    # Views of the live window first process the run's queued packed batches.
+                    rl.sync = lambda run_id=run_id: self._sync(run_id)
+                    rl.manifest = read_manifest(self.store, run_id)
+        return rl
+
+    def store_of(self, run_id: str) -> RunStore:
+        """The run's store, wired to its live window (queued rows reach it when the store processes them)."""
+        rs = self._wired.get(run_id)
+        if rs is None:
+            live = self.run(run_id)
+            rs = self.store.run(run_id)
+            if rs.on_new is None:
+                rs.on_new = _feeder(live, self.stats)
+            self._wired[run_id] = rs
+        return rs
+
+    def wire_replayed(self) -> None:
+        """Wire the runs whose store has queued rows but no live window yet (a WAL replayed at start), so those rows
+        feed the live window too."""
+        for run_id, rs in list(self.store.runs.items()):
+            if rs.on_new is None and rs.pending_rows:
+                self.store_of(run_id)
+
+    def _sync(self, run_id: str) -> None:
+        rs = self.store.runs.get(run_id)
+        if rs is not None and rs.pending_rows:
+            self.store_of(run_id).process()
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Every run stored or live: status, layout, progress, and what MFU is measured against (``GET /api/runs``)."""
+        now = time.time()
+        out = []
+        for run_id in sorted(set(self.store.run_ids()) | set(self.runs)):
+            live = self.runs.get(run_id)
+            m = live.manifest if live else None
+            if m is None:
+                m = read_manifest(self.store, run_id)
+            last_step = live.max_step() if live else None  # processes the queue first: before last_seen is read
+            if m is not None and m.finished:
+                status = "finished"
+            elif live is not None and now - live.last_seen < 30:
+                status = "running"
+            else:
+                status = "stopped"
+            rs = self.store.runs.get(run_id)
+            out.append({"run_id": run_id, "status": status,
+                        "start_time": m.start_time if m else None,
+                        "world_size": (m.layout.get("world") or len(m.ranks)) if m else None,
+                        "layout": m.layout if m else {}, "nodes": m.nodes if m else None,
+                        "last_step": last_step, "last_seen": live.last_seen if live else None,
+                        "ranks_live": live.n_ranks() if live else 0,
+                        "steps_stored": rs.stored_and_buffered("steps") if rs else None,
+                        # What MFU is measured against, and whether GPU data is simulated: surfaces must say so.
+                        "peak_flops": m.peak_flops if m else None,
+                        "peak_source": m.peak_source if m else "",
+                        "peak_simulated": m.peak_simulated if m else None,
+                        "device": m.device if m else "",
+                        "gpu_simulated": _gpu_simulated(live)})
+        return out
+
+
+def _feeder(live: RunLive, stats: dict[str, int]):
+    """The ``RunStore.on_new`` callback of a run: counts the rows in and new, and hands the new ones to its window."""
+
+    def on_new(table: str, new_table: pa.Table | None, new_rows: list | None, n_in: int, n_new: int) -> None:
+        stats["records_in"] += n_in
+        stats["records_new"] += n_new
+        stats["duplicates"] += n_in - n_new
+        live.add_new(table, new_table, new_rows)
+
+    return on_new

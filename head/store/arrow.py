@@ -1,0 +1,77 @@
+"""Rows to Arrow tables of the store's schema (``ranksight.tables.SPECS``).
+
+Two sources: packed step records (wire encoding packed-v1, a numpy structured array) become columns
+without a Python object per record; decoded records (msgspec Structs) go through the table's
+``TableSpec.to_table``, with rows Parquet cannot hold dropped one by one instead of failing the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+
+from ranksight import wire
+from ranksight.tables import RUN_ID_COLUMN, SPECS, TableSpec
+
+log = logging.getLogger("ranksight.store")
+
+
+def _const_string(value: str, n: int) -> pa.Array:
+    b = value.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(b)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b * n))
+
+
+def packed_to_table(table: str, run_id: str, arr: np.ndarray, layout: wire.PackedLayout) -> pa.Table:
+    """Arrow table of the store schema from a numpy structured array of packed records."""
+    spec = SPECS[table]
+    n = len(arr)
+    names = arr.dtype.names or ()
+    arrays = []
+    for f in spec.schema:
+        name, at = f.name, f.type
+        if name in names:
+            col = arr[name]
+            code = layout.codes[name]
+            if code == "f8":  # NaN is null (msgspec encodes NaN as null, so the JSON path agrees)
+                col = np.ascontiguousarray(col)
+                nan = np.isnan(col)
+                arrays.append(pa.array(col, type=pa.float64(), mask=nan) if nan.any() else
+                              pa.array(col, type=pa.float64()))
+            elif code == "i8":
+                arrays.append(pa.array(np.ascontiguousarray(col), type=pa.int64()))
+            elif code == "b1":
+                arrays.append(pa.array(col != 0, type=pa.bool_()))
+            else:  # fixed-width UTF-8 bytes
+                raw = pa.array(col)
+                try:
+                    arrays.append(raw.cast(pa.string()))
+                except pa.ArrowInvalid:
+                    log.error("store %s/%s: invalid UTF-8 in column %s replaced", run_id, table, name)
+                    arrays.append(pa.array([v.decode("utf-8", "replace") for v in col.tolist()], pa.string()))
+        elif name == RUN_ID_COLUMN:
+            arrays.append(_const_string(run_id, n))
+        else:  # a field the sender's layout does not carry: its default, or null
+            d = layout.defaults.get(name)
+            arrays.append(pa.nulls(n, at) if d is None else pa.array(np.full(n, d), type=at))
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
+def rows_to_table(spec: TableSpec, run_id: str, rows: list) -> tuple[pa.Table | None, int]:
+    """Arrow table of struct rows; rows with values Parquet cannot hold (an integer beyond int64:
+    JSON allows it) are dropped, loudly, so they never block a table. Returns (table, dropped)."""
+    try:
+        return spec.to_table(run_id, rows), 0
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as e:
+        good = []
+        for r in rows:
+            try:
+                spec.to_table(run_id, [r])
+                good.append(r)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                pass
+        log.error("store %s/%s: %d row(s) with values Parquet cannot store dropped (%s)", run_id, spec.name,
+                  len(rows) - len(good), e)
+        return (spec.to_table(run_id, good) if good else None), len(rows) - len(good)

@@ -1,0 +1,255 @@
+"""Dedupe indexes: "was this natural key seen before?" for every row of a run's table.
+
+Exactly-once needs that answer for every row. A set of key tuples answers it but grows with
+every row for the life of the head. Step keys are not random: each (rank, attempt) writes its
+steps in order, so the steps seen form one contiguous range almost always. ``SeqIndex`` keeps,
+per group (rank, attempt), that range [lo, hi] in sorted numpy arrays, plus a short list of
+extra intervals for the rare group that had a gap (a spool line lost to garbage, a step number
+skipped) or got steps below its range. Memory is bounded by groups and gaps, not rows (four
+numbers per (rank, attempt)), and the check is vectorized: a whole flush of rows is sorted by
+(group, step), looked up with one searchsorted, and the common case (every new step is hi+1,
+hi+2, ... of its group) extends ``hi`` without any Python per row. Anything irregular takes a
+per-group Python path that merges intervals exactly; nothing is ever approximated.
+
+Other tables (lower volume, keys without such an order: GPU sample times, NCCL lines, ...)
+keep an exact set of key tuples (``SetIndex``).
+
+Both index classes answer the same three questions: ``new_rows`` (decoded records),
+``new_packed`` (a numpy structured array of packed records) and ``add_table`` (the rows of a
+stored part file, marked seen at start).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import pyarrow as pa
+
+from ranksight import wire
+from ranksight.tables import SPECS, TableSpec
+
+_GBITS = 20  # attempt bits in the packed group key (rank << 20 | attempt)
+_MAX_RANK = 1 << 42
+
+
+def _in_intervals(iv: list[list[int]], s: int) -> bool:
+    i = bisect.bisect_right(iv, [s, 1 << 63]) - 1
+    return i >= 0 and iv[i][0] <= s <= iv[i][1]
+
+
+def _merge(iv: list[list[int]], steps) -> list[list[int]]:
+    """Intervals ``iv`` (sorted, disjoint) with the integers ``steps`` added, merged."""
+    pts = sorted([a, b] for a, b in iv) + [[int(s), int(s)] for s in steps]
+    pts.sort()
+    out: list[list[int]] = []
+    for a, b in pts:
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+class SeqIndex:
+    """Seen (rank, attempt, step) keys as intervals of steps per (rank, attempt); see the module docstring."""
+
+    def __init__(self, group_cols: tuple[str, str] = ("rank", "attempt"), seq_col: str = "step"):
+        self.group_cols = group_cols
+        self.seq_col = seq_col
+        self.gk = np.empty(0, np.int64)  # sorted group keys: rank << 20 | attempt
+        self.lo = np.empty(0, np.int64)  # the highest contiguous range of steps seen: [lo, hi]
+        self.hi = np.empty(0, np.int64)
+        self.irregular = np.empty(0, np.bool_)  # has intervals below [lo, hi] (in ``extra``)
+        self.extra: dict[int, list[list[int]]] = {}
+        self.other: set = set()  # keys outside the packed range (negative rank, huge attempt): exact
+
+    def __len__(self) -> int:
+        return len(self.gk)
+
+    def nbytes(self) -> int:
+        return int(self.gk.nbytes * 3 + self.irregular.nbytes) + 64 * sum(len(v) for v in self.extra.values()) \
+            + 120 * len(self.other)
+
+    def new_rows(self, rows: list) -> list:
+        """Struct rows whose key is new (recorded as seen)."""
+        if not rows:
+            return []
+        g0, g1 = self.group_cols
+        try:
+            a = np.fromiter((getattr(r, g0) for r in rows), np.int64, len(rows))
+            b = np.fromiter((getattr(r, g1) for r in rows), np.int64, len(rows))
+            s = np.fromiter((getattr(r, self.seq_col) for r in rows), np.int64, len(rows))
+        except (OverflowError, TypeError, ValueError):  # beyond int64: exact set (Parquet drops them later)
+            out = []
+            for r in rows:
+                k = (getattr(r, g0), getattr(r, g1), getattr(r, self.seq_col))
+                if k not in self.other:
+                    self.other.add(k)
+                    out.append(r)
+            return out
+        mask = self.new_mask(a, b, s)
+        return [r for r, m in zip(rows, mask.tolist()) if m]
+
+    def new_packed(self, arr: np.ndarray, layout: wire.PackedLayout) -> np.ndarray:
+        """Bool mask of the packed records in ``arr`` seen for the first time; records them. A key column the
+        sender's layout does not carry takes its default (0 when it has none)."""
+        n = len(arr)
+        cols = [arr[c].astype(np.int64) if c in layout.codes else np.full(n, layout.defaults.get(c) or 0, np.int64)
+                for c in (*self.group_cols, self.seq_col)]
+        return self.new_mask(*cols)
+
+    def add_table(self, table: pa.Table) -> None:
+        """Mark the keys of stored rows (a Parquet part file's key columns) as seen."""
+        if table.num_rows == 0:
+            return
+        cols = [table.column(c).to_numpy(zero_copy_only=False).astype(np.int64)
+                for c in (*self.group_cols, self.seq_col)]
+        self.new_mask(*cols)
+
+    def new_mask(self, a: np.ndarray, b: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Bool mask of rows (group columns a, b; sequence s) seen for the first time; records them."""
+        n = len(s)
+        out = np.zeros(n, np.bool_)
+        if n == 0:
+            return out
+        ok = (a >= 0) & (a < _MAX_RANK) & (b >= 0) & (b < (1 << _GBITS))
+        if not ok.all():
+            for i in np.nonzero(~ok)[0].tolist():
+                k = (int(a[i]), int(b[i]), int(s[i]))
+                if k not in self.other:
+                    self.other.add(k)
+                    out[i] = True
+            okidx = np.nonzero(ok)[0]
+            out[okidx] = self.new_mask(a[okidx], b[okidx], s[okidx])
+            return out
+        g = (a << _GBITS) | b
+        order = np.lexsort((s, g))
+        gs, ss = g[order], s[order]
+        first = np.ones(n, np.bool_)
+        first[1:] = (gs[1:] != gs[:-1]) | (ss[1:] != ss[:-1])  # repeats inside this call
+        if len(self.gk):
+            idx = np.minimum(np.searchsorted(self.gk, gs), len(self.gk) - 1)
+            found = self.gk[idx] == gs
+            seen = found & (ss >= self.lo[idx]) & (ss <= self.hi[idx])
+            check = found & ~seen & self.irregular[idx]
+            if check.any():
+                for i in np.nonzero(check)[0].tolist():
+                    seen[i] = _in_intervals(self.extra[int(gs[i])], int(ss[i]))
+        else:
+            idx = np.zeros(n, np.int64)
+            found = np.zeros(n, np.bool_)
+            seen = found
+        new = first & ~seen
+        if new.any():
+            ni = np.nonzero(new)[0]
+            self._record(gs[ni], ss[ni], found[ni], idx[ni])
+        out[order] = new
+        return out
+
+    def _record(self, gs: np.ndarray, ss: np.ndarray, found: np.ndarray, idx: np.ndarray) -> None:
+        """Add new keys (sorted by (group, step), unique, none seen before)."""
+        k = len(gs)
+        gstart = np.ones(k, np.bool_)
+        gstart[1:] = gs[1:] != gs[:-1]
+        starts = np.nonzero(gstart)[0]
+        ends = np.append(starts[1:], k) - 1
+        gid = np.cumsum(gstart) - 1
+        pos = np.arange(k) - starts[gid]
+        # The in-order fast path: a group's new steps are exactly hi+1, hi+2, ... (or, for a group
+        # not seen before, first, first+1, ...).
+        base = np.where(found, self.hi[idx] + 1 if len(self.hi) else 0, ss[starts][gid])
+        grp_ok = np.logical_and.reduceat(ss == base + pos, starts)
+        gfound = found[starts]
+        upd = grp_ok & gfound
+        if upd.any():
+            self.hi[idx[starts[upd]]] = ss[ends[upd]]
+        new_g, new_lo, new_hi, new_irr = [], [], [], []
+        add = grp_ok & ~gfound
+        if add.any():
+            new_g.append(gs[starts[add]])
+            new_lo.append(ss[starts[add]])
+            new_hi.append(ss[ends[add]])
+            new_irr.append(np.zeros(int(add.sum()), np.bool_))
+        for j in np.nonzero(~grp_ok)[0].tolist():  # gaps, steps below the range: exact interval merge
+            g = int(gs[starts[j]])
+            steps = ss[starts[j]:ends[j] + 1].tolist()
+            if gfound[j]:
+                i = int(idx[starts[j]])
+                iv = self.extra.get(g, []) + [[int(self.lo[i]), int(self.hi[i])]]
+            else:
+                iv = []
+            iv = _merge(iv, steps)
+            main = iv.pop()
+            if iv:
+                self.extra[g] = iv
+            else:
+                self.extra.pop(g, None)
+            if gfound[j]:
+                self.lo[i], self.hi[i], self.irregular[i] = main[0], main[1], bool(iv)
+            else:
+                new_g.append(np.array([g], np.int64))
+                new_lo.append(np.array([main[0]], np.int64))
+                new_hi.append(np.array([main[1]], np.int64))
+                new_irr.append(np.array([bool(iv)]))
+        if new_g:
+            gk = np.concatenate([self.gk] + new_g)
+            o = np.argsort(gk, kind="stable")
+            self.gk = gk[o]
+            self.lo = np.concatenate([self.lo] + new_lo)[o]
+            self.hi = np.concatenate([self.hi] + new_hi)[o]
+            self.irregular = np.concatenate([self.irregular] + new_irr)[o]
+
+
+class SetIndex:
+    """Seen keys as an exact set of tuples (tables without an ordered sequence key)."""
+
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.keys: set = set()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def nbytes(self) -> int:
+        return 120 * len(self.keys)
+
+    def new_rows(self, rows: list) -> list:
+        """Struct rows whose key is new (recorded as seen); all of them for a table without a key."""
+        if not self.spec.key:
+            return list(rows)
+        keys = self.keys
+        ks = list(map(self.spec.key_fn, rows))
+        if keys.isdisjoint(ks) and len(set(ks)) == len(ks):  # the common case: all new, no repeats
+            keys.update(ks)
+            return list(rows)
+        new = []
+        for k, r in zip(ks, rows):
+            if k in keys:
+                continue
+            keys.add(k)
+            new.append(r)
+        return new
+
+    def new_packed(self, arr: np.ndarray, layout: wire.PackedLayout) -> np.ndarray:
+        """Bool mask of the packed records in ``arr`` seen for the first time; records them."""
+        n = len(arr)
+        keycols = [arr[c].tolist() if c in layout.codes else [layout.defaults.get(c)] * n for c in self.spec.key]
+        ks = list(zip(*keycols))
+        out = np.zeros(len(ks), np.bool_)
+        for i, k in enumerate(ks):
+            if k not in self.keys:
+                self.keys.add(k)
+                out[i] = True
+        return out
+
+    def add_table(self, table: pa.Table) -> None:
+        """Mark the keys of stored rows (a Parquet part file's key columns) as seen."""
+        if not self.spec.key or table.num_rows == 0:
+            return
+        self.keys.update(self.spec.keys_from_table(table))
+
+
+def make_index(table: str) -> SeqIndex | SetIndex:
+    """The dedupe index of a store table: intervals for ``steps``, an exact key set for the others."""
+    return SeqIndex() if table == "steps" else SetIndex(SPECS[table])
