@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import os
 import random
 import sys
@@ -119,8 +118,8 @@ def make_log(path: str, mb: float) -> tuple[int, Counter]:
 _clock = time.process_time
 
 
-def reference_parser(tree: str) -> type:
-    """NcclLogParser as defined in another source tree, next to this checkout's in one process."""
+def reference_parser(tree: str) -> tuple[type, str]:
+    """NcclLogParser as defined in another source tree (and its file), next to this checkout's in one process."""
     def ours() -> dict:
         return {k: m for k, m in sys.modules.items() if k == "probes" or k.startswith("probes.")}
 
@@ -130,12 +129,13 @@ def reference_parser(tree: str) -> type:
     sys.path.insert(0, os.path.abspath(tree))
     try:
         cls = importlib.import_module("probes.nccl_log").NcclLogParser
+        where = sys.modules[cls.__module__].__file__
     finally:
         sys.path.remove(os.path.abspath(tree))
         for k in ours():
             del sys.modules[k]
         sys.modules.update(saved)
-    return cls
+    return cls, where
 
 
 def run_parser(path: str, parser_cls: type = NcclLogParser, **kw) -> tuple[float, int]:
@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--keep", default="", help="write the log here and keep it")
     ap.add_argument("--reference", default="", help="also time the parser of this source tree, interleaved")
     a = ap.parse_args()
-    ref = reference_parser(a.reference) if a.reference else None
+    ref, ref_file = reference_parser(a.reference) if a.reference else (None, "")
     path = a.keep or os.path.join(tempfile.mkdtemp(prefix="ranksight-bench-"), "nccl.bench.log")
     size, kinds = make_log(path, a.mb)
     total = sum(kinds.values())
@@ -196,7 +196,7 @@ def main() -> None:
         for emit, this_s in ((False, default), (True, every)):
             ref_s = min(timed[("reference", emit)])[0]
             nref = timed[("reference", emit)][0][1]
-            print(f"reference {inspect.getsourcefile(ref)} (emit_collectives={emit}, {nref} events): {mbs / ref_s:8.1f} MB/s  ({ref_s:.2f} s);"
+            print(f"reference {ref_file} (emit_collectives={emit}, {nref} events): {mbs / ref_s:8.1f} MB/s  ({ref_s:.2f} s);"
                   f"  this checkout / reference: {ref_s / this_s:.3f}x")
     try:
         print(f"load average during the run: {os.getloadavg()[0]:.2f}")

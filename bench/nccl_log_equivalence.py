@@ -14,7 +14,9 @@ several chunk sizes it records every event as returned by ``feed``/``close`` (at
 the per-channel lists grow later) and again at the end, plus the parser's counters
 (``collective_counts``, ``last_collective``, ``proc_rank``, offsets, notes); also
 ``parse_file``, ``feed_line``, ``prime`` and ``summarize`` JSON for single files and a log set
-with unreadable members. ``compare`` prints "identical" or the first differences.
+with unreadable members, and what ``python -m cli.main nccl-log [--json]`` prints (stdout,
+stderr, exit code) for each fixture and for all of them with unreadable files.
+``compare`` prints "identical" or the first differences.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import gzip
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -159,6 +162,12 @@ def dump(out_path: str, logs: list[str]) -> None:
         everything = files + [gz, cut, bad, os.path.join(d, "missing.log"), d]
         cases["summarize everything"] = _summary(nl, everything, d)
         cases["summarize everything emit"] = _summary(nl, everything, d, emit_collectives=True)
+        fixtures = [str(p) for p in sorted(FIXTURES.glob("*.log"))]
+        for name, paths in [(os.path.basename(f), [f]) for f in fixtures] + [("all", fixtures + [gz, cut, bad, d])]:
+            for flags in ([], ["--json"]):
+                r = subprocess.run([sys.executable, "-m", "cli.main", "nccl-log", *flags, *paths], cwd=d,
+                                   capture_output=True, text=True, timeout=300)
+                cases[f"cli {' '.join(flags)} {name}"] = [r.returncode, r.stdout.replace(d, "TMP"), r.stderr.replace(d, "TMP")]
     names = ["/logs/nccl.node01.12345", "nccl.gpu-a7.99.log", "whatever.log", "nccl.h.1.txt", "a.b_7.out", ""]
     cases["host_pid_from_filename"] = [list(nl.host_pid_from_filename(n)) for n in names]
     Path(out_path).write_text(json.dumps(cases, sort_keys=True))

@@ -139,6 +139,8 @@ class NcclLogParser(StreamState):
         chan_get = self._chan_fast.get
         fold_coll = not self.emit_collectives
         claimed_get = CLAIMED_BY_FIRST_BYTE.get
+        coll_match = COLL_RE.match
+        recognise_collective = collective
         run_head, run_tail, run_min, run_st = self._run if fold_coll else _NO_RUN
         run_hlen = len(run_head)
         ln = ln0 = self.line_no
@@ -183,10 +185,10 @@ class NcclLogParser(StreamState):
                     if claimed is None or not line.startswith(claimed, i + 11):
                         pre = cache_get(line[:i])
                         if pre is not None:
-                            m = COLL_RE.match(line, i + 11)
+                            m = coll_match(line, i + 11)
                             if m is not None:
                                 self.line_no = ln
-                                append(collective(self, pre, line[i + 11 :], m))
+                                append(recognise_collective(self, pre, line[i + 11 :], m))
                                 continue
                 # 4. A channel repeat not in the table of step 2 yet.
                 if chan and self._repeat_channel(line, i, c):
