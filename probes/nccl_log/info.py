@@ -117,31 +117,33 @@ FIRST_WORDS: tuple[tuple[bytes, Recogniser], ...] = (
 
 
 
+
 def _by_first_byte() -> dict[bytes, tuple[tuple[bytes, Recogniser], ...]]:
-    out: dict[bytes, list[tuple[bytes, Recogniser]]] = {}
+    """Every possible ``msg[:1]`` (b"" included) -> the FIRST_WORDS entries starting with it."""
+    out: dict[bytes, list[tuple[bytes, Recogniser]]] = {bytes([b]): [] for b in range(256)}
+    out[b""] = []
     for word, recognise in FIRST_WORDS:
-        out.setdefault(word[:1], []).append((word, recognise))
+        out[word[:1]].append((word, recognise))
     return {b: tuple(entries) for b, entries in out.items()}
 
 
 _BY_FIRST_BYTE = _by_first_byte()
 
-# First byte -> the words of FIRST_WORDS starting with it (for str.startswith): a message no
-# word claims goes straight to the generic recognisers (the parser's emit_collectives fast path).
+# First byte -> the words of FIRST_WORDS starting with it (for bytes.startswith), only bytes
+# some word starts with: a message no word claims goes straight to the generic recognisers
+# (the parser's emit_collectives fast path).
 CLAIMED_BY_FIRST_BYTE: dict[bytes, tuple[bytes, ...]] = {
-    b: tuple(w for w, _ in entries) for b, entries in _BY_FIRST_BYTE.items()}
+    b: tuple(w for w, _ in entries) for b, entries in _BY_FIRST_BYTE.items() if entries}
 
 
 def info_message(st: StreamState, pre: Prefix, level: str, msg: bytes) -> NcclEvent | None:
     """An INFO or TRACE message: the first-word recogniser that claims it, else the generic ones."""
-    entries = _BY_FIRST_BYTE.get(msg[:1])
-    if entries is not None:
-        for word, recognise in entries:
-            if msg.startswith(word):
-                ev = recognise(st, pre, msg)
-                if ev is not DECLINED:
-                    return ev
-                break
+    for word, recognise in _BY_FIRST_BYTE[msg[:1]]:
+        if msg.startswith(word):
+            ev = recognise(st, pre, msg)
+            if ev is not DECLINED:
+                return ev
+            break
     if b": opCount " in msg:  # the literal COLL_RE needs
         m = COLL_RE.match(msg)
         if m is not None:
