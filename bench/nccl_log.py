@@ -1,6 +1,6 @@
 """Parse throughput of probes.nccl_log on a generated NCCL_DEBUG=INFO log.
 
-    .venv/bin/python bench/nccl_log.py [--mb 256] [--repeat 3] [--keep FILE]
+    .venv/bin/python bench/nccl_log.py [--mb 256] [--repeat 3] [--keep FILE] [--reference TREE]
 
 The log imitates a 64-rank job (8 hosts x 8 GPUs) run with NCCL_DEBUG=INFO and
 NCCL_DEBUG_SUBSYS=INIT,NET,COLL, every process writing into one stream (the worst case: a
@@ -13,11 +13,16 @@ Baseline, measured in the same run on the same file: reading it line by line in 
 (``for line in f``: the least any line parser must do). Reported: MB/s of both, and the ratio.
 Best of --repeat runs for each, in CPU seconds of this process (time.process_time), so
 that other work on a shared machine does not count. Memory is not measured here.
+
+``--reference TREE`` also times the ``NcclLogParser`` of another source tree (say the commit
+before a change: ``git archive <commit> | tar -x -C /tmp/ref``) on the same file, its runs
+interleaved with this checkout's, and prints this checkout's speed relative to it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import sys
@@ -113,9 +118,29 @@ def make_log(path: str, mb: float) -> tuple[int, Counter]:
 _clock = time.process_time
 
 
-def run_parser(path: str, **kw) -> tuple[float, int]:
+def reference_parser(tree: str) -> tuple[type, str]:
+    """NcclLogParser as defined in another source tree (and its file), next to this checkout's in one process."""
+    def ours() -> dict:
+        return {k: m for k, m in sys.modules.items() if k == "probes" or k.startswith("probes.")}
+
+    saved = ours()
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, os.path.abspath(tree))
+    try:
+        cls = importlib.import_module("probes.nccl_log").NcclLogParser
+        where = sys.modules[cls.__module__].__file__
+    finally:
+        sys.path.remove(os.path.abspath(tree))
+        for k in ours():
+            del sys.modules[k]
+        sys.modules.update(saved)
+    return cls, where
+
+
+def run_parser(path: str, parser_cls: type = NcclLogParser, **kw) -> tuple[float, int]:
     t0 = _clock()
-    p = NcclLogParser(source_file=path, **kw)
+    p = parser_cls(source_file=path, **kw)
     n = 0
     with open(path, "rb") as f:
         while True:
@@ -141,19 +166,23 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=128.0, help="size of the generated log (MB)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", default="", help="write the log here and keep it")
+    ap.add_argument("--reference", default="", help="also time the parser of this source tree, interleaved")
     a = ap.parse_args()
+    ref, ref_file = reference_parser(a.reference) if a.reference else (None, "")
     path = a.keep or os.path.join(tempfile.mkdtemp(prefix="ranksight-bench-"), "nccl.bench.log")
     size, kinds = make_log(path, a.mb)
     total = sum(kinds.values())
     wall0 = time.perf_counter()
     try:
         base = min(run_baseline(path)[0] for _ in range(a.repeat))
-        runs = [run_parser(path) for _ in range(a.repeat)]
-        default = min(r[0] for r in runs)
-        nev = runs[0][1]
-        runs = [run_parser(path, emit_collectives=True) for _ in range(a.repeat)]
-        every = min(r[0] for r in runs)
-        nev_all = runs[0][1]
+        timed: dict[tuple[str, bool], list[tuple[float, int]]] = {}
+        for emit in (False, True):
+            for _ in range(a.repeat):
+                for name, cls in (("this", NcclLogParser), ("reference", ref)):
+                    if cls is not None:
+                        timed.setdefault((name, emit), []).append(run_parser(path, cls, emit_collectives=emit))
+        default, nev = min(timed[("this", False)])[0], timed[("this", False)][0][1]
+        every, nev_all = min(timed[("this", True)])[0], timed[("this", True)][0][1]
     finally:
         if not a.keep:
             os.unlink(path)
@@ -163,6 +192,12 @@ def main() -> None:
     print(f"baseline (binary 'for line in f'):                        {mbs / base:8.1f} MB/s  ({base:.2f} s)")
     print(f"parser, default (COLL lines folded, {nev} events):        {mbs / default:8.1f} MB/s  ({default:.2f} s)  ratio to baseline {base / default:.3f}")
     print(f"parser, emit_collectives=True ({nev_all} events):   {mbs / every:8.1f} MB/s  ({every:.2f} s)  ratio to baseline {base / every:.3f}")
+    if ref is not None:
+        for emit, this_s in ((False, default), (True, every)):
+            ref_s = min(timed[("reference", emit)])[0]
+            nref = timed[("reference", emit)][0][1]
+            print(f"reference {ref_file} (emit_collectives={emit}, {nref} events): {mbs / ref_s:8.1f} MB/s  ({ref_s:.2f} s);"
+                  f"  this checkout / reference: {ref_s / this_s:.3f}x")
     try:
         print(f"load average during the run: {os.getloadavg()[0]:.2f}")
     except OSError:

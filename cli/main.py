@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("cli.launch:launch_command", "Start a local multi-node run on this host and wait for it."),
     "nccl-tests": ("nccl_tests.cli:nccl_tests_command", "Collective benchmarks (nccl-tests output) and the pre-flight health check."),
     "diagnose": ("analyzers.diagnose:diagnose_command", "Post-mortem report of a run."),
-    "nccl-log": ("probes.nccl_log_cli:nccl_log_command", "Summarize NCCL_DEBUG=INFO logs a user already has."),
+    "nccl-log": ("probes.nccl_log.cli:nccl_log_command", "Summarize NCCL_DEBUG=INFO logs a user already has."),
     "agent": ("node.cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
     "head": ("head.cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),
     "runs": ("cli.runs:runs_command", "List the runs in a store."),

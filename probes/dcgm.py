@@ -211,7 +211,7 @@ class DcgmProbe:
             try:
                 sample, xids, extra = self._one(key, g, t)
             except (TypeError, ValueError) as e:
-                self.gaps[f"{key}"] = f"{type(e).__name__}: {e}"
+                self.gaps[key] = f"{type(e).__name__}: {e}"
                 continue
             res.samples.append(sample)
             res.xids.extend(xids)

@@ -88,6 +88,8 @@ def _busy_idle(ct) -> tuple[float, float]:
 
 
 class HostProbe:
+    """Samples this machine: ``sample() -> HostSample``; ``gaps`` names the counters it could not read."""
+
     def __init__(self, node: int, host: str, *, net_exclude_loopback: bool = False):
         self.node = int(node)
         self.host = str(host)
@@ -128,10 +130,10 @@ class HostProbe:
         self.gaps.pop(field, None)
         return value
 
-    def _net(self) -> tuple[int, int]:
+    def _net(self) -> tuple[int, int] | None:
         counters = psutil.net_io_counters(pernic=True)
         if not counters:
-            return None  # type: ignore[return-value]
+            return None
         rx = tx = 0
         for nic, c in counters.items():
             if self.net_exclude_loopback and nic == "lo":
@@ -140,13 +142,13 @@ class HostProbe:
             tx += c.bytes_sent
         return rx, tx
 
-    def _disk(self) -> tuple[int, int]:
+    def _disk(self) -> tuple[int, int] | None:
         fast = _diskstats(self._whole_disk)
         if fast is not None:
             return fast
         c = psutil.disk_io_counters(perdisk=False)
         if c is None:
-            return None  # type: ignore[return-value]
+            return None
         return c.read_bytes, c.write_bytes
 
     def _memory(self):

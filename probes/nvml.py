@@ -9,19 +9,8 @@ Modes (``probe.mode``), chosen by :func:`build_gpu_probe`, best first:
 ``python-sim``      no library (no gcc): :mod:`probes.simgpu_python` reads the same files.
 ``none``            nothing to read: ``sample()`` returns ``[]`` and ``probe.status`` says why.
 
-How the simulated library gets into pynvml. pynvml keeps its library handle in the module
-global ``pynvml.nvmlLib`` and loads ``CDLL("libnvidia-ml.so.1")`` only while that is ``None``
-(``pynvml._LoadNvmlLibrary``). The probe sets ``pynvml.nvmlLib = ctypes.CDLL(<path>)`` before the
-first ``nvmlInit`` (and clears pynvml's function-pointer cache if a real-but-unusable library
-was loaded earlier). Everything after that is pynvml's own code: ``nvmlInit`` →
-``nvmlInitWithFlags`` in our library, ``_nvmlGetFunctionPointer`` lookups, ctypes structs,
-``NVMLError`` classes. Alternatively a process started with
-``LD_LIBRARY_PATH=probes/simnvml RANKSIGHT_SIMNVML_DIR=<dir>`` makes pynvml's own ``CDLL`` find the
-simulated library; the probe notices either way, because the simulated library exports
-``simnvmlIsSimulated`` and real NVML does not. Samples are labelled from that check, never
-from how the library was found.
-
-NVML is process-global: one simulated state directory per process (one agent = one node).
+How the simulated library gets into pynvml, and why one process serves one state directory:
+:mod:`probes.simnvml_loader`.
 
 The probe never raises from ``sample()``/``poll_xids()``: a query the device does not support
 gives ``None`` for that field (recorded in ``probe.gaps``), a failed init gives ``[]`` and a
@@ -32,129 +21,29 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from probes.simgpu_python import PythonSimGpuProbe
+from probes.simnvml_loader import (
+    SimNvmlError,
+    attach_simulated,
+    detach_simulated,
+    is_simulated_library,
+    pynvml_module,
+    simnvml_library_path,
+)
 from ranksight.schema import GpuSample, XidEvent
 from ranksight.simgpu import throttle_names
 
-from probes.simgpu_python import PythonSimGpuProbe
-
 MODES = ("nvml", "simulated-nvml", "python-sim", "none")
-
-SIMNVML_DIR_ENV = "RANKSIGHT_SIMNVML_DIR"
-SIMNVML_LIB_ENV = "RANKSIGHT_SIMNVML_LIB"
-SIMNVML_SRC = Path(__file__).resolve().parent / "simnvml" / "simnvml.c"
-SIMNVML_LIB = Path(__file__).resolve().parent / "simnvml" / "libnvidia-ml.so.1"
 
 _XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _NVLINK_TX, _NVLINK_RX = 138, 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (cumulative KiB)
 _ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: aggregate over all links
 _MAX_EVENTS_PER_DRAIN = 10_000
-
-
-class SimNvmlError(RuntimeError):
-    """The simulated NVML library cannot be used in this process (explained in the message)."""
-
-
-# --------------------------------------------------------------------------------------------
-# The simulated library: where it is, building it, attaching it to pynvml
-# --------------------------------------------------------------------------------------------
-
-
-def simnvml_library_path() -> Path:
-    """Where the simulated library is expected: ``$RANKSIGHT_SIMNVML_LIB`` or ``probes/simnvml/libnvidia-ml.so.1``."""
-    env = os.environ.get(SIMNVML_LIB_ENV)
-    return Path(env) if env else SIMNVML_LIB
-
-
-def build_simnvml(dest: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-    """Compile ``probes/simnvml/simnvml.c`` with gcc (the Makefile's flags) unless ``dest`` exists.
-
-    Returns the library path. Raises :class:`SimNvmlError` when gcc is missing or the build fails.
-    The file is written atomically, so concurrent builders and loaders never see half a library.
-    """
-    out = Path(dest) if dest is not None else SIMNVML_LIB
-    if out.exists() and not force:
-        return out
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        raise SimNvmlError("cannot build the simulated NVML library: gcc not found")
-    if not SIMNVML_SRC.exists():
-        raise SimNvmlError(f"cannot build the simulated NVML library: {SIMNVML_SRC} missing")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    proc = subprocess.run([gcc, "-O2", "-shared", "-fPIC", "-Wall", "-o", str(tmp), str(SIMNVML_SRC)],
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise SimNvmlError(f"gcc failed building the simulated NVML library:\n{proc.stderr.strip()}")
-    os.replace(tmp, out)
-    return out
-
-
-def _pynvml():
-    import pynvml  # imported lazily: the host and python-sim paths never need it
-
-    return pynvml
-
-
-def _lib_is_simulated(lib: Any) -> bool:
-    if lib is None:
-        return False
-    try:
-        getattr(lib, "simnvmlIsSimulated")
-        return True
-    except AttributeError:
-        return False
-
-
-_attach_lock = threading.Lock()
-_active_sim_dir: str | None = None
-_active_sim_users = 0
-
-
-def _attach_simulated(lib_path: Path, sim_dir: Path) -> None:
-    """Make pynvml use the simulated library at ``lib_path`` for ``sim_dir`` (see module doc)."""
-    global _active_sim_dir, _active_sim_users
-    pynvml = _pynvml()
-    sim_dir_s = str(Path(sim_dir).absolute())
-    with _attach_lock:
-        if _active_sim_users > 0 and _active_sim_dir != sim_dir_s:
-            raise SimNvmlError(
-                f"simulated NVML already serves {_active_sim_dir} in this process; NVML is process-global, "
-                f"so {sim_dir_s} needs its own process (one agent per node)")
-        with pynvml.libLoadLock:
-            current = pynvml.nvmlLib
-            if current is None or not _lib_is_simulated(current):
-                if current is not None and getattr(pynvml, "_nvmlLib_refcount", 0) > 0:
-                    raise SimNvmlError("a real NVML library is initialised in this process; not replacing it")
-                try:
-                    lib = ctypes.CDLL(str(lib_path))
-                except OSError as e:
-                    raise SimNvmlError(f"cannot load simulated NVML library {lib_path}: {e}") from e
-                if not _lib_is_simulated(lib):
-                    raise SimNvmlError(f"{lib_path} is not the ranksight simulated NVML library")
-                pynvml.nvmlLib = lib
-                # Function pointers looked up in a previously loaded (unusable) library must go.
-                cache = getattr(pynvml, "_nvmlGetFunctionPointer_cache", None)
-                if isinstance(cache, dict):
-                    cache.clear()
-        os.environ[SIMNVML_DIR_ENV] = sim_dir_s  # read by the library's nvmlInit
-        _active_sim_dir = sim_dir_s
-        _active_sim_users += 1
-
-
-def _detach_simulated() -> None:
-    global _active_sim_users, _active_sim_dir
-    with _attach_lock:
-        _active_sim_users = max(0, _active_sim_users - 1)
-        if _active_sim_users == 0:
-            _active_sim_dir = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +100,7 @@ class NvmlProbe:
                 return False
             self._last_try = now
             try:
-                pynvml = _pynvml()
+                pynvml = pynvml_module()
             except ImportError as e:
                 self.status = f"no GPU data: pynvml not importable ({e})"
                 return False
@@ -220,7 +109,7 @@ class NvmlProbe:
                     self.status = f"no GPU data: simulated NVML library not built ({self.lib_path} missing)"
                     return False
                 try:
-                    _attach_simulated(self.lib_path, self.sim_dir)
+                    attach_simulated(self.lib_path, self.sim_dir)
                     self._attached = True
                 except SimNvmlError as e:
                     self.status = f"no GPU data: {e}"
@@ -235,7 +124,7 @@ class NvmlProbe:
                 self.status = f"no GPU data: NVML init failed: {e!r}"
                 return False
             self._ok = True
-            self.simulated = _lib_is_simulated(pynvml.nvmlLib)
+            self.simulated = is_simulated_library(pynvml.nvmlLib)
             self.mode = self.source = "simulated-nvml" if self.simulated else "nvml"
             self.status = ("ok: simulated NVML initialised" + (f" ({self.sim_dir})" if self.sim_dir else "")
                            if self.simulated else "ok: NVML initialised")
@@ -248,14 +137,14 @@ class NvmlProbe:
     def close(self) -> None:
         with self._lock:
             if self._ok:
-                pynvml = _pynvml()
+                pynvml = pynvml_module()
                 if self._event_set is not None:
                     self._call("xid_events", pynvml.nvmlEventSetFree, self._event_set)
                     self._event_set = None
                 self._call("shutdown", pynvml.nvmlShutdown)
                 self._ok = False
             if self._attached:
-                _detach_simulated()
+                detach_simulated()
                 self._attached = False
             self._handles.clear()
             self._ident.clear()
@@ -280,7 +169,7 @@ class NvmlProbe:
 
         A function the library lacks (FunctionNotFound) is not called again.
         """
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
         name = getattr(fn, "__name__", str(fn))
         if name in self._missing_fns:
             self.gaps[field] = "Function Not Found"
@@ -299,7 +188,7 @@ class NvmlProbe:
 
     def _refresh_devices(self) -> int | None:
         """Fetch handles for devices not seen yet (the simulated count can grow) and register XID events."""
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
         n = self._call("device_count", pynvml.nvmlDeviceGetCount)
         if n is None:
             return None
@@ -343,7 +232,7 @@ class NvmlProbe:
             return out
 
     def _sample_one(self, gpu: int, h, t: float) -> GpuSample:
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
 
         def c(field: str, fn: Callable, *args):
             return self._call(f"gpu{gpu}.{field}", fn, *args)
@@ -399,7 +288,7 @@ class NvmlProbe:
 
     def _throttle(self, gpu: int, h) -> int | None:
         """Clock event reasons (NVML >= 12.2 name), falling back to the older throttle-reasons call."""
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
         names = [self._throttle_fn] if self._throttle_fn else [
             "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"]
         for name in names:
@@ -423,7 +312,7 @@ class NvmlProbe:
         return None
 
     def _retired_pages(self, gpu: int, h) -> int | None:
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
         total = 0
         for cause in (pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
                       pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR):
@@ -435,7 +324,7 @@ class NvmlProbe:
 
     def _nvlink(self, gpu: int, h) -> tuple[float | None, float | None]:
         """NVLink data throughput in bytes/s from the cumulative KiB counters (None until two samples)."""
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
         values = self._call(f"gpu{gpu}.nvlink", pynvml.nvmlDeviceGetFieldValues, h,
                             [(_NVLINK_TX, _ALL_LINKS), (_NVLINK_RX, _ALL_LINKS)])
         if values is None:
@@ -460,7 +349,7 @@ class NvmlProbe:
     def _drain_events(self) -> None:
         if self._event_set is None:
             return
-        pynvml = _pynvml()
+        pynvml = pynvml_module()
         for _ in range(_MAX_EVENTS_PER_DRAIN):
             try:
                 data = pynvml.nvmlEventSetWait_v2(self._event_set, 0)
@@ -573,7 +462,7 @@ def build_gpu_probe(node: int, host: str, sim_dir: str | os.PathLike | None = No
     # auto
     real = NvmlProbe(node, host, None)
     if real.ok:
-        n = real._call("device_count", _pynvml().nvmlDeviceGetCount) or 0
+        n = real._call("device_count", pynvml_module().nvmlDeviceGetCount) or 0
         if n > 0 and (not real.simulated or sim_dir is None):
             return done(real)
         skipped.append(f"nvml: {'simulated library on the library path' if real.simulated else f'{n} devices'}")

@@ -1,7 +1,6 @@
 """Summarize a PyTorch profiler (Kineto / Chrome trace JSON) trace per rank, streaming.
 
-Traces reach hundreds of MB (HTA users report 800 MB JSON needing 6 GB in memory), so the
-file is never loaded whole: ijson walks ``traceEvents`` one event at a time (C backend
+Traces reach hundreds of MB, so the file is never loaded whole: ijson walks ``traceEvents`` one event at a time (C backend
 ``yajl2_c`` when present, the fastest ijson has), and each event is reduced on the spot to
 interval unions and per-name totals. ``.json.gz`` is read through gzip, also streaming.
 A bare array of events (the trace format's other form, closing ``]`` optional) is read too.
@@ -86,7 +85,7 @@ def _pick_backend():
 _IJSON = _pick_backend()
 
 
-class _Union:
+class IntervalUnion:
     """Union of [start, end) intervals, streamed. Merges on the fly while events arrive in
     order (the usual case per category) and keeps the rest in compact float arrays."""
 
@@ -243,10 +242,10 @@ def summarize_trace(
     thread_names: dict[tuple[Any, Any], str] = {}
     gloo_tids: set[tuple[Any, Any]] = set()
 
-    cpu_compute = _Union()
-    cpu_comm = _Union()
-    gpu_compute = _Union()
-    gpu_comm = _Union()
+    cpu_compute = IntervalUnion()
+    cpu_comm = IntervalUnion()
+    gpu_compute = IntervalUnion()
+    gpu_comm = IntervalUnion()
     steps: dict[int, tuple[float, float]] = {}
     cpu_span = [float("inf"), float("-inf")]
     gpu_span = [float("inf"), float("-inf")]
@@ -258,7 +257,7 @@ def summarize_trace(
     truncated = False
     # Events on gloo runloop threads are only known as such once the thread_name metadata
     # event is seen, which may come after them: such cpu_ops are held per thread until then.
-    held: dict[tuple[Any, Any], _Union] = {}
+    held: dict[tuple[Any, Any], IntervalUnion] = {}
 
     f = _open(path)
     # read1: a gzip member cut short raises EOFError only after handing out what it could
@@ -354,7 +353,7 @@ def summarize_trace(
             if key not in thread_names:
                 u = held.get(key)
                 if u is None:
-                    u = held[key] = _Union()
+                    u = held[key] = IntervalUnion()
                 u.add(ts, end)
             else:
                 cpu_compute.add(ts, end)
@@ -470,8 +469,6 @@ def summarize_trace(
             notes.append("no ProfilerStep#N events: window = all events")
     if not lo <= hi:
         lo = hi = 0.0
-    import numpy as np
-
     cs, ce = _clip(*comp.intervals(), lo, hi)
     ms, me = _clip(*comm.intervals(), lo, hi)
     compute_us = _length(cs, ce)
@@ -494,7 +491,6 @@ def summarize_trace(
     step_end = max(steps) if steps else -1
     if distributed.get("backend"):
         notes.append(f"backend {distributed.get('backend')}, world_size {distributed.get('world_size')}")
-    del np
     return TraceSummary(
         run_id=run_id, rank=int(rank), step_start=step_start, step_end=step_end, trace_file=path,
         wall_ms=wall_us / 1000.0, compute_ms=compute_us / 1000.0, comm_ms=comm_us / 1000.0,
@@ -515,4 +511,4 @@ def summarize_traces(paths: Iterable[str], **kw: Any) -> tuple[list[TraceSummary
     return out, errors
 
 
-__all__ = ["summarize_trace", "summarize_traces", "ijson_backend", "TraceError"]
+__all__ = ["summarize_trace", "summarize_traces", "ijson_backend", "TraceError", "IntervalUnion"]

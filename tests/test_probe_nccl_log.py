@@ -229,6 +229,15 @@ def test_coll_lines_are_folded_or_emitted():
     assert len(evs) == 50 and evs[-1].fields["count"] == 149 and evs[-1].category == "collective"
 
 
+def test_no_first_word_recogniser_is_shadowed_by_an_earlier_one():
+    # FIRST_WORDS is tried in order: an entry whose word starts with an earlier entry's word never runs.
+    from probes.nccl_log.info import FIRST_WORDS
+
+    words = [w for w, _ in FIRST_WORDS]
+    for k, w in enumerate(words):
+        assert not [e for e in words[:k] if w.startswith(e)], w
+
+
 def test_host_pid_from_nccl_debug_file_name():
     assert host_pid_from_filename("/logs/nccl.node01.12345") == ("node01", 12345)
     assert host_pid_from_filename("nccl.gpu-a7.99.log") == ("gpu-a7", 99)

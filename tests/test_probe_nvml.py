@@ -29,7 +29,7 @@ DRIVER = REPO / "tests" / "nvml_driver.py"
 @pytest.fixture(scope="session")
 def simnvml_lib(tmp_path_factory) -> Path:
     """The simulated NVML library, freshly built from probes/simnvml/simnvml.c with gcc."""
-    from probes.nvml import SimNvmlError, build_simnvml
+    from probes.simnvml_loader import SimNvmlError, build_simnvml
 
     dest = tmp_path_factory.mktemp("simnvml") / "libnvidia-ml.so.1"
     try:

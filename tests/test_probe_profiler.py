@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.profiler import TraceError, _Union, ijson_backend, summarize_trace, summarize_traces
+from probes.profiler import IntervalUnion, TraceError, ijson_backend, summarize_trace, summarize_traces
 from conftest import free_port
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
@@ -81,7 +81,7 @@ def test_hand_built_gpu_trace_exact():
 
 
 def test_union_handles_out_of_order_and_nesting():
-    u = _Union()
+    u = IntervalUnion()
     for a, b in [(10, 20), (12, 15), (30, 40), (5, 8), (19, 31), (50, 60), (45, 46)]:
         u.add(a, b)
     s, e = u.intervals()

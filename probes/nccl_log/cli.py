@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from probes.nccl_log import summarize
+from probes.nccl_log.summary import summarize
 
 _MAX_ROWS = 40  # per table; the JSON output is complete
 
