@@ -25,6 +25,7 @@ import pandas as pd
 import typer
 
 from analyzers import run_all
+from analyzers.builder import Placement
 from analyzers.loader import LoadError, RunData, load_run
 from ranksight.layout import DEFAULT_STORE
 from ranksight.schema import SEVERITY_ORDER, Finding
@@ -73,7 +74,7 @@ def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:
 
     if data.manifest is None:
         return []
-    rank_node = data.rank_node()
+    rank_node = Placement(data).rank_node
     rows = []
     for fault in data.manifest.faults:
         hits = [f for f in findings if SEVERITY_ORDER[f.severity] >= 1 and matches(f, fault, rank_node, primary_only=True)]
@@ -142,7 +143,7 @@ def _int(x: Any) -> int | None:
 
 
 def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None) -> dict[str, Any]:
-    from analyzers.mfu import peak_label, series
+    from analyzers.checks.mfu import peak_label, series
 
     label, peak_sim = peak_label(data)
     ser = series(data)
@@ -324,7 +325,7 @@ def render_console(report: dict[str, Any], data: RunData, console: Any) -> None:
         console.print(Text("  legend: ", style="dim") + Text("█<1.05x ", style="green") + Text("█<1.15x ", style="yellow")
                       + Text("█<1.5x ", style="dark_orange") + Text("█>=1.5x", style="red"))
 
-    from analyzers.mfu import series
+    from analyzers.checks.mfu import series
 
     ser = series(data)
     if not ser.empty:
@@ -446,7 +447,7 @@ def _svg_heat(data: RunData) -> str:
 
 
 def render_html(report: dict[str, Any], data: RunData) -> str:
-    from analyzers.mfu import series
+    from analyzers.checks.mfu import series
 
     e = html.escape
     ser = series(data)
