@@ -34,22 +34,33 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
         return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
     x = values.to_numpy()
     keep = ~np.isnan(x)  # "last" skips NaN; a (rank, step) with only NaN is no cell, as in pivot_table
-    r, s, x = frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep], x[keep]
-    if x.size == 0:
+    if not keep.any():
         return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
-    ranks, ri = np.unique(r, return_inverse=True)
-    steps, si = np.unique(s, return_inverse=True)
-    cell = ri * len(steps) + si
-    # the last row of each cell (row order, as groupby's "last"): the end of each run of a stable sort by cell
-    order = np.argsort(cell, kind="stable")
-    cs = cell[order]
-    last = np.ones(len(cs), np.bool_)
-    last[:-1] = cs[1:] != cs[:-1]
-    take = order[last]
-    out = np.full(len(ranks) * len(steps), np.nan)
-    out[cell[take]] = x[take]
-    return pd.DataFrame(out.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
-                        columns=pd.Index(steps, name="step"))
+    return RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep]).matrix(x[keep])
+
+
+class RankStepCells:
+    """Where each row of a set of step rows goes in a rank x step matrix: the sorted ranks and steps, and the
+    last row of each (rank, step) cell. Worked out once, it places any column of those rows."""
+
+    def __init__(self, rank: np.ndarray, step: np.ndarray):
+        self.ranks, ri = np.unique(rank, return_inverse=True)
+        self.steps, si = np.unique(step, return_inverse=True)
+        cell = ri * len(self.steps) + si
+        # the last row of each cell (row order, as groupby's "last"): the end of each run of a stable sort by cell
+        order = np.argsort(cell, kind="stable")
+        cs = cell[order]
+        last = np.ones(len(cs), np.bool_)
+        last[:-1] = cs[1:] != cs[:-1]
+        self.take = order[last]
+        self.cell = cell[self.take]
+
+    def matrix(self, x: np.ndarray) -> pd.DataFrame:
+        """The matrix of the rows' values ``x`` (float)."""
+        out = np.full(len(self.ranks) * len(self.steps), np.nan)
+        out[self.cell] = x[self.take]
+        return pd.DataFrame(out.reshape(len(self.ranks), len(self.steps)), index=pd.Index(self.ranks, name="rank"),
+                            columns=pd.Index(self.steps, name="step"))
 
 
 # --------------------------------------------------------------------------
@@ -114,11 +125,20 @@ class StepView:
     def matrix(self, name: str) -> pd.DataFrame:
         """Rank x step matrix of a column (``rank_step_matrix``)."""
         if name not in self._matrices:
-            src = self.rows
-            if name in DERIVED_COLUMNS:
-                src = pd.DataFrame({"rank": self.rows["rank"], "step": self.rows["step"], name: self.column(name)})
-            self._matrices[name] = rank_step_matrix(src, name)
+            values = self.column(name)
+            if values.dtype == np.float64 and not self.rows.empty and not values.isna().any():
+                # a value in every row: every column without a gap has the same cells
+                self._matrices[name] = self._cells.matrix(values.to_numpy())
+            else:
+                src = self.rows
+                if name in DERIVED_COLUMNS:
+                    src = pd.DataFrame({"rank": self.rows["rank"], "step": self.rows["step"], name: values})
+                self._matrices[name] = rank_step_matrix(src, name)
         return self._matrices[name]
+
+    @cached_property
+    def _cells(self) -> RankStepCells:
+        return RankStepCells(self.rows["rank"].to_numpy(), self.rows["step"].to_numpy())
 
     def reference(self, name: str) -> pd.DataFrame:
         """Each cell's reference: the median of the other ranks in that step (``leave_one_out_median``)."""
@@ -229,6 +249,16 @@ class AnalysisFrame:
     def all_steps(self) -> StepView:
         """Every step row of the run (or window)."""
         return StepView(self.data.steps)
+
+    def steps_from(self, first: int) -> StepView:
+        """A view that holds every step row from step ``first`` on (and maybe more): a judged view that starts no
+        later (whose matrices the checks share), else ``all_steps``. For matrices over steps ``first``.. and later
+        (``StepView.sub_matrix``)."""
+        st = self.data.steps
+        for warmup, view in self._judged.items():
+            if not st.empty and int(st["step"].min()) + warmup <= first:
+                return view
+        return self.all_steps
 
     def judged(self, warmup: int) -> StepView:
         """The steps a check judges: all but the run's first ``warmup`` steps (compilation, allocator and data

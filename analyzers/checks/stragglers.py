@@ -75,7 +75,7 @@ class StragglerConfig:
 def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> dict:
     """Arrival at the gradient sync over [s0, s1] of ``rank`` against the others of its group: how late it arrives
     (``arrival_lag_ms``), in which share of the steps it is the last (``last_arrival_share``), and the waits."""
-    steps = frame.all_steps
+    steps = frame.steps_from(s0)
     ev: dict = {}
     if not steps.has_rows(group, s0, s1):
         return ev
@@ -139,7 +139,7 @@ def _tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
 
 def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> float | None:
     """Median over [s0, s1] of the rank's data wait minus its peers' median data wait, per step."""
-    d = frame.all_steps.sub_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
+    d = frame.steps_from(s0).sub_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
     if d.shape[0] < 2 or rank not in d.index:
         return None
     return float(np.nanmedian((d.loc[rank] - d.drop(index=rank).median()).to_numpy(dtype=float)))
@@ -147,7 +147,7 @@ def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s
 
 def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> dict:
     """Total blocked time (sync wait + pipeline wait) of ``rank`` against the others of its group."""
-    w = frame.all_steps.sub_matrix("total_wait_ms", group, s0, s1)  # never NaN: a cell for every row
+    w = frame.steps_from(s0).sub_matrix("total_wait_ms", group, s0, s1)  # never NaN: a cell for every row
     if w.shape[0] < 2 or rank not in w.index:
         return {}
     own = w.loc[rank]
@@ -170,21 +170,19 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     out = []
     comp = steps.matrix(signal)
     groups = frame.placement.peer_groups(list(comp.index))
-    ratios: dict[int, pd.Series] = {}
-    refs: dict[int, pd.Series] = {}
+    ratios: list[pd.DataFrame] = []  # each group's ranks' own / peers', and their peers' (the references)
+    refs: list[pd.DataFrame] = []
     for _, members in groups.items():
         if len(members) < cfg.min_ranks:
             continue
-        sub = comp.loc[members]
         ref = steps.group_reference(signal, members)
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = sub / ref.replace(0, np.nan)
-        for r in members:
-            ratios[r] = ratio.loc[r]
-            refs[r] = ref.loc[r]
+            ratios.append(comp.loc[members] / ref.replace(0, np.nan))
+        refs.append(ref)
     if not ratios:
         return out
-    ratio_df = pd.DataFrame(ratios).T
+    ratio_df = pd.concat(ratios) if len(ratios) > 1 else ratios[0]
+    ref_df = pd.concat(refs) if len(refs) > 1 else refs[0]
     with np.errstate(divide="ignore", invalid="ignore"):
         logr = np.log(ratio_df.where(ratio_df > 0))
     sigma, base_sigma = noise_sigma(logr, cfg)
@@ -215,7 +213,7 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
             flag_steps = [int(x) for x in high.index[high]]
             out.append(dict(rank=r, onset=onset, end=s1, flagged=len(flag_steps), flag_steps=flag_steps,
                             ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
-                            peers_ms=float(np.nanmedian(refs[r].loc[onset:s1])), threshold=float(np.exp(k)),
+                            peers_ms=float(np.nanmedian(ref_df.loc[r, onset:s1])), threshold=float(np.exp(k)),
                             cusum_h=run["h"], cusum_drift=run["drift"], sigma=sigma, baseline_sigma=base_sigma,
                             group=group, confirmed_at=run["detected"]))
     return out
