@@ -56,7 +56,7 @@ def cusum_runs_rows(x: np.ndarray, steps: list, k: float, h: np.ndarray, min_ste
 
     From ``vector_min_rows`` rows on, in one pass over the steps with the ranks as vectors: the same runs
     without a Python loop per rank and step. Each row's update is cusum_runs' own, in the same float
-    operations. Fewer rows go through the per-row loop, cheaper there than ~20 numpy calls per step."""
+    operations. Fewer rows go through the per-row loop, cheaper there than the vector pass's numpy calls per step."""
     n_rows = x.shape[0]
     if n_rows < vector_min_rows:
         return [_cusum_row(steps, x[i].tolist(), k, float(h[i]), min_steps, high_share) for i in range(n_rows)]

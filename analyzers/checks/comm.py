@@ -164,7 +164,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if compute.slow_computer(r, s0, s1):
-                continue  # a slow computer, not a slow link: the straggler analyzer owns it
+                continue  # a slow computer, not a slow link: the straggler check owns it
             cr = compute.compute_ratio(r, s0, s1)
             if late_wait is None:
                 late_wait = collective_wait_ms(frame.data.collectives)

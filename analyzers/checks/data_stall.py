@@ -3,7 +3,7 @@
 A rank whose ``data_ms`` share is above ``share`` (and at least ``min_ms``) in ``persist`` of
 ``window`` steps is stalled; when every rank is, the input pipeline is slow everywhere (one
 world finding). A single stalled rank arrives late at the gradient sync, so its peers wait: its
-victims' wait is reported, and the straggler analyzer does not blame it (compute excludes data).
+victims' wait is reported, and the straggler check does not blame it (compute excludes data).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def count_xids(xe: pd.DataFrame, gp: pd.DataFrame) -> pd.DataFrame:
 
 def _gpu_groups(gp: pd.DataFrame, rows: pd.Series):
     """``gp.groupby(["node", "gpu"])``'s (key, sub-frame) pairs, in its order, of the GPUs with at least one of
-    ``rows`` true. The analyzer judges every GPU every round; the per-GPU work (a dozen pandas operations) is
+    ``rows`` true. The check judges every GPU every round; the per-GPU work (a dozen pandas operations) is
     spent only on the GPUs that can produce a finding, which the row-wise tests in ``rows`` tell at once."""
     flag = rows.to_numpy(dtype=bool)
     if not flag.any():

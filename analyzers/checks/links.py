@@ -30,7 +30,7 @@ from analyzers.loader import member_counts
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
 
-STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler analyzer's ...
+STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
 
 
@@ -190,7 +190,7 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
       ``link_corroborate_k`` sigma of their kind): a rank with a slow link slows every communicator it is in, its
       partners only the one they share with it. A rank whose only compared communicator is a slow p2p link it sends
       on is named on that alone.
-    - A rank that computes slowly (``ComputeCheck.slow_computer``) is the straggler analyzer's, not a slow link.
+    - A rank that computes slowly (``ComputeCheck.slow_computer``) is the straggler check's, not a slow link.
     """
     if not steps:
         return []
@@ -269,7 +269,7 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
     out = []
     for r, c in by_rank.items():
         if compute.slow_computer(r, c["onset"], c["end"]):
-            continue  # a slow computer, not a slow link: the straggler analyzer owns it
+            continue  # a slow computer, not a slow link: the straggler check owns it
         c["comp_ratio"] = compute.compute_ratio(r, c["onset"], c["end"])
         c["own"] = float(np.median([e["transfer_ms"] for e in c["slow"]]))
         c["peers"] = float(np.median([e["kind_transfer_ms"] for e in c["slow"]]))

@@ -1,7 +1,7 @@
 """Stragglers: which rank (or node, or pipeline stage) is slow, since which step, and who only waits for it.
 
 In synchronous training every rank's step time is the same: the fast ranks wait inside the
-gradient all-reduce for the slowest. Step time therefore names nobody. This analyzer uses
+gradient all-reduce for the slowest. Step time therefore names nobody. This check uses
 
 1. each rank's compute signal (``device_ms``, the device's busy time, when every step record has it, else
    ``compute_ms``: its own work, excluding time blocked in communication, data loading and pipeline
@@ -372,7 +372,7 @@ def _corroboration(frame: AnalysisFrame, cfg: StragglerConfig, c: dict, ev: dict
     ev.update(_arrival_evidence(frame, r, group, s0, s1))
     extra_ms = c["own_ms"] - c["peers_ms"]
     share, lag = ev.get("last_arrival_share"), ev.get("arrival_lag_ms")
-    # a rank late because its data loader is late is a data stall (its own analyzer): only the lag its extra
+    # a rank late because its data loader is late is a data stall (its own check): only the lag its extra
     # data wait does not explain counts for the compute
     data_extra = _data_extra_ms(frame, r, group, s0, s1)
     if data_extra is not None and data_extra > 0 and lag is not None:
