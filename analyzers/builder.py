@@ -242,8 +242,8 @@ class AnalysisFrame:
     data: RunData
     placement: Placement
     compute_signal: str  # the step column that measures each rank's own work (RunData.compute_signal)
-    _judged: dict[int, StepView] = field(default_factory=dict, repr=False)
-    _collectives_of: dict[tuple, pd.DataFrame] = field(default_factory=dict, repr=False)
+    _judged: dict[int, StepView] = field(default_factory=dict, init=False, repr=False)
+    _collectives_of: dict[tuple, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def all_steps(self) -> StepView:
