@@ -1,41 +1,51 @@
-"""Detectors over a run's data, the findings they produce, and the diagnose report.
+"""Checks over a run's data, the findings they produce, and the diagnose report.
 
-One module per analyzer, each ``analyze(data: RunData, cfg) -> list[Finding]`` with its
-thresholds in a config dataclass. The same code runs post-mortem (``diagnose``) and live on
-the head's sliding window: build a :class:`~analyzers.loader.RunData` (``RunData.from_records``,
-``now=time.time()``) and call :func:`run_all`.
+The shape of PyTorch's flight-recorder analyzer, loader -> builder -> checks:
+
+- ``analyzers.loader``: a run (the store, the spool files, or the head's live window) as a ``RunData`` of
+  DataFrames;
+- ``analyzers.builder``: ``build_frame(data)``, the ``AnalysisFrame`` of one analysis round: the rank x step
+  matrices, references and placement maps the checks share, each computed once;
+- ``analyzers.checks``: one module per kind of problem, ``analyze(frame, cfg) -> list[Finding]``.
+
+:func:`run_all` chains them. The same code runs post-mortem (``diagnose``) and live on the head's sliding
+window: build a :class:`~analyzers.loader.RunData` (``RunData.from_records``, ``now=time.time()``) and call
+:func:`run_all`. Around them: ``analyzers.policy`` (the head's evict policy), ``analyzers.score`` (findings
+against injected faults), ``analyzers.report`` and ``analyzers.diagnose`` (the post-mortem report).
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 import traceback
 from typing import Any
 
+from analyzers.builder import build_frame
+from analyzers.checks import CHECKS
+from ranksight.schema import SEVERITY_ORDER
+
 # Order of kinds at equal severity: causes before their consequences (an MFU drop is usually a symptom).
 KIND_ORDER = {"hang": 0, "gpu_health": 1, "straggler": 2, "data_stall": 3, "comm_bottleneck": 4, "fp16_overflow": 5,
               "pipeline_bubble": 6, "memory_pressure": 7, "mfu_drop": 8}
-ANALYZERS = ("stragglers", "comm", "pipeline", "mfu", "fp16", "hang", "gpu_health", "data_stall", "memory_pressure")
+ANALYZERS = tuple(CHECKS)
 
 
 def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None,
             errors: list[str] | None = None) -> list:
-    """Run every analyzer on ``data`` (a RunData); findings sorted by severity, causes before symptoms, onset.
+    """Run every check on ``data`` (a RunData); findings sorted by severity, causes before symptoms, onset.
 
-    ``configs`` maps an analyzer name to its config object. An analyzer that raises is skipped;
+    ``configs`` maps a check's name (``ANALYZERS``) to its config object. A check that raises is skipped;
     its error goes to ``errors`` (when given) so one broken check never hides the others.
     """
-    from ranksight.schema import SEVERITY_ORDER
-
     configs = configs or {}
     findings = []
     now = data.now if getattr(data, "now", None) is not None else time.time()
+    frame = build_frame(data)
     for name in only or ANALYZERS:
-        mod = importlib.import_module(f"analyzers.{name}")
+        check = CHECKS[name]
         try:
-            got = mod.analyze(data, configs.get(name))
-        except Exception as e:  # noqa: BLE001 - keep the other analyzers' findings
+            got = check.analyze(frame, configs.get(name))
+        except Exception as e:  # noqa: BLE001 - keep the other checks' findings
             if errors is not None:
                 errors.append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
             continue
@@ -49,7 +59,7 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
     return findings
 
 
-# An MFU drop is a symptom; the cause it names must be confirmed by that cause's own analyzer.
+# An MFU drop is a symptom; the cause it names must be confirmed by that cause's own check.
 MFU_CAUSE_KIND = {"straggler": "straggler", "data_stall": "data_stall", "comm_growth": "comm_bottleneck",
                   "pipeline_wait": "pipeline_bubble"}
 
@@ -60,8 +70,6 @@ def _reconcile(findings: list) -> None:
     *unconfirmed* when none does. One cause then reads as one warning, not one per window of its cost.
 
     (Clock throttle rests on GPU telemetry of its own and is kept.)"""
-    from ranksight.schema import SEVERITY_ORDER
-
     for f in findings:
         if f.kind != "mfu_drop" or f.severity == "info":
             continue
@@ -86,4 +94,4 @@ def _reconcile(findings: list) -> None:
             root.evidence = dict(root.evidence, mfu_drop=max(drop, (root.evidence or {}).get("mfu_drop") or 0.0))
 
 
-__all__ = ["ANALYZERS", "run_all"]
+__all__ = ["ANALYZERS", "KIND_ORDER", "run_all"]

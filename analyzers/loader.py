@@ -83,7 +83,7 @@ def frame_from_records(records: Iterable[msgspec.Struct], cls: type[msgspec.Stru
     return df
 
 
-def _group_key(group: Any, members: Any, attempt: int = 0) -> str:
+def group_key(group: Any, members: Any, attempt: int = 0) -> str:
     """One communicator: the group's name, its member ranks, and the attempt (a job re-formed after a restart or an
     eviction has new process groups whose sequence numbers start again at 0)."""
     try:
@@ -94,12 +94,12 @@ def _group_key(group: Any, members: Any, attempt: int = 0) -> str:
     return key + (f" attempt {attempt}" if attempt else "")
 
 
-def _group_keys(groups: list, members: list, attempts: list) -> list[str]:
-    """``_group_key`` of every collective row. The rows of one communicator repeat the same (group, members,
+def group_keys(groups: list, members: list, attempts: list) -> list[str]:
+    """``group_key`` of every collective row. The rows of one communicator repeat the same (group, members,
     attempt) thousands of times in a window (a record per op and rank), and sorting the member list of each row
     cost O(rows x group size) every analysis round: each distinct combination is computed once.
 
-    The head's live window hands equal member lists over as one shared array object (agent/live.py
+    The head's live window hands equal member lists over as one shared array object (head/live.py
     ``_to_pandas_shared_lists``): then the combinations are told apart in bulk by the objects' identity (with
     string groups and int attempts, which factorize keeps apart exactly). Otherwise (a run read from disk: an
     array per row) a lookup per row by the members' raw bytes or tuple."""
@@ -113,13 +113,13 @@ def _group_keys(groups: list, members: list, attempts: list) -> list[str]:
                 return _group_keys_by_row(groups, members, attempts)
             code = (g_code.astype(np.int64) * len(a_uniq) + a_code) * len(m_uniq) + m_code
             _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-            keys = np.array([_group_key(groups[i], members[i], attempts[i]) for i in first], dtype=object)
+            keys = np.array([group_key(groups[i], members[i], attempts[i]) for i in first], dtype=object)
             return keys[inverse.ravel()].tolist()
     return _group_keys_by_row(groups, members, attempts)
 
 
 def _group_keys_by_row(groups: list, members: list, attempts: list) -> list[str]:
-    """``_group_key`` of every row, each distinct combination computed once (looked up by the members' raw bytes
+    """``group_key`` of every row, each distinct combination computed once (looked up by the members' raw bytes
     or tuple)."""
     cache: dict[Any, str] = {}
     out = []
@@ -129,9 +129,9 @@ def _group_keys_by_row(groups: list, members: list, attempts: list) -> list[str]
                 g, a, type(m), tuple(m) if isinstance(m, (list, tuple)) else m)
             key = cache.get(look)
             if key is None:
-                key = cache[look] = _group_key(g, m, a)
+                key = cache[look] = group_key(g, m, a)
         except TypeError:  # unhashable: compute it for this row
-            key = _group_key(g, m, a)
+            key = group_key(g, m, a)
         out.append(key)
     return out
 
@@ -217,7 +217,7 @@ class RunData:
             co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
             # A collective may be written at arrival and again when done: keep the completed one.
             # one communicator = group name + its member ranks (dp groups of different tp/pp coordinates share the name)
-            co["gkey"] = _group_keys(co["group"].tolist(), co["group_ranks"].tolist(), co["attempt"].tolist())
+            co["gkey"] = group_keys(co["group"].tolist(), co["group_ranks"].tolist(), co["attempt"].tolist())
             co["_done"] = co["t_done"].notna()
             co = (co.sort_values(["rank", "attempt", "group", "seq", "_done"])
                   .drop_duplicates(["rank", "attempt", "group", "seq"], keep="last"))
@@ -242,58 +242,6 @@ class RunData:
         """How reports name ``device_ms``: on a CPU run it is a simulated device's time, and says so."""
         cpu = self.manifest is None or self.manifest.device == "cpu"
         return "device time (SIMULATED device: CPU time)" if cpu else "device time"
-
-    # -- placement -----------------------------------------------------------
-    def rank_node(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        if self.manifest is not None:
-            out.update({p.rank: p.node for p in self.manifest.ranks})
-        if not self.steps.empty:
-            for r, n in self.steps.groupby("rank")["node"].last().items():
-                out.setdefault(int(r), int(n))
-        return out
-
-    def rank_stage(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        if self.manifest is not None:
-            out.update({p.rank: p.pp_stage for p in self.manifest.ranks})
-        if not self.steps.empty:
-            for r, s in self.steps.groupby("rank")["pp_stage"].last().items():
-                out.setdefault(int(r), int(s))
-        return out
-
-    def rank_host(self) -> dict[int, str]:
-        out: dict[int, str] = {}
-        if self.manifest is not None:
-            out.update({p.rank: p.host for p in self.manifest.ranks})
-        if not self.steps.empty:
-            for r, h in self.steps.groupby("rank")["host"].last().items():
-                out.setdefault(int(r), str(h))
-        return out
-
-    def node_ranks(self) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
-        for r, n in sorted(self.rank_node().items()):
-            out.setdefault(n, []).append(r)
-        return out
-
-    def ranks(self) -> list[int]:
-        rs = set(self.rank_node())
-        if not self.steps.empty:
-            rs |= set(int(r) for r in self.steps["rank"].unique())
-        return sorted(rs)
-
-    def nodes_of(self, ranks: Iterable[int]) -> list[int]:
-        m = self.rank_node()
-        return sorted({m[r] for r in ranks if r in m})
-
-    def gpu_ranks(self, node: int, gpu: int) -> list[int]:
-        """Ranks that drive GPU ``gpu`` of ``node`` (manifest placement, else local rank order)."""
-        if self.manifest is not None and self.manifest.ranks:
-            by_gpu = [p.rank for p in self.manifest.ranks if p.node == node and (p.gpu if p.gpu is not None else p.local_rank) == gpu]
-            return sorted(by_gpu)
-        on_node = self.node_ranks().get(node, [])
-        return [on_node[gpu]] if gpu < len(on_node) else []
 
     @property
     def layout(self) -> dict[str, Any]:

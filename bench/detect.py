@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analyzers import run_all  # noqa: E402
-from analyzers._common import leave_one_out_median, rank_step_matrix, temporal_sigma  # noqa: E402
+from analyzers.builder import Placement, rank_step_matrix  # noqa: E402
 from analyzers.loader import LoadError, load_run  # noqa: E402
 from analyzers.score import score  # noqa: E402
-from analyzers.stragglers import _peer_groups  # noqa: E402
+from analyzers.stats import leave_one_out_median, temporal_sigma  # noqa: E402
 from ranksight.schema import FaultSpec  # noqa: E402
 
 # d_model 128, 4 layers, batch 16: on 2 shared CPU cores compute (~250-400 ms a step per rank) then dominates the
@@ -165,7 +165,7 @@ def host_noise(data, faults: list[FaultSpec]) -> dict:
     st = data.steps[(data.steps["step"] > 1) & (data.steps["attempt"] == data.steps["attempt"].min())]
     comp = rank_step_matrix(st, "device_ms")
     targets = {f.rank for f in faults if f.rank is not None}
-    groups = [comp.loc[g] for g in _peer_groups(data, list(comp.index)).values()]
+    groups = [comp.loc[g] for g in Placement(data).peer_groups(list(comp.index)).values()]
     # a rank compared with a single peer mirrors it: a target's only peer is not untouched either
     parts = [np.log(m / leave_one_out_median(m)) for m in groups
              if len(m) >= 3 or (len(m) == 2 and not targets & set(m.index))]

@@ -2,11 +2,11 @@
 
 For every recorded run that carries ``device_ms``: each rank's score per step is log(its signal / the
 leave-one-out median of its comparable peers in that step) (peers: the ranks of the same pipeline stage),
-exactly as analyzers/stragglers.py scores it; the noise is the scores' robust sigma over time, median over
-ranks (``analyzers._common.temporal_sigma``), over the steps before any injected fault starts (the first
+exactly as analyzers/checks/stragglers.py scores it; the noise is the scores' robust sigma over time, median over
+ranks (``analyzers.stats.temporal_sigma``), over the steps before any injected fault starts (the first
 step, a warm-up, left out). Printed for wall-clock ``compute_ms`` and for ``device_ms``, and their ratio.
 
-A second table: the noise of the comm analyzer's communicators signature (``analyzers.links.slow_communicators``),
+A second table: the noise of the comm analyzer's communicators signature (``analyzers.checks.links.slow_communicators``),
 per run and kind of communicator, as it computes it: ``op_transfers`` (collectives' last-arriver durations, p2p
 transfers), per kind with at least two communicators the windowed median transfer per communicator and step
 (``link_window`` steps, at least ``link_min_ops`` ops: ``CommConfig`` defaults), and its ``temporal_sigma`` in
@@ -27,17 +27,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analyzers._common import leave_one_out_median, temporal_sigma  # noqa: E402
-from analyzers.comm import CommConfig  # noqa: E402
-from analyzers.links import kind_windowed_medians, op_transfers  # noqa: E402
+from analyzers.builder import Placement  # noqa: E402
+from analyzers.checks.comm import CommConfig  # noqa: E402
+from analyzers.checks.links import kind_windowed_medians, op_transfers  # noqa: E402
 from analyzers.loader import LoadError, known_runs, load_run  # noqa: E402
-from analyzers.stragglers import _peer_groups  # noqa: E402
+from analyzers.stats import leave_one_out_median, temporal_sigma  # noqa: E402
 
 
 def sigma(data, steps, col: str) -> float:
     comp = steps.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
     scores = []
-    for members in _peer_groups(data, list(comp.index)).values():
+    for members in Placement(data).peer_groups(list(comp.index)).values():
         if len(members) < 2:
             continue
         sub = comp.loc[members]
@@ -53,7 +53,7 @@ def sigma(data, steps, col: str) -> float:
 def comm_sigmas(data, steps, cfg: CommConfig) -> dict[str, tuple[int, float, float]]:
     """kind -> (communicators, sigma of their windowed median transfer in ms, median transfer in ms), as
     ``slow_communicators`` computes its sigma, over ``steps``."""
-    tr = op_transfers(data, steps[0], cfg.match_tol_ms)
+    tr = op_transfers(data.collectives, steps[0], cfg.match_tol_ms)
     if tr.empty:
         return {}
     tr = tr[tr["step"].isin(steps)]

@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from analyzers.builder import Placement
 from analyzers.loader import RunData
 from ranksight.schema import (
     CollectiveRecord,
@@ -170,7 +171,7 @@ def gpu_samples(data: RunData, every_s: float = 0.05, sm_clock: Callable[[int, i
     t0 = float(data.steps["t_start"].min())
     t1 = float(data.steps["t_end"].max())
     out = []
-    for node, ranks in data.node_ranks().items():
+    for node, ranks in Placement(data).node_ranks.items():
         for gpu in range(len(ranks)):
             t = t0
             while t <= t1:

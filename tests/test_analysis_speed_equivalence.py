@@ -16,10 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzers._common import (MAD_SCALE, leave_one_out_median, persistent_runs, rank_step_matrix, robust_sigma,
-                               rows_with_runs, temporal_sigma)
-from analyzers.loader import _group_key, _group_keys
-from analyzers.stragglers import cusum_runs, cusum_runs_rows
+from analyzers.builder import rank_step_matrix
+from analyzers.changepoint import cusum_runs, cusum_runs_rows
+from analyzers.loader import group_key, group_keys
+from analyzers.persistence import persistent_runs, rows_with_runs
+from analyzers.stats import MAD_SCALE, leave_one_out_median, robust_sigma, temporal_sigma
 
 
 def _loo_reference(frame: pd.DataFrame) -> pd.DataFrame:
@@ -137,7 +138,7 @@ def test_group_keys_once_per_distinct_list_same_keys():
     groups = ["dp", "dp", "tp", "dp", None, "pp:0>1"]
     members = [np.array([3, 1, 2]), np.array([3, 1, 2]), [1, 0], np.array([1.0, 2.0]), None, np.array([], dtype=np.int64)]
     attempts = [0, 1, 0, 0, 0, 2]
-    assert _group_keys(groups, members, attempts) == [_group_key(g, m, a) for g, m, a in zip(groups, members, attempts)]
+    assert group_keys(groups, members, attempts) == [group_key(g, m, a) for g, m, a in zip(groups, members, attempts)]
     # ... and the bulk one (integer arrays, string groups, int attempts), with repeats, an empty list, mixed widths
     rng = np.random.default_rng(4)
     lists = [np.array([3, 1, 2]), np.array([1, 2, 3]), np.array([], dtype=np.int64), np.array([0, 1], dtype=np.int32),
@@ -147,19 +148,19 @@ def test_group_keys_once_per_distinct_list_same_keys():
         members = [lists[i] for i in rng.integers(0, len(lists), n)]
         groups = [str(rng.choice(["dp", "tp", "world", "pp:0>1"])) for _ in range(n)]
         attempts = [int(a) for a in rng.integers(0, 3, n)]
-        assert _group_keys(groups, members, attempts) == [_group_key(g, m, a) for g, m, a in
+        assert group_keys(groups, members, attempts) == [group_key(g, m, a) for g, m, a in
                                                           zip(groups, members, attempts)]
 
 
-def test_member_counts_and_sorted_members():
-    from analyzers.links import _sorted_members
+def test_member_counts_andsorted_members():
+    from analyzers.checks.links import sorted_members
     from analyzers.loader import member_counts
 
     s = pd.Series([np.array([2, 0, 1]), [4, 3], (), np.array([2, 0, 1])], index=[5, 6, 7, 8])
     pd.testing.assert_series_equal(member_counts(s), s.map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0))
     s2 = pd.Series([np.array([1, 0]), None, "x"])
     pd.testing.assert_series_equal(member_counts(s2), pd.Series([2, 0, 0]))
-    assert _sorted_members(s) == [(0, 1, 2), (3, 4), (), (0, 1, 2)]
+    assert sorted_members(s) == [(0, 1, 2), (3, 4), (), (0, 1, 2)]
 
 
 def test_live_telemetry_window_converts_only_new_samples_same_frame():
@@ -198,8 +199,8 @@ def test_live_collectives_frame_shares_equal_member_lists_same_content():
         assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b))
     assert got["group_ranks"].iloc[0] is got["group_ranks"].iloc[4]  # equal lists: one object
     # the loader keys them as it keys one array per row
-    keys = _group_keys(got["group"].tolist(), got["group_ranks"].tolist(), [0] * len(got))
-    assert keys == [_group_key(g, m, 0) for g, m in zip(want["group"], want["group_ranks"])]
+    keys = group_keys(got["group"].tolist(), got["group_ranks"].tolist(), [0] * len(got))
+    assert keys == [group_key(g, m, 0) for g, m in zip(want["group"], want["group_ranks"])]
 
 
 def _windowed_reference(df: pd.DataFrame, label: str, value: str, index: list, steps: list, window: int,
@@ -220,7 +221,7 @@ def _windowed_reference(df: pd.DataFrame, label: str, value: str, index: list, s
 
 
 def test_windowed_medians_match_the_per_label_loop():
-    from analyzers._common import windowed_medians
+    from analyzers.stats import windowed_medians
 
     rng = np.random.default_rng(5)
     for trial in range(60):

@@ -3,14 +3,15 @@
 import pandas as pd
 from analyzer_fixtures import build, with_records
 
-from analyzers import comm
-from analyzers.comm import busbw_gbs
+from analyzers.builder import build_frame
+from analyzers.checks import comm
+from analyzers.checks.comm import busbw_gbs
 from ranksight.schema import NcclEvent
 
 
 def test_slow_link_rank_named_with_normal_compute():
     data = build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0)
-    fs = [f for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.evidence.get("cause") == "slow_link"]
     assert len(fs) == 1
     f = fs[0]
     assert f.ranks == [3] and f.step_start == 8 and f.severity == "warning"
@@ -22,22 +23,22 @@ def test_slow_link_rank_named_with_normal_compute():
 def test_slow_link_by_wait_deficit():
     # rank 1 arrives on time, but its data leaves 60 ms late (delay inside the DDP hook): everybody waits for it
     data = build(send_delay_ms=lambda r, s: 60.0 if (r == 1 and s >= 8) else 0.0)
-    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.severity != "info"]
     assert len(fs) == 1
     f = fs[0]
     assert f.ranks == [1] and f.evidence["method"] == "wait_deficit" and f.step_start == 8
     assert 55.0 <= f.evidence["unexplained_wait_ms"] <= 65.0 and abs(f.evidence["arrival_lag_ms"]) < 5
     # its compute looks longer (the delay runs on the backward thread) but it does not arrive late:
     # the straggler analyzer reports it as info only
-    from analyzers import stragglers
+    from analyzers.checks import stragglers
 
-    assert [(g.ranks, g.severity) for g in stragglers.analyze(data)] == [([1], "info")]
+    assert [(g.ranks, g.severity) for g in stragglers.analyze(build_frame(data))] == [([1], "info")]
 
 
 def test_straggler_is_not_a_slow_link():
     # the victims of a slow computer block longer in the all-reduce, but that is waiting, not transfer
     data = build(compute_factor=lambda r, s: 1.5 if (r == 1 and s >= 5) else 1.0)
-    assert [f for f in comm.analyze(data) if f.severity != "info"] == []
+    assert [f for f in comm.analyze(build_frame(data)) if f.severity != "info"] == []
 
 
 def test_slow_link_that_also_costs_its_rank_some_compute_is_still_a_slow_link():
@@ -45,17 +46,17 @@ def test_slow_link_that_also_costs_its_rank_some_compute_is_still_a_slow_link():
     # a compute ratio over 1.08 alone must not hand a rank whose transfers' excess dwarfs it to the straggler analyzer
     data = build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0,
                  compute_factor=lambda r, s: 1.1 if (r == 3 and s >= 8) else 1.0)
-    fs = [f for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.evidence.get("cause") == "slow_link"]
     assert [(f.ranks, f.step_start) for f in fs] == [([3], 8)]
     assert fs[0].evidence["compute_ratio"] >= 1.08 and "while computing 1.1" in fs[0].summary
     # a slow computer whose transfers are normal stays the straggler analyzer's
     data = build(compute_factor=lambda r, s: 1.12 if (r == 3 and s >= 8) else 1.0)
-    assert [f for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"] == []
+    assert [f for f in comm.analyze(build_frame(data)) if f.evidence.get("cause") == "slow_link"] == []
 
 
 def test_exposed_comm_share_is_info_on_a_clean_run():
     data = build(transfer_ms=30.0)
-    fs = comm.analyze(data)
+    fs = comm.analyze(build_frame(data))
     assert len(fs) == 1
     f = fs[0]
     assert f.severity == "info" and f.evidence["cause"] == "exposed_comm"
@@ -64,7 +65,7 @@ def test_exposed_comm_share_is_info_on_a_clean_run():
 
 def test_comm_growth_against_baseline():
     data = build(transfer_ms=10.0, link_delay_ms=lambda r, s: 60.0 if s >= 12 else 0.0)  # every rank's link slows
-    fs = [f for f in comm.analyze(data) if f.severity == "warning"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.severity == "warning"]
     assert len(fs) == 1 and fs[0].evidence["cause"] == "comm_growth"
     assert fs[0].step_start == 12 and fs[0].ranks == [0, 1, 2, 3]
 
@@ -83,7 +84,7 @@ def test_busbw_below_nccl_tests_baseline():
     achieved = busbw_gbs("all_reduce", 64 * 1024 * 1024, 10.0, 4)
     data.nccl_tests = pd.DataFrame({"op": ["all_reduce", "all_reduce"], "size_bytes": [8 * 1024 * 1024, 64 * 1024 * 1024],
                                     "busbw": [5.0, achieved * 4], "nranks": [4, 4]})
-    fs = [f for f in comm.analyze(data) if f.evidence.get("cause") == "busbw"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.evidence.get("cause") == "busbw"]
     assert len(fs) == 1
     f = fs[0]
     assert f.severity == "warning"
@@ -102,7 +103,7 @@ def test_transport_anomalies():
         NcclEvent(host="node1", pid=2, t=None, category="error", error_class="cuda",
                   message="Cuda failure 'out of memory'"),
     ]
-    fs = comm.analyze(with_records(data, ev))
+    fs = comm.analyze(build_frame(with_records(data, ev)))
     by = {f.evidence.get("cause"): f for f in fs}
     other = by["nccl_error"]
     assert (other.severity, other.nodes, other.evidence["lines"], other.evidence["error_classes"]) == ("warning", [1], 1, ["cuda"])
@@ -117,7 +118,7 @@ def test_transport_anomalies():
 def test_socket_without_ib_anywhere_is_fine():
     data = build(world=4, nodes=2)
     ev = [NcclEvent(host=f"node{i}", pid=i, t=None, category="transport", transport="NET/Socket") for i in range(2)]
-    assert [f for f in comm.analyze(with_records(data, ev)) if f.evidence.get("scope") == "transport"] == []
+    assert [f for f in comm.analyze(build_frame(with_records(data, ev))) if f.evidence.get("scope") == "transport"] == []
 
 
 def _with_tp_ops(data, delay_ms, ops=12, seed=0):
@@ -147,21 +148,22 @@ def _with_tp_ops(data, delay_ms, ops=12, seed=0):
 def test_slow_link_by_self_delay_on_tp_ops():
     # rank 1 holds each TP all-reduce 5 ms from step 10: when it is the last to arrive the op still takes 6 ms, not 1 ms
     data = _with_tp_ops(build(world=4, steps=24), lambda r, s: 5.0 if (r == 1 and s >= 10) else 0.0)
-    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.severity != "info"]
     assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "self_delay")]
     ev = fs[0].evidence
     assert 8 <= fs[0].step_start <= 10 and ev["detected_at_step"] <= 13
     assert 4.5 <= ev["extra_ms_per_op"] <= 5.5 and "tp" in ev["groups"]
     # the same ops without the delay: nothing; 3 ms is under the 4 ms floor per op
     clean = _with_tp_ops(build(world=4, steps=24), lambda r, s: 0.0)
-    assert [f for f in comm.analyze(clean) if f.severity != "info"] == []
+    assert [f for f in comm.analyze(build_frame(clean)) if f.severity != "info"] == []
     small = _with_tp_ops(build(world=4, steps=24), lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0)
-    assert [f for f in comm.analyze(small) if f.severity != "info"] == []
-    assert [f.ranks for f in comm.analyze(small, comm.CommConfig(last_min_extra_ms=2.0)) if f.severity != "info"] == [[1]]
+    assert [f for f in comm.analyze(build_frame(small)) if f.severity != "info"] == []
+    assert [f.ranks for f in comm.analyze(build_frame(small), comm.CommConfig(last_min_extra_ms=2.0)) if f.severity != "info"] == [[1]]
 
 
 def test_self_delay_ignores_rooted_ops():
     # rank 0 is the root of a broadcast every step and is slower there (it sends to everyone): not a slow link
+    from analyzers.checks import links
     from ranksight.schema import CollectiveRecord
 
     data = build(world=4, steps=24)
@@ -174,30 +176,30 @@ def test_self_delay_ignores_rooted_ops():
                 recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=s * 8 + i, op="broadcast", group="world",
                                              group_ranks=[0, 1, 2, 3], t_arrive=t0 + 0.01 * i + (0.003 if r == 0 else 0.0),
                                              t_done=t0 + 0.01 * i + 0.004, duration_ms=dur))
-    assert comm.last_arriver_ops(with_records(data, recs)).query("group == 'world'").empty
-    assert [f for f in comm.analyze(with_records(data, recs)) if f.severity != "info"] == []
+    assert links.last_arriver_ops(with_records(data, recs).collectives).query("group == 'world'").empty
+    assert [f for f in comm.analyze(build_frame(with_records(data, recs))) if f.severity != "info"] == []
 
 
 def test_comm_growth_explained_by_a_named_slow_link_is_info():
     # node 1 (ranks 2, 3) transfers 80 ms more a step from step 8: the job's exposed communication grows 5 % -> 24 %
     data = build(nodes=2, link_delay_ms=lambda r, s: 80.0 if (r >= 2 and s >= 8) else 0.0, transfer_ms=5.0)
-    fs = comm.analyze(data)
+    fs = comm.analyze(build_frame(data))
     growth = [f for f in fs if f.evidence.get("cause") == "comm_growth"]
     links = [f for f in fs if f.evidence.get("cause") == "slow_link"]
     assert [f.ranks for f in links] == [[2, 3]] and links[0].severity == "warning"
     assert len(growth) == 1 and growth[0].severity == "info" and growth[0].step_start == 8
     assert growth[0].evidence["explained_by"] == ["slow link of rank(s) 2,3"]
     # without the slow link finding (too small a node share for it) the growth would stand as a warning
-    assert comm.analyze(data, comm.CommConfig(rank_ratio=1e9, deficit_k=1e9, last_k=1e9))[0].severity == "warning"
+    assert comm.analyze(build_frame(data), comm.CommConfig(rank_ratio=1e9, deficit_k=1e9, last_k=1e9))[0].severity == "warning"
 
 
 def test_tp_partner_of_a_slow_link_is_not_blamed_by_wait_deficit():
     # rank 1 holds its TP ops 5 ms from step 10; its TP partner 0, held up there, reaches its gradient sync late,
     # which its data-parallel peers see as rank 0's data arriving late (a wait deficit of rank 0)
     base = build(world=4, steps=24, send_delay_ms=lambda r, s: 60.0 if (r == 0 and s >= 10) else 0.0)
-    assert [f.ranks for f in comm.analyze(base) if f.severity != "info"] == [[0]]  # alone, rank 0 would be named
+    assert [f.ranks for f in comm.analyze(build_frame(base)) if f.severity != "info"] == [[0]]  # alone, rank 0 would be named
     data = _with_tp_ops(base, lambda r, s: 5.0 if (r == 1 and s >= 10) else 0.0)
-    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.severity != "info"]
     assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "self_delay")]
 
 
@@ -210,7 +212,7 @@ def test_long_transfers_spent_waiting_for_a_late_peer_are_not_a_slow_link():
     data = build(world=4, steps=24)
     st = data.steps
     st.loc[(st["rank"] == 1) & (st["step"] >= 8), "comm_ms"] += 80.0
-    assert {tuple(f.ranks) for f in comm.analyze(data) if f.evidence.get("cause") == "slow_link"} == {(1,)}
+    assert {tuple(f.ranks) for f in comm.analyze(build_frame(data)) if f.evidence.get("cause") == "slow_link"} == {(1,)}
     recs = []
     for s in range(24):
         t0 = float(st.loc[st["step"] == s, "t_start"].min())
@@ -221,8 +223,8 @@ def test_long_transfers_spent_waiting_for_a_late_peer_are_not_a_slow_link():
             recs.append(CollectiveRecord(run_id="synth", rank=r, step=s, seq=1000 + s, op="all_gather", group="dp_shard",
                                          group_ranks=[1, 3], t_arrive=arrive, t_done=done, duration_ms=(done - arrive) * 1000))
     with_ops = with_records(data, recs)
-    assert comm.collective_wait_ms(with_ops).loc[1, 10] > 75
-    assert [f for f in comm.analyze(with_ops) if f.evidence.get("cause") == "slow_link"] == []
+    assert comm.collective_wait_ms(with_ops.collectives).loc[1, 10] > 75
+    assert [f for f in comm.analyze(build_frame(with_ops)) if f.evidence.get("cause") == "slow_link"] == []
 
 
 def _with_ops(data, groups, delay_ms, ops=8, seed=0):
@@ -257,7 +259,7 @@ def test_slow_link_named_by_its_communicators():
     # rank 1 holds its data 3 ms in every op from step 10: under the self-delay floor per op, but its TP group *and*
     # its DP group are slower than the other TP / DP group, while its partners are slow only in the one they share
     data = _with_ops(build(world=4, steps=24), TP_DP, lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0)
-    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.severity != "info"]
     assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "communicators")]
     ev = fs[0].evidence
     # confirmed once slow in 8 of 10 steps (a rank's transfers on a shared host slow down for up to 6 steps at a time)
@@ -268,20 +270,20 @@ def test_slow_link_named_by_its_communicators():
     assert "tp[0,1]" in fs[0].summary or "dp[1,3]" in fs[0].summary
     # no delay: nothing
     clean = _with_ops(build(world=4, steps=24), TP_DP, lambda r, s: 0.0)
-    assert [f for f in comm.analyze(clean) if f.severity != "info"] == []
+    assert [f for f in comm.analyze(build_frame(clean)) if f.severity != "info"] == []
 
 
 def test_one_slow_communicator_does_not_name_a_member():
     # only the TP link between ranks 0 and 1 is slow (both hold their TP data 3 ms; their DP groups are fine): which
     # end is at fault cannot be told from communicators, so no rank is named for it
-    from analyzers import links
+    from analyzers.checks import links
 
     data = _with_ops(build(world=4, steps=24), {"tp": TP_DP["tp"]}, lambda r, s: 3.0 if (r in (0, 1) and s >= 10) else 0.0)
     data = _with_ops(data, {"dp": TP_DP["dp"]}, lambda r, s: 0.0, seed=1)
-    tr = links.op_transfers(data, 10)
+    tr = links.op_transfers(data.collectives, 10)
     per = tr.groupby("gkey")["transfer_ms"].median()
     assert per["tp[0,1]"] > 3.5 and per["tp[2,3]"] < 1.5  # the TP link is slow ...
-    assert [f for f in comm.analyze(data) if f.evidence.get("method") == "communicators"] == []  # ... but no rank is named
+    assert [f for f in comm.analyze(build_frame(data)) if f.evidence.get("method") == "communicators"] == []  # ... but no rank is named
 
 
 def _with_p2p(data, delay_ms, seed=0):
@@ -314,10 +316,10 @@ def _with_p2p(data, delay_ms, seed=0):
 
 
 def test_p2p_transfers_pair_send_and_recv():
-    from analyzers import links
+    from analyzers.checks import links
 
     data = _with_p2p(build(world=4, steps=6), lambda r, s: 2.0 if r == 1 else 0.0)
-    tr = links.p2p_transfers(data)
+    tr = links.p2p_transfers(data.collectives)
     assert len(tr) == 6 * 4 * 4 and set(tr["cls"]) == {links.P2P_CLASS}
     per_link = tr.groupby("gkey")["transfer_ms"].median()
     assert set(per_link.index) == {"pp:0>2[0,2]", "pp:1>3[1,3]", "pp:2>0[0,2]", "pp:3>1[1,3]"}
@@ -330,9 +332,9 @@ def test_slow_p2p_link_names_its_sender():
     # rank 1's activations reach rank 3 2 ms late from step 10; rank 1 has no other communicator to compare, so the
     # slow link it sends on names it (its receiver, rank 3, sends its gradients back at normal speed)
     data = _with_p2p(build(world=4, steps=24), lambda r, s: 2.0 if (r == 1 and s >= 10) else 0.0)
-    fs = [f for f in comm.analyze(data) if f.severity != "info"]
+    fs = [f for f in comm.analyze(build_frame(data)) if f.severity != "info"]
     assert [(f.ranks, f.evidence["method"]) for f in fs] == [([1], "communicators")]
     assert [e["communicator"] for e in fs[0].evidence["slow_communicators"]] == ["pp:1>3[1,3]"]
     assert 8 <= fs[0].step_start <= 10
     clean = _with_p2p(build(world=4, steps=24), lambda r, s: 0.0)
-    assert [f for f in comm.analyze(clean) if f.severity != "info"] == []
+    assert [f for f in comm.analyze(build_frame(clean)) if f.severity != "info"] == []

@@ -2,7 +2,8 @@
 
 from analyzer_fixtures import build, with_records
 
-from analyzers import data_stall, memory_pressure
+from analyzers.builder import build_frame
+from analyzers.checks import data_stall, memory_pressure
 from ranksight.schema import HostSample
 
 GiB = 1024**3
@@ -10,7 +11,7 @@ GiB = 1024**3
 
 def test_one_rank_waits_for_data():
     data = build(data_extra_ms=lambda r, s: 60.0 if (r == 2 and s >= 8) else 0.0)
-    (f,) = data_stall.analyze(data)
+    (f,) = data_stall.analyze(build_frame(data))
     assert f.ranks == [2] and f.step_start == 8 and f.severity == "warning"
     assert 60.0 <= f.evidence["data_ms_median"] <= 64.0
     assert 55.0 <= f.evidence["victims_mean_wait_ms"] <= 62.0
@@ -19,19 +20,19 @@ def test_one_rank_waits_for_data():
 
 def test_every_rank_waits_for_data():
     data = build(data_extra_ms=lambda r, s: 150.0 if s >= 5 else 0.0)
-    (f,) = data_stall.analyze(data)
+    (f,) = data_stall.analyze(build_frame(data))
     assert f.evidence["scope"] == "world" and f.ranks == [0, 1, 2, 3] and f.severity == "critical"
 
 
 def test_clean_data():
-    assert data_stall.analyze(build()) == []
+    assert data_stall.analyze(build_frame(build())) == []
 
 
 def test_memory_growth_projects_when_full():
     data = build(mem_bytes=lambda r, s: 2 * GiB + s * 100 * 1024**2 if r == 0 else 2 * GiB)
     host = [HostSample(node=0, host="node0", t=float(data.steps["t_start"].min()), cpu_pct=50, load1=1, mem_used_bytes=8 * GiB,
                        mem_total_bytes=64 * GiB, net_rx_bytes=0, net_tx_bytes=0, disk_read_bytes=0, disk_write_bytes=0)]
-    (f,) = memory_pressure.analyze(with_records(data, host))
+    (f,) = memory_pressure.analyze(build_frame(with_records(data, host)))
     assert f.ranks == [0] and f.evidence["cause"] == "growth"
     assert f.evidence["slope_mib_per_step"][0] == 100.0
     # capacity per rank: 64 GiB / 4 ranks = 16 GiB; ~4.9 GiB at step 29 -> about (16-4.8)*1024/100 steps later
@@ -42,9 +43,9 @@ def test_memory_near_capacity():
     data = build(mem_bytes=lambda r, s: int(15.8 * GiB) if r == 1 else 4 * GiB)
     host = [HostSample(node=0, host="node0", t=float(data.steps["t_start"].min()), cpu_pct=50, load1=1, mem_used_bytes=8 * GiB,
                        mem_total_bytes=64 * GiB, net_rx_bytes=0, net_tx_bytes=0, disk_read_bytes=0, disk_write_bytes=0)]
-    (f,) = memory_pressure.analyze(with_records(data, host))
+    (f,) = memory_pressure.analyze(build_frame(with_records(data, host)))
     assert f.severity == "critical" and f.ranks == [1] and f.evidence["cause"] == "near_capacity"
 
 
 def test_flat_memory_is_clean():
-    assert memory_pressure.analyze(build()) == []
+    assert memory_pressure.analyze(build_frame(build())) == []

@@ -2,12 +2,13 @@
 
 from analyzer_fixtures import build
 
-from analyzers import fp16
+from analyzers.builder import build_frame
+from analyzers.checks import fp16
 
 
 def test_loss_scale_collapse_is_critical():
     data = build(fp16=True, overflow=lambda r, s: s >= 15)
-    (f,) = fp16.analyze(data)
+    (f,) = fp16.analyze(build_frame(data))
     assert f.kind == "fp16_overflow" and f.severity == "critical"
     assert f.step_start == 15 and f.step_end == 29
     ev = f.evidence
@@ -19,42 +20,42 @@ def test_loss_scale_collapse_is_critical():
 
 def test_short_overflow_run_is_a_warning():
     data = build(fp16=True, overflow=lambda r, s: 10 <= s <= 13)
-    (f,) = fp16.analyze(data)
+    (f,) = fp16.analyze(build_frame(data))
     assert f.severity == "warning" and f.evidence["overflow_steps"] == 4 and f.step_start == 10
 
 
 def test_calibration_at_start_is_ignored():
     # GradScaler starts at 65536 and halves a few times before the first clean step: normal
     data = build(fp16=True, overflow=lambda r, s: s < 4)
-    assert fp16.analyze(data) == []
+    assert fp16.analyze(build_frame(data)) == []
 
 
 def test_isolated_overflows_are_not_a_finding():
     data = build(fp16=True, steps=60, overflow=lambda r, s: s in (20, 50))
-    assert fp16.analyze(data) == []
+    assert fp16.analyze(build_frame(data)) == []
 
 
 def test_frequent_isolated_overflows_raise_the_skip_rate():
     data = build(fp16=True, steps=64, overflow=lambda r, s: s % 8 == 7)
-    (f,) = fp16.analyze(data)
+    (f,) = fp16.analyze(build_frame(data))
     assert f.severity == "warning" and f.evidence["cause"] == "skip_rate"
     assert f.evidence["skipped_steps"] == 8 and abs(f.evidence["skipped_rate"] - 0.125) < 0.001
 
 
 def test_nonfinite_loss_on_one_rank():
     data = build(nonfinite=lambda r, s: r == 2 and s >= 20)
-    (f,) = fp16.analyze(data)
+    (f,) = fp16.analyze(build_frame(data))
     assert f.severity == "critical" and f.ranks == [2] and f.step_start == 20
     assert f.evidence["cause"] == "nonfinite_loss" and f.evidence["nonfinite_steps"] == 10
 
 
 def test_bf16_run_without_scale_is_clean():
-    assert fp16.analyze(build()) == []
+    assert fp16.analyze(build_frame(build())) == []
 
 
 def test_steps_skipped_for_a_nan_loss_are_not_also_overflow():
     # fp32 run: the trainer skips the optimizer step when the loss is NaN; one finding, the non-finite one
     data = build(nonfinite=lambda r, s: r == 2 and s >= 10)
     data.steps.loc[data.steps["step"] >= 10, "skipped"] = True
-    (f,) = fp16.analyze(data)
+    (f,) = fp16.analyze(build_frame(data))
     assert f.evidence["cause"] == "nonfinite_loss" and f.ranks == [2]

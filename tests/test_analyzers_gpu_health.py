@@ -2,8 +2,9 @@
 
 from analyzer_fixtures import build, gpu_samples, step_time, with_records
 
-from analyzers import gpu_health
-from analyzers.gpu_health import count_xids
+from analyzers.builder import build_frame
+from analyzers.checks import gpu_health
+from analyzers.checks.gpu_health import count_xids
 from ranksight.schema import XidEvent
 from ranksight.simgpu import THROTTLE_APP_CLOCKS, THROTTLE_GPU_IDLE, THROTTLE_SW_POWER_CAP
 
@@ -15,9 +16,9 @@ def test_xid_events_deduplicated_and_repeats_counted():
           XidEvent(node=1, host="node1", gpu=0, t=t, code=79, source="simulated-nvml", simulated=True),  # same event twice
           XidEvent(node=1, host="node1", gpu=0, t=t + 0.5, code=79, source="simulated-nvml", simulated=True)]  # a repeat
     d = with_records(data, xs)
-    c = count_xids(d)
+    c = count_xids(d.xid, d.gpu)
     assert len(c) == 1 and int(c.iloc[0]["count"]) == 2
-    (f,) = gpu_health.analyze(d)
+    (f,) = gpu_health.analyze(build_frame(d))
     assert f.severity == "critical" and f.nodes == [1] and f.ranks == [2]
     assert f.evidence["xid_count"] == 2 and f.evidence["codes"] == [79]
     assert f.step_start == 10 and f.simulated and "[simulated]" in f.summary
@@ -40,9 +41,9 @@ def test_xid_counter_increases_with_reset():
         return 1
 
     d = with_records(data, gpu_samples(data, xid_total=total))
-    c = count_xids(d)
+    c = count_xids(d.xid, d.gpu)
     assert len(c) == 1 and int(c.iloc[0]["count"]) == 3 and int(c.iloc[0]["gpu"]) == 1
-    (f,) = gpu_health.analyze(d)
+    (f,) = gpu_health.analyze(build_frame(d))
     assert f.ranks == [1] and f.evidence["xid_counter_increase"] == 3 and f.evidence["codes"] == []
 
 
@@ -51,7 +52,7 @@ def test_events_and_counter_are_not_double_counted():
     t = step_time(data, 5)[0]
     xs = [XidEvent(node=0, host="node0", gpu=0, t=t, code=48, source="nvml", simulated=False)]
     d = with_records(data, xs + gpu_samples(data, xid_total=lambda n, g, tt: 1 if (g == 0 and tt >= t) else 0, simulated=False))
-    (f,) = gpu_health.analyze(d)
+    (f,) = gpu_health.analyze(build_frame(d))
     assert f.evidence["xid_count"] == 1 and not f.simulated
 
 
@@ -59,7 +60,7 @@ def test_ecc_double_bit_is_critical():
     data = build(world=2)
     t = step_time(data, 7)[0]
     d = with_records(data, gpu_samples(data, ecc_dbe=lambda n, g, tt: 1 if (g == 1 and tt >= t) else 0))
-    (f,) = gpu_health.analyze(d)
+    (f,) = gpu_health.analyze(build_frame(d))
     assert f.evidence["cause"] == "ecc_dbe" and f.severity == "critical" and f.ranks == [1] and f.step_start == 7
 
 
@@ -69,7 +70,7 @@ def test_harmful_throttle_and_low_clocks():
     d = with_records(data, gpu_samples(
         data, throttle=lambda n, g, tt: THROTTLE_SW_POWER_CAP if (g == 3 and tt >= t) else THROTTLE_APP_CLOCKS,
         sm_clock=lambda n, g, tt: 1300.0 if (g == 3 and tt >= t) else 1980.0))
-    (f,) = gpu_health.analyze(d)
+    (f,) = gpu_health.analyze(build_frame(d))
     assert f.evidence["cause"] == "throttle" and f.ranks == [3] and f.severity == "warning"
     assert f.evidence["reasons"] == ["sw_power_cap"] and f.evidence["sm_clock_mhz"] == 1300
     assert 11 <= f.step_start <= 12
@@ -78,13 +79,13 @@ def test_harmful_throttle_and_low_clocks():
 def test_benign_throttle_reasons_are_clean():
     data = build(world=4)
     d = with_records(data, gpu_samples(data, throttle=lambda n, g, t: THROTTLE_GPU_IDLE | THROTTLE_APP_CLOCKS))
-    assert gpu_health.analyze(d) == []
+    assert gpu_health.analyze(build_frame(d)) == []
 
 
 def test_node_wide_xid_is_one_finding():
     data = build(world=4, nodes=2)
     t = step_time(data, 4)[0]
     xs = [XidEvent(node=0, host="node0", gpu=g, t=t + 0.01 * g, code=79, source="simulated-nvml", simulated=True) for g in (0, 1)]
-    (f,) = gpu_health.analyze(with_records(data, xs))
+    (f,) = gpu_health.analyze(build_frame(with_records(data, xs)))
     assert f.nodes == [0] and f.ranks == [0, 1] and f.evidence["gpus"] == [0, 1]
     assert f.evidence["xid_count"] == 2 and f.evidence["per_gpu"] == {0: 1, 1: 1}

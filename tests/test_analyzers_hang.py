@@ -2,14 +2,15 @@
 
 from analyzer_fixtures import build, with_records
 
-from analyzers import hang
+from analyzers.builder import build_frame
+from analyzers.checks import hang
 from analyzers.loader import RunData
 from ranksight.schema import CollectiveRecord, EventRecord, NcclEvent
 
 
 def test_missing_rank_named_like_the_flight_recorder():
     data = build(world=4, stop={3: 20}, finished=False)
-    (f,) = hang.analyze(data)
+    (f,) = hang.analyze(build_frame(data))
     assert f.kind == "hang" and f.severity == "critical"
     assert f.ranks == [3] and f.step_start == 20
     ev = f.evidence
@@ -23,7 +24,7 @@ def test_collective_joined_by_all_but_never_completed():
     data = build(world=2, steps=5)
     extra = [CollectiveRecord(run_id="synth", rank=r, step=5, seq=6, op="all_gather", group="dp", group_ranks=[0, 1],
                               t_arrive=float(data.steps["t_end"].max()) + 0.01 * r) for r in (0, 1)]
-    (f,) = hang.analyze(with_records(data, extra))
+    (f,) = hang.analyze(build_frame(with_records(data, extra)))
     assert f.evidence["cause"] == "collective_stuck" and f.ranks == [0, 1]
     assert "never completed" in f.summary
 
@@ -33,34 +34,34 @@ def test_live_silent_rank():
     # rank 1 stops reporting after step 9; the others carry on
     steps = data.steps[~((data.steps["rank"] == 1) & (data.steps["step"] >= 10))]
     live = RunData(run_id="synth", manifest=data.manifest, steps=steps, now=float(data.steps["t_end"].max()) + 1.0)
-    assert hang.analyze(live) == []  # 1 s of silence is not a hang yet (stall threshold >= 60 s)
+    assert hang.analyze(build_frame(live)) == []  # 1 s of silence is not a hang yet (stall threshold >= 60 s)
     live.now += 120.0
-    fs = hang.analyze(live)
+    fs = hang.analyze(build_frame(live))
     # everybody is silent now: the whole job is reported; rank 1 went first
     assert len(fs) == 1 and fs[0].severity == "critical"
     assert fs[0].ranks == [0, 1, 2, 3]
     live2 = RunData(run_id="synth", manifest=data.manifest, steps=steps, now=float(steps[steps["rank"] == 1]["t_end"].max()) + 90)
     live2.steps.loc[live2.steps["rank"] != 1, "t_end"] = live2.now - 0.5  # others reported just now
-    (g,) = hang.analyze(live2)
+    (g,) = hang.analyze(build_frame(live2))
     assert g.ranks == [1] and "continue" in g.summary and g.evidence["cause"] == "silent"
 
 
 def test_post_mortem_rank_behind_without_exit():
     data = build(world=4, steps=20)
     steps = data.steps[~((data.steps["rank"] == 2) & (data.steps["step"] >= 12))]
-    (f,) = hang.analyze(RunData(run_id="synth", manifest=data.manifest, steps=steps))
+    (f,) = hang.analyze(build_frame(RunData(run_id="synth", manifest=data.manifest, steps=steps)))
     assert f.ranks == [2] and f.evidence["cause"] == "stopped_early" and f.step_start == 12
     # an evicted rank that said goodbye is not a hang
     ev = [EventRecord(run_id="synth", rank=2, step=11, t=0.0, event="evicted")]
     d = RunData.from_records("synth", ev, manifest=data.manifest)
-    assert hang.analyze(RunData(run_id="synth", manifest=data.manifest, steps=steps, events=d.events)) == []
+    assert hang.analyze(build_frame(RunData(run_id="synth", manifest=data.manifest, steps=steps, events=d.events))) == []
 
 
 def test_finished_run_is_clean_and_unfinished_short_run_is_a_warning():
-    assert hang.analyze(build(steps=20)) == []
+    assert hang.analyze(build_frame(build(steps=20))) == []
     data = build(steps=20, finished=False)
     data.manifest.config["steps"] = 50
-    (f,) = hang.analyze(data)
+    (f,) = hang.analyze(build_frame(data))
     assert f.severity == "warning" and f.evidence["cause"] == "ended_early"
 
 
@@ -68,7 +69,7 @@ def test_watchdog_line():
     data = build(world=4, nodes=2)
     ev = [NcclEvent(host="node1", pid=7, t=None, category="watchdog", rank=3, error_class="timeout",
                     message="[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=57, OpType=ALLREDUCE) ran for 600000 ms")]
-    (f,) = hang.analyze(with_records(data, ev))
+    (f,) = hang.analyze(build_frame(with_records(data, ev)))
     assert f.severity == "critical" and f.ranks == [3] and f.nodes == [1]
     assert f.evidence["cause"] == "watchdog_timeout" and "SeqNum=57" in f.evidence["example"]
 
@@ -84,7 +85,7 @@ def test_missing_rank_in_one_of_two_dp_groups():
                     continue  # rank 3 never arrives at its group's 5th all_gather
                 recs.append(CollectiveRecord(run_id="synth", rank=r, step=seq, seq=seq, op="all_gather", group="dp", group_ranks=grp,
                                              t_arrive=100.0 + seq, t_done=(100.5 + seq) if done else None))
-    (f,) = hang.analyze(RunData.from_records("synth", recs))
+    (f,) = hang.analyze(build_frame(RunData.from_records("synth", recs)))
     assert f.ranks == [3] and f.evidence["missing_ranks"] == [3] and f.evidence["waiting_ranks"] == [1]
     assert f.summary.startswith("rank 3 never joined all_gather seq 5 on group dp [1,3]; rank 1 waiting since")
 
@@ -96,7 +97,7 @@ def test_crash_names_the_first_failing_rank():
     ev = [EventRecord(run_id="synth", rank=2, step=8, t=t + 0.1, event="exit", detail={"reason": "RuntimeError: CUDA error: an illegal memory access"}),
           EventRecord(run_id="synth", rank=0, step=8, t=t + 0.3, event="exit", detail={"reason": "RuntimeError: Connection closed by peer"}),
           EventRecord(run_id="synth", rank=1, step=8, t=t + 0.3, event="exit", detail={"reason": "RuntimeError: Connection closed by peer"})]
-    (f,) = hang.analyze(with_records(data, ev))
+    (f,) = hang.analyze(build_frame(with_records(data, ev)))
     assert f.severity == "critical" and f.ranks == [2] and f.evidence["cause"] == "crashed"
     assert f.evidence["followers"] == [0, 1] and "illegal memory access" in f.summary
 
@@ -110,9 +111,9 @@ def test_unwaited_op_of_a_rank_that_moved_on_is_not_a_hang():
                               t_arrive=t0 + 0.01)]
     extra += [CollectiveRecord(run_id="synth", rank=r, step=s, seq=600 + s, op="all_reduce", group="tp", group_ranks=[2, 3],
                                t_arrive=t0 + s, t_done=t0 + s + 0.002, duration_ms=2.0) for r in (2, 3) for s in (2, 3)]
-    assert hang.analyze(with_records(data, extra)) == []
+    assert hang.analyze(build_frame(with_records(data, extra))) == []
     # the same op as the last thing rank 3 did on that communicator is a hang (rank 2 never joined it)
     late = [CollectiveRecord(run_id="synth", rank=3, step=9, seq=900, op="all_reduce", group="tp", group_ranks=[2, 3],
                              t_arrive=t0 + 100.0)]
-    fs = hang.analyze(with_records(data, extra + late))
+    fs = hang.analyze(build_frame(with_records(data, extra + late)))
     assert [(f.ranks, f.evidence["cause"]) for f in fs] == [([2], "missing_ranks")]

@@ -2,7 +2,8 @@
 
 from analyzer_fixtures import build, gpu_samples, step_time, with_records
 
-from analyzers import mfu
+from analyzers.builder import build_frame
+from analyzers.checks import mfu
 from ranksight.simgpu import THROTTLE_HW_THERMAL
 
 
@@ -17,7 +18,7 @@ def test_mfu_series_is_palm_over_peak():
 
 def test_clean_run_no_drop():
     for seed in range(3):
-        assert mfu.analyze(build(steps=40, noise=0.03, seed=seed)) == []
+        assert mfu.analyze(build_frame(build(steps=40, noise=0.03, seed=seed))) == []
 
 
 def test_drop_attributed_to_clock_throttle():
@@ -27,7 +28,7 @@ def test_drop_attributed_to_clock_throttle():
     samples = gpu_samples(
         data, sm_clock=lambda n, g, t: 1100.0 if (g == 2 and t >= t12) else 1980.0,
         throttle=lambda n, g, t: THROTTLE_HW_THERMAL if (g == 2 and t >= t12) else 0)
-    (f,) = mfu.analyze(with_records(data, samples))
+    (f,) = mfu.analyze(build_frame(with_records(data, samples)))
     assert f.kind == "mfu_drop" and f.step_start == 12
     assert f.evidence["cause"] == "clock_throttle"
     assert f.ranks == [2]
@@ -38,19 +39,19 @@ def test_drop_attributed_to_clock_throttle():
 
 def test_drop_without_telemetry_is_straggler():
     data = build(compute_factor=lambda r, s: 1.4 if (r == 2 and s >= 12) else 1.0)
-    (f,) = mfu.analyze(data)
+    (f,) = mfu.analyze(build_frame(data))
     assert f.evidence["cause"] == "straggler" and f.ranks == [2]
 
 
 def test_drop_attributed_to_profiler():
     data = build(compute_factor=lambda r, s: 1.3 if s >= 15 else 1.0, profiling=lambda r, s: s >= 15)
-    (f,) = mfu.analyze(data)
+    (f,) = mfu.analyze(build_frame(data))
     assert f.evidence["cause"] == "profiler_on" and f.step_start == 15
 
 
 def test_drop_attributed_to_data_stall():
     data = build(data_extra_ms=lambda r, s: 50.0 if s >= 10 else 0.0)
-    (f,) = mfu.analyze(data)
+    (f,) = mfu.analyze(build_frame(data))
     assert f.evidence["cause"] == "data_stall" and f.step_start == 10
 
 
@@ -74,9 +75,9 @@ def test_run_all_reports_an_mfu_drop_as_a_symptom_or_unconfirmed():
 def test_drop_with_device_time_unchanged_is_host_contention():
     # every rank's wall-clock compute grows 1.6x from step 10 while the devices' own time does not
     data = build(device_time=True, host_factor=lambda r, s: 1.6 if s >= 10 else 1.0)
-    (f,) = mfu.analyze(data)
+    (f,) = mfu.analyze(build_frame(data))
     assert f.evidence["cause"] == "host_contention" and f.severity == "info" and f.step_start == 10
     assert abs(f.evidence["device_ms_delta"]) < 5 and "contended" in f.recommendation
     # the same drop with the devices slower too is a compute slowdown
-    (g,) = mfu.analyze(build(device_time=True, compute_factor=lambda r, s: 1.6 if s >= 10 else 1.0))
+    (g,) = mfu.analyze(build_frame(build(device_time=True, compute_factor=lambda r, s: 1.6 if s >= 10 else 1.0)))
     assert g.evidence["cause"] == "compute_slowdown"

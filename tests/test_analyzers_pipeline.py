@@ -3,8 +3,9 @@
 import pytest
 from analyzer_fixtures import build
 
-from analyzers import pipeline
-from analyzers.pipeline import microbatches_for, theory_bubble
+from analyzers.builder import build_frame
+from analyzers.checks import pipeline
+from analyzers.checks.pipeline import microbatches_for, theory_bubble
 
 
 def test_theory_numbers():
@@ -22,7 +23,7 @@ def test_theory_numbers():
 
 def test_too_few_microbatches():
     data = build(world=4, pp=2, microbatches=1)
-    (f,) = pipeline.analyze(data)
+    (f,) = pipeline.analyze(build_frame(data))
     assert f.kind == "pipeline_bubble" and f.severity == "critical"
     ev = f.evidence
     assert ev["cause"] == "too_few_microbatches"
@@ -34,14 +35,14 @@ def test_too_few_microbatches():
 
 def test_few_microbatches_m_equals_p_is_a_warning():
     # the benchmark's few_microbatches fault: M = P = 2, theory (P-1)/(M+P-1) = 1/3
-    (f,) = pipeline.analyze(build(world=4, pp=2, microbatches=2))
+    (f,) = pipeline.analyze(build_frame(build(world=4, pp=2, microbatches=2)))
     assert f.severity == "warning" and f.evidence["cause"] == "too_few_microbatches"
     assert abs(f.evidence["theory_bubble"] - 0.333) < 0.001 and f.evidence["microbatches_for_target"] == 9
     assert f.ranks == [0, 1, 2, 3] and "M >= 9" in f.summary
 
 
 def test_enough_microbatches_is_info_only():
-    fs = pipeline.analyze(build(world=4, pp=2, microbatches=8))
+    fs = pipeline.analyze(build_frame(build(world=4, pp=2, microbatches=8)))
     assert [f.severity for f in fs] == ["info"]
     assert abs(fs[0].evidence["measured_bubble"] - 1 / 9) < 0.02
 
@@ -49,7 +50,7 @@ def test_enough_microbatches_is_info_only():
 def test_imbalanced_stage_is_the_cause():
     # stage 1 computes 1.6x stage 0: stage 0 waits far beyond theory (M=8: 11 %)
     data = build(world=4, pp=2, microbatches=8, stage_compute_ms=[100.0, 160.0])
-    (f,) = pipeline.analyze(data)
+    (f,) = pipeline.analyze(build_frame(data))
     assert f.severity == "warning" and f.evidence["cause"] == "imbalanced_stage"
     assert f.evidence["slowest_stage"] == 1 and f.ranks == [2, 3]
     assert f.evidence["excess"] >= 0.10
@@ -57,4 +58,4 @@ def test_imbalanced_stage_is_the_cause():
 
 
 def test_no_pipeline_no_finding():
-    assert pipeline.analyze(build(world=4, pp=1)) == []
+    assert pipeline.analyze(build_frame(build(world=4, pp=1))) == []

@@ -3,8 +3,9 @@
 import numpy as np
 from analyzer_fixtures import build
 
-from analyzers import stragglers
-from analyzers.stragglers import StragglerConfig
+from analyzers.builder import build_frame
+from analyzers.checks import stragglers
+from analyzers.checks.stragglers import StragglerConfig
 
 
 def test_culprit_named_not_victims():
@@ -15,7 +16,7 @@ def test_culprit_named_not_victims():
     # the victims show the long step times too: step time alone cannot name the culprit
     assert late.groupby("rank")["step_ms"].median().max() - late.groupby("rank")["step_ms"].median().min() < 1.0
     assert late[late["rank"] != 1]["sync_wait_ms"].mean() > 10.0
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     assert len(fs) == 1
     f = fs[0]
     assert f.kind == "straggler" and f.severity == "warning"
@@ -37,7 +38,7 @@ def test_device_time_finds_a_small_straggler_under_host_noise():
     # 20 % wall-clock scheduling noise per step (a shared CPU) hides a 1.15x slow rank in compute_ms; the device's
     # own busy time (device_ms) is free of it, so the straggler is confirmed within 3 steps of its onset
     kw = dict(world=4, steps=24, noise=0.01, host_noise=0.2, compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 8) else 1.0)
-    fs = stragglers.analyze(build(device_time=True, **kw))
+    fs = stragglers.analyze(build_frame(build(device_time=True, **kw)))
     warn = [f for f in fs if f.severity != "info"]
     assert len(warn) == 1, [f.summary for f in fs]
     f = warn[0]
@@ -50,7 +51,7 @@ def test_device_time_finds_a_small_straggler_under_host_noise():
 
 def test_device_time_clean_runs_stay_clean_under_host_noise():
     for seed in range(4):
-        fs = stragglers.analyze(build(world=4, steps=30, noise=0.01, host_noise=0.2, device_time=True, seed=seed))
+        fs = stragglers.analyze(build_frame(build(world=4, steps=30, noise=0.01, host_noise=0.2, device_time=True, seed=seed)))
         assert [f for f in fs if f.severity != "info"] == [], [f.summary for f in fs]
 
 
@@ -58,7 +59,7 @@ def test_host_only_slowness_is_told_apart_from_a_slow_device():
     # rank 2's wall-clock compute is 1.5x from step 10 while its device time stays normal: a starved host
     data = build(world=4, steps=30, noise=0.01, device_time=True,
                  host_factor=lambda r, s: 1.5 if (r == 2 and s >= 10) else 1.0)
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     assert [f.ranks for f in fs] == [[2]]
     f = fs[0]
     assert f.evidence["signal"] == "compute_ms" and f.step_start == 10
@@ -67,25 +68,25 @@ def test_host_only_slowness_is_told_apart_from_a_slow_device():
 
 def test_clean_run_has_no_straggler():
     for seed in range(3):
-        assert stragglers.analyze(build(world=8, steps=40, noise=0.02, seed=seed)) == []
+        assert stragglers.analyze(build_frame(build(world=8, steps=40, noise=0.02, seed=seed))) == []
 
 
 def test_one_noisy_step_is_not_a_finding():
     # rank 2 is 1.8x slow in two isolated steps only
     data = build(compute_factor=lambda r, s: 1.8 if (r == 2 and s in (7, 15)) else 1.0)
-    assert stragglers.analyze(data) == []
+    assert stragglers.analyze(build_frame(data)) == []
 
 
 def test_critical_at_twice_the_peers():
     data = build(compute_factor=lambda r, s: 2.2 if (r == 3 and s >= 5) else 1.0)
-    (f,) = stragglers.analyze(data)
+    (f,) = stragglers.analyze(build_frame(data))
     assert f.severity == "critical" and f.ranks == [3] and f.step_start == 5
 
 
 def test_slow_node_is_one_finding():
     # 8 ranks on 2 nodes; every rank of node 1 (ranks 4..7) slows 1.3x from step 10
     data = build(world=8, nodes=2, compute_factor=lambda r, s: 1.3 if (r >= 4 and s >= 10) else 1.0)
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     assert len(fs) == 1
     f = fs[0]
     assert f.nodes == [1] and f.ranks == [4, 5, 6, 7]
@@ -96,7 +97,7 @@ def test_slow_node_is_one_finding():
 def test_slow_pipeline_stage():
     # pp=2, dp=2: stage 1 (ranks 2,3) slows 1.3x from step 12; stage 0 waits for it (pipeline wait), computes normally
     data = build(world=4, pp=2, compute_factor=lambda r, s: 1.3 if (r >= 2 and s >= 12) else 1.0)
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     assert len(fs) == 1
     f = fs[0]
     assert f.evidence["scope"] == "stage" and f.evidence["pp_stage"] == 1
@@ -107,7 +108,7 @@ def test_rank_in_pipeline_compared_within_its_stage():
     # stages do different amounts of work; the slow rank is compared with its own stage's ranks only
     data = build(world=8, pp=2, stage_compute_ms=[80.0, 120.0],
                  compute_factor=lambda r, s: 1.2 if (r == 5 and s >= 8) else 1.0)
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     assert [f.ranks for f in fs] == [[5]]
     assert fs[0].evidence["compared_with"] == [4, 6, 7]
     assert fs[0].step_start == 8
@@ -118,16 +119,16 @@ def test_rank_in_pipeline_compared_within_its_stage():
 
 def test_persistence_config_is_honoured():
     data = build(compute_factor=lambda r, s: 1.5 if (r == 1 and 10 <= s <= 12) else 1.0)
-    assert [f.ranks for f in stragglers.analyze(data)] == [[1]]
+    assert [f.ranks for f in stragglers.analyze(build_frame(data))] == [[1]]
     # a 3-step burst: with 4 steps required, 80 % of them slow, it is not a straggler
-    assert stragglers.analyze(data, StragglerConfig(min_steps=4, high_share=0.8)) == []
+    assert stragglers.analyze(build_frame(data), StragglerConfig(min_steps=4, high_share=0.8)) == []
 
 
 def test_noisy_run_needs_more_evidence():
     # same 1.15x straggler, but 10 % per-step noise: the CUSUM threshold rises with the noise
-    quiet = stragglers.analyze(build(steps=40, compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0))
-    noisy = stragglers.analyze(build(steps=40, noise=0.10, seed=3,
-                                     compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0))
+    quiet = stragglers.analyze(build_frame(build(steps=40, compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0)))
+    noisy = stragglers.analyze(build_frame(build(steps=40, noise=0.10, seed=3,
+                                     compute_factor=lambda r, s: 1.15 if (r == 1 and s >= 10) else 1.0)))
     assert [f.ranks for f in quiet] == [[1]] and [f.ranks for f in noisy] == [[1]]
     assert quiet[0].evidence["cusum_threshold"] < noisy[0].evidence["cusum_threshold"]
     assert quiet[0].evidence["detected_at_step"] <= noisy[0].evidence["detected_at_step"]
@@ -140,7 +141,7 @@ def test_slow_compute_without_late_arrival_is_only_info():
     st = data.steps
     mask = (st["rank"] == 1) & (st["step"] >= 10)
     st.loc[mask, "compute_ms"] *= 1.4
-    (f,) = stragglers.analyze(data)
+    (f,) = stragglers.analyze(build_frame(data))
     assert f.ranks == [1] and f.severity == "info" and f.confidence < 0.5
     assert f.evidence["arrival_corroborated"] is False
     assert "not confirmed by arrival order" in f.summary
@@ -181,7 +182,7 @@ def _tp_run(slow: int = 1, factor: float = 1.3, onset: int = 10, victim_share: f
 
 def test_tp_culprit_named_not_its_tp_partner():
     data = _tp_run(slow=1)
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     warn = [f for f in fs if f.severity != "info"]
     assert [f.ranks for f in warn] == [[1]]
     ev = warn[0].evidence
@@ -196,7 +197,7 @@ def test_tp_culprit_named_not_its_tp_partner():
 
 def test_tp_culprit_other_group():
     # the same with the slow rank in the other TP group: rank 3 named, its partner 2 not warned about
-    fs = stragglers.analyze(_tp_run(slow=3, factor=1.5, onset=8))
+    fs = stragglers.analyze(build_frame(_tp_run(slow=3, factor=1.5, onset=8)))
     assert [f.ranks for f in fs if f.severity != "info"] == [[3]]
     assert all(f.severity == "info" for f in fs if f.ranks == [2])
 
@@ -204,10 +205,10 @@ def test_tp_culprit_other_group():
 def test_large_slowdown_confirmed_in_three_steps_under_noise():
     # 1.5x with 12 % per-step noise: the fast CUSUM confirms it within 3 steps of the onset, the slow one later
     data = build(steps=30, noise=0.12, seed=2, compute_factor=lambda r, s: 1.5 if (r == 2 and s >= 12) else 1.0)
-    (f,) = stragglers.analyze(data)
+    (f,) = stragglers.analyze(build_frame(data))
     assert f.ranks == [2] and f.evidence["detected_at_step"] <= 15
     assert f.evidence["cusum_drift_ratio"] == 1.25
-    slow_only = stragglers.analyze(data, StragglerConfig(fast_ratio=10.0))
+    slow_only = stragglers.analyze(build_frame(data), StragglerConfig(fast_ratio=10.0))
     assert slow_only[0].evidence["detected_at_step"] > f.evidence["detected_at_step"]
 
 
@@ -218,7 +219,7 @@ def test_noise_floor_from_warmup():
     rng = np.random.default_rng(0)
     early = st["step"] <= 6
     st.loc[early, "compute_ms"] *= np.exp(0.2 * rng.standard_normal(int(early.sum())))
-    from analyzers.stragglers import noise_sigma
+    from analyzers.checks.stragglers import noise_sigma
     import pandas as pd
 
     comp = st[st["step"] >= 1].pivot_table(index="rank", columns="step", values="compute_ms")
@@ -232,8 +233,8 @@ def test_noise_floor_from_warmup():
 def test_single_peer_comparison_needs_more_evidence():
     # pp=2 x dp=2: each stage has two ranks, so a rank is compared with one peer only; thresholds are 1.35x higher
     data = build(world=4, pp=2, steps=30, noise=0.05, seed=4, compute_factor=lambda r, s: 1.6 if (r == 3 and s >= 10) else 1.0)
-    (f,) = [f for f in stragglers.analyze(data) if f.severity != "info"]
-    (g,) = [f for f in stragglers.analyze(data, StragglerConfig(few_peers_h_factor=1.0)) if f.severity != "info"]
+    (f,) = [f for f in stragglers.analyze(build_frame(data)) if f.severity != "info"]
+    (g,) = [f for f in stragglers.analyze(build_frame(data), StragglerConfig(few_peers_h_factor=1.0)) if f.severity != "info"]
     assert f.ranks == g.ranks == [3] and f.evidence["compared_with"] == [2]
     assert abs(f.evidence["cusum_threshold"] / g.evidence["cusum_threshold"] - 1.35) < 0.02
     assert f.evidence["detected_at_step"] >= g.evidence["detected_at_step"]
@@ -245,13 +246,13 @@ def test_late_because_of_data_is_not_compute_corroboration():
     data = build(data_extra_ms=lambda r, s: 80.0 if (r == 2 and s >= 10) else 0.0)
     st = data.steps
     st.loc[(st["rank"] == 2) & (st["step"] >= 10), "compute_ms"] *= 1.3
-    (f,) = stragglers.analyze(data)
+    (f,) = stragglers.analyze(build_frame(data))
     assert f.ranks == [2] and f.severity == "info"
     assert 75 <= f.evidence["data_extra_ms"] <= 85 and f.evidence["arrival_lag_ms"] > 75
     assert f.evidence["arrival_corroborated"] is False
     # the same lag from compute (no data stall) is corroborated
     slow = build(compute_factor=lambda r, s: 1.3 if (r == 2 and s >= 10) else 1.0)
-    (g,) = stragglers.analyze(slow)
+    (g,) = stragglers.analyze(build_frame(slow))
     assert g.severity == "warning" and "data_extra_ms" not in g.evidence
 
 
@@ -268,7 +269,7 @@ def test_a_reformed_job_is_judged_one_attempt_at_a_time():
                   compute_factor=lambda r, s: (1.6 if r == 0 else 1.4) if s < 4 else 1.0)
     st2 = after.steps.assign(step=after.steps["step"] + 30, attempt=1)
     data = RunData(run_id="synth", manifest=before.manifest, steps=pd.concat([before.steps, st2], ignore_index=True))
-    fs = [f for f in stragglers.analyze(data) if f.severity != "info"]
+    fs = [f for f in stragglers.analyze(build_frame(data)) if f.severity != "info"]
     assert [(f.ranks, f.step_start) for f in fs] == [([3], 10)]
     assert fs[0].step_end == 29
 
@@ -281,7 +282,7 @@ def test_a_short_device_time_blip_nobody_waits_for_is_info():
     early = (st["rank"] == 0) & st["step"].between(15, 17)
     med = st[~early].groupby("step")["sync_arrival"].median()
     st.loc[early, "sync_arrival"] = st.loc[early, "step"].map(med) - 0.005
-    (f,) = stragglers.analyze(data)
+    (f,) = stragglers.analyze(build_frame(data))
     assert f.ranks == [0] and f.severity == "info" and "only 3 slow steps at" in f.summary
 
 
@@ -289,14 +290,14 @@ def test_stage_drift_explained_by_a_named_member_is_info():
     # pp=2 x dp=2: rank 3 computes 1.5x from step 10 and its stage partner rank 2 1.1x (a busy neighbour on its core):
     # the stage's median rises ~1.3x, but the stage did not slow as a whole; rank 3 is the straggler
     data = build(world=4, pp=2, steps=30, compute_factor=lambda r, s: (1.5 if r == 3 else 1.1 if r == 2 else 1.0) if s >= 10 else 1.0)
-    fs = stragglers.analyze(data)
+    fs = stragglers.analyze(build_frame(data))
     assert [(f.ranks, f.severity) for f in fs if f.severity != "info"] == [([3], "warning")]
     (stage,) = [f for f in fs if f.evidence.get("scope") == "stage"]
     assert stage.severity == "info" and stage.evidence["explained_by_ranks"] == [3]
     assert 1.05 <= stage.evidence["rest_of_stage_drift"] <= 1.15
     # both ranks 1.3x: the whole stage slowed, a warning naming both
     both = build(world=4, pp=2, steps=30, compute_factor=lambda r, s: 1.3 if (r >= 2 and s >= 10) else 1.0)
-    assert [(f.ranks, f.evidence.get("scope")) for f in stragglers.analyze(both) if f.severity != "info"] == [([2, 3], "stage")]
+    assert [(f.ranks, f.evidence.get("scope")) for f in stragglers.analyze(build_frame(both)) if f.severity != "info"] == [([2, 3], "stage")]
 
 
 def test_unconfirmed_device_time_needs_a_long_or_large_episode():
@@ -308,7 +309,7 @@ def test_unconfirmed_device_time_needs_a_long_or_large_episode():
         slow = (st["rank"] == 0) & st["step"].between(first, last)
         med = st[~slow].groupby("step")["sync_arrival"].median()
         st.loc[slow, "sync_arrival"] = st.loc[slow, "step"].map(med) - 0.005  # it arrives on time
-        return [f for f in stragglers.analyze(data) if f.ranks == [0]]
+        return [f for f in stragglers.analyze(build_frame(data)) if f.ranks == [0]]
 
     (short,) = run(1.12, 10, 18)
     assert short.severity == "info" and short.evidence["arrival_corroborated"] is False

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import fmt_ranks, fnum, step_of_time
-from analyzers.loader import RunData
+from analyzers.builder import AnalysisFrame
+from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
 
@@ -46,10 +46,10 @@ class GpuHealthConfig:
     busy_util: float = 30.0  # only busy samples are judged for clocks (idle GPUs clock down)
 
 
-def count_xids(data: RunData) -> pd.DataFrame:
-    """Per (node, gpu): XID count, codes, first time; from XidEvent rows and xid_total increases."""
+def count_xids(xe: pd.DataFrame, gp: pd.DataFrame) -> pd.DataFrame:
+    """Per (node, gpu): XID count, codes, first time; from XidEvent rows (``xe``: the xid table) and the
+    xid_total increases of the GPU samples (``gp``: the gpu table)."""
     rows: dict[tuple[int, int], dict] = {}
-    xe = data.xid
     if not xe.empty:
         x = xe.dropna(subset=["node", "gpu"]).copy()
         x["t_ms"] = (pd.to_numeric(x["t"], errors="coerce") * 1000).round()
@@ -57,7 +57,6 @@ def count_xids(data: RunData) -> pd.DataFrame:
         for (node, gpu), sub in x.groupby(["node", "gpu"]):
             rows[(int(node), int(gpu))] = dict(events=int(len(sub)), codes=sorted({int(c) for c in sub["code"]}),
                                                first_t=float(sub["t"].min()), counter=0)
-    gp = data.gpu
     if not gp.empty:
         # a GPU whose counter reads 0 in every sample adds nothing: only the others are walked sample by sample
         counted = pd.to_numeric(gp["xid_total"], errors="coerce").fillna(0) != 0
@@ -87,7 +86,7 @@ def count_xids(data: RunData) -> pd.DataFrame:
 
 def _gpu_groups(gp: pd.DataFrame, rows: pd.Series):
     """``gp.groupby(["node", "gpu"])``'s (key, sub-frame) pairs, in its order, of the GPUs with at least one of
-    ``rows`` true. The analyzer judges every GPU every round; the per-GPU work (a dozen pandas operations) is
+    ``rows`` true. The check judges every GPU every round; the per-GPU work (a dozen pandas operations) is
     spent only on the GPUs that can produce a finding, which the row-wise tests in ``rows`` tell at once."""
     flag = rows.to_numpy(dtype=bool)
     if not flag.any():
@@ -115,13 +114,14 @@ def _may_find(gp: pd.DataFrame, cfg: GpuHealthConfig) -> pd.Series:
     return may
 
 
-def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> list[Finding]:
     cfg = cfg or GpuHealthConfig()
     out: list[Finding] = []
+    data, place = frame.data, frame.placement
     sim = data.simulated_gpu
     st = data.steps
     last_step = int(st["step"].max()) if not st.empty else None
-    xids = count_xids(data)
+    xids = count_xids(data.xid, data.gpu)
     # one finding per node and set of codes: a node-wide event (all its GPUs) is one event to act on
     groups: dict[tuple, list] = {}
     for _, x in xids.iterrows():
@@ -129,11 +129,11 @@ def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
     for (node, codes_t), rows in sorted(groups.items()):
         codes = list(codes_t)
         gpus = sorted(int(x["gpu"]) for x in rows)
-        ranks = sorted({r for g in gpus for r in data.gpu_ranks(node, g)})
+        ranks = sorted({r for g in gpus for r in place.gpu_ranks(node, g)})
         crit = bool(set(codes) & CRITICAL_XIDS) or not codes
         firsts = [x["first_t"] for x in rows if x["first_t"] is not None]
         first_t = min(firsts) if firsts else None
-        onset = step_of_time(st, first_t) if first_t is not None else None
+        onset = frame.step_of_time(first_t) if first_t is not None else None
         count = int(sum(int(x["count"]) for x in rows))
         meaning = "; ".join(f"{c}: {XID_MEANING.get(c, 'see NVIDIA XID catalog')}" for c in codes) or "codes unknown (counter only)"
         where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {fmt_ranks(gpus)}"
@@ -158,12 +158,12 @@ def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
     gp["throttle_reasons"] = pd.to_numeric(gp["throttle_reasons"], errors="coerce").fillna(0).astype(int)
     for (node, gpu), sub in _gpu_groups(gp, _may_find(gp, cfg)):
         node, gpu = int(node), int(gpu)
-        ranks = data.gpu_ranks(node, gpu)
+        ranks = place.gpu_ranks(node, gpu)
         sub = sub.sort_values("t")
         dbe = sub["ecc_dbe"].dropna()
         if not dbe.empty and dbe.max() > 0:
             first_t = float(sub.loc[sub["ecc_dbe"] > 0, "t"].min())
-            onset = step_of_time(st, first_t)
+            onset = frame.step_of_time(first_t)
             out.append(Finding(
                 analyzer=NAME, kind="gpu_health", severity="critical", ranks=ranks, nodes=[node], step_start=onset, step_end=last_step,
                 evidence=dict(cause="ecc_dbe", node=node, gpu=gpu, ecc_dbe=int(dbe.max()), first_t=fnum(first_t, 3), onset_step=onset),
@@ -195,7 +195,7 @@ def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
             names = [n for n in throttle_names(bits & THROTTLE_HARMFUL)]
             bad_rows = sub[bad]
             first_t = float(bad_rows["t"].min())
-            onset = step_of_time(st, first_t)
+            onset = frame.step_of_time(first_t)
             clk = float(bad_rows["sm_clock_mhz"].median()) if bad_rows["sm_clock_mhz"].notna().any() else None
             mx = float(sub["max_sm_clock_mhz"].max()) if sub["max_sm_clock_mhz"].notna().any() else None
             temp = float(bad_rows["temp_c"].max()) if bad_rows["temp_c"].notna().any() else None
@@ -203,7 +203,7 @@ def analyze(data: RunData, cfg: GpuHealthConfig | None = None) -> list[Finding]:
             clk_txt = f"; SM clock {clk:.0f} of {mx:.0f} MHz ({clk / mx:.0%})" if clk and mx else ""
             out.append(Finding(
                 analyzer=NAME, kind="gpu_health", severity="warning", ranks=ranks, nodes=[node], step_start=onset,
-                step_end=step_of_time(st, float(bad_rows["t"].max())),
+                step_end=frame.step_of_time(float(bad_rows["t"].max())),
                 evidence=dict(cause="throttle", node=node, gpu=gpu, throttled_share=fnum(share, 3), throttled_samples=int(bad.sum()),
                               samples=int(len(sub)), reasons=names, sm_clock_mhz=fnum(clk, 0), max_sm_clock_mhz=fnum(mx, 0),
                               temp_c_max=fnum(temp, 1), first_t=fnum(first_t, 3), onset_step=onset, detected_at_step=onset),

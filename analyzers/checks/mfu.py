@@ -23,8 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import confirmation_step, fnum, persistent_runs, robust_sigma, transfer_ms
+from analyzers.builder import AnalysisFrame, transfer_ms
+from analyzers.evidence import fnum
 from analyzers.loader import RunData
+from analyzers.persistence import confirmation_step, persistent_runs
+from analyzers.stats import robust_sigma
 from ranksight.schema import Finding
 from ranksight.simgpu import THROTTLE_HARMFUL
 
@@ -64,7 +67,8 @@ def peak_label(data: RunData) -> tuple[str, bool]:
     return f"{m.peak_flops / 1e12:.2f} TFLOP/s per device ({m.peak_source or 'source not stated'})", simulated
 
 
-def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, dict]:
+def _attribute(frame: AnalysisFrame, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, dict]:
+    data = frame.data
     st = data.steps
     first = int(st["step"].min()) + cfg.warmup_steps
     win = st[(st["step"] >= s0) & (st["step"] <= s1)]
@@ -86,7 +90,7 @@ def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, di
 
     b, w = per_step(base), per_step(win)
     deltas = {k: float(w[k] - b[k]) for k in ("data", "compute", "straggle", "comm", "pipe")}
-    if data.compute_signal() == "device_ms":
+    if frame.compute_signal == "device_ms":
         # the device's own time over the same steps: wall-clock compute that grew while it did not is the host
         dev_b = base.groupby("step")["device_ms"].median().median()
         dev_w = win.groupby("step")["device_ms"].median().median()
@@ -113,7 +117,7 @@ def _attribute(data: RunData, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, di
             bfrac = float(bsub["bad"].mean()) if not bsub.empty else 0.0
             if frac >= 0.5 and frac - bfrac >= 0.3:
                 throttled_gpus.append(dict(node=int(node), gpu=int(gpu), throttled_share=fnum(frac, 2),
-                                           ranks=data.gpu_ranks(int(node), int(gpu)),
+                                           ranks=frame.placement.gpu_ranks(int(node), int(gpu)),
                                            sm_clock_mhz=fnum(pd.to_numeric(sub["sm_clock_mhz"], errors="coerce").median(), 0)))
     if throttled_gpus:
         ev["throttled_gpus"] = throttled_gpus
@@ -145,8 +149,9 @@ RECOMMEND = {
 }
 
 
-def analyze(data: RunData, cfg: MfuConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: MfuConfig | None = None) -> list[Finding]:
     cfg = cfg or MfuConfig()
+    data = frame.data
     st = data.steps
     if st.empty:
         return []
@@ -175,7 +180,7 @@ def analyze(data: RunData, cfg: MfuConfig | None = None) -> list[Finding]:
     for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
         level = float(y.loc[s0:s1].median())
         drop = 1 - level / ref
-        cause, ev = _attribute(data, cfg, s0, s1)
+        cause, ev = _attribute(frame, cfg, s0, s1)
         ranks = sorted(int(r) for r in st["rank"].unique())
         if cause == "clock_throttle":
             ranks = sorted({r for g in ev["throttled_gpus"] for r in g["ranks"]}) or ranks
@@ -195,7 +200,7 @@ def analyze(data: RunData, cfg: MfuConfig | None = None) -> list[Finding]:
                   steps_affected=n, onset_step=s0, detected_at_step=confirmation_step(flags, s0, cfg.persist),
                   peak=label, cause=cause)
         out.append(Finding(
-            analyzer=NAME, kind="mfu_drop", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks), step_start=s0, step_end=s1,
+            analyzer=NAME, kind="mfu_drop", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks), step_start=s0, step_end=s1,
             evidence=ev, confidence=0.6 if cause == "unknown" else 0.75,
             summary=f"{metric} fell {drop:.0%} ({fmt(ref)} -> {fmt(level)}) from step {s0} to {s1}; likely cause: {cause.replace('_', ' ')}",
             recommendation=RECOMMEND[cause], simulated=peak_sim or (cause == "clock_throttle" and data.simulated_gpu),

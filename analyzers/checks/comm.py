@@ -23,10 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import (confirmation_step, fmt_ranks, fnum, leave_one_out_median, persistent_runs, rank_step_matrix,
-                              rows_with_runs, temporal_sigma, transfer_ms, windowed_medians)
-from analyzers.links import P2P_OPS, STRAGGLER_RATIO, ComputeCheck, last_arriver_ops, slow_communicators
-from analyzers.loader import RunData, member_counts
+from analyzers.builder import AnalysisFrame, StepView
+from analyzers.checks.links import P2P_OPS, STRAGGLER_RATIO, ComputeCheck, last_arriver_ops, slow_communicators
+from analyzers.evidence import fmt_ranks, fnum
+from analyzers.loader import member_counts
+from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
+from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
 from ranksight.schema import Finding
 
 NAME = "comm"
@@ -90,21 +92,18 @@ def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float 
     return algbw * (f(nranks) if nranks > 1 else 1.0)
 
 
-def _transfer(st: pd.DataFrame) -> pd.Series:
-    return transfer_ms(st)
-
-
-def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
+def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[Finding]:
     out: list[Finding] = []
-    st = st.assign(transfer=_transfer(st))
-    per_step = st.groupby("step").agg(transfer=("transfer", "mean"), step_ms=("step_ms", "mean"))
+    st = view.rows
+    per_step = (pd.DataFrame({"step": st["step"], "transfer": view.column("transfer_ms"), "step_ms": st["step_ms"]})
+                .groupby("step").agg(transfer=("transfer", "mean"), step_ms=("step_ms", "mean")))
     per_step = per_step[per_step["step_ms"] > 0]
     if per_step.empty:
         return out
     share = per_step["transfer"] / per_step["step_ms"]
     med = float(share.median())
     ranks = sorted(int(r) for r in st["rank"].unique())
-    nodes = data.nodes_of(ranks)
+    nodes = frame.placement.nodes_of(ranks)
     growth_found = False
     if len(share) >= cfg.baseline_steps + cfg.growth_persist:
         base = float(share.iloc[: cfg.baseline_steps].median())
@@ -138,35 +137,37 @@ def _exposed(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
     return out
 
 
-def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Finding]:
+def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[Finding]:
     out: list[Finding] = []
-    st = st.assign(transfer=_transfer(st))
-    tr = rank_step_matrix(st, "transfer")
-    comp = rank_step_matrix(st, data.compute_signal())
+    st = view.rows
+    signal = frame.compute_signal
+    tr = view.matrix("transfer_ms")
+    comp = view.matrix(signal)
     if tr.shape[0] < 2 or tr.shape[1] < cfg.persist:
         return out
-    ref = leave_one_out_median(tr)
+    ref = view.reference("transfer_ms")
     extra = tr - ref
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = tr / ref.replace(0, np.nan)
     sigma_ms = temporal_sigma(extra)
     min_extra = max(cfg.min_extra_ms, cfg.mad_k * sigma_ms)
-    comp_ref = leave_one_out_median(comp)
+    comp_ref = view.reference(signal)
     compute = ComputeCheck(comp / comp_ref.replace(0, np.nan), comp - comp_ref, extra)
     cands = []
-    wait = rank_step_matrix(st, "sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
-    # a slow link makes its peers wait for it: its own sync wait is not above theirs
-    others_wait_more = (leave_one_out_median(wait) >= wait) | wait.isna()
+    wait = view.matrix("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
+    # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
+    wait_ref = view.reference("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
+    others_wait_more = (wait_ref >= wait) | wait.isna()
     late_wait = None
     flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= min_extra) & others_wait_more).fillna(False)
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if compute.slow_computer(r, s0, s1):
-                continue  # a slow computer, not a slow link: the straggler analyzer owns it
+                continue  # a slow computer, not a slow link: the straggler check owns it
             cr = compute.compute_ratio(r, s0, s1)
             if late_wait is None:
-                late_wait = collective_wait_ms(data)
+                late_wait = collective_wait_ms(frame.data.collectives)
             if r in late_wait.index:
                 waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
                 if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
@@ -174,14 +175,15 @@ def _slow_links(data: RunData, cfg: CommConfig, st: pd.DataFrame) -> list[Findin
             cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
-    cands += _wait_deficit(data, cfg, st, {c["rank"] for c in cands})
+    cands += _wait_deficit(cfg, view, {c["rank"] for c in cands})
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
-    last = last_arriver_ops(data, int(st["step"].min()), cfg.match_tol_ms)
-    cands += _self_delay(data, cfg, st, {c["rank"] for c in cands}, last)
-    cands = _merge_communicators(cands, slow_communicators(data, cfg, sorted(int(x) for x in tr.columns), compute, last), cfg)
-    cands = _drop_link_partners(cands, data)
-    node_ranks = data.node_ranks()
-    node_of = data.rank_node()
+    co = frame.data.collectives
+    last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
+    cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute)
+    cands = _merge_communicators(cands, slow_communicators(co, cfg, sorted(int(x) for x in tr.columns), compute, last), cfg)
+    cands = _drop_link_partners(cands, frame)
+    node_ranks = frame.placement.node_ranks
+    node_of = frame.placement.rank_node
     used: set[int] = set()
     flagged = {c["rank"] for c in cands}
     for node, members in node_ranks.items():
@@ -255,7 +257,7 @@ def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
     )
 
 
-def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]) -> list[dict]:
+def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int]) -> list[dict]:
     """Peers wait for a rank that arrived on time: its data reaches them late (a slow link).
 
     Per step: deficit = peers' median sync wait - own sync wait (how much longer the others wait than
@@ -263,16 +265,17 @@ def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[in
     deficit - max(arrival lag, 0). Persistent (3 of 5 steps) and above max(min_extra_ms, deficit_k sigma,
     10 % of the step) -> slow link of that rank.
     """
+    st = view.rows
     if st["sync_wait_ms"].isna().all() or st["sync_arrival"].isna().all():
         return []
-    wait = rank_step_matrix(st, "sync_wait_ms")
-    arr = rank_step_matrix(st, "sync_arrival")
+    wait = view.matrix("sync_wait_ms")
+    arr = view.matrix("sync_arrival")
     step_ms = st.groupby("step")["step_ms"].median()
     if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
         return []
-    wait_ref = leave_one_out_median(wait)
+    wait_ref = view.reference("sync_wait_ms")
     deficit = wait_ref - wait
-    lag = (arr - leave_one_out_median(arr)) * 1000.0
+    lag = (arr - view.reference("sync_arrival")) * 1000.0
     unexplained = deficit - lag.clip(lower=0)
     sigma = temporal_sigma(unexplained)
     floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
@@ -294,11 +297,11 @@ def _wait_deficit(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[in
     return out
 
 
-def collective_wait_ms(data: RunData) -> pd.DataFrame:
+def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
     """Per rank and step, the time spent in collectives waiting for a peer that arrived later (ms): for each op all
     members recorded (and completed within ``match_tol_ms`` of each other), last member's arrival - own arrival.
-    Covers every collective, not only the gradient sync (FSDP all-gathers, TP all-reduces)."""
-    co = data.collectives
+    Covers every collective, not only the gradient sync (FSDP all-gathers, TP all-reduces). ``co``: the run's
+    collective records."""
     if co.empty:
         return pd.DataFrame()
     # p2p sends complete locally (their t_done says nothing about the peer): collectives only
@@ -332,7 +335,7 @@ def _merge_communicators(cands: list[dict], comms: list[dict], cfg: CommConfig) 
     return cands
 
 
-def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
+def _drop_link_partners(cands: list[dict], frame: AnalysisFrame) -> list[dict]:
     """Of two self-delay candidates that share a communicator and overlap in time, keep the one with the longer
     last-arriver ops: its partner arriving last still waits out the rest of the culprit's delay (so its own ops look
     long too), but by less than the delay itself. A tensor- or pipeline-parallel partner of a culprit with direct
@@ -342,9 +345,8 @@ def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
     direct = [c for c in cands if c.get("method") != "wait_deficit"]
     sd = [c for c in cands if c.get("method") == "self_delay"]
     drop = set()
-    co = data.collectives
-    if direct and not co.empty:
-        part = co[co["group"].astype(str).str.startswith(("tp", "pp"))]
+    if direct and not frame.data.collectives.empty:
+        part = frame.collectives_of(("tp", "pp"))
         part_keys = part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
         for c in cands:
             if c.get("method") != "wait_deficit" and c.get("method") is not None:
@@ -364,16 +366,18 @@ def _drop_link_partners(cands: list[dict], data: RunData) -> list[dict]:
     return [c for c in cands if id(c) not in drop]
 
 
-def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int], last: pd.DataFrame) -> list[dict]:
+def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFrame, compute: ComputeCheck) -> list[dict]:
     """A slow link seen per collective: ops in which the rank arrived last (nobody left to wait for) still take
     longer than ops in which a peer arrived last. Per step, each rank's median last-arriver duration over the last
     ``last_window`` steps (at least ``last_min_ops`` ops) against the leave-one-out median of the other ranks';
     flagged when the excess is >= max(min_extra_ms, last_k x the noise of those medians over time), in ``persist``
     of ``window`` steps.
     Sensitive where ops are many and quick (tensor-parallel all-reduces); with a few long gloo all-reduces per
-    step their duration noise keeps the threshold high. ``last``: ``last_arriver_ops`` from ``st``'s first step."""
+    step their duration noise keeps the threshold high. ``last``: ``last_arriver_ops`` from the view's first step;
+    ``compute``: the ranks' compute against their peers'."""
     if last.empty or last["rank"].nunique() < 2:
         return []
+    st = view.rows
     steps = sorted(int(x) for x in st["step"].unique())
     ranks = sorted(int(r) for r in st["rank"].unique())
     # per rank, the median duration of the ops it was last at in steps (s - last_window, s]
@@ -387,8 +391,7 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     # the peers' references contain the culprit, so their excess shifts with it and would inflate sigma.
     sigma = temporal_sigma(med)
     threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
-    comp = rank_step_matrix(st, data.compute_signal())
-    comp_ratio = comp / leave_one_out_median(comp).replace(0, np.nan)
+    comp_ratio = compute.comp_ratio
     out = []
     flag_rows = (excess >= threshold).fillna(False)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -411,8 +414,9 @@ def _self_delay(data: RunData, cfg: CommConfig, st: pd.DataFrame, skip: set[int]
     return out
 
 
-def _busbw(data: RunData, cfg: CommConfig) -> list[Finding]:
+def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
     out: list[Finding] = []
+    data = frame.data
     co, base = data.collectives, data.nccl_tests
     if co.empty or base is None or base.empty:
         return out
@@ -449,7 +453,7 @@ def _busbw(data: RunData, cfg: CommConfig) -> list[Finding]:
         sev = "warning" if frac is not None and frac < cfg.busbw_warn_frac else "info"
         ranks = sorted(int(r) for r in data.collectives[data.collectives["group"] == grp]["rank"].unique())
         out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks),
+            analyzer=NAME, kind="comm_bottleneck", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks),
             step_start=int(sub["step"].min()), step_end=int(sub["step"].max()),
             evidence=dict(scope="collective", cause="busbw", group=grp, op=op, achieved_busbw_gbs=fnum(achieved, 3),
                           baseline_busbw_gbs=fnum(baseline, 3), fraction_of_baseline=fnum(frac, 3),
@@ -465,18 +469,18 @@ def _busbw(data: RunData, cfg: CommConfig) -> list[Finding]:
 P2P_DISABLED = re.compile(r"P2P (?:is )?disabled|NCCL_P2P_DISABLE\s*=\s*1|P2P.*not (?:supported|available)", re.I)
 
 
-def _transport(data: RunData, cfg: CommConfig) -> list[Finding]:
+def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
     out: list[Finding] = []
-    ne = data.nccl_events
+    ne = frame.data.nccl_events
     if ne.empty:
         return out
     ne = ne.copy()
     for c in ("transport", "error_class", "message", "category", "host"):
         ne[c] = ne[c].fillna("").astype(str)
     host_ranks: dict[str, list[int]] = {}
-    for r, h in data.rank_host().items():
+    for r, h in frame.placement.rank_host.items():
         host_ranks.setdefault(h, []).append(r)
-    node_of = data.rank_node()
+    node_of = frame.placement.rank_node
 
     def placement(hosts) -> tuple[list[int], list[int]]:
         ranks = sorted({r for h in hosts for r in host_ranks.get(h, [])})
@@ -527,15 +531,13 @@ def _transport(data: RunData, cfg: CommConfig) -> list[Finding]:
     return out
 
 
-def analyze(data: RunData, cfg: CommConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding]:
     cfg = cfg or CommConfig()
     findings: list[Finding] = []
-    st = data.steps
-    if not st.empty:
-        st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
-    if not st.empty:
-        exposed = _exposed(data, cfg, st)
-        links = _slow_links(data, cfg, st)
+    judged = frame.judged(cfg.warmup_steps)
+    if not judged.rows.empty:
+        exposed = _exposed(frame, cfg, judged)
+        links = _slow_links(frame, cfg, judged)
         for f in exposed:
             # the job's communication grew because of a slow link already named: a symptom, reported as info
             if f.evidence.get("cause") != "comm_growth" or f.severity != "warning":
@@ -547,6 +549,6 @@ def analyze(data: RunData, cfg: CommConfig | None = None) -> list[Finding]:
                 f.evidence["explained_by"] = [f"slow link of rank(s) {fmt_ranks(g.ranks)}" for g in causes]
                 f.summary += f" (explained by the slow link of rank(s) {fmt_ranks(causes[0].ranks)})"
         findings += exposed + links
-    findings += _busbw(data, cfg)
-    findings += _transport(data, cfg)
+    findings += _busbw(frame, cfg)
+    findings += _transport(frame, cfg)
     return findings

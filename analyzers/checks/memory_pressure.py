@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import fnum, fmt_ranks
-from analyzers.loader import RunData
+from analyzers.builder import AnalysisFrame
+from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 
 NAME = "memory_pressure"
@@ -33,18 +33,19 @@ class MemoryConfig:
     min_steps: int = 8
 
 
-def _capacity(data: RunData) -> dict[int, float]:
+def _capacity(frame: AnalysisFrame) -> dict[int, float]:
+    data = frame.data
     cap: dict[int, float] = {}
     device = data.manifest.device if data.manifest is not None else "cpu"
     if not data.gpu.empty and str(device).startswith("cuda"):
         tot = data.gpu.groupby(["node", "gpu"])["mem_total_bytes"].max()
         for (node, gpu), v in tot.items():
             if v and v > 0:
-                for r in data.gpu_ranks(int(node), int(gpu)):
+                for r in frame.placement.gpu_ranks(int(node), int(gpu)):
                     cap[r] = float(v)
     elif not data.host.empty:
         tot = data.host.groupby("node")["mem_total_bytes"].max()
-        for node, ranks in data.node_ranks().items():
+        for node, ranks in frame.placement.node_ranks.items():
             if node in tot.index and tot[node] > 0 and ranks:
                 for r in ranks:
                     cap[r] = float(tot[node]) / len(ranks)
@@ -69,14 +70,14 @@ def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
             yield r, st.iloc[idx]
 
 
-def analyze(data: RunData, cfg: MemoryConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: MemoryConfig | None = None) -> list[Finding]:
     cfg = cfg or MemoryConfig()
-    st = data.steps
+    st = frame.data.steps
     if st.empty or not (st["mem_bytes"] > 0).any():
         return []
-    st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
-    cap = _capacity(data)
-    node_of = data.rank_node()
+    st = frame.judged(cfg.warmup_steps).rows
+    cap = _capacity(frame)
+    node_of = frame.placement.rank_node
     near: dict[str, list] = {"warning": [], "critical": []}
     grow = []
     for r, sub in _ranks_to_judge(st, cap, cfg):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers._common import fnum
-from analyzers.loader import RunData
+from analyzers.builder import AnalysisFrame
+from analyzers.evidence import fnum
 from ranksight.schema import Finding
 
 NAME = "pipeline"
@@ -55,16 +55,16 @@ def microbatches_for(p: int, target: float, schedule: str = "1f1b", v: int = 1) 
     return max(1, math.ceil((p - 1) * (1 - target) / (target * max(v, 1)) - 1e-9))
 
 
-def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: PipelineConfig | None = None) -> list[Finding]:
     cfg = cfg or PipelineConfig()
-    st = data.steps
+    st = frame.data.steps
     if st.empty:
         return []
-    layout = data.layout
+    layout = frame.data.layout
     p = int(layout.get("pp") or st["pp_stage"].nunique())
     if p <= 1 or st["pp_stage"].nunique() <= 1:
         return []
-    st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
+    st = frame.judged(cfg.warmup_steps).rows
     if st.empty:
         return []
     m = int(layout.get("microbatches") or int(st["microbatches"].median()) or 1)
@@ -96,7 +96,7 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
     if excess >= cfg.excess_warn and imbalance >= cfg.imbalance_ratio:
         stage_ranks = sorted(int(r) for r in st.loc[st["pp_stage"] == slowest, "rank"].unique())
         out.append(Finding(
-            analyzer=NAME, kind="pipeline_bubble", severity="warning", ranks=stage_ranks, nodes=data.nodes_of(stage_ranks),
+            analyzer=NAME, kind="pipeline_bubble", severity="warning", ranks=stage_ranks, nodes=frame.placement.nodes_of(stage_ranks),
             step_start=s0, step_end=s1, evidence=dict(ev, cause="imbalanced_stage"), confidence=0.8,
             summary=(f"pipeline bubble {measured:.0%} vs {theory:.0%} in theory (P={p}, M={m}): stage {slowest} computes "
                      f"{imbalance:.2f}x the median stage and the others wait for it"),
@@ -105,7 +105,7 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
         ))
     elif excess >= cfg.excess_warn:
         out.append(Finding(
-            analyzer=NAME, kind="pipeline_bubble", severity="warning" if excess >= cfg.p2p_excess_warn else "info", ranks=ranks, nodes=data.nodes_of(ranks),
+            analyzer=NAME, kind="pipeline_bubble", severity="warning" if excess >= cfg.p2p_excess_warn else "info", ranks=ranks, nodes=frame.placement.nodes_of(ranks),
             step_start=s0, step_end=s1, evidence=dict(ev, cause="p2p_latency"), confidence=0.6,
             summary=(f"pipeline bubble {measured:.0%} vs {theory:.0%} in theory (P={p}, M={m}) with balanced stages: "
                      f"point-to-point transfers between stages are slow"),
@@ -114,7 +114,7 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
     elif theory >= cfg.theory_warn:
         sev = "critical" if theory >= cfg.theory_critical else "warning"
         out.append(Finding(
-            analyzer=NAME, kind="pipeline_bubble", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks),
+            analyzer=NAME, kind="pipeline_bubble", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks),
             step_start=s0, step_end=s1, evidence=dict(ev, cause="too_few_microbatches"), confidence=0.9,
             summary=(f"pipeline bubble {measured:.0%} (theory {theory:.0%} for P={p}, M={m}, {schedule}): too few micro-batches; "
                      f"M >= {m_needed} would bring it under {cfg.target:.0%}"),
@@ -123,7 +123,7 @@ def analyze(data: RunData, cfg: PipelineConfig | None = None) -> list[Finding]:
         ))
     elif theory > cfg.target:
         out.append(Finding(
-            analyzer=NAME, kind="pipeline_bubble", severity="info", ranks=ranks, nodes=data.nodes_of(ranks),
+            analyzer=NAME, kind="pipeline_bubble", severity="info", ranks=ranks, nodes=frame.placement.nodes_of(ranks),
             step_start=s0, step_end=s1, evidence=dict(ev, cause="schedule"), confidence=0.9,
             summary=f"pipeline bubble {measured:.0%} (theory {theory:.0%} for P={p}, M={m}); M >= {m_needed} would reach {cfg.target:.0%}",
             recommendation=f"Consider M >= {m_needed} micro-batches to bring the bubble under {cfg.target:.0%}.",

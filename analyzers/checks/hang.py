@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers._common import fmt_ranks, fnum
+from analyzers.builder import AnalysisFrame
+from analyzers.evidence import fmt_ranks, fnum
 from analyzers.loader import RunData
 from ranksight.schema import Finding
 
@@ -75,7 +76,8 @@ class _GroupMembers:
         return self.known[grp]
 
 
-def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
+def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
+    data = frame.data
     co = data.collectives
     if co.empty:
         return []
@@ -126,7 +128,7 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
         ranks = miss
         rec = (f"Dump the stacks of {who} (py-spy dump --pid, or the flight recorder) to see where it is stuck; "
                f"set TORCH_NCCL_DUMP_ON_TIMEOUT=1 and restart from the last checkpoint without node(s) "
-               f"{fmt_ranks(data.nodes_of(miss))} if it does not recover.")
+               f"{fmt_ranks(frame.placement.nodes_of(miss))} if it does not recover.")
         cause = "missing_ranks"
     else:
         summary = (f"{first['op']} seq {first['seq']} on group {first['gkey']}: all ranks ({fmt_ranks(first['waiting'])}) joined "
@@ -135,7 +137,7 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
         rec = "The collective itself is stuck: check the network (NCCL_DEBUG=INFO, ibstat), then restart from the last checkpoint."
         cause = "collective_stuck"
     out.append(Finding(
-        analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=data.nodes_of(ranks),
+        analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=frame.placement.nodes_of(ranks),
         step_start=first["step"], step_end=first["step"],
         evidence=dict(cause=cause, group=first["group"], communicator=first["gkey"], seq=first["seq"], op=first["op"], missing_ranks=first["missing"],
                       waiting_ranks=first["waiting"], waiting_since=fnum(first["since"], 3),
@@ -146,7 +148,8 @@ def _collective_hangs(data: RunData, cfg: HangConfig) -> list[Finding]:
     return out
 
 
-def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
+def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Finding]:
+    data = frame.data
     st = data.steps
     out: list[Finding] = []
     if st.empty:
@@ -156,7 +159,7 @@ def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
     left = set()
     if not ev.empty:
         left = {int(r) for r in ev.loc[ev["event"].isin(["exit", "evicted"]), "rank"].unique()}
-    node_of = data.rank_node()
+    node_of = frame.placement.rank_node
     if data.now is not None:
         stall_s = _stall_s(data, cfg)
         silent = last[(data.now - last["t"]) > stall_s]
@@ -197,7 +200,7 @@ def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
             recommendation="Read the stopped ranks' logs for a crash or hang; restart from the last checkpoint without their node if it is faulty.",
         ))
         return out
-    crash = _crash(data)
+    crash = _crash(frame)
     if crash is not None:
         out.append(crash)
         return out
@@ -205,7 +208,7 @@ def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
     planned = (m.config or {}).get("steps") if m is not None else None
     if m is not None and m.finished is None and isinstance(planned, int) and top + 1 < planned and data.until is None:
         out.append(Finding(
-            analyzer=NAME, kind="hang", severity="warning", ranks=sorted(int(r) for r in last.index), nodes=data.nodes_of(last.index),
+            analyzer=NAME, kind="hang", severity="warning", ranks=sorted(int(r) for r in last.index), nodes=frame.placement.nodes_of(last.index),
             step_start=top + 1, step_end=top + 1,
             evidence=dict(cause="ended_early", last_step=top, planned_steps=planned, onset_step=top + 1, detected_at_step=top + 1),
             confidence=0.4,
@@ -215,9 +218,10 @@ def _step_hangs(data: RunData, cfg: HangConfig, have: bool) -> list[Finding]:
     return out
 
 
-def _crash(data: RunData) -> Finding | None:
+def _crash(frame: AnalysisFrame) -> Finding | None:
     """Ranks that exited with an error (the trainer's ``exit`` event with a reason other than finished):
     the first one to fail is the likely origin; the others usually fail on a broken connection after it."""
+    data = frame.data
     ev = data.events
     if ev.empty:
         return None
@@ -236,7 +240,7 @@ def _crash(data: RunData) -> Finding | None:
     others = sorted(int(r) for r in bad["rank"].unique() if int(r) not in origin)
     step = int(first["step"])
     return Finding(
-        analyzer=NAME, kind="hang", severity="critical", ranks=origin, nodes=data.nodes_of(origin), step_start=step, step_end=step,
+        analyzer=NAME, kind="hang", severity="critical", ranks=origin, nodes=frame.placement.nodes_of(origin), step_start=step, step_end=step,
         evidence=dict(cause="crashed", first_error=reason, failed_ranks=sorted(int(r) for r in bad["rank"].unique()),
                       followers=others, onset_step=step, detected_at_step=step),
         confidence=0.8,
@@ -246,7 +250,8 @@ def _crash(data: RunData) -> Finding | None:
     )
 
 
-def _watchdog(data: RunData) -> list[Finding]:
+def _watchdog(frame: AnalysisFrame) -> list[Finding]:
+    data = frame.data
     ne = data.nccl_events
     if ne.empty:
         return []
@@ -259,12 +264,12 @@ def _watchdog(data: RunData) -> list[Finding]:
     hosts = sorted(set(wd["host"].fillna("").astype(str)) - {""})
     if not ranks:
         by_host: dict[str, list[int]] = {}
-        for r, h in data.rank_host().items():
+        for r, h in frame.placement.rank_host.items():
             by_host.setdefault(h, []).append(r)
         ranks = sorted({r for h in hosts for r in by_host.get(h, [])})
     msg = str(wd["message"].iloc[0])[:300]
     return [Finding(
-        analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=data.nodes_of(ranks),
+        analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=frame.placement.nodes_of(ranks),
         evidence=dict(cause="watchdog_timeout", lines=int(len(wd)), hosts=hosts, example=msg),
         confidence=0.9,
         summary=f"collective watchdog timed out on {', '.join(hosts) or 'some host'} ({len(wd)} line(s)): {msg[:120]}",
@@ -272,9 +277,9 @@ def _watchdog(data: RunData) -> list[Finding]:
     )]
 
 
-def analyze(data: RunData, cfg: HangConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: HangConfig | None = None) -> list[Finding]:
     cfg = cfg or HangConfig()
-    out = _collective_hangs(data, cfg)
-    out += _step_hangs(data, cfg, have=bool(out))
-    out += _watchdog(data)
+    out = _collective_hangs(frame, cfg)
+    out += _step_hangs(frame, cfg, have=bool(out))
+    out += _watchdog(frame)
     return out

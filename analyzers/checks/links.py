@@ -1,6 +1,7 @@
 """Which link is slow: op instances' transfer times, compared communicator against communicator.
 
-Used by the comm analyzer (analyzers/comm.py). Two questions, one per function:
+Used by the comm check (analyzers/checks/comm.py). The functions read the run's collective records
+(``RunData.collectives``). Two questions, one per function:
 
 - ``op_transfers``: for every op instance that all its participants recorded, how long its data took to
   move once everybody was there. A collective: the duration seen by the last rank to arrive (nobody is
@@ -15,8 +16,8 @@ Used by the comm analyzer (analyzers/comm.py). Two questions, one per function:
   the sender is suspect, since its data is what arrives late).
 
 Pooling every op of a communicator over a few steps is what makes this sensitive where one op's excess
-is small (2-3 ms per op at the benchmark's low slow_link magnitude): a median over tens of ops, against
-the same kind of communicator on the same job, is steady to a fraction of a millisecond.
+is small: a median over tens of ops, against the same kind of communicator on the same job, is far steadier
+than any one op (bench/signal_noise.py measures that noise).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzers._common import (confirmation_step, leave_one_out_median, persistent_runs, refine_onset, temporal_sigma,
-                               windowed_medians as windowed_medians_by)
-from analyzers.loader import RunData, member_counts
+from analyzers.changepoint import refine_onset
+from analyzers.loader import member_counts
+from analyzers.persistence import confirmation_step, persistent_runs
+from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
 
-STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler analyzer's ...
+STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
 
 
@@ -53,8 +55,8 @@ class ComputeCheck:
     def slow_computer(self, r: int, s0: int, s1: int) -> bool:
         """Rank r over [s0, s1] computes >= STRAGGLER_RATIO x its peers and that explains its transfers: they exceed
         its peers' by at most LINK_DOMINANCE x its extra compute. A slow link can cost its rank some compute too
-        (its delays make its CPU time run cache-cold on this machine: 1.08x device time with a 10 ms delay per TP
-        op in one run), but then its transfers' excess is many times that."""
+        (its delays make its CPU time run cache-cold on a CPU host), but then its transfers' excess is many times
+        that."""
         cr = self.compute_ratio(r, s0, s1)
         if not (np.isfinite(cr) and cr >= STRAGGLER_RATIO):
             return False
@@ -69,7 +71,7 @@ P2P_CLASS = "pp link"  # every directed pipeline link is compared with the other
 TRANSFER_COLUMNS = ["gkey", "cls", "seq", "rank", "step", "transfer_ms", "suspects"]
 
 
-def last_arriver_ops(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
     """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
 
     The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
@@ -77,7 +79,6 @@ def last_arriver_ops(data: RunData, first_step: int | None = None, match_tol_ms:
     ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
     pairing is wrong, so such ops are dropped."""
     empty = pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"])
-    co = data.collectives
     if co.empty:
         return empty
     # symmetric ops only: a rooted op (broadcast, reduce, scatter, gather) costs its root more than the others
@@ -97,10 +98,9 @@ def last_arriver_ops(data: RunData, first_step: int | None = None, match_tol_ms:
     return last[["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]].reset_index(drop=True)
 
 
-def p2p_transfers(data: RunData, first_step: int | None = None) -> pd.DataFrame:
+def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
     """One row per pipeline p2p transfer both ends recorded: the link (gkey), its sequence number, the sender, the
     step, and the transfer time: receiver's completion - max(sender's arrival, receiver's arrival), in ms."""
-    co = data.collectives
     if co.empty:
         return pd.DataFrame(columns=TRANSFER_COLUMNS)
     p = co[co["op"].isin(P2P_OPS) & co["group"].astype(str).str.startswith("pp:")]
@@ -118,7 +118,7 @@ def p2p_transfers(data: RunData, first_step: int | None = None) -> pd.DataFrame:
                          "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
 
 
-def _sorted_members(members: pd.Series) -> list[tuple]:
+def sorted_members(members: pd.Series) -> list[tuple]:
     """Each row's member ranks as a sorted tuple; each distinct numpy member list converted once (a communicator's
     ops all carry the same one)."""
     cache: dict = {}
@@ -134,21 +134,21 @@ def _sorted_members(members: pd.Series) -> list[tuple]:
     return out
 
 
-def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: float = 10.0,
+def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0,
                  last: pd.DataFrame | None = None) -> pd.DataFrame:
     """Collectives' last-arriver durations and p2p transfers, one frame: gkey, cls (the kind of communicator it is
     compared with), seq, rank (collective: the last arriver; p2p: the sender), step, transfer_ms, suspects (the
     ranks a slow transfer points at: a collective's members, a p2p link's sender). ``last``: ``last_arriver_ops`` of the
     same arguments, when the caller has it already."""
     if last is None:
-        last = last_arriver_ops(data, first_step, match_tol_ms)
+        last = last_arriver_ops(co, first_step, match_tol_ms)
     parts = []
     if not last.empty:
         parts.append(pd.DataFrame({
             "gkey": last["gkey"], "cls": last["group"].astype(str), "seq": last["seq"], "rank": last["rank"], "step": last["step"],
             "transfer_ms": last["duration_ms"].astype(float),
-            "suspects": _sorted_members(last["group_ranks"])}))
-    p2p = p2p_transfers(data, first_step)
+            "suspects": sorted_members(last["group_ranks"])}))
+    p2p = p2p_transfers(co, first_step)
     if not p2p.empty:
         parts.append(p2p)
     if not parts:
@@ -156,12 +156,11 @@ def op_transfers(data: RunData, first_step: int | None = None, match_tol_ms: flo
     return pd.concat(parts, ignore_index=True)
 
 
-def windowed_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: int) -> pd.DataFrame:
-    """communicator x step: the median transfer of the communicator's ops in steps (s - window, s], NaN with fewer
-    than ``min_ops`` ops there. Per communicator its ops sorted by step are one contiguous slice per window: two
-    searchsorted calls give every step's slice (the live head runs this every round over its window)."""
-    return windowed_medians_by(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
-                               min_ops)
+def communicator_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: int) -> pd.DataFrame:
+    """communicator x step: the median transfer of the communicator's ops (``op_transfers`` rows) in steps
+    (s - window, s], NaN with fewer than ``min_ops`` ops there (``stats.windowed_medians`` by communicator)."""
+    return windowed_medians(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
+                            min_ops)
 
 
 def kind_windowed_medians(tr: pd.DataFrame, steps: list[int], cfg):
@@ -171,13 +170,13 @@ def kind_windowed_medians(tr: pd.DataFrame, steps: list[int], cfg):
     for cls, sub in tr.groupby("cls"):
         if sub["gkey"].nunique() < 2:
             continue
-        med = windowed_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
+        med = communicator_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
         if med.notna().sum(axis=0).max() < 2:
             continue
         yield cls, sub, med
 
 
-def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeCheck,
+def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeCheck,
                        last: pd.DataFrame | None = None) -> list[dict]:
     """Slow-link candidates (dicts, as comm._slow_links collects them) from communicators slower than their kind.
 
@@ -191,11 +190,11 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeChe
       ``link_corroborate_k`` sigma of their kind): a rank with a slow link slows every communicator it is in, its
       partners only the one they share with it. A rank whose only compared communicator is a slow p2p link it sends
       on is named on that alone.
-    - A rank that computes slowly (``ComputeCheck.slow_computer``) is the straggler analyzer's, not a slow link.
+    - A rank that computes slowly (``ComputeCheck.slow_computer``) is the straggler check's, not a slow link.
     """
     if not steps:
         return []
-    tr = op_transfers(data, steps[0], cfg.match_tol_ms, last)
+    tr = op_transfers(co, steps[0], cfg.match_tol_ms, last)
     if tr.empty:
         return []
     excess_of: dict[str, pd.Series] = {}  # communicator -> its excess per step
@@ -203,7 +202,7 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeChe
     info: dict[str, dict] = {}
     slow: list[dict] = []
     for cls, sub, med in kind_windowed_medians(tr, steps, cfg):
-        per_step = windowed_medians(sub, steps, 1, 1)  # for the onset: the windowed medians smear it
+        per_step = communicator_medians(sub, steps, 1, 1)  # for the onset: the windowed medians smear it
         step_excess = per_step - leave_one_out_median(per_step)
         ref = leave_one_out_median(med)
         excess = med - ref
@@ -270,7 +269,7 @@ def slow_communicators(data: RunData, cfg, steps: list[int], compute: ComputeChe
     out = []
     for r, c in by_rank.items():
         if compute.slow_computer(r, c["onset"], c["end"]):
-            continue  # a slow computer, not a slow link: the straggler analyzer owns it
+            continue  # a slow computer, not a slow link: the straggler check owns it
         c["comp_ratio"] = compute.compute_ratio(r, c["onset"], c["end"])
         c["own"] = float(np.median([e["transfer_ms"] for e in c["slow"]]))
         c["peers"] = float(np.median([e["kind_transfer_ms"] for e in c["slow"]]))

@@ -3,7 +3,7 @@
 A rank whose ``data_ms`` share is above ``share`` (and at least ``min_ms``) in ``persist`` of
 ``window`` steps is stalled; when every rank is, the input pipeline is slow everywhere (one
 world finding). A single stalled rank arrives late at the gradient sync, so its peers wait: its
-victims' wait is reported, and the straggler analyzer does not blame it (compute excludes data).
+victims' wait is reported, and the straggler check does not blame it (compute excludes data).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers._common import confirmation_step, fnum, persistent_runs, rank_step_matrix, rows_with_runs
-from analyzers.loader import RunData
+from analyzers.builder import AnalysisFrame
+from analyzers.evidence import fnum
+from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from ranksight.schema import Finding
 
 NAME = "data_stall"
@@ -29,18 +30,16 @@ class DataStallConfig:
     warmup_steps: int = 1  # the first batch includes worker start-up
 
 
-def analyze(data: RunData, cfg: DataStallConfig | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: DataStallConfig | None = None) -> list[Finding]:
     cfg = cfg or DataStallConfig()
-    st = data.steps
-    if st.empty:
+    if frame.data.steps.empty:
         return []
-    st = st[st["step"] >= int(st["step"].min()) + cfg.warmup_steps]
-    if st.empty:
+    judged = frame.judged(cfg.warmup_steps)
+    if judged.rows.empty:
         return []
-    st = st.assign(share=np.where(st["step_ms"] > 0, st["data_ms"] / st["step_ms"].where(st["step_ms"] > 0, 1), 0.0))
-    share = rank_step_matrix(st, "share")
-    ms = rank_step_matrix(st, "data_ms")
-    wait = rank_step_matrix(st, "sync_wait_ms")
+    share = judged.matrix("data_share")
+    ms = judged.matrix("data_ms")
+    wait = judged.matrix("sync_wait_ms")
     cands = []
     flag_rows = ((share >= cfg.share) & (ms >= cfg.min_ms)).fillna(False)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -54,7 +53,7 @@ def analyze(data: RunData, cfg: DataStallConfig | None = None) -> list[Finding]:
                               confirmed=confirmation_step(flags, s0, cfg.persist)))
     if not cands:
         return []
-    node_of = data.rank_node()
+    node_of = frame.placement.rank_node
     all_ranks = set(int(r) for r in share.index)
     flagged = {c["rank"] for c in cands}
     if flagged == all_ranks and len(all_ranks) > 1:
@@ -62,7 +61,7 @@ def analyze(data: RunData, cfg: DataStallConfig | None = None) -> list[Finding]:
         med = float(np.median([c["share"] for c in cands]))
         return [Finding(
             analyzer=NAME, kind="data_stall", severity="critical" if med >= cfg.critical_share else "warning",
-            ranks=sorted(all_ranks), nodes=data.nodes_of(all_ranks), step_start=s0, step_end=max(c["end"] for c in cands),
+            ranks=sorted(all_ranks), nodes=frame.placement.nodes_of(all_ranks), step_start=s0, step_end=max(c["end"] for c in cands),
             evidence=dict(scope="world", data_share=fnum(med, 3), data_ms_median=fnum(np.median([c["ms"] for c in cands]), 1),
                           onset_step=s0, detected_at_step=max(c["confirmed"] for c in cands), steps_affected=max(c["n"] for c in cands)),
             confidence=0.85,

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers._common import confirmation_step, fmt_ranks, fnum, persistent_runs
-from analyzers.loader import RunData
+from analyzers.builder import AnalysisFrame
+from analyzers.evidence import fmt_ranks, fnum
+from analyzers.persistence import confirmation_step, persistent_runs
 from ranksight.schema import Finding
 
 NAME = "fp16"
@@ -34,13 +35,13 @@ class Fp16Config:
     min_scale: float = 1.0  # ... or down to this
 
 
-def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
+def analyze(frame: AnalysisFrame, cfg: Fp16Config | None = None) -> list[Finding]:
     cfg = cfg or Fp16Config()
-    st = data.steps
+    st = frame.data.steps
     if st.empty:
         return []
     out: list[Finding] = []
-    node_of = data.rank_node()
+    node_of = frame.placement.rank_node
     # NaN / inf losses. The first recorded step is not judged: a pipeline schedule's shape inference
     # computes a throw-away loss there; a real divergence at step 1 stays non-finite afterwards.
     nf = st[st["loss_nonfinite"] & (st["step"] > int(st["step"].min()))]
@@ -87,7 +88,7 @@ def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
                   scale_at_onset=fnum(scale.get(s0, np.nan), 4), scale_at_end=fnum(scale.get(s1, np.nan), 6),
                   halvings_from_peak=halvings, onset_step=s0, detected_at_step=confirmation_step(flags, s0, cfg.persist))
         out.append(Finding(
-            analyzer=NAME, kind="fp16_overflow", severity=sev, ranks=ranks, nodes=data.nodes_of(ranks), step_start=s0, step_end=s1,
+            analyzer=NAME, kind="fp16_overflow", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks), step_start=s0, step_end=s1,
             evidence=ev, confidence=0.9,
             summary=(f"fp16 overflow: {n} skipped step(s) from step {s0} to {s1}, loss scale "
                      f"{ev['scale_at_onset']} -> {ev['scale_at_end']}" + (" (collapsed)" if sev == "critical" else "")),
@@ -95,7 +96,7 @@ def analyze(data: RunData, cfg: Fp16Config | None = None) -> list[Finding]:
         ))
     if not out and skip_rate >= cfg.skip_rate_warn and len(after) >= cfg.window:
         out.append(Finding(
-            analyzer=NAME, kind="fp16_overflow", severity="warning", ranks=ranks, nodes=data.nodes_of(ranks),
+            analyzer=NAME, kind="fp16_overflow", severity="warning", ranks=ranks, nodes=frame.placement.nodes_of(ranks),
             step_start=int(after.index.min()), step_end=int(after.index.max()),
             evidence=dict(cause="skip_rate", skipped_rate=fnum(skip_rate, 3), skipped_steps=int(after.sum()),
                           steps=int(len(after)), scale_min=fnum(low, 6), scale_peak=fnum(peak, 4)),

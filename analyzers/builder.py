@@ -1,0 +1,320 @@
+"""The builder: a run's tables (the loader's ``RunData``) become the ``AnalysisFrame`` every check reads.
+
+loader (``analyzers/loader.py``: the run as DataFrames) -> builder (this module: what the checks share) -> checks
+(``analyzers/checks/``: one kind of problem each). Most checks compare ranks step by step. They need rank x step
+matrices of the same few step columns (the compute signal, the gradient sync's arrival and wait, transfer time),
+each cell's reference (the leave-one-out median of the other ranks in that step), and where each rank runs (node,
+host, pipeline stage). The frame computes each of those once per analysis round, on first use: a matrix two checks
+need is built once, and one no check needs is never built.
+
+What the frame hands out is shared by every check of the round: read it, never modify it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from analyzers.loader import RunData
+from analyzers.stats import leave_one_out_median
+
+
+def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
+    """``frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)``: a rank x
+    step matrix of ``col`` (its last non-NaN value per (rank, step); ranks and steps without any left out).
+
+    For a float column the same matrix is a few numpy operations instead of pivot_table's generic groupby and
+    unstack. Other dtypes (where pivot_table's result dtype depends on gaps) go through pivot_table."""
+    values = frame[col] if col in frame.columns else None
+    if values is None or frame.empty or values.dtype != np.float64:
+        return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+    x = values.to_numpy()
+    keep = ~np.isnan(x)  # "last" skips NaN; a (rank, step) with only NaN is no cell, as in pivot_table
+    if not keep.any():
+        return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+    return RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep]).matrix(x[keep])
+
+
+class RankStepCells:
+    """Where each row of a set of step rows goes in a rank x step matrix: the sorted ranks and steps, and the
+    last row of each (rank, step) cell. Worked out once, it places any column of those rows."""
+
+    def __init__(self, rank: np.ndarray, step: np.ndarray):
+        self.ranks, ri = np.unique(rank, return_inverse=True)
+        self.steps, si = np.unique(step, return_inverse=True)
+        cell = ri * len(self.steps) + si
+        # the last row of each cell (row order, as groupby's "last"): the end of each run of a stable sort by cell
+        order = np.argsort(cell, kind="stable")
+        cs = cell[order]
+        last = np.ones(len(cs), np.bool_)
+        last[:-1] = cs[1:] != cs[:-1]
+        self.take = order[last]
+        self.cell = cell[self.take]
+
+    def matrix(self, x: np.ndarray) -> pd.DataFrame:
+        """The matrix of the rows' values ``x`` (float)."""
+        out = np.full(len(self.ranks) * len(self.steps), np.nan)
+        out[self.cell] = x[self.take]
+        return pd.DataFrame(out.reshape(len(self.ranks), len(self.steps)), index=pd.Index(self.ranks, name="rank"),
+                            columns=pd.Index(self.steps, name="step"))
+
+
+# --------------------------------------------------------------------------
+# Step columns derived from the recorded ones
+# --------------------------------------------------------------------------
+
+
+def transfer_ms(st: pd.DataFrame) -> pd.Series:
+    """Exposed communication of each step row, without the time spent waiting for a slower peer.
+
+    ``comm_ms`` is time blocked in collectives; of the gradient sync's ``sync_wait_ms`` the part
+    above the step's smallest wait (the last arriver's: pure transfer) is waiting for the
+    slowest rank, which is the straggler's cost, not communication. (Per step over ``st``'s rows: pass
+    whole steps.)
+    """
+    wait = st["sync_wait_ms"].astype(float)
+    min_wait = wait.groupby(st["step"]).transform("min")
+    waiting = (wait - min_wait).fillna(0.0).clip(lower=0.0)
+    return (st["comm_ms"] - waiting).clip(lower=0.0)
+
+
+def total_wait_ms(st: pd.DataFrame) -> pd.Series:
+    """Time each step row spent blocked for others: the gradient sync's wait plus the pipeline's p2p waits."""
+    return st["sync_wait_ms"].fillna(0.0) + st["pipeline_wait_ms"].fillna(0.0)
+
+
+def data_share(st: pd.DataFrame) -> pd.Series:
+    """The share of each step row's time spent waiting for its batch (0 for a row without a step time)."""
+    return pd.Series(np.where(st["step_ms"] > 0, st["data_ms"] / st["step_ms"].where(st["step_ms"] > 0, 1), 0.0),
+                     index=st.index)
+
+
+DERIVED_COLUMNS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
+    "transfer_ms": transfer_ms, "total_wait_ms": total_wait_ms, "data_share": data_share}
+
+
+# --------------------------------------------------------------------------
+# The frame
+# --------------------------------------------------------------------------
+
+
+class StepView:
+    """A selection of step rows (at most one per rank and step: the judged steps of a run, one attempt's) and the
+    rank x step matrices over it, each built on first use.
+
+    Columns are the step records' own or a derived one (``DERIVED_COLUMNS``: computed over these rows)."""
+
+    def __init__(self, rows: pd.DataFrame):
+        self.rows = rows
+        self._derived: dict[str, pd.Series] = {}
+        self._matrices: dict[str, pd.DataFrame] = {}
+        self._references: dict[str, pd.DataFrame] = {}
+
+    def column(self, name: str) -> pd.Series:
+        """A column of the rows, or a derived one."""
+        if name not in DERIVED_COLUMNS:
+            return self.rows[name]
+        if name not in self._derived:
+            self._derived[name] = DERIVED_COLUMNS[name](self.rows)
+        return self._derived[name]
+
+    def matrix(self, name: str) -> pd.DataFrame:
+        """Rank x step matrix of a column (``rank_step_matrix``)."""
+        if name not in self._matrices:
+            values = self.column(name)
+            if values.dtype == np.float64 and not self.rows.empty and not values.isna().any():
+                # a value in every row: every column without a gap has the same cells
+                self._matrices[name] = self._cells.matrix(values.to_numpy())
+            else:
+                src = self.rows
+                if name in DERIVED_COLUMNS:
+                    src = pd.DataFrame({"rank": self.rows["rank"], "step": self.rows["step"], name: values})
+                self._matrices[name] = rank_step_matrix(src, name)
+        return self._matrices[name]
+
+    @cached_property
+    def _cells(self) -> RankStepCells:
+        return RankStepCells(self.rows["rank"].to_numpy(), self.rows["step"].to_numpy())
+
+    def reference(self, name: str) -> pd.DataFrame:
+        """Each cell's reference: the median of the other ranks in that step (``leave_one_out_median``)."""
+        if name not in self._references:
+            self._references[name] = leave_one_out_median(self.matrix(name))
+        return self._references[name]
+
+    def group_reference(self, name: str, members: list) -> pd.DataFrame:
+        """The reference within a group of ranks (rows ``members`` of the matrix): the median of the group's other
+        ranks in each step. The group of every rank, in the matrix's order, is ``reference``."""
+        m = self.matrix(name)
+        if list(members) == list(m.index):
+            return self.reference(name)
+        return leave_one_out_median(m.loc[members])
+
+    def sub_matrix(self, name: str, ranks: Iterable[int], first: int, last: int) -> pd.DataFrame:
+        """The matrix of ``ranks`` over steps ``first``..``last``: what ``rank_step_matrix`` gives on those rows
+        alone (the ranks and steps without a value there left out)."""
+        m = self.matrix(name)
+        if m.empty:
+            return m
+        sub = m.loc[m.index.isin(list(ranks)), (m.columns >= first) & (m.columns <= last)]
+        has = sub.notna()
+        return sub.loc[has.any(axis=1).to_numpy(), has.any(axis=0).to_numpy()]
+
+    def has_rows(self, ranks: Iterable[int], first: int, last: int) -> bool:
+        """Whether any of ``ranks`` has a row in steps ``first``..``last``."""
+        step = self.rows["step"]
+        return bool(((step >= first) & (step <= last) & self.rows["rank"].isin(list(ranks))).any())
+
+
+class Placement:
+    """Where each rank runs: its node, host and pipeline stage (the manifest's placement, then the step records'
+    for ranks it does not list), each map built on first use."""
+
+    def __init__(self, data: RunData):
+        self.manifest = data.manifest
+        self.steps = data.steps
+
+    def _by_rank(self, col: str, cast: Callable) -> dict:
+        """rank -> its placement ``col`` (node, host, pp_stage): the manifest's, else its last step record's."""
+        out: dict = {}
+        if self.manifest is not None:
+            out.update({p.rank: getattr(p, col) for p in self.manifest.ranks})
+        if not self.steps.empty:
+            for r, v in self.steps.groupby("rank")[col].last().items():
+                out.setdefault(int(r), cast(v))
+        return out
+
+    @cached_property
+    def rank_node(self) -> dict[int, int]:
+        return self._by_rank("node", int)
+
+    @cached_property
+    def rank_stage(self) -> dict[int, int]:
+        return self._by_rank("pp_stage", int)
+
+    @cached_property
+    def rank_host(self) -> dict[int, str]:
+        return self._by_rank("host", str)
+
+    @cached_property
+    def node_ranks(self) -> dict[int, list[int]]:
+        """Each node's ranks, in rank order."""
+        out: dict[int, list[int]] = {}
+        for r, n in sorted(self.rank_node.items()):
+            out.setdefault(n, []).append(r)
+        return out
+
+    def nodes_of(self, ranks: Iterable[int]) -> list[int]:
+        m = self.rank_node
+        return sorted({m[r] for r in ranks if r in m})
+
+    def gpu_ranks(self, node: int, gpu: int) -> list[int]:
+        """Ranks that drive GPU ``gpu`` of ``node`` (manifest placement, else local rank order)."""
+        if self.manifest is not None and self.manifest.ranks:
+            by_gpu = [p.rank for p in self.manifest.ranks
+                      if p.node == node and (p.gpu if p.gpu is not None else p.local_rank) == gpu]
+            return sorted(by_gpu)
+        on_node = self.node_ranks.get(node, [])
+        return [on_node[gpu]] if gpu < len(on_node) else []
+
+    def peer_groups(self, ranks: list[int]) -> dict[int, list[int]]:
+        """Ranks compared with each other: the whole world, or one pipeline stage's ranks when pp > 1 (stages do
+        different work)."""
+        stage = self.rank_stage
+        stages = {stage.get(r, 0) for r in ranks}
+        if len(stages) <= 1:
+            return {0: ranks}
+        groups: dict[int, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(stage.get(r, 0), []).append(r)
+        return groups
+
+
+@dataclass
+class AnalysisFrame:
+    """One analysis round's view of a run, for the checks: the loader's tables (``data``), where the ranks run
+    (``placement``), the compute signal, and the step views with their matrices, built on first use."""
+
+    data: RunData
+    placement: Placement
+    compute_signal: str  # the step column that measures each rank's own work (RunData.compute_signal)
+    _judged: dict[int, StepView] = field(default_factory=dict, init=False, repr=False)
+    _collectives_of: dict[tuple, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
+
+    @cached_property
+    def all_steps(self) -> StepView:
+        """Every step row of the run (or window)."""
+        return StepView(self.data.steps)
+
+    def steps_from(self, first: int) -> StepView:
+        """A view that holds every step row from step ``first`` on (and maybe more): a judged view that starts no
+        later (whose matrices the checks share), else ``all_steps``. For matrices over steps ``first``.. and later
+        (``StepView.sub_matrix``)."""
+        st = self.data.steps
+        for warmup, view in self._judged.items():
+            if not st.empty and int(st["step"].min()) + warmup <= first:
+                return view
+        return self.all_steps
+
+    def judged(self, warmup: int) -> StepView:
+        """The steps a check judges: all but the run's first ``warmup`` steps (compilation, allocator and data
+        loader warm-up)."""
+        if warmup not in self._judged:
+            st = self.data.steps
+            rows = st if st.empty else st[st["step"] >= int(st["step"].min()) + warmup]
+            self._judged[warmup] = StepView(rows)
+        return self._judged[warmup]
+
+    def attempts(self, warmup: int, restart_warmup: int) -> list[StepView]:
+        """The steps of each attempt of the job, in order, less their first steps.
+
+        A job that re-formed (a crash-restart, an eviction) is judged one attempt at a time: its ranks, their
+        peers and their speed before the restart say nothing about the new process groups, and the first steps of
+        an attempt are a warm-up (checkpoint load, allocator, DDP bucket rebuild) that every rank shows. Each step
+        belongs to the newest attempt that ran it; rows of older attempts in those steps are dropped. The first
+        attempt skips ``warmup`` steps, later ones ``restart_warmup``."""
+        st = self.data.steps
+        if st.empty:
+            return []
+        if st["attempt"].nunique() == 1:
+            return [self.judged(warmup)]  # the same rows: its matrices are shared with the other checks'
+        step_attempt = st.groupby("step")["attempt"].max()
+        out = []
+        for i, (a, steps) in enumerate(step_attempt.groupby(step_attempt, sort=True)):
+            seg = st[st["step"].isin(steps.index) & (st["attempt"] == a)]
+            if seg.empty:
+                continue
+            skip = warmup if i == 0 else restart_warmup
+            out.append(StepView(seg[seg["step"] >= int(seg["step"].min()) + skip]))
+        return out
+
+    @cached_property
+    def step_ends(self) -> pd.Series:
+        """The last wall time any rank ended each step, by step."""
+        return self.data.steps.groupby("step")["t_end"].max().sort_index()
+
+    def step_of_time(self, t: float | None) -> int | None:
+        """The first step (any rank) that ended at or after wall time ``t``."""
+        if self.data.steps.empty or t is None or not np.isfinite(t):
+            return None
+        ends = self.step_ends
+        after = ends[ends >= t]
+        if after.empty:
+            return int(ends.index.max())
+        return int(after.index[0])
+
+    def collectives_of(self, prefixes: str | tuple[str, ...]) -> pd.DataFrame:
+        """The collective records of the communicators whose name starts with ``prefixes`` ("tp", ("tp", "pp"))."""
+        if prefixes not in self._collectives_of:
+            co = self.data.collectives
+            self._collectives_of[prefixes] = co[co["group"].astype(str).str.startswith(prefixes)]
+        return self._collectives_of[prefixes]
+
+
+def build_frame(data: RunData) -> AnalysisFrame:
+    """The builder stage: the frame of one analysis round over ``data``."""
+    return AnalysisFrame(data=data, placement=Placement(data), compute_signal=data.compute_signal())

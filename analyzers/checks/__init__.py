@@ -1,0 +1,25 @@
+"""The checks: one module per kind of problem, each ``analyze(frame: AnalysisFrame, cfg=None) -> list[Finding]``.
+
+Each check reads the round's frame (``analyzers.builder``), keeps its thresholds in a config dataclass of its own
+module, and names its findings' ranks, nodes, onset and evidence. ``CHECKS`` is the registry ``run_all`` walks,
+in the order it runs them.
+
+- ``stragglers``: which rank (node, pipeline stage) computes slowly, and who only waits for it;
+- ``comm`` (with ``links``): exposed communication, slow links, bus bandwidth, NCCL transport problems;
+- ``pipeline``: pipeline bubbles against the schedule's theory;
+- ``mfu``: MFU drops and their likely cause;
+- ``fp16``: overflow runs, loss-scale collapse, non-finite losses;
+- ``hang``: ranks that stopped while others wait;
+- ``gpu_health``: XIDs, ECC errors, throttling;
+- ``data_stall``: ranks waiting for their next batch;
+- ``memory_pressure``: memory near capacity or growing.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from analyzers.checks import comm, data_stall, fp16, gpu_health, hang, memory_pressure, mfu, pipeline, stragglers
+
+CHECKS: dict[str, ModuleType] = {m.NAME: m for m in (stragglers, comm, pipeline, mfu, fp16, hang, gpu_health, data_stall,
+                                                     memory_pressure)}

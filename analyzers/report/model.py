@@ -1,0 +1,236 @@
+"""What the diagnose report says about a run, independent of how it is shown.
+
+``build_report(data, findings, errors)`` gathers it once: the verdict, the findings, the injected faults next to
+what was found, the job's history (restarts and the head's actions), and the series the plots draw (compute per
+rank and step, MFU and step time per step). The renderers (``render_text``, ``render_json``, ``render_html``)
+only lay it out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import msgspec
+import pandas as pd
+
+from analyzers.builder import Placement
+from analyzers.checks.mfu import peak_label, series
+from analyzers.loader import RunData
+from analyzers.score import detection_step, matches
+from ranksight.schema import SEVERITY_ORDER, Finding
+
+FINDING_FIELDS = ("analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence",
+                  "recommendation", "confidence", "summary", "simulated")
+EXIT = {None: 0, "info": 0, "warning": 1, "critical": 2}  # exit code by worst severity
+EXIT_LOAD_ERROR = 3
+
+
+class Summary(TypedDict):
+    """The report as one JSON object (``diagnose --json`` prints it as is, in this key order)."""
+
+    run_id: str
+    verdict: str  # one sentence: HEALTHY, or the worst finding (and the evictions the job went through)
+    findings: list[dict[str, Any]]  # FINDING_FIELDS of each finding, most severe first
+    faults: list[dict[str, Any]]  # each injected fault (the manifest's ground truth): found, by which finding, how late
+    history: dict[str, Any]  # attempts (restarts, from the manifest) and actions (the head's, with their status)
+    simulated: bool  # parts rest on simulated GPU telemetry or a CPU-measured peak
+    worst_severity: str | None
+    exit_code: int
+    steps: list[int]  # first and last step
+    ranks: list[int]
+    nodes: list[int]
+    layout: dict[str, Any]  # the layout the run started with
+    peak: str  # the peak FLOP/s MFU is measured against, and where it comes from
+    mfu_median: float | None
+    step_ms_median: float | None
+    source: str  # store | spool
+    truncated_lines: int
+    bad_lines: int
+    analyzer_errors: list[str]
+
+
+@dataclass
+class DiagnoseReport:
+    """Everything a renderer shows: the summary and the series behind the plots."""
+
+    summary: Summary
+    platform: str | None  # "backend/device" from the manifest (None without one)
+    compute_label: str  # what ``compute`` measures, as the heat map's title says it
+    compute: pd.DataFrame  # rank x step: each rank's compute signal per step
+    over_time: pd.DataFrame  # per step: step_ms, tflops, mfu (analyzers.checks.mfu.series)
+
+    def heat_map(self, max_cols: int) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
+        """Rank x step-bucket matrix of each rank's median compute signal (at most ``max_cols`` buckets), and each
+        bucket's (first, last) step."""
+        piv = self.compute
+        steps = list(piv.columns)
+        if not steps:
+            return piv, []
+        size = max(1, math.ceil(len(steps) / max_cols))
+        buckets = [steps[i:i + size] for i in range(0, len(steps), size)]
+        cols = {}
+        spans = []
+        for b in buckets:
+            cols[b[0]] = piv[b].median(axis=1)
+            spans.append((int(b[0]), int(b[-1])))
+        return pd.DataFrame(cols), spans
+
+
+def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None) -> DiagnoseReport:
+    """The report of ``data`` with the checks' ``findings`` (``analyzers.run_all``) and the checks' ``errors``."""
+    label, peak_sim = peak_label(data)
+    ser = series(data)
+    simulated = bool(any(f.simulated for f in findings) or data.simulated_gpu or peak_sim)
+    w = worst_severity(findings)
+    m = data.manifest
+    hist = history(data)
+    what_happened = history_line(hist)
+    summary: Summary = {
+        "run_id": data.run_id,
+        "verdict": verdict(data, findings) + (f". {what_happened}" if what_happened else ""),
+        "findings": [finding_dict(f) for f in findings],
+        "faults": fault_rows(data, findings),
+        "history": hist,
+        "simulated": simulated,
+        "worst_severity": w,
+        "exit_code": EXIT[w],
+        "steps": [int(data.steps["step"].min()), int(data.steps["step"].max())],
+        "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
+        "nodes": sorted(int(n) for n in data.steps["node"].unique()),
+        # the layout the run started with (a re-formed job's later world sizes are in history.attempts)
+        "layout": _first_layout(m),
+        "peak": label,
+        "mfu_median": _num(ser["mfu"].median()) if ser["mfu"].notna().any() else None,
+        "step_ms_median": _num(ser["step_ms"].median()),
+        "source": data.source,
+        "truncated_lines": data.truncated_lines,
+        "bad_lines": data.bad_lines,
+        "analyzer_errors": errors or [],
+    }
+    signal = data.compute_signal()
+    compute = data.steps.pivot_table(index="rank", columns="step", values=signal, aggfunc="last").sort_index(axis=1)
+    return DiagnoseReport(
+        summary=summary, platform=f"{m.backend}/{m.device}" if m is not None else None,
+        compute_label=data.device_time_label() if signal == "device_ms" else "compute time",
+        compute=compute, over_time=ser)
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    d = msgspec.to_builtins(f)
+    return {k: d.get(k) for k in FINDING_FIELDS}
+
+
+def worst_severity(findings: list[Finding]) -> str | None:
+    w = None
+    for f in findings:
+        if w is None or SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[w]:
+            w = f.severity
+    return w
+
+
+def verdict(data: RunData, findings: list[Finding]) -> str:
+    w = worst_severity(findings)
+    nranks = data.steps["rank"].nunique()
+    s0, s1 = int(data.steps["step"].min()), int(data.steps["step"].max())
+    if w in (None, "info"):
+        return f"HEALTHY: no problems found across {nranks} ranks, steps {s0}-{s1}"
+    counts = {s: sum(f.severity == s for f in findings) for s in ("critical", "warning")}
+    parts = [f"{n} {s}" for s, n in counts.items() if n]
+    top = next(f for f in findings if f.severity == w)
+    label = "CRITICAL" if w == "critical" else "WARNING"
+    return f"{label} ({', '.join(parts)}): {top.summary}"
+
+
+def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:
+    """Each injected fault of the manifest: whether a warning-or-worse finding of its kind names it, which one
+    (the earliest confirmed), and how many steps after the fault's start."""
+    if data.manifest is None:
+        return []
+    rank_node = Placement(data).rank_node
+    rows = []
+    for fault in data.manifest.faults:
+        hits = [f for f in findings if SEVERITY_ORDER[f.severity] >= 1 and matches(f, fault, rank_node, primary_only=True)]
+        best = min(hits, key=lambda f: detection_step(f) if detection_step(f) is not None else 10**9) if hits else None
+        ds = detection_step(best) if best is not None else None
+        rows.append(dict(fault=msgspec.to_builtins(fault), found=best is not None,
+                         finding=best.summary if best is not None else None,
+                         latency_steps=(ds - fault.start) if ds is not None else None))
+    return rows
+
+
+def history(data: RunData) -> dict[str, Any]:
+    """What happened to the job while it ran: its (re)starts from the manifest, and the head's actions (checkpoint,
+    profile, evict; by a person or the policy) with their current status."""
+    attempts = [dict(a) for a in (data.manifest.attempts if data.manifest is not None else [])]
+    actions = []
+    if not data.actions.empty:
+        for a in data.actions.to_dict(orient="records"):
+            step = a.get("applied_step")
+            actions.append(dict(id=a.get("id"), action=a.get("action"), node=_int(a.get("node")), status=a.get("status"),
+                                applied_step=_int(step), dry_run=bool(a.get("dry_run")), requested_by=a.get("requested_by"),
+                                finding_kind=a.get("finding_kind"), reason=a.get("reason"), t=_num(a.get("t"))))
+    return {"attempts": attempts, "actions": actions}
+
+
+def history_line(hist: dict[str, Any]) -> str:
+    """One sentence for the verdict: evictions carried out and how the run went on."""
+    evicts = [a for a in hist["actions"] if a["action"] == "evict" and a["status"] == "applied" and not a["dry_run"]]
+    if not evicts:
+        return ""
+    parts = [f"node {a['node']} evicted at step {a['applied_step']} ({a['requested_by']})" for a in evicts]
+    last = hist["attempts"][-1] if hist["attempts"] else {}
+    tail = ""
+    if last.get("resumed_step") is not None:
+        tail = f", the run resumed from step {last['resumed_step']} on {last.get('world_size')} ranks"
+        if last.get("ended_step") is not None:
+            tail += f" and reached step {last['ended_step']}"
+    return "; ".join(parts) + tail
+
+
+def history_rows(hist: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(when, what, by, detail) for each restart and action, in step order (an action before the restart it caused):
+    the rows of the report's history table, in every renderer that draws one."""
+    rows = []
+    for a in hist["attempts"]:
+        what = f"attempt {a.get('attempt')}: {a.get('world_size')} ranks"
+        if a.get("resumed_step") is not None:
+            what += f", resumed from step {a['resumed_step']}"
+        ended = f"ran to step {a['ended_step']}" if a.get("ended_step") is not None else ""
+        if a.get("evicted_node") is not None:
+            ended += f", then node {a['evicted_node']} left"
+        start = a.get("resumed_step") or 0
+        rows.append((start, 1, (f"step {start}", what, "torchrun", ended)))
+    for a in hist["actions"]:
+        when = f"step {a['applied_step']}" if a["applied_step"] is not None else "-"
+        status = "dry run, not sent" if a["dry_run"] else a["status"]
+        rows.append((a["applied_step"] if a["applied_step"] is not None else 10**9, 0,
+                     (when, f"{a['action']} node {a['node'] if a['node'] is not None else '-'} ({status})",
+                      str(a["requested_by"] or ""), a["reason"] or "")))
+    return [cells for _, _, cells in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
+def _first_layout(m: Any) -> dict[str, Any]:
+    if m is None:
+        return {}
+    lay = dict(m.layout)
+    first = m.attempts[0] if m.attempts else None
+    if first and first.get("world_size") and lay.get("world") and first["world_size"] != lay["world"]:
+        # the manifest's layout is the newest attempt's: scale the data-parallel degree back to the first world size
+        tp, pp = int(lay.get("tp") or 1), int(lay.get("pp") or 1)
+        lay.update(world=int(first["world_size"]), dp=int(first["world_size"]) // (tp * pp))
+    return lay
+
+
+def _int(x: Any) -> int | None:
+    v = _num(x)
+    return None if v is None else int(v)
+
+
+def _num(x: Any) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return round(x, 6) if math.isfinite(x) else None

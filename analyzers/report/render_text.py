@@ -1,0 +1,193 @@
+"""The diagnose report on a terminal (rich): header, verdict, findings, heat map, sparklines, faults, history,
+what to do next."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from analyzers.evidence import short_value
+from analyzers.report.model import DiagnoseReport, history_rows
+
+SPARK = "▁▂▃▄▅▆▇█"
+SEV_STYLE = {"critical": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
+
+
+def render_text(report: DiagnoseReport, console: Any) -> None:
+    """Print the report on ``console`` (a rich Console)."""
+    s = report.summary
+    _header(report, console)
+    _findings(s["findings"], console)
+    _heat_map(report, console)
+    _over_time(report, console)
+    _faults(s["faults"], console)
+    _history(s["history"], console)
+    _next_steps(s, console)
+
+
+def _header(report: DiagnoseReport, console: Any) -> None:
+    s = report.summary
+    lay = s["layout"]
+    lay_txt = " ".join(f"{k}={lay[k]}" for k in ("dp", "tp", "pp", "microbatches", "pp_schedule") if k in lay)
+    hdr = Text()
+    hdr.append(f"run {s['run_id']}", style="bold")
+    hdr.append(f"  ranks {len(s['ranks'])} on {len(s['nodes'])} node(s)  steps {s['steps'][0]}-{s['steps'][1]}")
+    if lay_txt:
+        hdr.append(f"  {lay_txt}")
+    if report.platform is not None:
+        hdr.append(f"  {report.platform}")
+    hdr.append(f"  source: {s['source']}")
+    if s["truncated_lines"] or s["bad_lines"]:
+        hdr.append(f"  ({s['truncated_lines']} truncated / {s['bad_lines']} bad line(s) skipped)", style="yellow")
+    console.print(hdr)
+    style = {"critical": "bold red", "warning": "bold yellow"}.get(s["worst_severity"], "bold green")
+    console.print(Panel(Text(s["verdict"], style=style), title="verdict", expand=True))
+
+
+def _findings(fs: list[dict[str, Any]], console: Any) -> None:
+    if not fs:
+        console.print(Text("No findings.", style="green"))
+        return
+    console.print(Text("Findings", style="bold underline"))
+    for f in fs:
+        line = Text()
+        line.append(f" {f['severity'].upper():8} ", style=SEV_STYLE[f["severity"]])
+        line.append(f" [{f['kind']}] ", style="bold")
+        line.append(f["summary"])
+        if f["simulated"]:
+            line.append(" (simulated)", style="magenta")
+        console.print(line)
+        where = (f"    ranks {','.join(map(str, f['ranks'])) or '-'}  nodes {','.join(map(str, f['nodes'])) or '-'}"
+                 f"  steps {f['step_start'] if f['step_start'] is not None else '?'}-"
+                 f"{f['step_end'] if f['step_end'] is not None else '?'}  confidence {f['confidence']:.2f}")
+        console.print(Text(where, style="dim"))
+        ev = ", ".join(f"{k}={short_value(v)}" for k, v in f["evidence"].items())
+        console.print(Text(f"    evidence: {ev}", style="cyan"), overflow="fold")
+        console.print(Text(f"    -> {f['recommendation']}", style="green"))
+
+
+def _heat_map(report: DiagnoseReport, console: Any) -> None:
+    heat, spans = report.heat_map(48)
+    if heat.empty:
+        return
+    med = heat.median(axis=0)
+    t = Table(title=f"{report.compute_label} per rank x step (colour: vs the step's median rank)", show_header=True,
+              header_style="dim", box=None, pad_edge=False, padding=(0, 1))
+    t.add_column("rank", justify="right")
+    size = spans[0][1] - spans[0][0] + 1 if spans else 1
+    t.add_column(f"steps {spans[0][0]}..{spans[-1][1]}" + (f" ({size} steps per cell)" if size > 1 else ""), no_wrap=True)
+    t.add_column("median ms", justify="right")
+    for r in heat.index:
+        cells = Text()
+        for c in heat.columns:
+            v = heat.loc[r, c]
+            ratio = v / med[c] if med[c] and math.isfinite(v) else float("nan")
+            cells.append("█", style=_heat_style(ratio))
+        t.add_row(str(r), cells, f"{float(np.nanmedian(heat.loc[r])):.1f}")
+    console.print(t)
+    console.print(Text("  legend: ", style="dim") + Text("█<1.05x ", style="green") + Text("█<1.15x ", style="yellow")
+                  + Text("█<1.5x ", style="dark_orange") + Text("█>=1.5x", style="red"))
+
+
+def _over_time(report: DiagnoseReport, console: Any) -> None:
+    ser = report.over_time
+    if ser.empty:
+        return
+    if ser["mfu"].notna().any():
+        mf = ser["mfu"]
+        console.print(Text(f"MFU        {sparkline(list(mf))}  {np.nanmin(mf):.1%}..{np.nanmax(mf):.1%} "
+                           f"(median {np.nanmedian(mf):.1%})"))
+    else:
+        tf = ser["tflops"]
+        console.print(Text(f"TFLOP/s    {sparkline(list(tf))}  {np.nanmin(tf):.3g}..{np.nanmax(tf):.3g}"))
+    sm = ser["step_ms"]
+    console.print(Text(f"step ms    {sparkline(list(sm))}  {np.nanmin(sm):.0f}..{np.nanmax(sm):.0f} (median {np.nanmedian(sm):.0f})"))
+    console.print(Text(f"peak: {report.summary['peak']}", style="dim"))
+
+
+def _faults(faults: list[dict[str, Any]], console: Any) -> None:
+    if not faults:
+        return
+    t = Table(title="injected faults (ground truth) vs findings", show_lines=False)
+    t.add_column("fault")
+    t.add_column("target")
+    t.add_column("steps")
+    t.add_column("found?")
+    for row in faults:
+        fl = row["fault"]
+        target = f"rank {fl['rank']}" if fl.get("rank") is not None else (f"node {fl['node']}" if fl.get("node") is not None else "world")
+        mag = next((f"{k}={fl[k]}" for k in ("factor", "delay_ms", "code") if fl.get(k) is not None), "")
+        steps = f"{fl.get('start', 0)}-{fl['end'] if fl.get('end') is not None else 'end'}"
+        found = (Text(f"yes, {row['latency_steps']} step(s) after onset: {row['finding']}", style="green") if row["found"]
+                 else Text("MISSED", style="bold red"))
+        t.add_row(f"{fl['kind']} {mag}", target, steps, found)
+    console.print(t)
+
+
+def _history(hist: dict[str, Any], console: Any) -> None:
+    if not (len(hist["attempts"]) > 1 or hist["actions"]):
+        return
+    t = Table(title="what happened to the job (restarts, and the head's actions)", show_lines=False)
+    for col in ("when", "what", "by", "detail"):
+        t.add_column(col)
+    for when, what, by, detail in history_rows(hist):
+        t.add_row(when, what, by, detail if len(detail) <= 120 else detail[:117] + "...")
+    console.print(t)
+
+
+def _next_steps(s: dict[str, Any], console: Any) -> None:
+    recs = []
+    for f in s["findings"]:
+        if f["severity"] != "info" and f["recommendation"] not in recs:
+            recs.append(f["recommendation"])
+    console.print(Text("What to do next", style="bold underline"))
+    if recs:
+        for i, r in enumerate(recs[:5], 1):
+            console.print(f"  {i}. {r}")
+    else:
+        console.print("  Nothing to fix. Keep the run's report as a baseline for the next one.")
+    if s["simulated"]:
+        console.print(Text("Note: parts of this report rest on SIMULATED telemetry (GPU samples from the simulator) or a peak "
+                           "measured on a CPU; they are marked (simulated).", style="magenta"))
+    for e in s["analyzer_errors"]:
+        console.print(Text(f"analyzer error: {e.splitlines()[0]}", style="red"))
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """Values as a line of block characters (at most ``width``: medians of equal runs of values)."""
+    vals = [v for v in values]
+    if not vals:
+        return ""
+    if len(vals) > width:
+        size = math.ceil(len(vals) / width)
+        vals = [float(np.nanmedian(vals[i:i + size])) for i in range(0, len(vals), size)]
+    finite = [v for v in vals if v is not None and math.isfinite(v)]
+    if not finite:
+        return ""
+    lo, hi = min(finite), max(finite)
+    out = []
+    for v in vals:
+        if v is None or not math.isfinite(v):
+            out.append(" ")
+        elif hi - lo < 1e-12:
+            out.append(SPARK[3])
+        else:
+            out.append(SPARK[min(7, int((v - lo) / (hi - lo) * 7.999))])
+    return "".join(out)
+
+
+def _heat_style(ratio: float) -> str:
+    if not math.isfinite(ratio):
+        return "grey23"
+    if ratio < 1.05:
+        return "green"
+    if ratio < 1.15:
+        return "yellow"
+    if ratio < 1.5:
+        return "dark_orange"
+    return "red"
