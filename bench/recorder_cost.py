@@ -1,6 +1,6 @@
 """What the trainer's instrumentation costs per step, measured against its own baseline in one process.
 
-Runs the real training loop (``trainer.train._train``) in this process on a gloo world of one rank
+Runs the real training loop (``trainer.train.train_loop``) in this process on a gloo world of one rank
 (DDP, 127.0.0.1) and lets ``OverheadToggle`` switch the Recorder ON and OFF in ABBA blocks of steps,
 as ``bench/overhead.py`` does across processes. By default the model is the overhead benchmark's cut
 to two layers, with tiny batches (d_model 128, 2 layers, seq 8, batch 1; two DDP buckets, as the 4-layer
@@ -139,7 +139,7 @@ def run_loop(args, store: str, run_id: str) -> list[tuple]:
     orig_peak = train.measure_cpu_peak
     train.measure_cpu_peak = lambda: (1e11, "recorder_cost.py: not measured", False)
     try:
-        train._train(cfg, [], RunDir(store, run_id), backend, device)
+        train.train_loop(cfg, [], RunDir(store, run_id), backend, device)
     finally:
         train.measure_cpu_peak = orig_peak
     return json.loads((out / "toggle-rank-0.json").read_text())["rows"]

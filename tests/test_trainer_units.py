@@ -299,13 +299,13 @@ def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
     is the max of this measurement and the best earlier one on this host (cached), and says so."""
     import json
 
-    from trainer.manifest import _cpu_key, measure_cpu_peak
+    from trainer.manifest import cpu_key, measure_cpu_peak
 
     cache = tmp_path / "cpu-peak.json"
     shapes = ((64, 64, 64),)
     now, src, simulated = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
     assert simulated and now > 0 and "barrier" in src and "64x64@64x64" in src
-    key = _cpu_key(torch.get_num_threads())
+    key = cpu_key(torch.get_num_threads())
     assert json.loads(cache.read_text())[key]["peak_flops"] == now  # recorded for later runs
     cache.write_text(json.dumps({key: {"peak_flops": 1e18}}))  # an earlier, higher measurement
     peak, src, _ = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)

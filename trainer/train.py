@@ -84,7 +84,7 @@ def main(cfg: TrainConfig) -> None:
     init_distributed(backend, cfg.pg_timeout_s)
     rec = None
     try:
-        rec = _train(cfg, specs, run, backend, device)
+        rec = train_loop(cfg, specs, run, backend, device)
     except SystemExit as e:
         if rec is None and isinstance(e.code, str):
             print(e.code, file=sys.stderr)
@@ -98,10 +98,12 @@ def main(cfg: TrainConfig) -> None:
     _exit(0)
 
 
+# This rank's Recorder as soon as it exists, for main()'s error path (write what the rank was stuck in).
 _RECORDER: list = [None]
 
 
-def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.device):
+def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.device):
+    """This rank's whole run once its process group exists: build, train, write, tear down. Returns its Recorder."""
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = _node_index(cfg)

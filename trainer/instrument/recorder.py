@@ -82,7 +82,9 @@ class Recorder:
     def __init__(self, run_id: str, spool_path: os.PathLike, rank: int, group_ranks: dict[str, list[int]], *,
                  enabled: bool = True, attempt: int = 0, faults: FaultHook | None = None):
         self.run_id, self.rank = run_id, rank
-        self.faults = faults  # the injected faults, applied where this rank arrives at a collective
+        # the injected faults (None without --inject), called where this rank arrives at a collective (enter), posts
+        # pipeline p2p and finishes a pipeline chunk (pipeline.py)
+        self.faults = faults
         self.attempt = attempt  # torchrun restart count: this process's process groups are new ones
         # enabled=False (--no-instrument): the loop's own timers still run, nothing is written
         # and no hook calls enter(); timed() just runs the collective. ``enabled`` may also be
