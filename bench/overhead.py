@@ -5,9 +5,9 @@
                                        [-- extra trainer flags]
     .venv/bin/python bench/overhead.py --mode jobs [--pairs 8] [--steps 150] ...   (the old way)
 
-**Toggle mode (default).** Separate torchrun jobs per arm differ by ±10-20 % on a shared machine,
-far more than the 0.5 % goal, so the two arms alternate *inside one training job*: after
-``--warmup-steps`` the trainer (``trainer.instrument.OverheadToggle``, switched on by the
+**Toggle mode (default).** Separate torchrun jobs per arm differ on a shared machine by far more
+than the overhead being measured, so the two arms alternate *inside one training job*: after
+``--warmup-steps`` the trainer (``trainer.instrument.overhead_toggle.OverheadToggle``, switched on by the
 ``RANKSIGHT_OVERHEAD_*`` environment, see there) runs blocks of ``--block`` steps, ON and OFF in
 ABBA order, switching at a step boundary:
 
@@ -41,8 +41,8 @@ Bias to know about: the agent's and head's timers run on while they are stopped,
 block starts with an overdue agent cycle: the agent works somewhat *more* per ON second than it
 would running steadily (reported: their CPU seconds per ON second), so the observed ratio errs
 on the high side. OFF keeps the registered DDP comm hook (it calls the stock ``allreduce_hook``
-in Python), where ``--no-instrument`` uses DDP's built-in C++ all-reduce: a few microseconds
-per bucket that neither arm of the toggle sees.
+in Python), where ``--no-instrument`` uses DDP's built-in C++ all-reduce: a cost per bucket that
+neither arm of the toggle sees.
 
 **Jobs mode** (``--mode jobs``): the earlier design, three separate torchrun jobs per round
 (bare ``--no-instrument``; instr; observed), order rotated per round; see ``main_jobs``.

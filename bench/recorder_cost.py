@@ -1,13 +1,13 @@
 """What the trainer's instrumentation costs per step, measured against its own baseline in one process.
 
-Runs the real training loop (``trainer.train._train``) in this process on a gloo world of one rank
+Runs the real training loop (``trainer.train.train_loop``) in this process on a gloo world of one rank
 (DDP, 127.0.0.1) and lets ``OverheadToggle`` switch the Recorder ON and OFF in ABBA blocks of steps,
 as ``bench/overhead.py`` does across processes. By default the model is the overhead benchmark's cut
 to two layers, with tiny batches (d_model 128, 2 layers, seq 8, batch 1; two DDP buckets, as the 4-layer
-model has), so a step is a few ms and the instrumentation's fixed cost per step stands out of the noise
-within a minute. The per-call costs grow with the step: between long steps of tensor work the
-instrumentation's code and data are out of the CPU caches, so ``--n-layers 4 --seq-len 64
---batch-size 8 --passes parts`` (the overhead benchmark's ~50 ms steps) shows what it costs there.
+model has), so a step is short and the instrumentation's fixed cost per step stands out of the noise.
+The per-call costs grow with the step: between long steps of tensor work the instrumentation's code
+and data are out of the CPU caches, so ``--n-layers 4 --seq-len 64 --batch-size 8 --passes parts``
+(the overhead benchmark's steps) shows what it costs there.
 
 Two passes over the same loop:
 
@@ -15,13 +15,13 @@ Two passes over the same loop:
    (both from OverheadToggle's rows). Reported: mean ON and OFF, and ON - OFF in microseconds per
    step, with a 95 % bootstrap CI over block pairs.
 2. **parts**: each instrumentation call on the step path is timed with ``perf_counter_ns`` by a
-   wrapper (about 0.1-0.3 us per call, the same ON and OFF for the parts that run in both): Recorder
+   wrapper (its own cost is the same ON and OFF for the parts that run in both): Recorder
    ``begin_step`` / ``comm_summary`` / ``finish_step``, the step record built and written
    (``StepWriter.write``: comm_summary, the memory sample and finish_step included), ``MemoryProbe.sample``,
    ``SimulatedGpu.update``, ``ControlChannel.poll`` (its broadcast is a timed collective ON), and the
    loop's own forward / backward / optimizer timers (the DDP comm hook runs inside backward).
 
-Ratios and differences only: the absolute times on a shared 2-core machine move by tens of percent.
+Ratios and differences only: the absolute times on a shared machine move a lot from run to run.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python bench/recorder_cost.py
 """
@@ -45,17 +45,19 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from ranksight.layout import RunDir  # noqa: E402
-from trainer import instrument, simdevice, train  # noqa: E402
+from trainer import simdevice, train  # noqa: E402
 from trainer import control as control_mod  # noqa: E402
 from trainer.config import ModelConfig, TrainConfig  # noqa: E402
+from trainer.instrument.memory import MemoryProbe  # noqa: E402
+from trainer.instrument.recorder import Recorder, StepWriter  # noqa: E402
 
 # (label, owner, attribute): the instrumentation calls timed in the parts pass
 PARTS = [
-    ("begin_step", instrument.Recorder, "begin_step"),
-    ("step record: StepWriter.write, all of it", instrument.StepWriter, "write"),
-    ("  in it: comm_summary", instrument.Recorder, "comm_summary"),
-    ("  in it: mem.sample", instrument.MemoryProbe, "sample"),
-    ("  in it: finish_step (encode + write)", instrument.Recorder, "finish_step"),
+    ("begin_step", Recorder, "begin_step"),
+    ("step record: StepWriter.write, all of it", StepWriter, "write"),
+    ("  in it: comm_summary", Recorder, "comm_summary"),
+    ("  in it: mem.sample", MemoryProbe, "sample"),
+    ("  in it: finish_step (encode + write)", Recorder, "finish_step"),
     ("simgpu.update", simdevice.SimulatedGpu, "update"),
     ("control.poll (broadcast)", control_mod.ControlChannel, "poll"),
 ]
@@ -106,7 +108,7 @@ class PartTimer:
             orig = getattr(owner, attr)
             self.saved.append((owner, attr, orig))
             setattr(owner, attr, self._wrap(label, orig))
-        begin = instrument.Recorder.begin_step  # (already wrapped) : also closes the previous step's loop timers
+        begin = Recorder.begin_step  # (already wrapped) : also closes the previous step's loop timers
 
         def begin_step(rec, step):
             # the loop timers of the step that just ended, before begin_step resets them
@@ -115,7 +117,7 @@ class PartTimer:
             self.cur = self.per_step.setdefault(step, {})
             return begin(rec, step)
 
-        instrument.Recorder.begin_step = begin_step
+        Recorder.begin_step = begin_step
 
     def uninstall(self) -> None:
         for owner, attr, orig in reversed(self.saved):
@@ -137,7 +139,7 @@ def run_loop(args, store: str, run_id: str) -> list[tuple]:
     orig_peak = train.measure_cpu_peak
     train.measure_cpu_peak = lambda: (1e11, "recorder_cost.py: not measured", False)
     try:
-        train._train(cfg, [], RunDir(store, run_id), backend, device)
+        train.train_loop(cfg, [], RunDir(store, run_id), backend, device)
     finally:
         train.measure_cpu_peak = orig_peak
     return json.loads((out / "toggle-rank-0.json").read_text())["rows"]

@@ -1,4 +1,4 @@
-"""The overhead benchmark's run-time switch (trainer.instrument.OverheadToggle, bench/overhead.py) and the
+"""The overhead benchmark's run-time switch (trainer.instrument.overhead_toggle.OverheadToggle, bench/overhead.py) and the
 cheaper per-step instrumentation: simulated GPU state written at most once a second, RSS from /proc."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import torch
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HW_THERMAL, read_state
 from trainer.faults import FaultState, parse_fault
-from trainer.instrument import MemoryProbe, OverheadToggle, Recorder
+from trainer.instrument.memory import MemoryProbe
+from trainer.instrument.overhead_toggle import OverheadToggle
+from trainer.instrument.recorder import Recorder
 from trainer.simdevice import SimulatedGpu
 
 from trainer_helpers import TINY, check_ok, collectives, spool, steps, torchrun
@@ -41,7 +43,7 @@ def test_toggle_schedule_is_abba_after_warmup():
 
 
 def test_toggle_switches_the_recorder_pauses_pids_and_writes_rows(tmp_path):
-    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, FaultState([], 0, 0), {"dp": [0, 1]})
+    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"dp": [0, 1]})
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         t = OverheadToggle(1, 1, str(tmp_path / "out"), [child.pid], 0, 0)
@@ -76,13 +78,13 @@ def test_ddp_comm_hook_is_the_plain_allreduce_when_disabled(tmp_path):
     gradients are the same either way."""
     import torch.distributed as dist
 
-    from trainer.instrument import make_ddp_comm_hook
+    from trainer.instrument.ddp import make_ddp_comm_hook
 
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, FaultState([], 0, 0), {"dp": [0]})
+        rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"dp": [0]})
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         model.register_comm_hook(None, make_ddp_comm_hook(rec))

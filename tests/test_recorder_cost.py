@@ -16,7 +16,8 @@ from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, decode_s
 from ranksight.simgpu import read_state
 from trainer.faults import FaultState, parse_fault
 from ranksight.spool import SpoolWriter
-from trainer.instrument import MemoryProbe, Recorder, StepWriter, _OpenCollective
+from trainer.instrument.memory import MemoryProbe
+from trainer.instrument.recorder import OpenCollective, Recorder, StepWriter
 from trainer.simdevice import SimulatedGpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,14 +74,14 @@ def _comm_summary_before(collectives, blocked_comm):
 
 def test_comm_summary_is_bit_for_bit_the_two_pass_one(tmp_path):
     rng = random.Random(3)
-    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, None, {"dp": [0, 1]})
+    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"dp": [0, 1]})
     for trial in range(3000):
         rec.begin_step(trial)
         rec.t.blocked_comm = rng.choice([0.0, rng.random() * 0.01])
         for i in range(rng.randint(0, 6)):
             t_arrive = 1700000000.0 + rng.choice([0.0, 0.001, rng.random()])  # ties on purpose
             t_done = rng.choice([None, t_arrive + rng.random() * 0.02, t_arrive - 0.001])
-            c = _OpenCollective("all_reduce", rng.choice(["dp", "pp", "world"]), [0, 1], 4, t_arrive,
+            c = OpenCollective("all_reduce", rng.choice(["dp", "pp", "world"]), [0, 1], 4, t_arrive,
                                 rng.random() < 0.7, i, t_done=t_done,
                                 link_delay=rng.choice([0.0, 0.0, rng.random() * 0.01]),
                                 async_bucket=rng.random() < 0.5)
@@ -124,7 +125,7 @@ class _FixedMemory(MemoryProbe):
                                                              (float("nan"), float("inf"), 1024.0, None)])
 def test_step_writer_writes_the_record_train_py_wrote(tmp_path, loss, grad_norm, scale, device_ms):
     path = RunDir(tmp_path, "r").spool(3)
-    rec = Recorder("run-x", path, 3, None, {"dp": [2, 3], "world": [0, 1, 2, 3]}, attempt=2)
+    rec = Recorder("run-x", path, 3, {"dp": [2, 3], "world": [0, 1, 2, 3]}, attempt=2)
     writer = StepWriter(rec, _FixedMemory(123456789), node=1, host="node-b", world_size=4, pp_stage=1, dp_rank=1,
                         tp_rank=0, tokens=512, flops=3.0e9 * 512 / 2, microbatches=4)
     rec.begin_step(9)
@@ -183,7 +184,7 @@ def test_ddp_hook_records_every_bucket_with_one_callback(tmp_path):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from trainer.instrument import make_ddp_comm_hook
+    from trainer.instrument.ddp import make_ddp_comm_hook
 
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
@@ -191,7 +192,7 @@ def test_ddp_hook_records_every_bucket_with_one_callback(tmp_path):
     try:
         grads = []
         for hook in ("ranksight", "plain"):
-            rec = Recorder("r", RunDir(tmp_path, hook).spool(0), 0, FaultState([], 0, 0), {"dp": [0]})
+            rec = Recorder("r", RunDir(tmp_path, hook).spool(0), 0, {"dp": [0]})
             torch.manual_seed(0)
             net = torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.Linear(300, 300), torch.nn.Linear(300, 2))
             model = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.2)

@@ -251,11 +251,11 @@ def test_slow_link_on_ddp_buckets_is_comm_not_compute(tmp_path):
     posting *any* bucket blocks this rank in communication. Every bucket's delay must be in the
     exposed comm time (hence out of compute_ms), not only the last bucket's, and none in sync_wait_ms
     (time spent waiting for peers), or the wait-deficit signature of a slow link could not see it."""
-    from trainer.instrument import Recorder
+    from trainer.instrument.recorder import Recorder
 
     faults = FaultState([parse_fault("slow_link:rank=0,delay_ms=30")], rank=0, node=0)
     faults.set_step(1)
-    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, faults, {"dp": [0, 1]})
+    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"dp": [0, 1]}, faults=faults)
     rec.begin_step(1)
     buckets = []
     for _ in range(3):  # three buckets, each posted 30 ms late, each finishing right after
@@ -271,7 +271,7 @@ def test_slow_link_on_ddp_buckets_is_comm_not_compute(tmp_path):
     # ... but it is not waiting for a peer: the buckets finished right after they left, so no peer held it up
     assert wait < 0.01
     # without the fault only the last bucket's window counts (nothing is invented)
-    rec2 = Recorder("r", RunDir(tmp_path, "r2").spool(0), 0, FaultState([], 0, 0), {"dp": [0, 1]})
+    rec2 = Recorder("r", RunDir(tmp_path, "r2").spool(0), 0, {"dp": [0, 1]})
     rec2.begin_step(1)
     for _ in range(3):
         c = rec2.enter("all_reduce", "dp", 4, sync=True)
@@ -282,16 +282,16 @@ def test_slow_link_on_ddp_buckets_is_comm_not_compute(tmp_path):
 
 def test_disabled_recorder_writes_nothing_and_still_runs_collectives(tmp_path):
     """--no-instrument: the Recorder writes no spool file, and timed() only runs the collective."""
-    from trainer.instrument import Recorder
+    from trainer.instrument.recorder import Recorder
 
     path = RunDir(tmp_path, "r").spool(0)
-    rec = Recorder("r", path, 0, FaultState([], 0, 0), {"pp": [0]}, enabled=False)
+    rec = Recorder("r", path, 0, {"pp": [0]}, enabled=False)
     rec.begin_step(1)
     assert rec.timed("all_reduce", "pp", lambda x: x + 1, 41) == 42
     rec.event("start")
     rec.finish_step(StepRecord(run_id="r", rank=0, step=1, node=0, host="h", world_size=1, t_start=0.0, t_end=1.0, step_ms=1.0))
     assert not rec.t.collectives and not path.exists()
-    assert Recorder("r", path, 0, None, {}).spool is not None and path.exists()  # default: on
+    assert Recorder("r", path, 0, {}).spool is not None and path.exists()  # default: on
 
 
 def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
@@ -299,13 +299,13 @@ def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
     is the max of this measurement and the best earlier one on this host (cached), and says so."""
     import json
 
-    from trainer.manifest import _cpu_key, measure_cpu_peak
+    from trainer.manifest import cpu_key, measure_cpu_peak
 
     cache = tmp_path / "cpu-peak.json"
     shapes = ((64, 64, 64),)
     now, src, simulated = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
     assert simulated and now > 0 and "barrier" in src and "64x64@64x64" in src
-    key = _cpu_key(torch.get_num_threads())
+    key = cpu_key(torch.get_num_threads())
     assert json.loads(cache.read_text())[key]["peak_flops"] == now  # recorded for later runs
     cache.write_text(json.dumps({key: {"peak_flops": 1e18}}))  # an earlier, higher measurement
     peak, src, _ = measure_cpu_peak(shapes, reps=1, min_rep_s=0.005, cache=cache)
@@ -318,9 +318,9 @@ def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
 def test_an_unwaited_tp_all_reduce_whose_id_is_reused_is_dropped(tmp_path):
     """A TP all-reduce output that dies unwaited can have its id reused by the next one: the first is dropped (as
     finish_step drops unwaited ones), never written without a completion."""
-    from trainer.instrument import Recorder
+    from trainer.instrument.recorder import Recorder
 
-    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, FaultState([], 0, 0), {"tp": [0, 1]})
+    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"tp": [0, 1]})
     rec.begin_step(1)
     first = rec.enter("all_reduce", "tp", 4)
     rec.tp_issued(1234, first)

@@ -1,11 +1,19 @@
-"""Fault injection: ``--inject KIND:key=value,...`` -> ranksight.schema.FaultSpec, and when each is active.
+"""Fault injection: ``--inject KIND:key=value,...`` -> ranksight.schema.FaultSpec, when each is active, what it does.
 
 Faults are ground truth for the analyzers, so each one does something real on the
 rank (sleeps, infs, NaNs, hangs) and is recorded (manifest + spool event) with its
 onset step and wall time. Semantics of every kind are in docs/trainer.md.
+
+The training loop applies the faults that act on its own work (data_stall, nan_loss, fp16_overflow,
+slow_rank without a pipeline); those that act where the rank communicates (hang, slow_link) or inside a
+pipeline stage's chunk (slow_rank) are applied by the instrumentation's hooks, which call this rank's
+``FaultState`` there (its ``trainer.instrument.recorder.FaultHook`` methods).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from ranksight.schema import FAULT_KINDS, FaultSpec
 
@@ -126,3 +134,33 @@ class FaultState:
 
     def has(self, kind: str) -> bool:
         return bool(self.mine(kind))
+
+    # -- what the faults do, where the instrumentation calls them (trainer.instrument.recorder.FaultHook) ----
+    def before_arrival(self, op: str, group: str, announce: Callable[[str, dict], None]) -> None:
+        """hang: the rank stops *before* arriving at ``op`` on ``group``: it never arrives, so its peers block in
+        it until the process-group timeout fires. ``announce`` writes the ``hang_entered`` event first, so the
+        spool shows everything up to the hang. Sleeping in a plain loop keeps the process killable."""
+        if self.has("hang"):
+            announce("hang_entered", {"op": op, "group": group, "simulated_fault": True})
+            while True:
+                time.sleep(3600)
+
+    def delay_send(self) -> float:
+        """slow_link: this rank's data leaves late. Sleeps the delay; returns the seconds actually slept."""
+        delay = self.link_delay_s()
+        if delay <= 0:
+            return 0.0
+        t0 = time.perf_counter()
+        time.sleep(delay)
+        return time.perf_counter() - t0
+
+    def slow_compute(self, compute_s: float) -> float:
+        """slow_rank / throttle: this rank's compute takes factor x as long. ``compute_s`` is the CPU time of the
+        work being slowed, so the slow-down is a fixed share of the simulated device's time, not of the host's
+        scheduling noise. Sleeps ``(factor - 1) x compute_s``; returns that, the simulated device's extra busy
+        time (a sleep's overshoot on a busy host is host scheduling noise, which device time leaves out)."""
+        f = self.compute_factor()
+        if f > 1.0 and compute_s > 0:
+            time.sleep((f - 1.0) * compute_s)
+            return (f - 1.0) * compute_s
+        return 0.0

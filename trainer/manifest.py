@@ -61,7 +61,7 @@ def peak_cache_path() -> Path:
     return Path(base) / "cpu-peak.json"
 
 
-def _cpu_key(threads: int) -> str:
+def cpu_key(threads: int) -> str:
     model = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -102,7 +102,7 @@ def measure_cpu_peak(shapes=CPU_PEAK_SHAPES, reps: int = CPU_PEAK_REPS, min_rep_
                 best, best_shape = rate, shp
     now = best
     cache = peak_cache_path() if cache is None else cache
-    key = _cpu_key(threads)
+    key = cpu_key(threads)
     earlier = 0.0
     try:
         data = json.loads(cache.read_text())

@@ -10,12 +10,14 @@ Rules learned on this machine (shared/research/torch-cpu-feasibility.md):
   with every param a DTensor, foreach optimizers, clipping and GradScaler work.
 - with PP, FSDP2 uses reshard_after_forward=False (micro-batches re-use the params).
 - clipping is done per device mesh, then summed over the pp group (stages own disjoint params).
+
+Nothing here observes anything: the instrumentation (trainer/instrument) attaches its timing hooks to what
+this module built, afterwards, in one call.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -89,13 +91,8 @@ def stage_layers(n_layers: int, n_stages: int, stage: int) -> list[str]:
     return [str(i) for i in range(start, start + count)]
 
 
-def apply_tp(module: nn.Module, tp_mesh, recorder=None) -> None:
+def apply_tp(module: nn.Module, tp_mesh) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    if recorder is not None:
-        from trainer.instrument import install_tp_timing
-
-        install_tp_timing(recorder)
 
     for blk in module.layers.values():
         parallelize_module(blk, tp_mesh, {
@@ -104,26 +101,16 @@ def apply_tp(module: nn.Module, tp_mesh, recorder=None) -> None:
         })
 
 
-def apply_fsdp(module: nn.Module, dp_mesh, recorder, reshard_after_forward: bool) -> None:
+def apply_fsdp(module: nn.Module, dp_mesh, reshard_after_forward: bool) -> None:
     from torch.distributed.fsdp import fully_shard
-
-    from trainer.instrument import make_fsdp_comms
 
     for blk in module.layers.values():
         fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    if recorder is not None:
-        rs, ag = make_fsdp_comms(recorder)
-        for m in module.modules():
-            if hasattr(m, "set_custom_reduce_scatter"):
-                m.set_custom_reduce_scatter(rs)
-                m.set_custom_all_gather(ag)
 
 
-def apply_ddp(module: nn.Module, dp_mesh, recorder, pipeline: bool = False) -> nn.Module:
+def apply_ddp(module: nn.Module, dp_mesh, pipeline: bool = False) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from trainer.instrument import make_ddp_comm_hook
 
     # Under a pipeline stage every micro-batch's backward but the last runs in no_sync, and
     # the reducer records the gradient-ready order for its one-time bucket rebuild across
@@ -131,10 +118,7 @@ def apply_ddp(module: nn.Module, dp_mesh, recorder, pipeline: bool = False) -> n
     # the next forward died with "rebuilt parameter indices size is not same as original
     # model parameters size". find_unused_parameters turns the rebuild off (and traverses the
     # stage output's graph, which is small); buckets keep their construction order.
-    ddp = DDP(module, process_group=dp_mesh.get_group(), find_unused_parameters=pipeline)
-    if recorder is not None:
-        ddp.register_comm_hook(dp_mesh.get_group(), make_ddp_comm_hook(recorder))
-    return ddp
+    return DDP(module, process_group=dp_mesh.get_group(), find_unused_parameters=pipeline)
 
 
 def uses_fsdp(cfg: TrainConfig) -> bool:
@@ -145,7 +129,7 @@ def uses_fsdp(cfg: TrainConfig) -> bool:
     return p.dp_mode == "fsdp" or p.tp > 1 or (p.pp > 1 and p.pp_schedule == "interleaved")
 
 
-def build_model_parts(cfg: TrainConfig, mesh, layout: Layout, device: torch.device, recorder):
+def build_model_parts(cfg: TrainConfig, mesh, layout: Layout, device: torch.device):
     """Returns (model_parts, stage_ids): one part without PP, V parts per rank with interleaved PP."""
     full = GPT(cfg.model)
     init_weights(full, cfg.seed)
@@ -169,11 +153,11 @@ def build_model_parts(cfg: TrainConfig, mesh, layout: Layout, device: torch.devi
                 m.norm = m.head = None
         m.to(device)
         if p.tp > 1:
-            apply_tp(m, mesh["tp"], recorder)
+            apply_tp(m, mesh["tp"])
         if uses_fsdp(cfg):
-            apply_fsdp(m, mesh["dp"], recorder, reshard_after_forward=p.pp == 1)
+            apply_fsdp(m, mesh["dp"], reshard_after_forward=p.pp == 1)
         else:
-            m = apply_ddp(m, mesh["dp"], recorder, pipeline=n_stages > 1)
+            m = apply_ddp(m, mesh["dp"], pipeline=n_stages > 1)
         parts.append(m)
     return parts, stage_ids, n_stages
 
@@ -183,21 +167,13 @@ def inner(module: nn.Module) -> nn.Module:
     return module.module if hasattr(module, "module") and isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
 
 
-def build_pipeline(cfg: TrainConfig, parts, stage_ids, n_stages, mesh, device, pp_loss_fn, recorder, slow_hook):
-    """PipelineStage per part and the schedule. Stage methods are wrapped to time forward/backward
-    chunks and to apply the slow_rank/throttle compute slowdown inside them."""
+def build_pipeline(cfg: TrainConfig, parts, stage_ids, n_stages, mesh, device, pp_loss_fn):
+    """A PipelineStage per part and the schedule over them; returns (schedule, stages)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-    from trainer.instrument import install_pipeline_timing
-
-    if recorder is not None:  # None: --no-instrument (no p2p or chunk timing, no fault hooks)
-        install_pipeline_timing(recorder)
     group = mesh["pp"].get_group()
     stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(parts, stage_ids)]
-    for st in stages:
-        if recorder is not None:
-            _wrap_stage(st, recorder, slow_hook)
     cls = get_schedule_class(PP_SCHEDULES[cfg.parallel.pp_schedule])
     m = cfg.parallel.microbatches
     if issubclass(cls, PipelineScheduleSingle):
@@ -207,34 +183,12 @@ def build_pipeline(cfg: TrainConfig, parts, stage_ids, n_stages, mesh, device, p
     return sched, stages
 
 
-def _wrap_stage(stage, recorder, slow_hook) -> None:
-    orig_f, orig_b = stage.forward_one_chunk, stage.backward_one_chunk
-
-    def forward_one_chunk(*a, **kw):
-        recorder.phase = "forward"
-        t0, c0 = time.perf_counter(), time.thread_time()
-        out = orig_f(*a, **kw)
-        slow_hook(time.thread_time() - c0)  # slow_rank: extra compute before sending on (CPU time: p2p waits, preemption excluded)
-        recorder.t.forward += time.perf_counter() - t0
-        return out
-
-    def backward_one_chunk(*a, **kw):
-        recorder.phase = "backward"
-        t0, c0 = time.perf_counter(), time.thread_time()
-        out = orig_b(*a, **kw)
-        slow_hook(time.thread_time() - c0)  # CPU time of the chunk: p2p waits and preemption excluded
-        recorder.t.backward += time.perf_counter() - t0
-        return out
-
-    stage.forward_one_chunk = forward_one_chunk
-    stage.backward_one_chunk = backward_one_chunk
-
-
-def clip_grad_norm_(params, max_norm: float, pp_group=None, recorder=None) -> torch.Tensor:
+def clip_grad_norm_(params, max_norm: float, pp_group=None, all_reduce=dist.all_reduce) -> torch.Tensor:
     """Total grad norm over all params of the model (every stage), clipping to max_norm if > 0.
 
     Norms are computed per device mesh (mixed Tensor/DTensor or DTensors on different
-    meshes cannot be stacked), squared-summed, then all-reduced over the pp group.
+    meshes cannot be stacked), squared-summed, then summed over the pp group with
+    ``all_reduce(tensor, group=pp_group)`` (the training loop passes one it times).
     """
     from torch.distributed.tensor import DTensor
 
@@ -250,12 +204,8 @@ def clip_grad_norm_(params, max_norm: float, pp_group=None, recorder=None) -> to
         n = n.full_tensor() if isinstance(n, DTensor) else n
         sq = sq + n.float() ** 2
     if pp_group is not None:
-        if recorder is not None:
-            recorder.timed("all_reduce", "pp", dist.all_reduce, sq, group=pp_group, nbytes=4)
-        else:
-            dist.all_reduce(sq, group=pp_group)
+        all_reduce(sq, group=pp_group)
     total = sq.sqrt()
     if max_norm > 0 and torch.isfinite(total):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=False)
     return total
-

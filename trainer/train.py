@@ -27,7 +27,10 @@ from trainer.config import TrainConfig
 from trainer.control import REFORM_EXIT_CODE, REFORM_SLEEP_S, ControlChannel, evicted_marker
 from trainer.data import DataLoader, make_dataset
 from trainer.faults import FaultState, apply_config_faults, parse_faults, targets
-from trainer.instrument import MemoryProbe, OverheadToggle, Recorder, StepWriter
+from trainer.instrument import install as install_instrumentation
+from trainer.instrument.memory import MemoryProbe
+from trainer.instrument.overhead_toggle import OverheadToggle
+from trainer.instrument.recorder import Recorder, StepWriter
 from trainer.manifest import ManifestWriter, attempt_entry, make_manifest, measure_cpu_peak
 from trainer.model import count_params, flops_per_token, loss_fn
 from trainer.parallelize import (
@@ -81,7 +84,7 @@ def main(cfg: TrainConfig) -> None:
     init_distributed(backend, cfg.pg_timeout_s)
     rec = None
     try:
-        rec = _train(cfg, specs, run, backend, device)
+        rec = train_loop(cfg, specs, run, backend, device)
     except SystemExit as e:
         if rec is None and isinstance(e.code, str):
             print(e.code, file=sys.stderr)
@@ -95,10 +98,12 @@ def main(cfg: TrainConfig) -> None:
     _exit(0)
 
 
+# This rank's Recorder as soon as it exists, for main()'s error path (write what the rank was stuck in).
 _RECORDER: list = [None]
 
 
-def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.device):
+def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.device):
+    """This rank's whole run once its process group exists: build, train, write, tear down. Returns its Recorder."""
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = _node_index(cfg)
@@ -113,17 +118,17 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     group_ranks["world"] = list(range(world))
 
     faults = FaultState(specs, rank, node)
-    rec = Recorder(run.run_id, run.spool(rank), rank, faults, group_ranks, enabled=cfg.instrument, attempt=attempt)
-    hooks = rec if cfg.instrument else None  # --no-instrument: no timing hooks anywhere
+    # The recorder applies hang and slow_link where this rank arrives at a collective (no --inject: nothing to do)
+    rec = Recorder(run.run_id, run.spool(rank), rank, group_ranks, enabled=cfg.instrument, attempt=attempt,
+                   faults=faults if specs else None)
     # bench/overhead.py only (environment; None otherwise): instrumentation ON/OFF in blocks of steps
     toggle = OverheadToggle.from_env(rank, local_rank)
     if toggle is not None and (not cfg.instrument or specs):
         raise SystemExit("RANKSIGHT_OVERHEAD_BLOCK needs the instrumentation on and no --inject")
-    rec.tp_is_sync = dp == 1 and tp > 1
     _RECORDER[0] = rec
     ckpt.seed_rng(cfg.seed, rank, 0)
 
-    parts, stage_ids, n_stages = build_model_parts(cfg, mesh, lay, device, hooks)
+    parts, stage_ids, n_stages = build_model_parts(cfg, mesh, lay, device)
     params = [p for part in parts for p in part.parameters()]
     optims = [torch.optim.AdamW(part.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
               for part in parts]
@@ -150,27 +155,23 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
     for part in parts:
         part.register_forward_hook(output_fault_hook)
 
-    def slow_sleep(compute_s: float) -> None:
-        # slow_rank / throttle: this rank's compute takes factor x as long. Real wall time
-        # spent inside forward/backward (so before this rank reaches the gradient sync);
-        # ``compute_s`` is the CPU time of the work being slowed, so the slow-down is a
-        # fixed share of the simulated device's time, not of the host's scheduling noise.
-        f = faults.compute_factor()
-        if f > 1.0 and compute_s > 0:
-            time.sleep((f - 1.0) * compute_s)
-            # the simulated device is slower by exactly this; a sleep's overshoot on a busy host is
-            # host scheduling noise, which device time leaves out
-            rec.t.injected_slow += (f - 1.0) * compute_s
-
     pp_losses: list[torch.Tensor] = []
-    sched = None
+    sched, stages = None, []
     if pp > 1:
         def pp_loss(out, tgt):
             loss = loss_fn(out, tgt)
             pp_losses.append(loss.detach())
             return scaler.scale(loss) if scaler is not None else loss
 
-        sched, _stages = build_pipeline(cfg, parts, stage_ids, n_stages, mesh, device, pp_loss, hooks, slow_sleep)
+        sched, stages = build_pipeline(cfg, parts, stage_ids, n_stages, mesh, device, pp_loss)
+    if cfg.instrument:  # --no-instrument: no timing hooks anywhere
+        install_instrumentation(rec, parts, mesh, stages)
+
+    def pp_all_reduce(tensor: torch.Tensor, group) -> None:
+        # the loop's own collectives over the pp group (found_inf + loss, the grad norm), timed as group "pp"
+        rec.timed("all_reduce", "pp", dist.all_reduce, tensor, group=group,
+                  nbytes=tensor.numel() * tensor.element_size())
+
     is_first = 0 in stage_ids
     is_last = (n_stages - 1) in stage_ids
 
@@ -289,8 +290,8 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
                         loss = loss_fn(logits, y)
                     # CPU time: preemption and the CPU spent waiting in collectives excluded
                     fwd_compute = time.thread_time() - cf - (rec.t.comm_cpu - cc)
-                    # forward + backward (~2x forward) of extra compute, before the gradient sync
-                    slow_sleep(3.0 * fwd_compute)
+                    # slow_rank: forward + backward (~2x forward) of extra compute, before the gradient sync
+                    rec.t.injected_slow += faults.slow_compute(3.0 * fwd_compute)
                     rec.t.forward += time.perf_counter() - tf
                     rec.phase = "backward"
                     tb = time.perf_counter()
@@ -336,14 +337,14 @@ def _train(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.dev
             # Stages own disjoint grads: agree on found_inf, and share the last stage's loss.
             stats = torch.tensor([found, step_loss if is_last else 0.0, 1.0 if is_last else 0.0],
                                  dtype=torch.float64, device=device)
-            rec.timed("all_reduce", "pp", dist.all_reduce, stats, group=pp_group, nbytes=24)
+            pp_all_reduce(stats, group=pp_group)
             found = float(stats[0])
             step_loss = float(stats[1]) / max(1.0, float(stats[2]))
             if scaler is not None:
                 for o in optims:
                     for v in scaler._per_optimizer_states[id(o)]["found_inf_per_device"].values():
                         v.fill_(1.0 if found > 0 else 0.0)
-        norm = clip_grad_norm_(params, cfg.clip, pp_group, hooks)
+        norm = clip_grad_norm_(params, cfg.clip, pp_group, all_reduce=pp_all_reduce)
         grad_norm = float(norm)
         overflow = found > 0 or not math.isfinite(grad_norm)
         if scaler is not None:

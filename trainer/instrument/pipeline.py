@@ -1,0 +1,101 @@
+"""Pipeline parallel: the schedules' p2p waits (the bubble), every send and recv, and the stages' chunk times."""
+
+from __future__ import annotations
+
+import time
+
+from trainer.instrument.recorder import OpenCollective, Recorder
+
+
+def install_p2p_timing(recorder: Recorder) -> None:
+    """Wrap ``torch.distributed.pipelining.schedules``' p2p helpers (looked up as module globals
+    by every schedule). Time waiting for a p2p batch is pipeline wait; a slow_link delays
+    this rank's sends/recvs being posted (billed as pipeline wait).
+
+    Every send and recv is also recorded, as the flight recorder does: one CollectiveRecord per op on
+    a *directed link* communicator ``pp:<src>><dst>`` (``Recorder.enter_link``). Arrival: a sender when
+    it posts its data (before any injected slow_link delay, as for collectives: the data leaving late is
+    the link's time); a receiver when it starts waiting for the data (a recv may be posted early and
+    waited on later). Completion: when this rank's wait on that op returned. A p2p op that never completed
+    (the peer hung or died) stays open and is written by ``flush_unfinished``: the hang analyzer then names
+    the rank that never joined."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+
+    if getattr(schedules, "_ranksight_wrapped", False):
+        return
+    orig_wait, orig_batch = schedules._wait_batch_p2p, schedules._batch_p2p
+    # id(works list) -> (the list, its ops' records). Holding the list keeps its id from being reused.
+    pending: dict[int, tuple[list, list[OpenCollective]]] = {}
+
+    def _wait_batch_p2p(work):
+        if not recorder.enabled:
+            return orig_wait(work)
+        t0, w0, cpu0 = time.perf_counter(), time.time(), time.thread_time()
+        _, recs = pending.pop(id(work), (None, []))
+        for c in recs:
+            if c.op == "recv":
+                c.t_arrive = max(c.t_arrive, w0)
+        per_op = isinstance(work, list) and len(work) == len(recs)
+        for i, w in enumerate(work):
+            w.wait()
+            if per_op:
+                recs[i].t_done = time.time()
+        now = time.time()
+        for c in recs:
+            if c.t_done is None:
+                c.t_done = now
+        recorder.add_pipeline_wait(time.perf_counter() - t0)
+        recorder.t.comm_cpu += time.thread_time() - cpu0
+
+    def _batch_p2p(p2p_ops, desc=None):
+        recs: list[OpenCollective] = []
+        if recorder.enabled and p2p_ops:
+            t_post = time.time()
+            faults = recorder.faults
+            if faults is not None:
+                faults.before_arrival("p2p", "pp", recorder.event)  # hang: nothing is posted
+                slept = faults.delay_send()
+                if slept:
+                    recorder.add_pipeline_wait(slept)
+            for p in p2p_ops:
+                send = p.op in (dist.isend, dist.send)
+                src, dst = (recorder.rank, int(p.peer)) if send else (int(p.peer), recorder.rank)
+                recs.append(recorder.enter_link("send" if send else "recv", src, dst,
+                                                p.tensor.numel() * p.tensor.element_size(), t_post))
+        works = orig_batch(p2p_ops, desc=desc) if desc is not None else orig_batch(p2p_ops)
+        if recs:
+            pending[id(works)] = (works, recs)
+        return works
+
+    schedules._wait_batch_p2p = _wait_batch_p2p
+    schedules._batch_p2p = _batch_p2p
+    schedules._ranksight_wrapped = True
+
+
+def time_stage_chunks(stage, recorder: Recorder) -> None:
+    """Wrap a ``PipelineStage``'s ``forward_one_chunk`` / ``backward_one_chunk``: their wall time is this rank's
+    forward / backward time, and they set the recorder's phase. An injected slow_rank stretches each chunk's
+    compute (its CPU time: p2p waits and preemption excluded) inside the chunk, before the stage sends on."""
+    orig_f, orig_b = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def forward_one_chunk(*a, **kw):
+        recorder.phase = "forward"
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = orig_f(*a, **kw)
+        if recorder.faults is not None:
+            recorder.t.injected_slow += recorder.faults.slow_compute(time.thread_time() - c0)
+        recorder.t.forward += time.perf_counter() - t0
+        return out
+
+    def backward_one_chunk(*a, **kw):
+        recorder.phase = "backward"
+        t0, c0 = time.perf_counter(), time.thread_time()
+        out = orig_b(*a, **kw)
+        if recorder.faults is not None:
+            recorder.t.injected_slow += recorder.faults.slow_compute(time.thread_time() - c0)
+        recorder.t.backward += time.perf_counter() - t0
+        return out
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
