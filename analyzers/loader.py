@@ -99,8 +99,8 @@ def group_keys(groups: list, members: list, attempts: list) -> list[str]:
     attempt) thousands of times in a window (a record per op and rank), and sorting the member list of each row
     cost O(rows x group size) every analysis round: each distinct combination is computed once.
 
-    The head's live window hands equal member lists over as one shared array object (head/live.py
-    ``_to_pandas_shared_lists``): then the combinations are told apart in bulk by the objects' identity (with
+    The head's live window hands equal member lists over as one shared array object (head/live_frames.py
+    ``to_pandas_shared_lists``): then the combinations are told apart in bulk by the objects' identity (with
     string groups and int attempts, which factorize keeps apart exactly). Otherwise (a run read from disk: an
     array per row) a lookup per row by the members' raw bytes or tuple."""
     n = len(members)

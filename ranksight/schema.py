@@ -9,7 +9,7 @@ trainer's spool) and cheap to turn into dicts for pandas/Parquet (the store).
 Conventions
 - Wall-clock times are Unix seconds (float, ``time.time()``), durations are
   milliseconds and named ``*_ms``; sizes are bytes.
-- Each table has a natural key the head deduplicates on (``agent/store.py: KEYS``);
+- Each table has a natural key the head deduplicates on (``ranksight/tables.py: KEYS``);
   step records: ``rank`` + ``attempt`` + ``step`` within a run, so steps redone after a
   restart are kept; collectives: ``rank`` + ``attempt`` + ``step`` + ``group`` + ``seq``.
 - ``simulated`` is True for anything that did not come from real hardware

@@ -171,7 +171,7 @@ def test_action_flow_head_to_agent_to_trainer_files_and_back(tmp_path):
         assert sorted(df["status"]) == ["applied", "requested"]
         # a restarted head knows the action's latest status from the store
         h2 = Head(store, TOKEN, analyzer=None)
-        assert [(x["status"], x["applied_step"]) for x in h2.actions_of("r1")] == [("applied", 2)]
+        assert [(x["status"], x["applied_step"]) for x in h2.actions.current("r1")] == [("applied", 2)]
         h2.close()
         # an evict without a node is refused with a 400
         assert http_status(head_url + "/api/runs/r1/actions", b'{"action":"evict"}',

@@ -164,12 +164,12 @@ def test_member_counts_andsorted_members():
 
 
 def test_live_telemetry_window_converts_only_new_samples_same_frame():
-    from head.live import _ConvertedWindow
+    from head.live_frames import ConvertedWindow
     from ranksight.tables import SPECS
     from ranksight import schema
 
     rnd = random.Random(0)
-    conv = _ConvertedWindow("r", "gpu")
+    conv = ConvertedWindow("r", "gpu")
     dq: deque = deque(maxlen=50)
     t = 0
     for it in range(120):
@@ -187,12 +187,12 @@ def test_live_telemetry_window_converts_only_new_samples_same_frame():
 def test_live_collectives_frame_shares_equal_member_lists_same_content():
     import pyarrow as pa
 
-    from head.live import _to_pandas_shared_lists
+    from head.live_frames import to_pandas_shared_lists
 
     members = [[3, 1, 2], [3, 1, 2], None, [], [0], [3, 1, 2], [1, 2, 3]]
     t = pa.table({"rank": list(range(7)), "group_ranks": pa.array(members, pa.list_(pa.int64())),
                   "group": ["dp"] * 7}).slice(1)  # a sliced table: offsets into the list buffers
-    got, want = _to_pandas_shared_lists(t, "group_ranks"), t.to_pandas()
+    got, want = to_pandas_shared_lists(t, "group_ranks"), t.to_pandas()
     assert list(got.columns) == list(want.columns)
     pd.testing.assert_frame_equal(got.drop(columns="group_ranks"), want.drop(columns="group_ranks"))
     for a, b in zip(got["group_ranks"], want["group_ranks"]):

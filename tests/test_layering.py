@@ -159,3 +159,40 @@ def test_no_private_name_is_imported_from_another_package():
             if private:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} from {target} imports {', '.join(private)}")
     assert not wrong, "private names used outside their package:\n" + "\n".join(wrong)
+
+
+# Inside analyzers, the flight-recorder analyzer's stages: a module may import its own stage or an earlier one.
+# Shared statistics first; then loader -> builder -> checks; then what uses findings (run_all, policy, scoring,
+# the report); the diagnose CLI last.
+ANALYZER_STAGES = [
+    ("analyzers.stats", "analyzers.persistence", "analyzers.changepoint", "analyzers.evidence"),
+    ("analyzers.loader",),
+    ("analyzers.builder",),
+    ("analyzers.checks",),
+    ("analyzers", "analyzers.policy", "analyzers.score", "analyzers.report"),
+    ("analyzers.diagnose",),
+]
+
+
+def _analyzer_stage(module: str) -> int:
+    best = None
+    for i, names in enumerate(ANALYZER_STAGES):
+        for n in names:
+            if (module == n or module.startswith(n + ".")) and (best is None or len(n) > len(best[1])):
+                best = (i, n)
+    assert best is not None, f"{module}: put it in a stage of ANALYZER_STAGES"
+    return best[0]
+
+
+def test_analyzers_go_loader_builder_checks():
+    wrong = []
+    for module, path in PRODUCT.items():
+        if _top(module) != "analyzers":
+            continue
+        own = _analyzer_stage(module)
+        for line, target, names in _imports(module, path):
+            for name in [target] + [f"{target}.{n}" for n in names]:
+                hit = _project_module(name)
+                if hit is not None and _top(hit) == "analyzers" and hit != module and _analyzer_stage(hit) > own:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} ({ANALYZER_STAGES[own][0]} stage) imports {hit}")
+    assert not wrong, "loader -> builder -> checks -> report: an import goes back up:\n" + "\n".join(sorted(set(wrong)))

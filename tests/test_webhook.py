@@ -367,18 +367,18 @@ def test_cli_receiver_and_send(tmp_path):
 
 
 def test_head_findings_through_sender(receiver, tmp_path):
-    """The wiring the head uses: new findings from Head.analyze_once go to WebhookSender.send_findings."""
+    """The wiring the head uses: new findings from LiveAnalysis.analyze_once go to WebhookSender.send_findings."""
     from head.service import Head
 
     produced = [_finding(run_id="", t=0.0), _finding(kind="hang", severity="critical", ranks=[2], summary="rank 2 hung", run_id="")]
-    head = Head(tmp_path / "store", "tok", analyzer=lambda frames: list(produced))
+    head = Head(tmp_path / "store", "tok", analyzer=lambda data: list(produced))
     sender = WebhookSender.from_env({"RANKSIGHT_WEBHOOK_URLS": receiver.url + "/hook",
                                      "RANKSIGHT_WEBHOOK_SECRET": SECRET})
     try:
-        new = head.analyze_once("run-h")
+        new = head.analysis.analyze_once("run-h")
         assert len(new) == 2
         assert sender.send_findings(new) == 2
-        assert head.analyze_once("run-h") == []  # the head deduplicates: nothing is sent twice
+        assert head.analysis.analyze_once("run-h") == []  # the head deduplicates: nothing is sent twice
         assert sender.flush(10)
     finally:
         sender.close()

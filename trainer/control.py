@@ -10,7 +10,7 @@ What this costs a step (it runs with ``--no-instrument`` too):
 
 - rank 0 reads the requests folder only when it changed: its modification time moves whenever a
   request is written (``atomic_write`` renames into it). Listing and decoding every old request
-  each step cost ~0.3 ms, growing with the requests a run has seen. The folder is read every step
+  each step would cost time growing with the requests a run has seen. The folder is read every step
   while its last change is under ``RESCAN_RECENT_S`` old: a change within the same clock tick
   as the last read would not move the time stamp;
 - the broadcast goes over a gloo group on the CPU when the job's device is a GPU: an int tensor

@@ -13,9 +13,9 @@ Utilization covers every step since the previous write (compute time / step time
 just the last step. ``flush()`` writes what is pending (the loop calls it after its last step)
 and waits until it is on disk.
 
-The file is written by a daemon thread, not the training thread: replacing a file by rename costs
-0.3 ms at the median and several ms at the 90th percentile on this ext4 host (renaming over an
-existing file makes ext4 start writing the new one's data back), which the training step would pay.
+The file is written by a daemon thread, not the training thread: replacing a file by rename can take
+milliseconds (renaming over an existing file makes ext4 start writing the new one's data back), which
+the training step would pay.
 The training thread only renders the state's text; the thread writes the latest text it was given.
 """
 

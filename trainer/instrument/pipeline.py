@@ -77,25 +77,20 @@ def time_stage_chunks(stage, recorder: Recorder) -> None:
     """Wrap a ``PipelineStage``'s ``forward_one_chunk`` / ``backward_one_chunk``: their wall time is this rank's
     forward / backward time, and they set the recorder's phase. An injected slow_rank stretches each chunk's
     compute (its CPU time: p2p waits and preemption excluded) inside the chunk, before the stage sends on."""
-    orig_f, orig_b = stage.forward_one_chunk, stage.backward_one_chunk
+    stage.forward_one_chunk = _timed_chunk(stage.forward_one_chunk, "forward", recorder)
+    stage.backward_one_chunk = _timed_chunk(stage.backward_one_chunk, "backward", recorder)
 
-    def forward_one_chunk(*a, **kw):
-        recorder.phase = "forward"
+
+def _timed_chunk(run_chunk, phase: str, recorder: Recorder):
+    """``run_chunk`` with its wall time added to the step's ``phase`` time (StepTimes.forward or .backward)."""
+
+    def chunk(*a, **kw):
+        recorder.phase = phase
         t0, c0 = time.perf_counter(), time.thread_time()
-        out = orig_f(*a, **kw)
+        out = run_chunk(*a, **kw)
         if recorder.faults is not None:
             recorder.t.injected_slow += recorder.faults.slow_compute(time.thread_time() - c0)
-        recorder.t.forward += time.perf_counter() - t0
+        setattr(recorder.t, phase, getattr(recorder.t, phase) + time.perf_counter() - t0)
         return out
 
-    def backward_one_chunk(*a, **kw):
-        recorder.phase = "backward"
-        t0, c0 = time.perf_counter(), time.thread_time()
-        out = orig_b(*a, **kw)
-        if recorder.faults is not None:
-            recorder.t.injected_slow += recorder.faults.slow_compute(time.thread_time() - c0)
-        recorder.t.backward += time.perf_counter() - t0
-        return out
-
-    stage.forward_one_chunk = forward_one_chunk
-    stage.backward_one_chunk = backward_one_chunk
+    return chunk
