@@ -56,6 +56,9 @@ class NvmlProbe:
 
     ``sample() -> list[GpuSample]``, ``poll_xids() -> list[XidEvent]``, ``close()``; ``mode``,
     ``source``, ``simulated``, ``status``, ``gaps`` (field -> last reason it was None).
+
+    Its 16 methods are that surface, the context-manager pair, and one small reader per NVML query group
+    (each records its own gaps); kept together because they share the NVML handles and the gap bookkeeping.
     """
 
     def __init__(self, node: int, host: str, sim_dir: str | os.PathLike | None = None, *,

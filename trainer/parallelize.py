@@ -162,11 +162,6 @@ def build_model_parts(cfg: TrainConfig, mesh, layout: Layout, device: torch.devi
     return parts, stage_ids, n_stages
 
 
-def inner(module: nn.Module) -> nn.Module:
-    """The model under a DDP wrapper (FSDP2 modifies the module in place)."""
-    return module.module if hasattr(module, "module") and isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
-
-
 def build_pipeline(cfg: TrainConfig, parts, stage_ids, n_stages, mesh, device, pp_loss_fn):
     """A PipelineStage per part and the schedule over them; returns (schedule, stages)."""
     from torch.distributed.pipelining import PipelineStage

@@ -20,7 +20,6 @@ class Profiler:
         self.recorder = recorder
         self.prof = None
         self.window: tuple[int, int] | None = None  # active (first, last) step
-        self.warm_until = 0
         self.tag_prefix = ""
         self.pending_demand: tuple[int, str] | None = None
 
