@@ -12,8 +12,8 @@
 What is dumped, per case, is ``analyzers.run_all(data)`` as plain data (``msgspec.to_builtins``), without
 the wall clock ``t`` a finding gets when it is made (post-mortem, ``run_all`` stamps ``time.time()``):
 
-- every run of every store given with ``--stores`` (default: bench/results/detect-runs, /tmp/det-val,
-  tests/fixtures/runs, /tmp/det-pp; a missing store is skipped and said so), read with
+- every run of every store given with ``--stores`` (default: bench/results/detect-runs, where
+  bench/detect.py keeps its runs, and tests/fixtures/runs; a missing store is skipped and said so), read with
   ``analyzers.loader.load_run``;
 - synthetic live windows (``--synthetic``, default 8, 64 and 256 ranks): the run of bench/head_analysis.py (a 1.3x
   straggler, 2 collectives per step) through the head's live path, ``RunLive.run_data(256)``, the ``RunData``
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_STORES = ["bench/results/detect-runs", "/tmp/det-val", "tests/fixtures/runs", "/tmp/det-pp"]
+DEFAULT_STORES = ["bench/results/detect-runs", "tests/fixtures/runs"]
 
 
 def _plain(f: Any) -> dict:
