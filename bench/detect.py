@@ -124,9 +124,7 @@ def cells(layouts: list[str], faults: list[str], clean: bool) -> list[dict]:
 def replay_cells(store: Path, planned: list[dict]) -> list[dict]:
     """Every recorded run in ``store``: the matrix's own runs by name, any other run described by its manifest."""
     from analyzers.loader import known_runs
-    import msgspec
-
-    from ranksight.schema import Manifest
+    from ranksight.schema import read_manifest
 
     by_id = {run_id_of(c): c for c in planned}
     out = []
@@ -134,9 +132,8 @@ def replay_cells(store: Path, planned: list[dict]) -> list[dict]:
         if rid in by_id:
             out.append(dict(by_id[rid], run_id=rid))
             continue
-        try:
-            m = msgspec.json.decode((store / rid / "run.json").read_bytes(), type=Manifest)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        m = read_manifest(store / rid / "run.json")
+        if m is None:
             continue
         lay = m.layout or {}
         layout = "".join(f"{k}{lay[k]}" for k in ("dp", "tp", "pp") if lay.get(k, 1) and lay.get(k, 1) > 1) or "single"

@@ -6,20 +6,11 @@ import threading
 import time
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 
 from head.live import DEFAULT_WINDOW, RunLive
 from head.store import RunStore, Store
 from ranksight import schema
-
-
-def read_manifest(store: Store, run_id: str) -> schema.Manifest | None:
-    """The run's stored manifest (run.json), None when absent or unreadable."""
-    try:
-        return msgspec.json.decode((store.root / run_id / "run.json").read_bytes(), type=schema.Manifest)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
 
 
 def _gpu_simulated(live: RunLive | None) -> bool | None:
@@ -52,7 +43,7 @@ class LiveRuns:
                     rl = self.runs[run_id] = RunLive(run_id, self.window)
                     # Views of the live window first process the run's queued packed batches.
                     rl.sync = lambda run_id=run_id: self._sync(run_id)
-                    rl.manifest = read_manifest(self.store, run_id)
+                    rl.manifest = schema.read_manifest(self.store.root / run_id / "run.json")
         return rl
 
     def store_of(self, run_id: str) -> RunStore:
@@ -86,7 +77,7 @@ class LiveRuns:
             live = self.runs.get(run_id)
             m = live.manifest if live else None
             if m is None:
-                m = read_manifest(self.store, run_id)
+                m = schema.read_manifest(self.store.root / run_id / "run.json")
             last_step = live.max_step() if live else None  # processes the queue first: before last_seen is read
             if m is not None and m.finished:
                 status = "finished"

@@ -20,6 +20,7 @@ Conventions
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, Union
 
 import msgspec
@@ -395,6 +396,16 @@ def encode(obj: msgspec.Struct) -> bytes:
 def decode_spool_line(line: bytes) -> SpoolRecord:
     """Decode one spool line; raises msgspec.DecodeError on garbage."""
     return _spool_decoder.decode(line)
+
+
+def read_manifest(path: str | os.PathLike) -> Manifest | None:
+    """The manifest at ``path`` (a run's run.json), or None while it is missing or unreadable (not written yet,
+    being replaced, or not a manifest)."""
+    try:
+        with open(path, "rb") as f:
+            return msgspec.json.decode(f.read(), type=Manifest)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def to_dict(obj: msgspec.Struct) -> dict[str, Any]:

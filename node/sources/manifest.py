@@ -14,14 +14,6 @@ from ranksight.layout import RunDir
 log = logging.getLogger("ranksight.agent")
 
 
-def read_manifest(rd: RunDir) -> schema.Manifest | None:
-    """The manifest, or None while it is missing or unreadable (not written yet, or being replaced)."""
-    try:
-        return msgspec.json.decode(rd.manifest.read_bytes(), type=schema.Manifest)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
 class ManifestSource:
     """The manifest as a ``Snapshot`` (the file's bytes, its mtime as ``wire.A_MTIME``): the head keeps the newest
     one, so it is never put in the outbox; the mtime is committed only once the head acknowledged it."""

@@ -10,9 +10,9 @@ import time
 import msgspec
 
 from node.outbox import Item
-from node.sources.manifest import read_manifest
 from node.state import AgentState
 from probes.nccl_log import NcclLogParser, host_pid_from_filename
+from ranksight import schema
 from ranksight.layout import RunDir
 
 log = logging.getLogger("ranksight.agent")
@@ -37,7 +37,7 @@ class NcclLogSource:
 
     def _local_hosts(self) -> set[str]:
         hosts = {self.host, socket.gethostname()}
-        m = read_manifest(self.rd)
+        m = schema.read_manifest(self.rd.manifest)
         if m is not None:
             hosts |= {p.host for p in m.ranks if p.node == self.node}
         return hosts

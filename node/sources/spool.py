@@ -15,7 +15,6 @@ import time
 from node.outbox import Item
 from node.prom import AgentMetrics
 from node.shipping import OtlpMetrics
-from node.sources.manifest import read_manifest
 from node.state import AgentState
 from ranksight import schema, wire
 from ranksight.layout import RunDir
@@ -52,7 +51,7 @@ class SpoolSource:
         if not force and now - self._last_discovery < DISCOVERY_INTERVAL_S:
             return self.local_ranks
         self._last_discovery = now
-        m = read_manifest(self.rd)
+        m = schema.read_manifest(self.rd.manifest)
         self.metrics.observe_manifest(self.rd.run_id, m)  # ranksight_run_finished: silences stall alerts after the end
         if m is not None and m.ranks:
             self._rank_nodes = {p.rank: p.node for p in m.ranks}
