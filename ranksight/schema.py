@@ -342,6 +342,7 @@ class FaultSpec(msgspec.Struct, kw_only=True):
     node: int | None = None
     factor: float | None = None
     delay_ms: float | None = None
+    rate_mbit: float | None = None  # slow_link on a node with its own network namespace: the egress rate limit
     code: int | None = None
     start: int = 0
     end: int | None = None  # inclusive last step; None = until the end

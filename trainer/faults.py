@@ -24,7 +24,8 @@ RUNTIME_KINDS = ("slow_rank", "slow_link", "throttle", "fp16_overflow", "nan_los
 CONFIG_KINDS = ("few_microbatches",)
 # Every kind the schema promises to the analyzers is injectable here.
 assert set(RUNTIME_KINDS + CONFIG_KINDS) == set(FAULT_KINDS), "trainer.faults out of sync with ranksight.schema"
-KEYS = {"rank": int, "node": int, "factor": float, "delay_ms": float, "code": int, "start": int, "end": int}
+KEYS = {"rank": int, "node": int, "factor": float, "delay_ms": float, "rate_mbit": float, "code": int, "start": int,
+        "end": int}
 # Which target each kind needs, and which parameter (with its default when omitted).
 NEEDS_TARGET = {k: "rank" for k in RUNTIME_KINDS}
 NEEDS_TARGET["xid"] = "node"
@@ -70,6 +71,8 @@ def parse_fault(text: str) -> FaultSpec:
         raise FaultSpecError(f"--inject {text!r}: factor must be >= 1 (a slowdown), got {values['factor']}")
     if values.get("delay_ms") is not None and values["delay_ms"] < 0:
         raise FaultSpecError(f"--inject {text!r}: delay_ms must be >= 0")
+    if values.get("rate_mbit") is not None and values["rate_mbit"] <= 0:
+        raise FaultSpecError(f"--inject {text!r}: rate_mbit must be > 0")
     start = values.pop("start", 0)
     end = values.pop("end", None)
     if start < 0 or (end is not None and end < start):
