@@ -19,29 +19,16 @@ import torch
 
 from ranksight import __version__
 from ranksight.layout import RunDir, atomic_write
+from ranksight.peaks import gpu_peak
 from ranksight.schema import Manifest, encode
-
-# Dense bf16 tensor-core peak per GPU (FLOP/s), as torchtitan's device table.
-GPU_PEAK_FLOPS = [
-    ("H200", 989e12, "H200 bf16 dense"),
-    ("H100 NVL", 835e12, "H100 NVL bf16 dense"),
-    ("H100 PCIe", 756e12, "H100 PCIe bf16 dense"),
-    ("H100", 989e12, "H100 SXM bf16 dense"),
-    ("H20", 148e12, "H20 bf16 dense"),
-    ("B200", 2250e12, "B200 bf16 dense"),
-    ("A100", 312e12, "A100 bf16 dense"),
-    ("L40S", 362e12, "L40S bf16 dense"),
-    ("A10", 125e12, "A10 bf16 dense"),
-]
-
 
 def peak_flops(device: torch.device) -> tuple[float, str, bool]:
     """(peak FLOP/s per device, where it came from, simulated?)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, peak, label in GPU_PEAK_FLOPS:
-            if key in name:
-                return peak, f"device table: {label} ({name})", False
+        known = gpu_peak(name)
+        if known is not None:
+            return known[0], known[1], False
         return 312e12, f"device table: unknown GPU {name!r}, assumed A100 bf16 dense", False
     return measure_cpu_peak()
 
