@@ -26,7 +26,7 @@ import threading
 import time
 
 from ranksight.layout import RunDir
-from ranksight.simgpu import THROTTLE_HW_THERMAL, THROTTLE_SW_POWER_CAP, SimGpuState, state_path
+from ranksight.simgpu import SimGpuState, state_path
 
 MIN_INTERVAL_S = 1.0
 
@@ -90,7 +90,6 @@ class SimulatedGpu:
             uuid=f"GPU-5e5e{node:04x}-{local_rank:04x}-sim0-{rank:04x}-000000000000",
         )
         self.file = StateFileWriter(state_path(self.node_dir, local_rank))
-        self.xids_done: set[int] = set()
         self.min_interval_s = min_interval_s
         self._last_write: float | None = None  # monotonic time of the last write
         self._step_ms = 0.0  # summed since the last write
@@ -99,36 +98,15 @@ class SimulatedGpu:
         self._pending = False
         self.writes = 0  # states handed to the writer thread
 
-    def _discrete(self) -> tuple:
-        s = self.state
-        return s.sm_clock_mhz, s.throttle_reasons, len(s.xids)
-
     def update(self, step_ms: float, compute_ms: float, mem_bytes: int, faults) -> None:
         self._step_ms += max(0.0, step_ms)
         self._compute_ms += max(0.0, compute_ms)
         self._mem_bytes = mem_bytes
         self._pending = True
-        changed = faults is not None and bool(faults.specs) and self._apply_faults(faults)
+        changed = faults is not None and faults.simulated_device(self.state)
         now = time.monotonic()
         if self._last_write is None or changed or now - self._last_write >= self.min_interval_s:
             self._write(now)
-
-    def _apply_faults(self, faults) -> bool:
-        """Clocks, throttle reasons and XIDs from the faults active now; whether any of them changed.
-        Without --inject there is nothing to apply and ``update`` skips this."""
-        s = self.state
-        before = self._discrete()
-        s.sm_clock_mhz, s.throttle_reasons = s.max_sm_clock_mhz, 0
-        throttles = faults.mine("throttle")
-        if throttles:
-            factor = max(f.factor or 1.0 for f in throttles)
-            s.sm_clock_mhz = int(s.max_sm_clock_mhz / factor)
-            s.throttle_reasons = THROTTLE_HW_THERMAL | THROTTLE_SW_POWER_CAP
-        for i, f in enumerate(faults.specs):
-            if f.kind == "xid" and f.node == faults.node and i not in self.xids_done and faults.step >= f.start:
-                s.xids.append((int(f.code or 79), int(time.time() * 1000)))
-                self.xids_done.add(i)
-        return self._discrete() != before
 
     def flush(self) -> None:
         """Write what is pending and wait until the file has it."""

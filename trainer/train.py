@@ -20,18 +20,14 @@ import traceback
 import torch
 import torch.distributed as dist
 
+import ranksight
+from ranksight.instrument.manifest import ManifestWriter, attempt_entry, make_manifest, measure_cpu_peak
 from ranksight.layout import RunDir, atomic_write
-from ranksight.schema import RankPlacement
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.control import REFORM_EXIT_CODE, REFORM_SLEEP_S, ControlChannel, evicted_marker
 from trainer.data import DataLoader, make_dataset
-from trainer.faults import FaultState, apply_config_faults, parse_faults, targets
-from trainer.instrument import install as install_instrumentation
-from trainer.instrument.memory import MemoryProbe
-from trainer.instrument.overhead_toggle import OverheadToggle
-from trainer.instrument.recorder import Recorder, StepWriter
-from trainer.manifest import ManifestWriter, attempt_entry, make_manifest, measure_cpu_peak
+from trainer.faults import FaultState, apply_config_faults, carry_onsets, parse_faults
 from trainer.model import count_params, flops_per_token, loss_fn
 from trainer.parallelize import (
     Layout,
@@ -44,6 +40,8 @@ from trainer.parallelize import (
     resolve_layout,
     uses_fsdp,
 )
+from trainer.netfault import LinkShaper
+from trainer.overhead_toggle import OverheadToggle
 from trainer.profiling import Profiler
 from trainer.simdevice import SimulatedGpu
 
@@ -91,19 +89,19 @@ def main(cfg: TrainConfig) -> None:
         _exit(2 if isinstance(e.code, str) else int(e.code or 0))
     except BaseException as e:  # noqa: BLE001 - a rank must never exit through gloo's destructors
         traceback.print_exc()
-        r = _RECORDER[0]
-        if r is not None:
-            r.flush_unfinished(f"{type(e).__name__}: {str(e)[:400]}")
+        rs = _SESSION[0]
+        if rs is not None:
+            rs.fail(f"{type(e).__name__}: {str(e)[:400]}")
         _exit(1)
     _exit(0)
 
 
-# This rank's Recorder as soon as it exists, for main()'s error path (write what the rank was stuck in).
-_RECORDER: list = [None]
+# This rank's ranksight session as soon as it exists, for main()'s error path (write what the rank was stuck in).
+_SESSION: list = [None]
 
 
 def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch.device):
-    """This rank's whole run once its process group exists: build, train, write, tear down. Returns its Recorder."""
+    """This rank's whole run once its process group exists: build, train, write, tear down. Returns its session."""
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = _node_index(cfg)
@@ -114,18 +112,24 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     mesh = build_mesh(device, dp, tp, pp)
     lay = Layout(dp=dp, tp=tp, pp=pp, world=world, pp_rank=mesh["pp"].get_local_rank(),
                  dp_rank=mesh["dp"].get_local_rank(), tp_rank=mesh["tp"].get_local_rank())
-    group_ranks = {name: dist.get_process_group_ranks(mesh[name].get_group()) for name in ("dp", "tp", "pp")}
-    group_ranks["world"] = list(range(world))
+    tokens_per_step = cfg.batch_size * cfg.model.seq_len * cfg.grad_accum  # per dp replica
+    fpt = flops_per_token(cfg.model)
+    # The trainer is ranksight's first user: the same API any loop uses (docs/instrument.md); it writes its own,
+    # richer manifest (config, faults, peak) below.
+    rs = ranksight.init(cfg.run_id, cfg.store, node=node, host=host, mesh=mesh, device=device.type,
+                        tokens_per_step=tokens_per_step, flops_per_step=fpt * tokens_per_step / (tp * pp),
+                        microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum,
+                        write_manifest=False, enabled=cfg.instrument, exit_handlers=False)
+    rec = rs.recorder
+    _SESSION[0] = rs
+    placements = rs.placements
 
-    faults = FaultState(specs, rank, node)
-    # The recorder applies hang and slow_link where this rank arrives at a collective (no --inject: nothing to do)
-    rec = Recorder(run.run_id, run.spool(rank), rank, group_ranks, enabled=cfg.instrument, attempt=attempt,
-                   faults=faults if specs else None)
+    faults = FaultState(specs, rank, node, local_rank, device.type)
+    faults.shaper = LinkShaper.from_env() if specs else None
     # bench/overhead.py only (environment; None otherwise): instrumentation ON/OFF in blocks of steps
     toggle = OverheadToggle.from_env(rank, local_rank)
     if toggle is not None and (not cfg.instrument or specs):
         raise SystemExit("RANKSIGHT_OVERHEAD_BLOCK needs the instrumentation on and no --inject")
-    _RECORDER[0] = rec
     ckpt.seed_rng(cfg.seed, rank, 0)
 
     parts, stage_ids, n_stages = build_model_parts(cfg, mesh, lay, device)
@@ -164,13 +168,20 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
             return scaler.scale(loss) if scaler is not None else loss
 
         sched, stages = build_pipeline(cfg, parts, stage_ids, n_stages, mesh, device, pp_loss)
-    if cfg.instrument:  # --no-instrument: no timing hooks anywhere
-        install_instrumentation(rec, parts, mesh, stages)
+
+    # slow_rank's extra work, measured against this thread's compute (CPU time less time inside collectives)
+    def compute_cpu() -> float:
+        return time.thread_time() - rec.t.comm_cpu
+
+    for stage in stages:
+        faults.wrap_stage_chunks(stage, compute_cpu)
+    faults.install_transport_delay()  # slow_link without a network namespace (before the hooks: inside them)
+    rs.watch(parts, mesh=mesh, stages=stages)  # --no-instrument: attaches nothing
 
     def pp_all_reduce(tensor: torch.Tensor, group) -> None:
         # the loop's own collectives over the pp group (found_inf + loss, the grad norm), timed as group "pp"
-        rec.timed("all_reduce", "pp", dist.all_reduce, tensor, group=group,
-                  nbytes=tensor.numel() * tensor.element_size())
+        rs.timed("all_reduce", "pp", dist.all_reduce, tensor, group=group,
+                 nbytes=tensor.numel() * tensor.element_size())
 
     is_first = 0 in stage_ids
     is_last = (n_stages - 1) in stage_ids
@@ -190,13 +201,8 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     dataset = make_dataset(cfg.dataset, cfg.model.vocab, cfg.model.seq_len, cfg.seed)
     loader = DataLoader(dataset, cfg.batch_size, dp, lay.dp_rank, data_position)
 
-    # -- placement, manifest -------------------------------------------------------
-    me = RankPlacement(rank=rank, node=node, host=host, local_rank=local_rank, pp_stage=lay.pp_rank,
-                       dp_rank=lay.dp_rank, tp_rank=lay.tp_rank, gpu=local_rank if device.type == "cuda" else None)
-    placements: list = [None] * world
-    dist.all_gather_object(placements, me)
+    # -- manifest -------------------------------------------------------------------
     nodes = {p.node for p in placements}
-    fpt = flops_per_token(cfg.model)
     manifest = ManifestWriter(run)
     layout_d = {"dp": dp, "tp": tp, "pp": pp, "world": world, "pp_schedule": cfg.parallel.pp_schedule,
                 "microbatches": cfg.parallel.microbatches if pp > 1 else 1,
@@ -215,22 +221,13 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
                           count_params(cfg.model), specs, peak=peak)
         if device.type == "cpu":
             m.layout["simulated_gpus"] = "each rank writes a SIMULATED GPU state (simgpu/), no real GPU"
-        manifest.start(m, attempt_entry(world, resumed))
-    rec.event("start", {"attempt": attempt, "world_size": world, "node": node, "host": host, "layout": layout_d,
-                        "resumed_step": resumed}, step=start_step)
+        manifest.start(m, attempt_entry(world, resumed), carry=carry_onsets)
+    rs.event("layout", {"layout": layout_d, "resumed_step": resumed}, step=start_step)
 
     control = ControlChannel(run, rank, nodes, cfg.min_nodes, device, rec)
     profiler = Profiler(run, rank, cfg.profile.every, cfg.profile.steps, cfg.profile.warmup, device, rec)
     simgpu = SimulatedGpu(run, node, local_rank, rank) if device.type == "cpu" and cfg.instrument else None
-    mem = MemoryProbe(device)
     pp_group = mesh["pp"].get_group() if pp > 1 else None
-    tokens_per_step = cfg.batch_size * cfg.model.seq_len * cfg.grad_accum  # per dp replica
-    step_writer = StepWriter(rec, mem, node=node, host=host, world_size=world, pp_stage=lay.pp_rank,
-                             dp_rank=lay.dp_rank, tp_rank=lay.tp_rank, tokens=tokens_per_step,
-                             flops=fpt * tokens_per_step / (tp * pp),
-                             microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum)
-    announced: set[int] = set()
-    ended: set[int] = set()
 
     if scaler is not None:
         # Pipeline stages without the loss never call scaler.scale(); initialize the scale
@@ -242,22 +239,8 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
         step += 1
         if toggle is not None:
             toggle.begin_step(step, rec)
-        rec.begin_step(step)
-        faults.set_step(step)
-        t_start = time.time()
-        p0 = time.perf_counter()
-        cpu0 = time.thread_time()  # the simulated device's busy time (see StepRecord.device_ms)
-        for i, s in enumerate(specs):
-            if i not in announced and faults_active(s, step):
-                announced.add(i)
-                if rank == 0:
-                    manifest.fault_onset(i, t_start)
-                if targets(s, rank, node):
-                    rec.event("fault_start", {"index": i, "fault": _spec_dict(s), "simulated_fault": True})
-            if i in announced and i not in ended and s.end is not None and step > s.end:
-                ended.add(i)
-                if targets(s, rank, node):
-                    rec.event("fault_end", {"index": i, "fault": _spec_dict(s), "last_step": s.end})
+        rs.begin_step(step)
+        faults.begin_step(step, rs.event, manifest if rank == 0 else None)
         profiling = profiler.before_step(step)
         lr = cfg.lr * min(1.0, step / max(1, cfg.warmup))
         for o in optims:
@@ -269,13 +252,12 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
         if pp == 1:
             model = parts[0]
             for k in range(cfg.grad_accum):
-                td = time.perf_counter()
+                rs.set_phase("data")
                 x, y = loader.micro_batch(k)
                 stall = faults.data_delay_s()
                 if stall > 0:
                     time.sleep(stall)  # data_stall: the loader is late on this rank
                 x, y = x.to(device), y.to(device)
-                rec.t.data += time.perf_counter() - td
                 last = k == cfg.grad_accum - 1
                 if uses_fsdp(cfg):
                     model.set_requires_gradient_sync(last)
@@ -283,31 +265,27 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
                 else:
                     sync_ctx = contextlib.nullcontext() if last else model.no_sync()
                 with sync_ctx:
-                    rec.phase = "forward"
-                    tf, cf, cc = time.perf_counter(), time.thread_time(), rec.t.comm_cpu
+                    rs.set_phase("forward")
+                    c0 = compute_cpu()
                     with autocast():
                         logits = model(x)
                         loss = loss_fn(logits, y)
-                    # CPU time: preemption and the CPU spent waiting in collectives excluded
-                    fwd_compute = time.thread_time() - cf - (rec.t.comm_cpu - cc)
-                    # slow_rank: forward + backward (~2x forward) of extra compute, before the gradient sync
-                    rec.t.injected_slow += faults.slow_compute(3.0 * fwd_compute)
-                    rec.t.forward += time.perf_counter() - tf
-                    rec.phase = "backward"
-                    tb = time.perf_counter()
+                    # slow_rank: extra work of forward + backward (~2x forward), before the gradient sync
+                    faults.slow_compute(3.0 * (compute_cpu() - c0))
+                    rs.set_phase("backward")
                     scaled = loss / cfg.grad_accum
                     (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                    rec.t.backward += time.perf_counter() - tb
+                    rs.set_phase(None)
                 local_losses.append(loss.detach().float())
             loader.advance(cfg.grad_accum)
         else:
-            td = time.perf_counter()
+            rs.set_phase("data")
             x, y = loader.micro_batch(0)
             stall = faults.data_delay_s()
             if stall > 0:
                 time.sleep(stall)
             x, y = x.to(device), y.to(device)
-            rec.t.data += time.perf_counter() - td
+            rs.set_phase(None)  # the stages' chunks time forward and backward themselves
             pp_losses.clear()
             with autocast():
                 if is_first and is_last:
@@ -324,8 +302,7 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
             loader.advance(1)
 
         # -- optimizer -----------------------------------------------------------
-        rec.phase = "optimizer"
-        to = time.perf_counter()
+        rs.set_phase("optimizer")
         found = 0.0
         if scaler is not None:
             for o in optims:
@@ -360,28 +337,20 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
             skipped = False
         for o in optims:
             o.zero_grad(set_to_none=True)
-        rec.t.optimizer += time.perf_counter() - to
+        rs.set_phase(None)
 
         # -- control channel (collective: every rank, same step) ------------------
         action, a_steps, a_node = control.poll(step)
 
         # -- step record -----------------------------------------------------------
-        p1 = time.perf_counter()
-        t_end = time.time()
-        step_ms = (p1 - p0) * 1000.0
-        # CPU time of the training thread, less what it spent inside collectives (gloo can poll), plus the
-        # injected slow-down: the simulated device's busy time
-        device_ms = ((time.thread_time() - cpu0 - rec.t.comm_cpu + rec.t.injected_slow) * 1000.0
-                     if device.type == "cpu" else None)
-        if rec.enabled:
-            compute_ms, mem_bytes = step_writer.write(
-                step, t_start, t_end, step_ms, device_ms, step_loss, grad_norm,
-                float(scaler.get_scale()) if scaler is not None else None, overflow, skipped, lr, profiling)
+        h = rs.end_step(loss=step_loss, grad_norm=grad_norm, overflow=overflow, skipped=skipped, lr=lr,
+                        loss_scale=float(scaler.get_scale()) if scaler is not None else None, profiling=profiling)
+        step_ms = h.step_ms
         if overflow:
             rec.event("overflow", {"found_inf": found, "grad_norm_finite": math.isfinite(grad_norm),
                                    "loss_scale": float(scaler.get_scale()) if scaler is not None else None})
         if simgpu is not None and rec.enabled:
-            simgpu.update(step_ms, compute_ms, mem_bytes, faults)
+            simgpu.update(step_ms, h.compute_ms, h.mem_bytes, faults)
         profiler.after_step(step)
         if rank == 0 and not cfg.quiet:
             tps = tokens_per_step * dp / max(step_ms / 1000.0, 1e-9)
@@ -417,7 +386,8 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     if cfg.checkpoint_at_end:
         _save(cfg, run, rec, step, parts, optims, scaler, loader, rank, world, "end")
     profiler.close()
-    rec.event("exit", {"reason": "finished", "step": step})
+    faults.close()
+    rs.finish()
     if rank == 0:
         manifest.update_attempt(ended_step=step)
         manifest.finish()
@@ -425,15 +395,7 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     # explicitly and leave with os._exit (see shared/research/torch-cpu-feasibility.md).
     dist.barrier()
     dist.destroy_process_group()
-    return rec
-
-
-def faults_active(spec, step: int) -> bool:
-    return step >= spec.start and (spec.end is None or step <= spec.end)
-
-
-def _spec_dict(s) -> dict:
-    return {k: getattr(s, k) for k in ("kind", "rank", "node", "factor", "delay_ms", "code", "start", "end")}
+    return rs
 
 
 def _save(cfg, run, rec, step, parts, optims, scaler, loader, rank, world, reason) -> str:
@@ -444,7 +406,7 @@ def _save(cfg, run, rec, step, parts, optims, scaler, loader, rank, world, reaso
     return name
 
 
-def _evict(run: RunDir, rec: Recorder, step: int, my_node: int, evict_node: int, profiler) -> None:
+def _evict(run: RunDir, rec, step: int, my_node: int, evict_node: int, profiler) -> None:
     profiler.close()
     leaving = my_node == evict_node
     if leaving:

@@ -14,13 +14,12 @@ import socket
 import time
 from pathlib import Path
 
-import msgspec
 import torch
 
 from ranksight import __version__
 from ranksight.layout import RunDir, atomic_write
 from ranksight.peaks import gpu_peak
-from ranksight.schema import Manifest, encode
+from ranksight.schema import Manifest, encode, read_manifest
 
 def peak_flops(device: torch.device) -> tuple[float, str, bool]:
     """(peak FLOP/s per device, where it came from, simulated?)."""
@@ -119,17 +118,14 @@ class ManifestWriter:
         self.run = run
         self.m: Manifest | None = None
 
-    def start(self, m: Manifest, attempt: dict) -> Manifest:
-        """Keep what an earlier attempt recorded (start time, fault onsets, attempts), append this attempt."""
-        try:
-            old = msgspec.json.decode(self.run.manifest.read_bytes(), type=Manifest)
-        except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
-            old = None
+    def start(self, m: Manifest, attempt: dict, carry=None) -> Manifest:
+        """Keep what an earlier attempt recorded (start time, attempts), append this attempt. ``carry(old, m)``:
+        what else the caller keeps from the earlier attempt's manifest (the trainer: its faults' onsets)."""
+        old = read_manifest(self.run.manifest)
         if old is not None and old.run_id == m.run_id and old.attempts:
             m.created, m.start_time = old.created, old.start_time
-            onsets = {(f.kind, f.rank, f.node, f.start): f.onset_t for f in old.faults}
-            for f in m.faults:
-                f.onset_t = onsets.get((f.kind, f.rank, f.node, f.start), f.onset_t)
+            if carry is not None:
+                carry(old, m)
             m.attempts = list(old.attempts)
         m.attempts.append(attempt)
         self.m = m
@@ -139,11 +135,6 @@ class ManifestWriter:
     def write(self) -> None:
         if self.m is not None:
             atomic_write(self.run.manifest, encode(self.m))
-
-    def fault_onset(self, index: int, t: float) -> None:
-        if self.m is not None and self.m.faults[index].onset_t is None:
-            self.m.faults[index].onset_t = t
-            self.write()
 
     def update_attempt(self, **kw) -> None:
         if self.m is not None:
@@ -157,7 +148,7 @@ class ManifestWriter:
 
 
 def make_manifest(run_id: str, cfg_dict: dict, layout: dict, ranks, backend: str, device: torch.device,
-                  flops_per_token: float, params: int, faults,
+                  flops_per_token: float, params: int, faults=(),
                   peak: tuple[float, str, bool] | None = None) -> Manifest:
     peak, source, simulated = peak if peak is not None else peak_flops(device)
     now = time.time()
@@ -165,7 +156,7 @@ def make_manifest(run_id: str, cfg_dict: dict, layout: dict, ranks, backend: str
         run_id=run_id, ranksight_version=__version__, created=now, start_time=now, config=cfg_dict, layout=layout,
         nodes=len({r.node for r in ranks}), ranks=ranks, backend=backend, device=device.type,
         flops_per_token=flops_per_token, params=params, peak_flops=peak, peak_source=source,
-        peak_simulated=simulated, faults=faults, attempts=[],
+        peak_simulated=simulated, faults=list(faults), attempts=[],
     )
 
 

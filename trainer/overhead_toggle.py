@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from trainer.instrument.recorder import Recorder
+from ranksight.instrument.recorder import Recorder
 
 
 class OverheadToggle:

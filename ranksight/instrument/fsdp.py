@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from trainer.instrument.recorder import Recorder
+from ranksight.instrument.recorder import Recorder
 
 
 def make_fsdp_comms(recorder: Recorder):
-    """A (reduce-scatter, all-gather) pair for ``FSDPModule.set_custom_reduce_scatter`` / ``set_custom_all_gather``."""
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    """A (reduce-scatter, all-gather) pair for ``FSDPModule.set_custom_reduce_scatter`` / ``set_custom_all_gather``
+    (public methods), or None where this torch has no default implementations to time (they live in a private
+    module, ``torch.distributed.fsdp._fully_shard._fsdp_collectives``, that may move between releases)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    except ImportError:
+        return None
 
     class TimedReduceScatter(DefaultReduceScatter):
         """FSDP2's gradient sync: called from each FSDP module's post-backward once its grads are ready."""

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import time
 
-from trainer.instrument.recorder import OpenCollective, Recorder
+from ranksight.instrument.recorder import OpenCollective, Recorder
 
 
 def install_p2p_timing(recorder: Recorder) -> None:
     """Wrap ``torch.distributed.pipelining.schedules``' p2p helpers (looked up as module globals
-    by every schedule). Time waiting for a p2p batch is pipeline wait; a slow_link delays
-    this rank's sends/recvs being posted (billed as pipeline wait).
+    by every schedule). Time waiting for a p2p batch is pipeline wait.
 
     Every send and recv is also recorded, as the flight recorder does: one CollectiveRecord per op on
     a *directed link* communicator ``pp:<src>><dst>`` (``Recorder.enter_link``). Arrival: a sender when
-    it posts its data (before any injected slow_link delay, as for collectives: the data leaving late is
-    the link's time); a receiver when it starts waiting for the data (a recv may be posted early and
+    it posts its data; a receiver when it starts waiting for the data (a recv may be posted early and
     waited on later). Completion: when this rank's wait on that op returned. A p2p op that never completed
     (the peer hung or died) stays open and is written by ``flush_unfinished``: the hang analyzer then names
     the rank that never joined."""
@@ -32,6 +30,7 @@ def install_p2p_timing(recorder: Recorder) -> None:
         if not recorder.enabled:
             return orig_wait(work)
         t0, w0, cpu0 = time.perf_counter(), time.time(), time.thread_time()
+        ev0 = recorder.mark()
         _, recs = pending.pop(id(work), (None, []))
         for c in recs:
             if c.op == "recv":
@@ -42,27 +41,26 @@ def install_p2p_timing(recorder: Recorder) -> None:
             if per_op:
                 recs[i].t_done = time.time()
         now = time.time()
+        ev1 = recorder.mark()
         for c in recs:
             if c.t_done is None:
                 c.t_done = now
-        recorder.add_pipeline_wait(time.perf_counter() - t0)
+            if ev1 is not None:
+                c.ev_done = ev1
+                if c.op == "recv":
+                    c.ev_arrive = c.ev_block = ev0
+        recorder.add_pipeline_wait(time.perf_counter() - t0, ev0, ev1)
         recorder.t.comm_cpu += time.thread_time() - cpu0
 
     def _batch_p2p(p2p_ops, desc=None):
         recs: list[OpenCollective] = []
         if recorder.enabled and p2p_ops:
-            t_post = time.time()
-            faults = recorder.faults
-            if faults is not None:
-                faults.before_arrival("p2p", "pp", recorder.event)  # hang: nothing is posted
-                slept = faults.delay_send()
-                if slept:
-                    recorder.add_pipeline_wait(slept)
+            t_post, ev_post = time.time(), recorder.mark()
             for p in p2p_ops:
                 send = p.op in (dist.isend, dist.send)
                 src, dst = (recorder.rank, int(p.peer)) if send else (int(p.peer), recorder.rank)
                 recs.append(recorder.enter_link("send" if send else "recv", src, dst,
-                                                p.tensor.numel() * p.tensor.element_size(), t_post))
+                                                p.tensor.numel() * p.tensor.element_size(), t_post, ev_post))
         works = orig_batch(p2p_ops, desc=desc) if desc is not None else orig_batch(p2p_ops)
         if recs:
             pending[id(works)] = (works, recs)
@@ -75,8 +73,7 @@ def install_p2p_timing(recorder: Recorder) -> None:
 
 def time_stage_chunks(stage, recorder: Recorder) -> None:
     """Wrap a ``PipelineStage``'s ``forward_one_chunk`` / ``backward_one_chunk``: their wall time is this rank's
-    forward / backward time, and they set the recorder's phase. An injected slow_rank stretches each chunk's
-    compute (its CPU time: p2p waits and preemption excluded) inside the chunk, before the stage sends on."""
+    forward / backward time, and they set the recorder's phase."""
     stage.forward_one_chunk = _timed_chunk(stage.forward_one_chunk, "forward", recorder)
     stage.backward_one_chunk = _timed_chunk(stage.backward_one_chunk, "backward", recorder)
 
@@ -86,10 +83,8 @@ def _timed_chunk(run_chunk, phase: str, recorder: Recorder):
 
     def chunk(*a, **kw):
         recorder.phase = phase
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0 = time.perf_counter()
         out = run_chunk(*a, **kw)
-        if recorder.faults is not None:
-            recorder.t.injected_slow += recorder.faults.slow_compute(time.thread_time() - c0)
         setattr(recorder.t, phase, getattr(recorder.t, phase) + time.perf_counter() - t0)
         return out
 

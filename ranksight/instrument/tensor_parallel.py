@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from trainer.instrument.recorder import Recorder
+from ranksight.instrument.recorder import Recorder
 
 
 def install_tp_timing(recorder: Recorder, dp: int) -> None:
@@ -42,10 +42,6 @@ def install_tp_timing(recorder: Recorder, dp: int) -> None:
         if not isinstance(out, funcol.AsyncCollectiveTensor):  # already waited (tracing path)
             recorder.tp_pending.pop(id(elem), None)
             recorder.leave(c)
-        else:
-            # A slow_link delay was spent above, issuing the op, not in wait_tensor: this rank was blocked in
-            # communication (comm_ms), never computing.
-            recorder.t.blocked_comm += c.link_delay
         return out
 
     def wait_tensor(tensor):
@@ -53,10 +49,13 @@ def install_tp_timing(recorder: Recorder, dp: int) -> None:
             return orig_wait(tensor)
         c = recorder.tp_pending.pop(id(tensor), None)
         t0, cpu0 = time.time(), time.thread_time()
+        ev_block = recorder.mark()  # CUDA: where the compute stream starts waiting for the result
         out = orig_wait(tensor)
         recorder.t.comm_cpu += time.thread_time() - cpu0
         if c is not None:
             c.t_done = time.time()
+            if ev_block is not None:
+                c.ev_block, c.ev_done = ev_block, recorder.mark()
             recorder.t.blocked_comm += c.t_done - t0
         return out
 
