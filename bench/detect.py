@@ -6,7 +6,9 @@
     python bench/detect.py --replay --store tests/fixtures/runs --no-results-md   # the CI slice
 
 Each cell is one run of ``torchrun --standalone --nproc-per-node 4 -m trainer`` with one fault
-(``--inject``) at one magnitude, on one parallel layout; clean runs of every layout are scored
+(``--inject``) at one magnitude, on one parallel layout; slow_link cells run on a 2-node x 2-rank local cluster
+(cli.local_cluster) with a network namespace per node, where node 1's link is rate-limited (``tc tbf``);
+where namespaces are unavailable they fall back to the trainer's per-operation delay (``--slow-link delay``); clean runs of every layout are scored
 too (any finding of warning or worse there is a false positive). Scoring is analyzers.score:
 recall (faults found by a finding of their primary kind naming the right rank/node), precision
 (warning+ findings that match an injected fault), latency in steps from the fault's start to
@@ -43,6 +45,8 @@ from analyzers.builder import Placement, rank_step_matrix  # noqa: E402
 from analyzers.loader import LoadError, load_run  # noqa: E402
 from analyzers.score import score  # noqa: E402
 from analyzers.stats import leave_one_out_median, temporal_sigma  # noqa: E402
+from cli import netns  # noqa: E402
+from cli.local_cluster import LocalCluster  # noqa: E402
 from ranksight.schema import FaultSpec  # noqa: E402
 
 # d_model 128, 4 layers, batch 16: on 2 shared CPU cores compute (~250-400 ms a step per rank) then dominates the
@@ -53,10 +57,13 @@ LAYOUTS = {
     "dp2pp2": ["--dp", "2", "--pp", "2", "--microbatches", "4"],
     "dp2tp2": ["--dp", "2", "--tp", "2"],
 }
+# slow_link by rate: node 1's egress (its veth, in its own network namespace) limited to this many Mbit/s; per layout
+# the two rates make a step ~1.15x and ~1.5x slower (measured; bench/results/detect.md shows each run's slow-down)
+SLOW_LINK_RATE = {"dp4": (500, 300), "dp2pp2": (100, 20), "dp2tp2": (200, 50)}
 # fault -> (inject template, two magnitudes, extra trainer args)
 FAULTS = {
     "slow_rank": ("slow_rank:rank=1,factor={m},start={start}", (1.15, 1.5), []),
-    "slow_link": ("slow_link:rank=1,delay_ms={m},start={start}", (20, 80), []),
+    "slow_link": ("slow_link:node=1,rate_mbit={m},start={start}", SLOW_LINK_RATE["dp4"], []),
     "throttle": ("throttle:rank=2,factor={m},start={start}", (1.15, 1.5), []),
     "data_stall": ("data_stall:rank=3,delay_ms={m},start={start}", (30, 150), []),
     "fp16_overflow": ("fp16_overflow:rank=0,start={start}", (1,), ["--precision", "fp16"]),
@@ -68,10 +75,11 @@ FAULTS = {
     "few_microbatches": ("few_microbatches", (2,), []),
 }
 
-# slow_link's delay hits every collective and p2p op of the rank, and the layouts post very different numbers of
-# them per step (d_model 128 on this CPU, clean runs: dp4 ~3 per ~400 ms step, dp2pp2 ~3 + ~8 p2p per ~150 ms
-# step, dp2tp2 ~36 (FSDP + TP all-reduces) per ~650 ms step). Per layout, the two delays put roughly 15 % and
-# 50 % of a step's time into the slow link.
+# slow_link without namespaces (--slow-link delay): the trainer's delay hits every collective and p2p op of the rank,
+# and the layouts post very different numbers of them per step (d_model 128 on this CPU, clean runs: dp4 ~3 per
+# ~400 ms step, dp2pp2 ~3 + ~8 p2p per ~150 ms step, dp2tp2 ~36 (FSDP + TP all-reduces) per ~650 ms step). Per
+# layout, the two delays put roughly 15 % and 50 % of a step's time into the slow link.
+SLOW_LINK_DELAY = "slow_link:rank=1,delay_ms={m},start={start}"
 SLOW_LINK_MS = {"dp4": (20, 80), "dp2pp2": (2, 8), "dp2tp2": (3, 10)}
 
 
@@ -81,9 +89,9 @@ SLOW_LINK_MS = {"dp4": (20, 80), "dp2pp2": (2, 8), "dp2tp2": (3, 10)}
 DATA_STALL_MS = {"dp2tp2": (100, 300)}
 
 
-def magnitudes(fault: str, layout: str) -> tuple:
-    if fault == "slow_link" and layout in SLOW_LINK_MS:
-        return SLOW_LINK_MS[layout]
+def magnitudes(fault: str, layout: str, link_mode: str = "rate") -> tuple:
+    if fault == "slow_link":
+        return (SLOW_LINK_RATE if link_mode == "rate" else SLOW_LINK_MS).get(layout, FAULTS[fault][1])
     if fault == "data_stall" and layout in DATA_STALL_MS:
         return DATA_STALL_MS[layout]
     return FAULTS[fault][1]
@@ -108,16 +116,41 @@ def torchrun(store: Path, run_id: str, args: list[str], nproc: int = 4, timeout:
             proc.wait()
 
 
-def cells(layouts: list[str], faults: list[str], clean: bool) -> list[dict]:
+def cluster_run(store: Path, run_id: str, args: list[str], use_netns: bool, timeout: float = 300) -> int:
+    """One run on a local 2-node x 2-rank cluster (each node in its own network namespace when ``use_netns``): the
+    exit code of its worst node, -1 on timeout. The namespaces are removed whatever happens."""
+    env = dict(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cluster = LocalCluster(run_dir=store / run_id, nnodes=2, nproc_per_node=2, min_nodes=2, max_restarts=0,
+                           trainer_args=[*args, "--store", str(store), "--run-id", run_id, "--quiet"], env=env,
+                           netns=use_netns)
+    deadline = time.monotonic() + timeout
+    try:
+        cluster.start()
+        while not cluster.done:
+            if time.monotonic() > deadline:
+                return -1
+            cluster.poll()
+            time.sleep(0.5)
+        codes = [c for c in cluster.exit_codes().values()]
+        return max((c for c in codes if c is not None), key=abs, default=0)
+    finally:
+        cluster.stop()
+
+
+def cells(layouts: list[str], faults: list[str], clean: bool, link_mode: str = "rate") -> list[dict]:
+    """The matrix: per layout a clean run (when ``clean``), and each fault at each of its magnitudes. slow_link cells
+    run on the 2-node cluster (``cluster``), their clean reference too (``fault="clean"`` with ``cluster``)."""
     out = []
     for lay in layouts:
         if clean:
             out.append(dict(layout=lay, fault="clean", magnitude=None))
+            if "slow_link" in faults:
+                out.append(dict(layout=lay, fault="clean", magnitude=None, cluster=link_mode))
         for f in faults:
             if f == "few_microbatches" and "pp" not in lay:
                 continue
-            for m in magnitudes(f, lay):
-                out.append(dict(layout=lay, fault=f, magnitude=m))
+            for m in magnitudes(f, lay, link_mode):
+                out.append(dict(layout=lay, fault=f, magnitude=m, **({"cluster": link_mode} if f == "slow_link" else {})))
     return out
 
 
@@ -138,7 +171,7 @@ def replay_cells(store: Path, planned: list[dict]) -> list[dict]:
         lay = m.layout or {}
         layout = "".join(f"{k}{lay[k]}" for k in ("dp", "tp", "pp") if lay.get(k, 1) and lay.get(k, 1) > 1) or "single"
         fault = m.faults[0] if m.faults else None
-        mag = None if fault is None else (fault.factor or fault.delay_ms or fault.code)
+        mag = None if fault is None else (fault.factor or fault.rate_mbit or fault.delay_ms or fault.code)
         out.append(dict(layout=layout, fault=fault.kind if fault else "clean", magnitude=mag, run_id=rid))
     return out
 
@@ -180,7 +213,18 @@ def quiet(row: dict) -> bool:
 
 def run_id_of(cell: dict) -> str:
     mag = "" if cell["magnitude"] is None else f"-{cell['magnitude']}".replace(".", "p")
-    return f"det-{cell['layout']}-{cell['fault']}{mag}"
+    where = {"rate": "-2n", "delay": "-2nd"}.get(cell.get("cluster"), "")
+    return f"det-{cell['layout']}-{cell['fault']}{mag}{where}"
+
+
+def slowdown(data, start: int) -> float | None:
+    """The run's median step time from the fault's start on over its median before (from step 2: step 1 warms up)."""
+    st = data.steps[(data.steps["step"] > 1) & (data.steps["attempt"] == data.steps["attempt"].min())]
+    per_step = st.groupby("step")["step_ms"].median()
+    before, after = per_step[per_step.index < start], per_step[per_step.index >= start]
+    if len(before) < 2 or len(after) < 2 or before.median() <= 0:
+        return None
+    return round(float(after.median() / before.median()), 3)
 
 
 def score_run(store: Path, run_id: str, cell: dict) -> dict:
@@ -193,25 +237,31 @@ def score_run(store: Path, run_id: str, cell: dict) -> dict:
     if cell["fault"] == "few_microbatches" and not any(f.kind == "few_microbatches" for f in faults):
         faults.append(FaultSpec(kind="few_microbatches", start=1))  # runs recorded before the trainer had the fault
     s = score(findings, faults, manifest=data.manifest)
-    return dict(cell, run_id=run_id, **host_noise(data, faults), precision=s.precision, recall=s.recall, latencies=s.latencies,
+    extra = {}
+    if faults and faults[0].kind != "few_microbatches":
+        extra["slowdown"] = slowdown(data, faults[0].start)
+    return dict(cell, run_id=run_id, **host_noise(data, faults), **extra, precision=s.precision, recall=s.recall, latencies=s.latencies,
                 false_findings=s.false_findings, faults=[r.__dict__ for r in s.faults],
                 findings=[f"{f.severity} {f.kind} ranks={f.ranks} steps={f.step_start}-{f.step_end}" for f in findings])
 
 
 def summarize(rows: list[dict]) -> str:
-    lines = ["| layout | fault | magnitude | recall | precision | latency (steps) | false findings | host noise: sigma, spell |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| layout | fault | magnitude | step slow-down | recall | precision | latency (steps) | false findings | "
+             "host noise: sigma, spell |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        where = {"rate": " (2 nodes, netns)", "delay": " (2 nodes)"}.get(r.get("cluster"), "")
         if "error" in r:
-            lines.append(f"| {r['layout']} | {r['fault']} | {r['magnitude']} | error | | | {r['error'][:60]} | |")
+            lines.append(f"| {r['layout']}{where} | {r['fault']} | {r['magnitude']} | | error | | | {r['error'][:60]} | |")
             continue
         rec = "-" if r["recall"] is None else f"{r['recall']:.0%}"
         prec = "-" if r["precision"] is None else f"{r['precision']:.0%}"
         lat = ",".join(str(x) for x in r["latencies"]) or "-"
         noise = (f"{r['noise_sigma']:.3f}, {r['noise_spell']:.2f}x" + ("" if quiet(r) else " (noisy)")
                  if r.get("noise_sigma") is not None else "-")
-        lines.append(f"| {r['layout']} | {r['fault']} | {r['magnitude'] if r['magnitude'] is not None else ''} | {rec} | {prec} | "
-                     f"{lat} | {len(r['false_findings'])} | {noise} |")
+        slow = f"{r['slowdown']:.2f}x" if r.get("slowdown") else ""
+        lines.append(f"| {r['layout']}{where} | {r['fault']} | {r['magnitude'] if r['magnitude'] is not None else ''} | {slow} | "
+                     f"{rec} | {prec} | {lat} | {len(r['false_findings'])} | {noise} |")
     lines.append("")
     lines += _goal_lines(rows)
     quiet_rows = [r for r in rows if "error" not in r and quiet(r)]
@@ -283,10 +333,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", action="store_true", help="score runs already in --store; run nothing")
     ap.add_argument("--no-results-md", action="store_true", help="do not write bench/results/detect.md")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"), help="where the JSON results go")
+    ap.add_argument("--slow-link", choices=("auto", "rate", "delay"), default="auto",
+                    help="slow_link cells: rate = node 1's link rate-limited (needs a network namespace per node: root), "
+                         "delay = the trainer's per-operation delay on 2 nodes sharing 127.0.0.1; auto = rate where it works")
     args = ap.parse_args(argv)
     store = Path(args.store)
     store.mkdir(parents=True, exist_ok=True)
-    todo = cells(args.layouts.split(","), [f for f in args.faults.split(",") if f], not args.no_clean)
+    link_mode = args.slow_link
+    if link_mode == "auto":
+        ok, why = netns.available()
+        link_mode = "rate" if ok else "delay"
+        if not ok and "slow_link" in args.faults.split(",") and not args.replay:
+            print(f"slow_link cells: per-operation delay (no network namespace per node: {why})", flush=True)
+    todo = cells(args.layouts.split(","), [f for f in args.faults.split(",") if f], not args.no_clean, link_mode)
     if args.replay:
         todo = replay_cells(store, todo)
     rows = []
@@ -295,9 +354,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.replay:
             shutil.rmtree(store / rid, ignore_errors=True)
             tmpl, _, extra = FAULTS.get(cell["fault"], (None, None, []))
+            if cell["fault"] == "slow_link" and cell.get("cluster") == "delay":
+                tmpl = SLOW_LINK_DELAY
             inject = ["--inject", tmpl.format(m=cell["magnitude"], start=args.start)] if tmpl else []
             t0 = time.time()
-            rc = torchrun(store, rid, [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject])
+            trainer_args = [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject]
+            if cell.get("cluster"):
+                rc = cluster_run(store, rid, trainer_args, use_netns=cell["cluster"] == "rate")
+            else:
+                rc = torchrun(store, rid, trainer_args)
             cell = dict(cell, rc=rc, wall_s=round(time.time() - t0, 1), loadavg_1m=round(os.getloadavg()[0], 2))
         elif not (store / rid).exists():
             continue

@@ -1,8 +1,9 @@
 """``ranksight launch``: a local multi-node training run on this host, watched live.
 
-One torchrun per simulated node (see cli.local_cluster), all on 127.0.0.1,
+One torchrun per simulated node (see cli.local_cluster), each in a network
+namespace of its own where that works (root; cli.netns), else all on 127.0.0.1,
 with elastic c10d rendezvous so a node can leave (evict) and the job re-forms
-without it. Options the launcher does not know are passed to the trainer as is
+without it. ``--inject`` is checked before anything starts. Options the launcher does not know are passed to the trainer as is
 (``ranksight launch ... -- --d-model 128``).
 
 By default it also runs the data path beside the job, as a user would on a
@@ -18,6 +19,8 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Optional
 
 import msgspec
 import typer
@@ -29,7 +32,9 @@ from rich.text import Text
 
 from ranksight import schema
 from ranksight.layout import DEFAULT_STORE, RunDir
-from cli.local_cluster import LocalCluster
+from cli.local_cluster import LocalCluster, use_netns
+from cli.netns import NetnsError
+from trainer.faults import FaultSpecError, apply_config_faults, parse_faults
 
 console = Console(stderr=True)
 
@@ -158,14 +163,27 @@ def launch(
     evict: str = typer.Option("dry-run", help="The head's checkpoint-and-evict policy: off | dry-run (record what it "
                                               "would do) | on (evict a confirmed bad node; the run re-forms without it)."),
     analyze_interval: float = typer.Option(5.0, help="Seconds between the head's analysis rounds."),
+    netns: Optional[bool] = typer.Option(None, "--netns/--no-netns",
+                                         help="Each node in a network namespace of its own, joined by a bridge (a "
+                                              "slow_link rate_mbit then limits that node's link). Default: when run as "
+                                              "root and namespaces work here; else every node on 127.0.0.1."),
 ) -> None:
-    """Start a local multi-node run on this host (one torchrun per node on 127.0.0.1) and wait for it."""
+    """Start a local multi-node run on this host (one torchrun per node) and wait for it."""
     world = nnodes * nproc_per_node
+    faults = validate_inject(inject, world, nnodes, pp)
     dp = dp or world // (tp * pp)
     if dp * tp * pp != world:
         raise typer.BadParameter(f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but nnodes*nproc_per_node = {world}")
     if not 1 <= min_nodes <= nnodes:
         raise typer.BadParameter(f"--min-nodes must be between 1 and --nnodes ({nnodes})")
+    try:
+        netns = use_netns(netns)
+    except NetnsError as e:
+        console.print(f"ranksight launch: error: --netns: {e}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    if not netns and any(f.kind == "slow_link" and f.rate_mbit for f in faults):
+        console.print("note: no network namespace per node, so slow_link's rate_mbit has no link of its own to limit: "
+                      "the trainer delays each of the rank's operations by delay_ms instead", markup=False)
     run = RunDir(store, run_id or default_run_id())
     run.root.mkdir(parents=True, exist_ok=True)
 
@@ -182,9 +200,10 @@ def launch(
 
     cluster = LocalCluster(run_dir=run.root, nnodes=nnodes, nproc_per_node=nproc_per_node,
                            trainer_args=trainer_args, min_nodes=min_nodes, max_restarts=max_restarts,
-                           last_call_timeout=last_call_timeout)
+                           last_call_timeout=last_call_timeout, netns=netns)
     console.print(f"[bold]ranksight launch[/]: run [cyan]{run.run_id}[/] in {run.root} — {nnodes} nodes × "
-                  f"{nproc_per_node} ranks, dp={dp} tp={tp} pp={pp}, {precision}, {steps} steps"
+                  f"{nproc_per_node} ranks ({'a network namespace each' if netns else 'all on 127.0.0.1'}), "
+                  f"dp={dp} tp={tp} pp={pp}, {precision}, {steps} steps"
                   + (f", inject {', '.join(inject)}" if inject else ""))
     data_path = None
     if agents:
@@ -198,6 +217,24 @@ def launch(
                                         "--min-nodes", str(min_nodes)])
     rc = run_cluster(cluster, run, steps, timeout=timeout, live=live, data_path=data_path)
     raise typer.Exit(rc)
+
+
+def validate_inject(inject: list[str], world: int, nnodes: int, pp: int) -> list[schema.FaultSpec]:
+    """The ``--inject`` specs, parsed as the trainer will parse them, with targets inside the job; a bad one ends the
+    command here, before anything starts: one line on stderr, exit code 2 (a usage error)."""
+    try:
+        faults = parse_faults(inject)
+        # the configuration faults' own checks (few_microbatches needs a pipeline), on a stand-in of the config
+        apply_config_faults(SimpleNamespace(parallel=SimpleNamespace(pp=pp, microbatches=0)), faults)
+        for text, f in zip(inject, faults):
+            if f.rank is not None and not 0 <= f.rank < world:
+                raise FaultSpecError(f"--inject {text!r}: rank={f.rank} is not a rank of this {world}-rank job")
+            if f.node is not None and not 0 <= f.node < nnodes:
+                raise FaultSpecError(f"--inject {text!r}: node={f.node} is not a node of this {nnodes}-node job")
+    except FaultSpecError as e:
+        console.print(f"ranksight launch: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    return faults
 
 
 def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float = 0, live: bool = True,

@@ -1,6 +1,9 @@
-"""A simulated multi-node cluster on one host: one torchrun per "node", all on 127.0.0.1.
+"""A simulated multi-node cluster on one host: one torchrun per "node".
 
-This is how tests and the demo get a real elastic multi-node job on a laptop.
+This is how tests and the demo get a real elastic multi-node job on a laptop. Run as root where network
+namespaces work, each node runs in a namespace of its own, joined to the others through a bridge
+(cli.netns): its traffic to other nodes crosses a link of its own, which a slow_link fault can slow. Otherwise
+(``netns=False``, not root, or the probe failed: said once on stderr) every node shares 127.0.0.1.
 What it takes care of (each learned the hard way, see the torch CPU research notes):
 
 - The c10d rendezvous store runs in its own process (``is_host=false``) so that
@@ -11,7 +14,10 @@ What it takes care of (each learned the hard way, see the torch CPU research not
   killing torchrun *and* every descendant, found through /proc (psutil).
 - Each node's processes carry ``RANKSIGHT_NODE`` (its node index) and
   ``RANKSIGHT_HOST`` (a per-node host name), because global ranks are assigned by
-  the rendezvous and say nothing about which node a rank lives on.
+  the rendezvous and say nothing about which node a rank lives on; with namespaces also
+  ``RANKSIGHT_NET_IFACE``, the node's network interface (trainer.netfault shapes it).
+- The namespaces, veths and bridge are removed by ``stop()`` (and at interpreter exit at the latest);
+  a killed run's leftovers are removed by the next setup (cli.netns).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from cli import netns
+
 
 def free_port(bind: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the caller binds it soon after)."""
@@ -35,17 +43,37 @@ def free_port(bind: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with code {proc.returncode} before listening on port {port}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.1)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout:.0f} s")
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f} s")
+
+
+_fallback_said = False
+
+
+def use_netns(wanted: bool | None) -> bool:
+    """Whether a cluster gets a namespace per node. ``None``: where it works (said once per process when it does
+    not); ``True``: required (NetnsError with the reason when it does not work); ``False``: never."""
+    global _fallback_said
+    if wanted is False:
+        return False
+    ok, why = netns.available()
+    if ok:
+        return True
+    if wanted:
+        raise netns.NetnsError(f"a network namespace per node is not available here: {why}")
+    if not _fallback_said:
+        _fallback_said = True
+        print(f"ranksight: nodes share 127.0.0.1 (no network namespace per node: {why})", file=sys.stderr, flush=True)
+    return False
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -87,6 +115,9 @@ class LocalCluster:
     last_call_timeout: int = 5
     module: str = "trainer"  # what each torchrun runs with `-m`
     env: dict[str, str] = field(default_factory=dict)
+    # a network namespace per node: None = where it works, True = required, False = all on 127.0.0.1
+    netns: bool | None = None
+    net: netns.ClusterNet | None = None
     rdzv_port: int = 0
     nodes: list[NodeProcess] = field(default_factory=list)
     store_proc: subprocess.Popen | None = None
@@ -94,30 +125,50 @@ class LocalCluster:
     seen_pids: set[int] = field(default_factory=set)
 
     def start(self) -> None:
+        """Set up the nodes' network (namespaces, when used), the rendezvous store, then every node. On any error
+        what was started is stopped and the network removed before the error goes on."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.rdzv_port = self.rdzv_port or free_port()
+        if use_netns(self.netns):
+            self.net = netns.ClusterNet.create(self.nnodes)
+        host = self.store_host
+        self.rdzv_port = self.rdzv_port or free_port(host)
         store_log = open(logs / "rdzv-store.log", "ab")
         self.store_proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.rdzv_store", "--port", str(self.rdzv_port)],
+            [sys.executable, "-m", "cli.rdzv_store", "--host", host, "--port", str(self.rdzv_port)],
             stdout=store_log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_for_port(self.rdzv_port, timeout=60, proc=self.store_proc)
+        wait_for_port(self.rdzv_port, timeout=60, proc=self.store_proc, host=host)
         for node in range(self.nnodes):
             self.nodes.append(self._start_node(node))
 
-    def torchrun_cmd(self) -> list[str]:
+    @property
+    def store_host(self) -> str:
+        """Where the rendezvous store listens: the bridge with namespaces (every node reaches it), else loopback."""
+        return self.net.bridge_addr if self.net is not None else "127.0.0.1"
+
+    def node_addr(self, node: int) -> str:
+        return self.net.nodes[node].addr if self.net is not None else "127.0.0.1"
+
+    def torchrun_cmd(self, node: int = 0) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={self.min_nodes}:{self.nnodes}",
             f"--nproc-per-node={self.nproc_per_node}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{self.rdzv_port}",
+            f"--rdzv-endpoint={self.store_host}:{self.rdzv_port}",
             f"--rdzv-id={self.run_dir.name}",
             f"--rdzv-conf=is_host=false,last_call_timeout={self.last_call_timeout}",
             f"--max-restarts={self.max_restarts}",
             "--monitor-interval=1",
-            "--local-addr=127.0.0.1",
+            f"--local-addr={self.node_addr(node)}",
             "-m", self.module, *self.trainer_args,
         ]
 
@@ -128,15 +179,20 @@ class LocalCluster:
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
             "RANKSIGHT_NODE": str(node),
             "RANKSIGHT_HOST": f"{socket.gethostname()}-node{node}",
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": self.node_addr(node),
             "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             "PYTHONUNBUFFERED": "1",
         })
+        cmd = self.torchrun_cmd(node)
+        if self.net is not None:
+            env.update(self.net.node_env(node))
+            cmd = self.net.wrap(node, cmd)
+        else:
+            env.pop("RANKSIGHT_NET_IFACE", None)  # no link of its own to shape
         log_path = self.run_dir / "logs" / f"node-{node}.log"
         log = open(log_path, "ab")
-        proc = subprocess.Popen(self.torchrun_cmd(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return NodeProcess(node=node, proc=proc, log_path=log_path)
 
     def evicted_nodes(self) -> set[int]:
@@ -177,6 +233,15 @@ class LocalCluster:
         return {n.node: n.proc.poll() for n in self.nodes}
 
     def stop(self) -> None:
+        try:
+            self._stop_processes()
+        finally:
+            if self.net is not None:
+                # after every process of the nodes is gone (a namespace lives on while a process is in it)
+                self.net.teardown()
+                self.net = None
+
+    def _stop_processes(self) -> None:
         for n in self.nodes:
             if n.running:
                 kill_tree(n.proc.pid, signal.SIGTERM)
