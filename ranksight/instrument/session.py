@@ -238,7 +238,7 @@ class Session:
         r.compute_ms = max(0.0, r.step_ms - r.data_ms - r.comm_ms - r.pipeline_wait_ms)
         h.compute_ms = r.compute_ms
         if t.marks is None:
-            self._write(r, t, v)
+            self.write_record(r, t, v)
         else:
             t.marks.end = rec.mark()
             self.pending.append(_Pending(r, t, v))
@@ -310,9 +310,9 @@ class Session:
                     return
             self.pending.popleft()
             _apply_device_times(head.record, head.times)
-            self._write(head.record, head.times, head.values)
+            self.write_record(head.record, head.times, head.values)
 
-    def _write(self, r: StepRecord, t: StepTimes, v: StepValues) -> None:
+    def write_record(self, r: StepRecord, t: StepTimes, v: StepValues) -> None:
         loss = _as_float(v.loss)
         r.loss = loss if loss is not None and math.isfinite(loss) else None
         r.loss_nonfinite = loss is not None and not math.isfinite(loss)
