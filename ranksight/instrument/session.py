@@ -150,7 +150,9 @@ class Session:
             self.manifest.m.params = self.params
             self.manifest.m.flops_per_token = 6.0 * self.params / max(1, self.tp)
             self.manifest.m.device = self.device
-            if self.device == "cuda" and self.manifest.m.peak_flops <= 0:
+            if self.device == "cuda":
+                self.manifest.m.layout.pop("simulated_gpus", None)
+            if self.device == "cuda" and (self.manifest.m.peak_flops <= 0 or self.manifest.m.peak_simulated):
                 _set_gpu_peak(self.manifest.m, torch.cuda.get_device_name())
             self.manifest.write()
         return model
@@ -456,6 +458,7 @@ def _set_gpu_peak(m, name: str) -> None:
     if known is not None:
         m.peak_flops, m.peak_source, m.peak_simulated = known[0], known[1], False
     else:
+        m.peak_flops, m.peak_simulated = 0.0, False
         m.peak_source = f"unknown GPU {name!r}: no peak in ranksight.peaks (pass peak_flops= to ranksight.init)"
 
 
