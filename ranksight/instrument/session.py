@@ -289,9 +289,10 @@ class Session:
                 self.set_phase(None)
 
     # -- collectives and events the loop issues itself ---------------------------------
-    def timed(self, op: str, group: str, fn, *args, nbytes: int = 0, sync: bool = False, **kwargs):
-        """Run a blocking collective ``fn(*args, **kwargs)`` with arrival/completion timing."""
-        return self.recorder.timed(op, group, fn, *args, nbytes=nbytes, sync=sync, **kwargs)
+    def timed(self, op: str, group_name: str, fn, /, *args, nbytes: int = 0, sync: bool = False, **kwargs):
+        """Run a blocking collective ``fn(*args, **kwargs)`` with arrival/completion timing, filed under the
+        communicator ``group_name`` (e.g. "dp", "pp", "world")."""
+        return self.recorder.timed(op, group_name, fn, *args, nbytes=nbytes, sync=sync, **kwargs)
 
     def event(self, name: str, detail: dict | None = None, step: int | None = None) -> None:
         self.recorder.event(name, detail, step)
