@@ -24,7 +24,8 @@ from ranksight.schema import SEVERITY_ORDER, FaultSpec, Finding, Manifest
 # fault kind -> (primary finding kinds, consequence kinds)
 FAULT_KINDS_MAP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "slow_rank": (("straggler",), ("mfu_drop",)),
-    "slow_link": (("comm_bottleneck",), ("mfu_drop",)),
+    # a slow link between pipeline stages makes the bubble: the stages wait for each other's transfers
+    "slow_link": (("comm_bottleneck",), ("mfu_drop", "pipeline_bubble")),
     "throttle": (("gpu_health", "straggler"), ("mfu_drop", "straggler", "gpu_health")),
     "fp16_overflow": (("fp16_overflow",), ()),
     "nan_loss": (("fp16_overflow",), ()),

@@ -59,7 +59,7 @@ LAYOUTS = {
 }
 # slow_link by rate: node 1's egress (its veth, in its own network namespace) limited to this many Mbit/s; per layout
 # the two rates make a step ~1.15x and ~1.5x slower (measured; bench/results/detect.md shows each run's slow-down)
-SLOW_LINK_RATE = {"dp4": (500, 300), "dp2pp2": (100, 20), "dp2tp2": (200, 50)}
+SLOW_LINK_RATE = {"dp4": (500, 300), "dp2pp2": (60, 40), "dp2tp2": (400, 150)}
 # fault -> (inject template, two magnitudes, extra trainer args)
 FAULTS = {
     "slow_rank": ("slow_rank:rank=1,factor={m},start={start}", (1.15, 1.5), []),
@@ -246,13 +246,13 @@ def score_run(store: Path, run_id: str, cell: dict) -> dict:
 
 
 def summarize(rows: list[dict]) -> str:
-    lines = ["| layout | fault | magnitude | step slow-down | recall | precision | latency (steps) | false findings | "
-             "host noise: sigma, spell |",
+    lines = ["| layout | fault | magnitude | recall | precision | latency (steps) | false findings | host noise: sigma, spell "
+             "| step slow-down |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         where = {"rate": " (2 nodes, netns)", "delay": " (2 nodes)"}.get(r.get("cluster"), "")
         if "error" in r:
-            lines.append(f"| {r['layout']}{where} | {r['fault']} | {r['magnitude']} | | error | | | {r['error'][:60]} | |")
+            lines.append(f"| {r['layout']}{where} | {r['fault']} | {r['magnitude']} | error | | | {r['error'][:60]} | | |")
             continue
         rec = "-" if r["recall"] is None else f"{r['recall']:.0%}"
         prec = "-" if r["precision"] is None else f"{r['precision']:.0%}"
@@ -260,8 +260,8 @@ def summarize(rows: list[dict]) -> str:
         noise = (f"{r['noise_sigma']:.3f}, {r['noise_spell']:.2f}x" + ("" if quiet(r) else " (noisy)")
                  if r.get("noise_sigma") is not None else "-")
         slow = f"{r['slowdown']:.2f}x" if r.get("slowdown") else ""
-        lines.append(f"| {r['layout']}{where} | {r['fault']} | {r['magnitude'] if r['magnitude'] is not None else ''} | {slow} | "
-                     f"{rec} | {prec} | {lat} | {len(r['false_findings'])} | {noise} |")
+        lines.append(f"| {r['layout']}{where} | {r['fault']} | {r['magnitude'] if r['magnitude'] is not None else ''} | {rec} | "
+                     f"{prec} | {lat} | {len(r['false_findings'])} | {noise} | {slow} |")
     lines.append("")
     lines += _goal_lines(rows)
     quiet_rows = [r for r in rows if "error" not in r and quiet(r)]

@@ -44,6 +44,12 @@ NAME_RE = re.compile(rf"^{PREFIX}(?P<pid>[0-9a-f]{{6}})(?P<seq>[0-9a-f])(?P<role
 _counter = itertools.count()
 
 
+def make_tag(pid: int, seq: int) -> str:
+    """The part of every name that says whose cluster it is: the owner's pid (6 hex digits: Linux pids stay below
+    2^22) and the cluster's number in that process (mod 16)."""
+    return f"{pid % 0x1000000:06x}{seq % 16:x}"
+
+
 class NetnsError(RuntimeError):
     """Setting up the namespaces failed (the message says which command, and why)."""
 
@@ -82,7 +88,7 @@ class ClusterNet:
         """A set-up cluster network for ``nnodes`` nodes, named after this process; torn down at exit at the latest."""
         if not 1 <= nnodes <= MAX_NODES:
             raise NetnsError(f"{nnodes} nodes: a cluster network holds 1 to {MAX_NODES}")
-        net = cls(tag=f"{os.getpid() % 0x1000000:06x}{next(_counter) % 16:x}", nnodes=nnodes)
+        net = cls(tag=make_tag(os.getpid(), next(_counter)), nnodes=nnodes)
         net.setup()
         return net
 
@@ -96,9 +102,8 @@ class ClusterNet:
 
     def names(self) -> tuple[list[str], list[str]]:
         """(namespaces, root-namespace links) this cluster owns."""
-        nss = [f"{PREFIX}{self.tag}n{i}" for i in range(self.nnodes)]
-        links = [self.bridge] + [f"{PREFIX}{self.tag}h{i}" for i in range(self.nnodes)]
-        return nss, links
+        nodes = [self.node_net(i) for i in range(self.nnodes)]
+        return [n.netns for n in nodes], [self.bridge] + [n.host_iface for n in nodes]
 
     def setup(self) -> None:
         remove_stale()
@@ -118,9 +123,14 @@ class ClusterNet:
             self.teardown()
             raise
 
+    def node_net(self, i: int) -> NodeNet:
+        """Node ``i``'s names and address (nothing is created)."""
+        addr = str(self.subnet.network_address + NODE_HOST_BASE + i) if self.subnet is not None else ""
+        return NodeNet(node=i, netns=f"{PREFIX}{self.tag}n{i}", iface=f"{PREFIX}{self.tag}v{i}",
+                       host_iface=f"{PREFIX}{self.tag}h{i}", addr=addr)
+
     def _add_node(self, i: int) -> NodeNet:
-        n = NodeNet(node=i, netns=f"{PREFIX}{self.tag}n{i}", iface=f"{PREFIX}{self.tag}v{i}",
-                    host_iface=f"{PREFIX}{self.tag}h{i}", addr=str(self.subnet.network_address + NODE_HOST_BASE + i))
+        n = self.node_net(i)
         ip("netns", "add", n.netns)
         ip("link", "add", n.host_iface, "type", "veth", "peer", "name", n.iface)
         ip("link", "set", n.iface, "netns", n.netns)

@@ -6,7 +6,9 @@
   of step time is the exposed (non-overlapped) communication. Reported as info, a warning when
   very high or when it grew against the run's own baseline.
 - Slow link / node: a rank whose transfer time is persistently above its peers' (leave-one-out
-  median) while its compute is normal. All ranks of a node -> a node finding.
+  median) while its compute is normal, or whose communicators are slower than others of their kind, or
+  that finishes its collectives persistently before its peers, who wait for its data (analyzers/checks/links.py).
+  All ranks of a node -> a node finding.
 - Bus bandwidth: per collective (group, seq) the true duration is the *shortest* one among its
   ranks (the last arriver does not wait); busbw = bytes / time x nccl-tests' factor (all_reduce
   2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce, send/recv 1),
@@ -24,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import AnalysisFrame, StepView
-from analyzers.checks.links import P2P_OPS, STRAGGLER_RATIO, ComputeCheck, last_arriver_ops, slow_communicators
+from analyzers.checks.links import (P2P_OPS, STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
+                                    last_arriver_ops, latest_finish_ms, slow_communicators)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.loader import member_counts
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
@@ -62,6 +65,7 @@ class CommConfig:
     link_persist: int = 8  # ... in this many steps of link_persist_window: on a shared host one rank's transfers
     link_persist_window: int = 10  # slow down for 3-6 steps at a time (its core busy); a slow link stays slow
     link_corroborate_k: float = 1.0  # the named rank's other communicators are slower than their kind by k sigma
+    lead_k: float = 4.0  # early finisher: its ops end before its peers' by k sigma (link_window, link_persist as above)
     match_tol_ms: float = 10.0  # records of one op complete within this on every member (else seq numbers disagree)
     busbw_warn_frac: float = 0.5  # achieved busbw below this fraction of the nccl-tests baseline
     size_match: float = 4.0  # baseline row within this factor of the message size
@@ -92,14 +96,15 @@ def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float 
     return algbw * (f(nranks) if nranks > 1 else 1.0)
 
 
-def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[Finding]:
+def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[list[Finding], pd.Series]:
+    """The exposed-communication findings, and the exposed share of step time per step they were judged on."""
     out: list[Finding] = []
     st = view.rows
     per_step = (pd.DataFrame({"step": st["step"], "transfer": view.column("transfer_ms"), "step_ms": st["step_ms"]})
                 .groupby("step").agg(transfer=("transfer", "mean"), step_ms=("step_ms", "mean")))
     per_step = per_step[per_step["step_ms"] > 0]
     if per_step.empty:
-        return out
+        return out, pd.Series(dtype=float)
     share = per_step["transfer"] / per_step["step_ms"]
     med = float(share.median())
     ranks = sorted(int(r) for r in st["rank"].unique())
@@ -134,7 +139,7 @@ def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[Find
             summary=f"exposed (non-overlapped) communication is {med:.0%} of step time",
             recommendation="Overlap communication with compute (DDP bucket sizes, FSDP prefetch), or raise the per-rank batch.",
         ))
-    return out
+    return out, share
 
 
 def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[Finding]:
@@ -175,12 +180,15 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
             cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
-    cands += _wait_deficit(cfg, view, {c["rank"] for c in cands})
-    # the last arriver of every collective: the self-delay and communicators signatures both start from it
     co = frame.data.collectives
+    leads = completion_leads(co, int(st["step"].min()), cfg.match_tol_ms)
+    cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
+    # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute)
-    cands = _merge_communicators(cands, slow_communicators(co, cfg, sorted(int(x) for x in tr.columns), compute, last), cfg)
+    judged_steps = sorted(int(x) for x in tr.columns)
+    cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
+    cands = _merge_direct(cands, early_finishers(co, cfg, judged_steps, compute, leads), cfg)
     cands = _drop_link_partners(cands, frame)
     node_ranks = frame.placement.node_ranks
     node_of = frame.placement.rank_node
@@ -189,24 +197,48 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     for node, members in node_ranks.items():
         cs = [c for c in cands if c["rank"] in members]
         if len(members) >= 2 and set(members) <= flagged and len(node_ranks) > 1 and flagged != set(tr.index):
-            s0 = min(c["onset"] for c in cs)
-            out.append(Finding(
-                analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=sorted(members), nodes=[node],
-                step_start=s0, step_end=max(c["end"] for c in cs),
-                evidence=dict(scope="node", cause="slow_link", onset_step=s0, detected_at_step=max(c["confirmed"] for c in cs),
-                              node_transfer_ms=fnum(np.median([c["own"] for c in cs]), 1),
-                              peers_transfer_ms=fnum(np.median([c["peers"] for c in cs]), 1),
-                              ratio=fnum(np.median([c["ratio"] for c in cs]), 2), compute_ratio=fnum(np.median([c["comp_ratio"] for c in cs]), 3),
-                              steps_affected=max(c["n"] for c in cs)),
-                confidence=0.75,
-                summary=f"node {node}'s communication is slow since step {s0}: its ranks spend {np.median([c['ratio'] for c in cs]):.1f}x their peers' time in transfers while computing normally",
-                recommendation=f"Check node {node}'s NIC and cabling (nccl-tests between it and a healthy node); evict it if it persists.",
-            ))
+            out.append(_node_link_finding(node, members, cs))
             used |= set(members)
     for c in cands:
         if c["rank"] not in used:
             out.append(_rank_link_finding(c, node_of.get(c["rank"]), min_extra))
     return out
+
+
+def _link_clause(c: dict) -> str:
+    """What one rank's slow-link candidate showed, in a few words (for a node finding's summary)."""
+    method = c.get("method")
+    if method == "completion_lead":
+        return f"rank {c['rank']} finishes its collectives {c['own']:.1f} ms before its peers, who wait for its data"
+    if method == "communicators":
+        slow = c["slow"][0]
+        return (f"rank {c['rank']}'s ops on {slow['communicator']} take {slow['transfer_ms']:.1f} ms vs "
+                f"{slow['kind_transfer_ms']:.1f} ms on the other {slow['kind']} communicators")
+    if method == "self_delay":
+        return f"rank {c['rank']}'s collectives take {c['own'] - c['peers']:.1f} ms more even when nobody is left to wait for"
+    if method == "wait_deficit":
+        return f"rank {c['rank']}'s peers wait {c['unexplained']:.0f} ms per step for data it sent on time"
+    return f"rank {c['rank']} spends {c['ratio']:.1f}x its peers' time in transfers"
+
+
+def _node_link_finding(node, members, cs: list[dict]) -> Finding:
+    """Every rank of ``node`` has a slow link: one finding for the node, with what each rank's signature showed."""
+    s0 = min(c["onset"] for c in cs)
+    ratios = [c["ratio"] for c in cs if np.isfinite(c["ratio"])]
+    per_rank = [dict(rank=c["rank"], method=c.get("method") or "transfer_ratio", own=fnum(c["own"], 2),
+                     peers=fnum(c["peers"], 2), onset_step=c["onset"]) for c in sorted(cs, key=lambda c: c["rank"])]
+    clauses = "; ".join(dict.fromkeys(_link_clause(c) for c in sorted(cs, key=lambda c: c["rank"])))
+    return Finding(
+        analyzer=NAME, kind="comm_bottleneck", severity="warning", ranks=sorted(members), nodes=[node],
+        step_start=s0, step_end=max(c["end"] for c in cs),
+        evidence=dict(scope="node", cause="slow_link", onset_step=s0, detected_at_step=max(c["confirmed"] for c in cs),
+                      ranks=per_rank, ratio=fnum(np.median(ratios), 2) if ratios else None,
+                      compute_ratio=fnum(np.nanmedian([c["comp_ratio"] for c in cs]) if any(np.isfinite(c["comp_ratio"]) for c in cs) else None, 3),
+                      steps_affected=max(c["n"] for c in cs)),
+        confidence=0.75,
+        summary=f"node {node}'s communication is slow since step {s0} while its ranks compute normally: {clauses}",
+        recommendation=f"Check node {node}'s NIC and cabling (nccl-tests between it and a healthy node); evict it if it persists.",
+    )
 
 
 def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
@@ -224,6 +256,13 @@ def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
                    + (f", and its other communicators are slower than their kind too ({also})" if also else "")
                    + "; its partners are slow only where they share a communicator with it")
         confidence = 0.75
+    elif method == "completion_lead":
+        evidence = dict(lead_ms=fnum(c["own"], 2), op_ms=fnum(c["peers"], 2), ops=c["ops"], communicators=c["groups_keys"],
+                        threshold_lead_ms=fnum(c["threshold"], 2), compute_ratio=fnum(c["comp_ratio"], 3))
+        summary = (f"{where}: its collectives on {', '.join(c['groups_keys'])} end {c['own']:.1f} ms before its peers' "
+                   f"(median of {c['ops']} ops of {c['peers']:.1f} ms): its peers' data reaches it on time while its own "
+                   "reaches them late")
+        confidence = 0.7
     elif method == "self_delay":
         evidence = dict(last_arriver_op_ms=fnum(c["own"], 2), peers_last_arriver_op_ms=fnum(c["peers"], 2),
                         extra_ms_per_op=fnum(c["own"] - c["peers"], 2), ops_per_step=fnum(c["ops_per_step"], 1),
@@ -257,13 +296,16 @@ def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
     )
 
 
-def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int]) -> list[dict]:
+def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.DataFrame) -> list[dict]:
     """Peers wait for a rank that arrived on time: its data reaches them late (a slow link).
 
     Per step: deficit = peers' median sync wait - own sync wait (how much longer the others wait than
     it does); a compute straggler explains that by arriving late, so the unexplained part is
     deficit - max(arrival lag, 0). Persistent (3 of 5 steps) and above max(min_extra_ms, deficit_k sigma,
     10 % of the step) -> slow link of that rank.
+    Unless the rank's own collectives end after its peers' (``links.latest_finish_ms`` over the span at least
+    ``min_extra_ms``; ``leads``: ``links.completion_leads``): peers that waited for its data would be done after
+    it, not before. (A rank whose data leaves late, a delay before it is sent, ends with them.)
     """
     st = view.rows
     if st["sync_wait_ms"].isna().all() or st["sync_arrival"].isna().all():
@@ -288,6 +330,8 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int]) -> list[dict]
             continue
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
+            if latest_finish_ms(leads, int(r), s0, s1) >= cfg.min_extra_ms:
+                continue  # it finished after its peers: they were not waiting for its data
             peers_wait = float(np.nanmedian(wait_ref.loc[r, s0:s1]))
             out.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(wait.loc[r, s0:s1])), peers=peers_wait,
                             ratio=peers_wait / max(float(np.nanmedian(wait.loc[r, s0:s1])), 1e-3), comp_ratio=float("nan"),
@@ -319,11 +363,11 @@ def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
     return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
 
 
-def _merge_communicators(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
-    """Add the communicators signature's candidates. Where the rank already has a candidate of a direct signature
-    overlapping it in time (within ``window`` steps), that episode goes on as long as this one does (one signature's
-    flags can stop while the link stays slow: the partners must still not be blamed then); a wait-deficit candidate
-    of that rank it overlaps gives way to it (direct evidence)."""
+def _merge_direct(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
+    """Add the candidates of a signature read from the collectives (communicators, early finishers). Where the rank
+    already has a candidate of a direct signature overlapping it in time (within ``window`` steps), that episode goes
+    on as long as this one does (one signature's flags can stop while the link stays slow: the partners must still
+    not be blamed then); a wait-deficit candidate of that rank it overlaps gives way to it (direct evidence)."""
     for c in comms:
         near = [a for a in cands if a["rank"] == c["rank"] and a["onset"] <= c["end"] + cfg.window and c["onset"] <= a["end"] + cfg.window]
         direct = [a for a in near if a.get("method") != "wait_deficit"]
@@ -536,18 +580,26 @@ def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding
     findings: list[Finding] = []
     judged = frame.judged(cfg.warmup_steps)
     if not judged.rows.empty:
-        exposed = _exposed(frame, cfg, judged)
+        exposed, share = _exposed(frame, cfg, judged)
         links = _slow_links(frame, cfg, judged)
         for f in exposed:
-            # the job's communication grew because of a slow link already named: a symptom, reported as info
-            if f.evidence.get("cause") != "comm_growth" or f.severity != "warning":
+            if f.severity != "warning" or f.evidence.get("cause") not in ("comm_growth", "exposed_comm"):
                 continue
             causes = [g for g in links if g.step_start is not None and f.step_end is not None and g.step_start <= f.step_end + cfg.window
                       and (g.step_end is None or g.step_end >= f.step_start - cfg.window)]
-            if causes:
-                f.severity = "info"
-                f.evidence["explained_by"] = [f"slow link of rank(s) {fmt_ranks(g.ranks)}" for g in causes]
-                f.summary += f" (explained by the slow link of rank(s) {fmt_ranks(causes[0].ranks)})"
+            if not causes:
+                continue
+            if f.evidence["cause"] == "exposed_comm":
+                # a high share over the whole run that a slow link explains: the share outside its span is not high
+                outside = [float(v) for k, v in share.items()
+                           if not any(g.step_start <= k <= (g.step_end if g.step_end is not None else k) for g in causes)]
+                if outside and float(np.median(outside)) >= cfg.exposed_warn:
+                    continue
+                f.evidence["exposed_share_outside_slow_link"] = fnum(np.median(outside), 3) if outside else None
+            # the job's communication grew (or is high) because of a slow link already named: a symptom, reported as info
+            f.severity = "info"
+            f.evidence["explained_by"] = [f"slow link of rank(s) {fmt_ranks(g.ranks)}" for g in causes]
+            f.summary += f" (explained by the slow link of rank(s) {fmt_ranks(causes[0].ranks)})"
         findings += exposed + links
     findings += _busbw(frame, cfg)
     findings += _transport(frame, cfg)

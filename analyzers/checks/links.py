@@ -1,7 +1,7 @@
 """Which link is slow: op instances' transfer times, compared communicator against communicator.
 
 Used by the comm check (analyzers/checks/comm.py). The functions read the run's collective records
-(``RunData.collectives``). Two questions, one per function:
+(``RunData.collectives``). Three questions, one per function:
 
 - ``op_transfers``: for every op instance that all its participants recorded, how long its data took to
   move once everybody was there. A collective: the duration seen by the last rank to arrive (nobody is
@@ -15,9 +15,20 @@ Used by the comm check (analyzers/checks/comm.py). The functions read the run's 
   link slows every communicator it is in: its TP group *and* its data-parallel group; of a p2p link only
   the sender is suspect, since its data is what arrives late).
 
+- ``early_finishers``: whose collectives end before their peers'. Every member of a collective is done when the
+  data of every other member has reached it. A rank whose outgoing link is slow (a degraded NIC, a slow
+  node's egress) receives its peers' data on time, so it is done first, while they still wait for its data: in a
+  two-member group its peer, in a ring its successors (the last chunk each of them receives has crossed the slow
+  hop, except the one its sender receives). Where every communicator crosses the slow link (two nodes: each
+  data-parallel group spans both), comparing communicators sees nothing, but the order in which the members of
+  each op finish does.
+
 Pooling every op of a communicator over a few steps is what makes this sensitive where one op's excess
 is small: a median over tens of ops, against the same kind of communicator on the same job, is far steadier
-than any one op (bench/signal_noise.py measures that noise).
+than any one op (bench/signal_noise.py measures that noise). The noise a threshold is scaled by is measured
+from differences between windows a window apart (``shift_robust_sigmas``): a spread over the whole run would
+count the slow link's own level shift as noise when half the communicators shift together (every link out of
+a slow node).
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import pandas as pd
 from analyzers.changepoint import refine_onset
 from analyzers.loader import member_counts
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
+from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
 
 STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
@@ -62,6 +73,37 @@ class ComputeCheck:
             return False
         comp_extra, tr_extra = self._median(self.comp_extra_ms, r, s0, s1), self._median(self.transfer_extra_ms, r, s0, s1)
         return not (np.isfinite(comp_extra) and np.isfinite(tr_extra) and tr_extra > LINK_DOMINANCE * max(comp_extra, 0.0))
+
+def shift_robust_sigmas(frame: pd.DataFrame, lag: int) -> pd.Series:
+    """Each row's noise over time, robust to a level shift: the robust sigma of x[s] - x[s - lag] (windows ``lag``
+    steps apart do not overlap), over sqrt(2); NaN for a row with fewer than two differences. A persistent shift
+    (a link that became slow) moves only ``lag`` of those differences, so unlike a spread of the values themselves it
+    does not raise the threshold it should cross."""
+    values = frame.to_numpy(dtype=float)
+    out = np.full(values.shape[0], np.nan)
+    if values.shape[1] > lag:
+        diffs = values[:, lag:] - values[:, :-lag]
+        enough = np.isfinite(diffs).sum(axis=1) >= 2
+        out[enough] = row_robust_sigmas(diffs[enough]) / np.sqrt(2.0)
+    return pd.Series(out, index=frame.index)
+
+
+def reference_sigma(frame: pd.DataFrame, lag: int, quietest: bool = False) -> pd.Series:
+    """Per row, the noise its excess is judged against: that of the *other* rows (those its reference is the median
+    of), their median ``shift_robust_sigmas`` or, with ``quietest``, the smallest. A slow link is noisier than a quiet
+    one (its queue comes and goes, and so do the acknowledgements queued behind it: the reverse link's transfers
+    jitter too); neither must raise the bar it is measured by. A single row: its own."""
+    sig = shift_robust_sigmas(frame, lag)
+    if len(sig) < 2:
+        return sig.fillna(0.0)
+    if quietest:
+        v = sig.to_numpy(dtype=float)
+        others = [np.nanmin(np.delete(v, i)) if np.isfinite(np.delete(v, i)).any() else np.nan for i in range(len(v))]
+        ref = pd.Series(others, index=sig.index)
+    else:
+        ref = leave_one_out_median(sig.to_frame()).iloc[:, 0]
+    return ref.fillna(sig).fillna(0.0)
+
 
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
                  "all_gather_into_tensor", "reduce_scatter_tensor"}
@@ -116,6 +158,39 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
     xfer = (j["t_done"] - np.maximum(j["t_arrive"], j["t_arrive_recv"])) * 1000.0
     return pd.DataFrame({"gkey": j["gkey"], "cls": P2P_CLASS, "seq": j["seq"], "rank": j["rank"], "step": j["step"],
                          "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
+
+
+LEAD_COLUMNS = ["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]
+
+
+def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """One row per member of every completed symmetric collective that all its members recorded: ``lead_ms``, how
+    long before the median of the other members it was done (negative: after them), and its ``duration_ms``.
+
+    The members of one op are all done within the longest member's duration of each other (nobody is done before
+    the last one arrived); records of one (communicator, seq) further apart than that (and ``match_tol_ms``) are
+    not one op (a rank recorded an op its peers did not, and the sequence numbers drifted apart): dropped. Across
+    nodes the completion times are compared on the nodes' clocks, as every arrival time is."""
+    if co.empty:
+        return pd.DataFrame(columns=LEAD_COLUMNS)
+    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
+    if first_step is not None:
+        co = co[co["step"] >= first_step]
+    if co.empty:
+        return pd.DataFrame(columns=LEAD_COLUMNS)
+    g = co.groupby(["gkey", "seq"])
+    size = member_counts(co["group_ranks"])
+    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
+    ok = co[(g["rank"].transform("size") == size) & (size >= 2)
+            & (spread <= np.maximum(match_tol_ms, g["duration_ms"].transform("max")))]
+    parts = []
+    for key, sub in ok.groupby("gkey"):
+        done = sub.pivot_table(index="rank", columns="seq", values="t_done", aggfunc="first")
+        lead = ((leave_one_out_median(done) - done) * 1000.0).stack().rename("lead_ms").reset_index()
+        parts.append(sub[["gkey", "seq", "rank", "step", "duration_ms"]].merge(lead, on=["rank", "seq"]))
+    if not parts:
+        return pd.DataFrame(columns=LEAD_COLUMNS)
+    return pd.concat(parts, ignore_index=True)[LEAD_COLUMNS]
 
 
 def sorted_members(members: pd.Series) -> list[tuple]:
@@ -208,13 +283,14 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
         excess = med - ref
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = med / ref.where(ref > 0)
-        sigma = temporal_sigma(med)
-        threshold = max(cfg.link_min_extra_ms, cfg.link_k * sigma)
+        sigmas = reference_sigma(med, cfg.link_window, quietest=True)
         for key, g in sub.groupby("gkey"):
-            key = str(key)
-            excess_of[key], sigma_of[key] = excess.loc[key], sigma
-            info[key] = dict(cls=str(cls), suspects=tuple(g["suspects"].iloc[0]))
+            sigma = float(sigmas.loc[key])
+            threshold = max(cfg.link_min_extra_ms, cfg.link_k * sigma)
+            excess_of[str(key)], sigma_of[str(key)] = excess.loc[key], sigma
             flags = ((excess.loc[key] >= threshold) & (ratio.loc[key] >= cfg.link_ratio)).fillna(False)
+            key = str(key)
+            info[key] = dict(cls=str(cls), suspects=tuple(g["suspects"].iloc[0]))
             for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
                 # the window reaches back link_window - 1 steps; within that, the change point of the per-step excess
                 # (a noisy spell just before a slow link began can chain onto it: the change point skips it)
@@ -275,4 +351,62 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
         c["peers"] = float(np.median([e["kind_transfer_ms"] for e in c["slow"]]))
         c["groups_keys"] = sorted({e["communicator"] for e in c["slow"]} | set(c["corroborating"]))
         out.append(c)
+    return out
+
+
+def latest_finish_ms(leads: pd.DataFrame, rank: int, s0: int, s1: int) -> float:
+    """How far behind its peers rank ``rank`` finished over steps [s0, s1], on the communicator where it was furthest
+    behind: minus the lowest of its communicators' median ``lead_ms`` (``completion_leads`` rows); NaN without ops."""
+    mine = leads[(leads["rank"] == rank) & (leads["step"] >= s0) & (leads["step"] <= s1)]
+    if mine.empty:
+        return float("nan")
+    return float(-mine.groupby("gkey")["lead_ms"].median().min())
+
+
+def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeCheck,
+                    leads: pd.DataFrame | None = None) -> list[dict]:
+    """Slow-link candidates (dicts, as comm._slow_links collects them) from ranks that finish their collectives
+    before their peers (``completion_leads``).
+
+    Per rank and communicator: the median lead of its ops in each window of ``link_window`` steps (at least
+    ``link_min_ops`` ops). A rank is flagged in a step where, on any of its communicators, that median is
+    >= max(``link_min_extra_ms``, ``lead_k`` x the leads' noise over time (``shift_robust_sigma``)), in
+    ``link_persist`` of ``link_persist_window`` steps: on a shared host a member held up by its core finishes late
+    for a few steps at a time, which makes its peers lead for as long; a slow link stays slow. A rank that computes
+    slowly (``ComputeCheck.slow_computer``) is the straggler check's."""
+    if not steps:
+        return []
+    if leads is None:
+        leads = completion_leads(co, steps[0], cfg.match_tol_ms)
+    if leads.empty:
+        return []
+    # one row per (rank, communicator): "rank|gkey"
+    label = leads["rank"].astype(int).astype(str) + "|" + leads["gkey"].astype(str)
+    labels = sorted(set(label))
+    med = windowed_medians(label, leads["step"], leads["lead_ms"], labels, steps, cfg.link_window, cfg.link_min_ops)
+    if med.notna().sum(axis=0).max() < 2:
+        return []
+    thresholds = np.maximum(cfg.link_min_extra_ms, cfg.lead_k * reference_sigma(med, cfg.link_window))
+    over = med.ge(thresholds, axis=0).fillna(False)
+    per_step = windowed_medians(label, leads["step"], leads["lead_ms"], labels, steps, 1, 1)  # for the onset
+    out = []
+    for r in sorted({int(lab.split("|", 1)[0]) for lab in labels}):
+        mine = [lab for lab in labels if lab.startswith(f"{r}|")]
+        flags = over.loc[mine].any(axis=0)
+        for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
+            confirmed = confirmation_step(flags, s0, cfg.link_persist)
+            onset = max(steps[0], s0 - cfg.link_window + 1)
+            # its communicators that were ahead over most of the run of flags
+            slow = [lab for lab in mine if 2 * int(over.loc[lab, s0:s1].sum()) >= n] or mine
+            onset = min(max(onset, refine_onset(per_step.loc[slow].median(axis=0), onset, s1)), confirmed)
+            if compute.slow_computer(r, onset, s1):
+                continue
+            keys = sorted(lab.split("|", 1)[1] for lab in slow)
+            ops = leads[(leads["rank"] == r) & leads["gkey"].astype(str).isin(keys) & (leads["step"] >= onset)
+                        & (leads["step"] <= s1)]
+            out.append(dict(rank=int(r), onset=int(onset), end=int(s1), n=n, method="completion_lead", confirmed=confirmed,
+                            own=float(ops["lead_ms"].median()), peers=float(ops["duration_ms"].median()),
+                            ratio=float("nan"), comp_ratio=compute.compute_ratio(r, onset, s1),
+                            threshold=float(thresholds.loc[slow].median()),
+                            ops=int(len(ops)), groups_keys=keys))
     return out
