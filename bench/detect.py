@@ -59,7 +59,7 @@ LAYOUTS = {
 }
 # slow_link by rate: node 1's egress (its veth, in its own network namespace) limited to this many Mbit/s; per layout
 # the two rates make a step ~1.15x and ~1.5x slower (measured; bench/results/detect.md shows each run's slow-down)
-SLOW_LINK_RATE = {"dp4": (500, 300), "dp2pp2": (60, 40), "dp2tp2": (400, 150)}
+SLOW_LINK_RATE = {"dp4": (450, 300), "dp2pp2": (70, 45), "dp2tp2": (300, 150)}
 # fault -> (inject template, two magnitudes, extra trainer args)
 FAULTS = {
     "slow_rank": ("slow_rank:rank=1,factor={m},start={start}", (1.15, 1.5), []),
@@ -137,9 +137,12 @@ def cluster_run(store: Path, run_id: str, args: list[str], use_netns: bool, time
         cluster.stop()
 
 
-def cells(layouts: list[str], faults: list[str], clean: bool, link_mode: str = "rate") -> list[dict]:
+def cells(layouts: list[str], faults: list[str], clean: bool, link_mode: str = "rate", seeds: int = 1) -> list[dict]:
     """The matrix: per layout a clean run (when ``clean``), and each fault at each of its magnitudes. slow_link cells
-    run on the 2-node cluster (``cluster``), their clean reference too (``fault="clean"`` with ``cluster``)."""
+    run on the 2-node cluster (``cluster``), their clean reference too (``fault="clean"`` with ``cluster``). With
+    ``seeds`` > 1 every cell runs that many times, with the trainer's seeds 1234, 1235, ..."""
+    if seeds > 1:
+        return [dict(c, seed=SEED + k) for k in range(seeds) for c in cells(layouts, faults, clean, link_mode)]
     out = []
     for lay in layouts:
         if clean:
@@ -211,10 +214,14 @@ def quiet(row: dict) -> bool:
     return row.get("noise_sigma") is not None and row["noise_sigma"] <= QUIET_SIGMA
 
 
+SEED = 1234  # the trainer's default seed
+
+
 def run_id_of(cell: dict) -> str:
     mag = "" if cell["magnitude"] is None else f"-{cell['magnitude']}".replace(".", "p")
     where = {"rate": "-2n", "delay": "-2nd"}.get(cell.get("cluster"), "")
-    return f"det-{cell['layout']}-{cell['fault']}{mag}{where}"
+    seed = f"-s{cell['seed']}" if cell.get("seed", SEED) != SEED else ""
+    return f"det-{cell['layout']}-{cell['fault']}{mag}{where}{seed}"
 
 
 def slowdown(data, start: int) -> float | None:
@@ -333,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", action="store_true", help="score runs already in --store; run nothing")
     ap.add_argument("--no-results-md", action="store_true", help="do not write bench/results/detect.md")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"), help="where the JSON results go")
+    ap.add_argument("--seeds", type=int, default=1, help="runs per cell (the trainer's --seed 1234, 1235, ...)")
     ap.add_argument("--slow-link", choices=("auto", "rate", "delay"), default="auto",
                     help="slow_link cells: rate = node 1's link rate-limited (needs a network namespace per node: root), "
                          "delay = the trainer's per-operation delay on 2 nodes sharing 127.0.0.1; auto = rate where it works")
@@ -345,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         link_mode = "rate" if ok else "delay"
         if not ok and "slow_link" in args.faults.split(",") and not args.replay:
             print(f"slow_link cells: per-operation delay (no network namespace per node: {why})", flush=True)
-    todo = cells(args.layouts.split(","), [f for f in args.faults.split(",") if f], not args.no_clean, link_mode)
+    todo = cells(args.layouts.split(","), [f for f in args.faults.split(",") if f], not args.no_clean, link_mode, args.seeds)
     if args.replay:
         todo = replay_cells(store, todo)
     rows = []
@@ -358,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 tmpl = SLOW_LINK_DELAY
             inject = ["--inject", tmpl.format(m=cell["magnitude"], start=args.start)] if tmpl else []
             t0 = time.time()
-            trainer_args = [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject]
+            trainer_args = [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject,
+                            "--seed", str(cell.get("seed", SEED))]
             if cell.get("cluster"):
                 rc = cluster_run(store, rid, trainer_args, use_netns=cell["cluster"] == "rate")
             else:
