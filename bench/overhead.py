@@ -6,7 +6,7 @@
 
 Separate torchrun jobs per arm differ on a shared machine by far more
 than the overhead being measured, so the two arms alternate *inside one training job*: after
-``--warmup-steps`` the trainer (``trainer.instrument.overhead_toggle.OverheadToggle``, switched on by the
+``--warmup-steps`` the trainer (``trainer.overhead_toggle.OverheadToggle``, switched on by the
 ``RANKSIGHT_OVERHEAD_*`` environment, see there) runs blocks of ``--block`` steps, ON and OFF in
 ABBA order, switching at a step boundary:
 

@@ -16,8 +16,8 @@ Two passes over the same loop:
    step, with a 95 % bootstrap CI over block pairs.
 2. **parts**: each instrumentation call on the step path is timed with ``perf_counter_ns`` by a
    wrapper (its own cost is the same ON and OFF for the parts that run in both): Recorder
-   ``begin_step`` / ``comm_summary`` / ``finish_step``, the step record built and written
-   (``StepWriter.write``: comm_summary, the memory sample and finish_step included), ``MemoryProbe.sample``,
+   ``Session.begin_step``, the step record built and written (``Session.end_step``: comm_summary, the memory
+   sample and ``write_record`` included), ``MemoryProbe.sample``,
    ``SimulatedGpu.update``, ``ControlChannel.poll`` (its broadcast is a timed collective ON), and the
    loop's own forward / backward / optimizer timers (the DDP comm hook runs inside backward).
 
@@ -48,16 +48,18 @@ from ranksight.layout import RunDir  # noqa: E402
 from trainer import simdevice, train  # noqa: E402
 from trainer import control as control_mod  # noqa: E402
 from trainer.config import ModelConfig, TrainConfig  # noqa: E402
-from trainer.instrument.memory import MemoryProbe  # noqa: E402
-from trainer.instrument.recorder import Recorder, StepWriter  # noqa: E402
+from ranksight.instrument.memory import MemoryProbe  # noqa: E402
+from ranksight.instrument import session as session_mod  # noqa: E402
+from ranksight.instrument.recorder import Recorder  # noqa: E402
+from ranksight.instrument.session import Session  # noqa: E402
 
 # (label, owner, attribute): the instrumentation calls timed in the parts pass
 PARTS = [
-    ("begin_step", Recorder, "begin_step"),
-    ("step record: StepWriter.write, all of it", StepWriter, "write"),
-    ("  in it: comm_summary", Recorder, "comm_summary"),
+    ("begin_step", Session, "begin_step"),
+    ("step record: Session.end_step, all of it", Session, "end_step"),
+    ("  in it: comm_summary", session_mod, "comm_summary"),
     ("  in it: mem.sample", MemoryProbe, "sample"),
-    ("  in it: finish_step (encode + write)", Recorder, "finish_step"),
+    ("  in it: write_record (encode + write)", Session, "write_record"),
     ("simgpu.update", simdevice.SimulatedGpu, "update"),
     ("control.poll (broadcast)", control_mod.ControlChannel, "poll"),
 ]

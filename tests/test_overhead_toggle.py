@@ -1,4 +1,4 @@
-"""The overhead benchmark's run-time switch (trainer.instrument.overhead_toggle.OverheadToggle, bench/overhead.py) and the
+"""The overhead benchmark's run-time switch (trainer.overhead_toggle.OverheadToggle, bench/overhead.py) and the
 cheaper per-step instrumentation: simulated GPU state written at most once a second, RSS from /proc."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HW_THERMAL, read_state
 from trainer.faults import FaultState, parse_fault
-from trainer.instrument.memory import MemoryProbe
-from trainer.instrument.overhead_toggle import OverheadToggle
-from trainer.instrument.recorder import Recorder
+from ranksight.instrument.memory import MemoryProbe
+from trainer.overhead_toggle import OverheadToggle
+from ranksight.instrument.recorder import Recorder
 from trainer.simdevice import SimulatedGpu
 
 from trainer_helpers import TINY, check_ok, collectives, spool, steps, torchrun
@@ -78,7 +78,7 @@ def test_ddp_comm_hook_is_the_plain_allreduce_when_disabled(tmp_path):
     gradients are the same either way."""
     import torch.distributed as dist
 
-    from trainer.instrument.ddp import make_ddp_comm_hook
+    from ranksight.instrument.ddp import make_ddp_comm_hook
 
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")

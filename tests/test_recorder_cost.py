@@ -16,8 +16,9 @@ from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, decode_s
 from ranksight.simgpu import read_state
 from trainer.faults import FaultState, parse_fault
 from ranksight.spool import SpoolWriter
-from trainer.instrument.memory import MemoryProbe
-from trainer.instrument.recorder import OpenCollective, Recorder, StepWriter
+from ranksight.instrument.memory import MemoryProbe
+from ranksight.instrument.recorder import OpenCollective, Recorder, comm_summary
+from ranksight.instrument.session import Session
 from trainer.simdevice import SimulatedGpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,14 +61,14 @@ def _comm_summary_before(collectives, blocked_comm):
     if sync:
         async_sync = [c for c in sync if c.async_bucket]
         blocking_sync = [c for c in sync if not c.async_bucket]
-        wait = sum(max(0.0, (c.t_done or c.t_arrive) - c.t_arrive - c.link_delay) for c in blocking_sync)
+        wait = sum(max(0.0, (c.t_done or c.t_arrive) - c.t_arrive) for c in blocking_sync)
         if async_sync:
             last = max(async_sync, key=lambda c: c.t_arrive)
             last_arrive = last.t_arrive
             last_done = max((c.t_done or last_arrive) for c in async_sync)
-            peers_wait = max(0.0, last_done - last_arrive - last.link_delay)
+            peers_wait = max(0.0, last_done - last_arrive)
             wait += peers_wait
-            exposed += peers_wait + sum(c.link_delay for c in async_sync)
+            exposed += peers_wait
         sync_wait = wait
     return exposed, sync_arrival, sync_wait
 
@@ -83,10 +84,9 @@ def test_comm_summary_is_bit_for_bit_the_two_pass_one(tmp_path):
             t_done = rng.choice([None, t_arrive + rng.random() * 0.02, t_arrive - 0.001])
             c = OpenCollective("all_reduce", rng.choice(["dp", "pp", "world"]), [0, 1], 4, t_arrive,
                                 rng.random() < 0.7, i, t_done=t_done,
-                                link_delay=rng.choice([0.0, 0.0, rng.random() * 0.01]),
                                 async_bucket=rng.random() < 0.5)
             rec.t.collectives.append(c)
-        got = rec.comm_summary()
+        got = comm_summary(rec.t.collectives, rec.t.blocked_comm)
         want = _comm_summary_before(rec.t.collectives, rec.t.blocked_comm)
         assert got == want and [type(v) for v in got] == [type(v) for v in want], (trial, got, want)
 
@@ -94,10 +94,10 @@ def test_comm_summary_is_bit_for_bit_the_two_pass_one(tmp_path):
 def _step_record_before(run_id, rank, attempt, node, host, world, lay, rec, mem_bytes, step, t_start, t_end,
                         step_ms, device_ms, step_loss, grad_norm, loss_scale, overflow, skipped, lr, profiling,
                         tokens, flops, microbatches):
-    """The StepRecord as trainer/train.py built it inline before StepWriter (the reference)."""
+    """The StepRecord as trainer/train.py built it inline before the API (the reference)."""
     import math
 
-    comm_s, sync_arrival, sync_wait = rec.comm_summary()
+    comm_s, sync_arrival, sync_wait = comm_summary(rec.t.collectives, rec.t.blocked_comm)
     data_ms, comm_ms, pw_ms = rec.t.data * 1000, comm_s * 1000, rec.t.pipeline_wait * 1000
     compute_ms = max(0.0, step_ms - data_ms - comm_ms - pw_ms)
     loss_ok = math.isfinite(step_loss)
@@ -121,29 +121,39 @@ class _FixedMemory(MemoryProbe):
         return self.value
 
 
-@pytest.mark.parametrize("loss,grad_norm,scale,device_ms", [(2.5, 1.25, None, 12.5),
-                                                             (float("nan"), float("inf"), 1024.0, None)])
-def test_step_writer_writes_the_record_train_py_wrote(tmp_path, loss, grad_norm, scale, device_ms):
-    path = RunDir(tmp_path, "r").spool(3)
-    rec = Recorder("run-x", path, 3, {"dp": [2, 3], "world": [0, 1, 2, 3]}, attempt=2)
-    writer = StepWriter(rec, _FixedMemory(123456789), node=1, host="node-b", world_size=4, pp_stage=1, dp_rank=1,
-                        tp_rank=0, tokens=512, flops=3.0e9 * 512 / 2, microbatches=4)
-    rec.begin_step(9)
+@pytest.mark.parametrize("loss,grad_norm,scale", [(2.5, 1.25, None), (float("nan"), float("inf"), 1024.0)])
+def test_session_writes_the_record_train_py_wrote(tmp_path, loss, grad_norm, scale):
+    """Session.end_step builds the StepRecord the trainer built inline before the API, from the same accumulators:
+    every field but the host clock's (t_start, t_end, step_ms, device_ms), which it measures itself."""
+    from ranksight.schema import RankPlacement
+
+    run = RunDir(tmp_path, "run-x")
+    me = RankPlacement(rank=3, node=1, host="node-b", local_rank=1, pp_stage=1, dp_rank=1, tp_rank=0)
+    rs = Session(run, me, 4, 2, {"dp": [2, 3], "world": [0, 1, 2, 3]}, device="cpu", tokens_per_step=512,
+                 flops_per_step=3.0e9 * 512 / 2, microbatches=4)
+    rs.mem = _FixedMemory(123456789)
+    rec = rs.recorder
+    rs.begin_step(9)
     rec.t.data, rec.t.forward, rec.t.backward, rec.t.optimizer = 0.001, 0.010, 0.020, 0.005
     rec.t.pipeline_wait = 0.003
     bucket = rec.enter("all_reduce", "dp", 4096, sync=True, async_bucket=True)
     bucket.t_done = bucket.t_arrive + 0.002
     rec.timed("broadcast", "world", lambda: None, nbytes=24)
-    args = dict(step=9, t_start=1700000000.5, t_end=1700000000.55, step_ms=50.0, device_ms=device_ms, loss=loss,
-                grad_norm=grad_norm, loss_scale=scale, overflow=True, skipped=False, lr=0.003, profiling=True)
-    want = _step_record_before("run-x", 3, 2, 1, "node-b", 4, (1, 1, 0), rec, 123456789, 9, args["t_start"],
-                               args["t_end"], 50.0, device_ms, loss, grad_norm, scale, True, False, 0.003, True,
-                               512, 3.0e9 * 512 / 2, 4)
-    compute_ms, mem = writer.write(**args)
-    assert mem == 123456789 and compute_ms == want.compute_ms
-    lines = path.read_bytes().splitlines()
+    want = _step_record_before("run-x", 3, 2, 1, "node-b", 4, (1, 1, 0), rec, 123456789, 9, 0.0, 0.0, 50.0, None,
+                               loss, grad_norm, scale, True, False, 0.003, True, 512, 3.0e9 * 512 / 2, 4)
+    h = rs.end_step(loss=loss, grad_norm=grad_norm, loss_scale=scale, overflow=True, skipped=False, lr=0.003,
+                    profiling=True)
+    lines = RunDir(tmp_path, "run-x").spool(3).read_bytes().splitlines()
     assert [decode_spool_line(line).op for line in lines[:2]] == ["all_reduce", "broadcast"]
-    assert lines[2] == encode(want)  # every field, and their order on the line
+    got = decode_spool_line(lines[2])
+    assert h.mem_bytes == 123456789 and got.step_ms == h.step_ms and got.t_end >= got.t_start
+    assert got.device_ms is not None and 0 <= got.device_ms <= got.step_ms + 1.0  # thread CPU time, nothing added
+    assert got.compute_ms == pytest.approx(max(0.0, got.step_ms - got.data_ms - got.comm_ms - got.pipeline_wait_ms))
+    same = ("run_id", "rank", "node", "host", "attempt", "world_size", "pp_stage", "dp_rank", "tp_rank", "step",
+            "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "pipeline_wait_ms", "sync_arrival",
+            "sync_wait_ms", "tokens", "loss", "loss_nonfinite", "grad_norm", "loss_scale", "overflow", "skipped",
+            "lr", "mem_bytes", "flops", "profiling", "microbatches")
+    assert {k: getattr(got, k) for k in same} == {k: getattr(want, k) for k in same}
 
 
 def test_simulated_gpu_state_is_written_by_a_thread_and_flush_waits_for_it(tmp_path):
@@ -184,7 +194,7 @@ def test_ddp_hook_records_every_bucket_with_one_callback(tmp_path):
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from trainer.instrument.ddp import make_ddp_comm_hook
+    from ranksight.instrument.ddp import make_ddp_comm_hook
 
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
@@ -221,6 +231,6 @@ def test_recorder_cost_bench_runs(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout
-    for part in ("totals", "wall", "main-thread CPU", "StepWriter.write", "finish_step", "simgpu.update",
+    for part in ("totals", "wall", "main-thread CPU", "Session.end_step", "write_record", "simgpu.update",
                  "control.poll", "loop: backward"):
         assert part in out, out

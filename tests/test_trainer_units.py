@@ -246,51 +246,58 @@ def test_cli_rejects_bad_input_before_starting(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_slow_link_on_ddp_buckets_is_comm_not_compute(tmp_path):
-    """DDP calls the comm hook once per bucket on the autograd thread; a slow_link delay spent
-    posting *any* bucket blocks this rank in communication. Every bucket's delay must be in the
-    exposed comm time (hence out of compute_ms), not only the last bucket's, and none in sync_wait_ms
-    (time spent waiting for peers), or the wait-deficit signature of a slow link could not see it."""
-    from trainer.instrument.recorder import Recorder
+def test_slow_link_delays_the_transport_and_nothing_is_subtracted(tmp_path):
+    """slow_link without a network namespace: the rank's data leaves late inside the collective calls the hooks
+    make (installed before them), so the rank is seen arriving on time and its collective taking the delay longer.
+    No signal knows of the fault: the delay is in the collective's duration and in the wait, as a slow link's."""
+    import torch.distributed as dist
 
-    faults = FaultState([parse_fault("slow_link:rank=0,delay_ms=30")], rank=0, node=0)
-    faults.set_step(1)
-    rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"dp": [0, 1]}, faults=faults)
-    rec.begin_step(1)
-    buckets = []
-    for _ in range(3):  # three buckets, each posted 30 ms late, each finishing right after
-        c = rec.enter("all_reduce", "dp", 4, sync=True)
-        c.async_bucket = True
-        c.t_done = time.time()
-        buckets.append(c)
-    assert all(c.link_delay >= 0.03 for c in buckets)
-    assert all(c.t_done - c.t_arrive >= 0.03 for c in buckets)  # collective duration includes it
-    exposed, arrival, wait = rec.comm_summary()
-    assert arrival == buckets[0].t_arrive
-    assert exposed >= 3 * 0.03
-    # ... but it is not waiting for a peer: the buckets finished right after they left, so no peer held it up
-    assert wait < 0.01
-    # without the fault only the last bucket's window counts (nothing is invented)
-    rec2 = Recorder("r", RunDir(tmp_path, "r2").spool(0), 0, {"dp": [0, 1]})
-    rec2.begin_step(1)
-    for _ in range(3):
-        c = rec2.enter("all_reduce", "dp", 4, sync=True)
-        c.async_bucket = True
-        c.t_done = c.t_arrive + 0.001
-    assert rec2.comm_summary()[0] < 0.03
+    from ranksight.instrument.ddp import make_ddp_comm_hook
+    from ranksight.instrument.recorder import Recorder, comm_summary
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    faults = FaultState([parse_fault("slow_link:rank=0,delay_ms=40,start=2")], rank=0, node=0)
+    saved = dist.all_reduce
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert faults.install_transport_delay()
+        rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"dp": [0]})
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+        model.register_comm_hook(None, make_ddp_comm_hook(rec))
+        spans = {}
+        for step in (1, 2):  # the fault starts at step 2
+            faults.set_step(step)
+            rec.begin_step(step)
+            t0 = time.time()
+            model(torch.ones(2, 8)).sum().backward()
+            cs = rec.t.collectives
+            assert cs and all(c.t_done is not None for c in cs)
+            assert cs[0].t_arrive - t0 < 0.035  # arrival is taken before the transport's delay
+            exposed, arrival, wait = comm_summary(cs, 0.0)
+            spans[step] = (max(c.t_done for c in cs) - arrival, wait)
+        assert spans[1][0] < 0.03 and spans[2][0] >= 0.04  # the collective took the delay longer ...
+        assert spans[2][1] >= 0.04  # ... and so did the wait: nothing is subtracted
+    finally:
+        dist.destroy_process_group()
+        faults.remove_transport_delay()
+    assert dist.all_reduce is saved
 
 
-def test_disabled_recorder_writes_nothing_and_still_runs_collectives(tmp_path):
-    """--no-instrument: the Recorder writes no spool file, and timed() only runs the collective."""
-    from trainer.instrument.recorder import Recorder
+def test_disabled_session_writes_nothing_and_still_runs_collectives(tmp_path):
+    """--no-instrument: nothing is written (no spool file), and timed() only runs the collective."""
+    from ranksight.instrument.recorder import Recorder
+    from ranksight.instrument.session import Session
+    from ranksight.schema import RankPlacement
 
-    path = RunDir(tmp_path, "r").spool(0)
-    rec = Recorder("r", path, 0, {"pp": [0]}, enabled=False)
-    rec.begin_step(1)
-    assert rec.timed("all_reduce", "pp", lambda x: x + 1, 41) == 42
-    rec.event("start")
-    rec.finish_step(StepRecord(run_id="r", rank=0, step=1, node=0, host="h", world_size=1, t_start=0.0, t_end=1.0, step_ms=1.0))
-    assert not rec.t.collectives and not path.exists()
+    run = RunDir(tmp_path, "r")
+    me = RankPlacement(rank=0, node=0, host="h", local_rank=0, pp_stage=0, dp_rank=0, tp_rank=0)
+    rs = Session(run, me, 1, 0, {"pp": [0]}, device="cpu", enabled=False)
+    rs.begin_step(1)
+    assert rs.timed("all_reduce", "pp", lambda x: x + 1, 41) == 42
+    h = rs.end_step(loss=1.0)
+    assert h.step_ms >= 0 and not rs.recorder.t.collectives and not run.spool(0).exists()
+    path = run.spool(0)
     assert Recorder("r", path, 0, {}).spool is not None and path.exists()  # default: on
 
 
@@ -299,7 +306,7 @@ def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
     is the max of this measurement and the best earlier one on this host (cached), and says so."""
     import json
 
-    from trainer.manifest import cpu_key, measure_cpu_peak
+    from ranksight.instrument.manifest import cpu_key, measure_cpu_peak
 
     cache = tmp_path / "cpu-peak.json"
     shapes = ((64, 64, 64),)
@@ -318,7 +325,7 @@ def test_cpu_peak_keeps_the_best_measurement_on_this_host(tmp_path):
 def test_an_unwaited_tp_all_reduce_whose_id_is_reused_is_dropped(tmp_path):
     """A TP all-reduce output that dies unwaited can have its id reused by the next one: the first is dropped (as
     finish_step drops unwaited ones), never written without a completion."""
-    from trainer.instrument.recorder import Recorder
+    from ranksight.instrument.recorder import Recorder
 
     rec = Recorder("r", RunDir(tmp_path, "r").spool(0), 0, {"tp": [0, 1]})
     rec.begin_step(1)

@@ -117,6 +117,10 @@ class FaultState:
         self._announced: set[int] = set()
         self._ended: set[int] = set()
         self._xids_done: set[int] = set()
+        self._patched: list[tuple] = []  # (module, name, original) replaced by install_transport_delay
+
+    def set_step(self, step: int) -> None:
+        self.step = step
 
     def mine(self, kind: str) -> list[FaultSpec]:
         if kind in CONFIG_KINDS:
@@ -229,8 +233,16 @@ class FaultState:
 
         for mod, name in ((dist, "all_reduce"), (dist, "reduce_scatter_tensor"), (dist, "all_gather_into_tensor"),
                           (funcol, "all_reduce"), (schedules, "_batch_p2p")):
-            setattr(mod, name, delayed(getattr(mod, name)))
+            orig = getattr(mod, name)
+            self._patched.append((mod, name, orig))
+            setattr(mod, name, delayed(orig))
         return True
+
+    def remove_transport_delay(self) -> None:
+        """Put the transport's functions back (tests; a rank's process ends with its delay in place)."""
+        while self._patched:
+            mod, name, orig = self._patched.pop()
+            setattr(mod, name, orig)
 
     def simulated_device(self, state) -> bool:
         """The simulated GPU (CPU runs): a throttle lowers the SM clock by its factor and sets the thermal and

@@ -53,7 +53,10 @@ def init(run_id: str | None = None, store: str | os.PathLike | None = None, *, n
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     host = host or host_name()
     if device is None:
-        device = "cuda" if torch.cuda.is_available() and (not dist_on or dist.get_backend() == "nccl") else "cpu"
+        # the job's device: NCCL's, or one the loop has already put to use (gloo can carry CUDA tensors too);
+        # rs.watch(model) corrects it from the model's parameters
+        on_gpu = torch.cuda.is_available() and (torch.cuda.is_initialized() or (dist_on and dist.get_backend() == "nccl"))
+        device = "cuda" if on_gpu else "cpu"
     run_id = run_id or os.environ.get("RANKSIGHT_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or None
     if run_id is None or run_id == "none":
         made = [f"run-{uuid.uuid4().hex[:8]}"]

@@ -174,7 +174,7 @@ class Recorder:
         self.t.blocked_comm += c.t_done - c.t_arrive
         self.t.comm_cpu += time.thread_time() - c.cpu_arrive
 
-    def timed(self, op: str, group_name: str, fn, *args, nbytes: int = 0, sync: bool = False, **kwargs):
+    def timed(self, op: str, group_name: str, fn, /, *args, nbytes: int = 0, sync: bool = False, **kwargs):
         """Run a blocking collective ``fn`` with arrival/completion timing."""
         if not self.enabled:
             return fn(*args, **kwargs)

@@ -150,7 +150,9 @@ class Session:
             self.manifest.m.params = self.params
             self.manifest.m.flops_per_token = 6.0 * self.params / max(1, self.tp)
             self.manifest.m.device = self.device
-            if self.device == "cuda" and self.manifest.m.peak_flops <= 0:
+            if self.device == "cuda":
+                self.manifest.m.layout.pop("simulated_gpus", None)
+            if self.device == "cuda" and (self.manifest.m.peak_flops <= 0 or self.manifest.m.peak_simulated):
                 _set_gpu_peak(self.manifest.m, torch.cuda.get_device_name())
             self.manifest.write()
         return model
@@ -238,7 +240,7 @@ class Session:
         r.compute_ms = max(0.0, r.step_ms - r.data_ms - r.comm_ms - r.pipeline_wait_ms)
         h.compute_ms = r.compute_ms
         if t.marks is None:
-            self._write(r, t, v)
+            self.write_record(r, t, v)
         else:
             t.marks.end = rec.mark()
             self.pending.append(_Pending(r, t, v))
@@ -287,9 +289,10 @@ class Session:
                 self.set_phase(None)
 
     # -- collectives and events the loop issues itself ---------------------------------
-    def timed(self, op: str, group: str, fn, *args, nbytes: int = 0, sync: bool = False, **kwargs):
-        """Run a blocking collective ``fn(*args, **kwargs)`` with arrival/completion timing."""
-        return self.recorder.timed(op, group, fn, *args, nbytes=nbytes, sync=sync, **kwargs)
+    def timed(self, op: str, group_name: str, fn, /, *args, nbytes: int = 0, sync: bool = False, **kwargs):
+        """Run a blocking collective ``fn(*args, **kwargs)`` with arrival/completion timing, filed under the
+        communicator ``group_name`` (e.g. "dp", "pp", "world")."""
+        return self.recorder.timed(op, group_name, fn, *args, nbytes=nbytes, sync=sync, **kwargs)
 
     def event(self, name: str, detail: dict | None = None, step: int | None = None) -> None:
         self.recorder.event(name, detail, step)
@@ -310,9 +313,9 @@ class Session:
                     return
             self.pending.popleft()
             _apply_device_times(head.record, head.times)
-            self._write(head.record, head.times, head.values)
+            self.write_record(head.record, head.times, head.values)
 
-    def _write(self, r: StepRecord, t: StepTimes, v: StepValues) -> None:
+    def write_record(self, r: StepRecord, t: StepTimes, v: StepValues) -> None:
         loss = _as_float(v.loss)
         r.loss = loss if loss is not None and math.isfinite(loss) else None
         r.loss_nonfinite = loss is not None and not math.isfinite(loss)
@@ -456,6 +459,7 @@ def _set_gpu_peak(m, name: str) -> None:
     if known is not None:
         m.peak_flops, m.peak_source, m.peak_simulated = known[0], known[1], False
     else:
+        m.peak_flops, m.peak_simulated = 0.0, False
         m.peak_source = f"unknown GPU {name!r}: no peak in ranksight.peaks (pass peak_flops= to ranksight.init)"
 
 
