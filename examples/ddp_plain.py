@@ -1,6 +1,6 @@
 """A plain PyTorch DDP training loop (an MLP classifier on synthetic data), observed by ranksight.
 
-ranksight costs this loop 3 added lines and 1 changed one, each marked ``# ranksight``:
+ranksight costs this loop 3 added lines and 1 changed one, marked ``# ranksight`` and ``# ranksight (changed)``:
 ``import ranksight``, ``rs = ranksight.init(...)``, ``with rs.step(step):`` (the loop body moves in by one indent),
 and the DDP line, which gains ``rs.watch(...)`` (it returns the model; the ``--no-watch`` switch on that line only
 exists to show what diagnose says when the gradient-sync timing is missing).
@@ -68,7 +68,7 @@ def main() -> None:
     net = mlp(args.width).to(device)
     teacher = mlp(args.width).to(device)  # labels the synthetic inputs: a task the model can learn
     rs = ranksight.init(run_id=args.run_id, store=args.store)  # ranksight
-    model = DDP(net) if args.no_watch else rs.watch(DDP(net))  # ranksight: watch (the switch is for the demo)
+    model = DDP(net) if args.no_watch else rs.watch(DDP(net))  # ranksight (changed)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     straggler = Straggler.from_args(rank, args, device.type)
     data = torch.Generator(device=device).manual_seed(1000 + rank)  # each rank its own shard of the data
@@ -85,7 +85,7 @@ def main() -> None:
             opt.step()
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step} loss {loss.item():.4f}", flush=True)
-    dist.destroy_process_group()  # ranksight records the end of the run at exit (atexit)
+    dist.destroy_process_group()  # the run's end is recorded at exit (the atexit handler of ranksight.init)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ From step S on, rank R does real extra work in every step, (F - 1) times the com
 it measured, times 3 for forward + backward), placed after its forward and before its backward, so it reaches the
 gradient sync late, as a slow GPU would: on a CPU, matmuls on its training thread (its CPU time grows because it *is*
 slower); on CUDA, matmul kernels on the current stream (the forward is timed with CUDA events, and this rank's host
-waits for them: the demo's own cost, on the slow rank only). This is the examples' own code, not ranksight's: ranksight is told nothing about it and finds the slow rank
-from what it measures.
+waits for them: the demo's own cost, on the slow rank only). This is the examples' own code, not ranksight's:
+ranksight is told nothing about it and finds the slow rank from what it measures.
 """
 
 from __future__ import annotations
