@@ -30,7 +30,7 @@ from straggler import Straggler, add_arguments
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--store", default=None, help="the run store (default $RANKSIGHT_STORE or ./ranksight-runs)")
+    p.add_argument("--store", default=None, help="the run store (default $RANKSIGHT_STORE or ./runs)")
     p.add_argument("--run-id", default=None, help="the run id (default $RANKSIGHT_RUN_ID or torchrun's run id)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per step")
