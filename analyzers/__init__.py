@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any
 
-from analyzers.builder import build_frame
+from analyzers.builder import Coverage, build_frame
 from analyzers.checks import CHECKS
 from ranksight.schema import SEVERITY_ORDER
 
@@ -31,11 +31,13 @@ ANALYZERS = tuple(CHECKS)
 
 
 def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None,
-            errors: list[str] | None = None) -> list:
+            errors: list[str] | None = None, coverage: list[Coverage] | None = None) -> list:
     """Run every check on ``data`` (a RunData); findings sorted by severity, causes before symptoms, onset.
 
     ``configs`` maps a check's name (``ANALYZERS``) to its config object. A check that raises is skipped;
-    its error goes to ``errors`` (when given) so one broken check never hides the others.
+    its error goes to ``errors`` (when given) so one broken check never hides the others. ``coverage`` (when
+    given) gets each check's :class:`~analyzers.builder.Coverage`: whether it could judge the run, and if not why
+    (a check without the fields it needs finds nothing, which is not the same as finding the run healthy).
     """
     configs = configs or {}
     findings = []
@@ -48,7 +50,11 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
         except Exception as e:  # noqa: BLE001 - keep the other checks' findings
             if errors is not None:
                 errors.append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+            if coverage is not None:
+                coverage.append(Coverage(name, "error", f"the check failed: {type(e).__name__}: {e}"))
             continue
+        if coverage is not None:
+            coverage.append(_coverage_of(frame, name, configs.get(name)))
         for f in got:
             f.run_id = f.run_id or data.run_id
             f.t = f.t or now
@@ -57,6 +63,20 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
     findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], KIND_ORDER.get(f.kind, 99),
                                  f.step_start if f.step_start is not None else -1))
     return findings
+
+
+def check_coverage(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None) -> list[Coverage]:
+    """Each check's coverage of ``data`` (a RunData) without running the checks: what ``run_all(coverage=...)``
+    gives, less the checks that would raise."""
+    frame = build_frame(data)
+    return [_coverage_of(frame, name, (configs or {}).get(name)) for name in only or ANALYZERS]
+
+
+def _coverage_of(frame: Any, name: str, cfg: Any) -> Coverage:
+    try:
+        return CHECKS[name].coverage(frame, cfg)
+    except Exception as e:  # noqa: BLE001 - coverage is a report, never a reason to stop the analysis
+        return Coverage(name, "error", f"its coverage could not be judged: {type(e).__name__}: {e}")
 
 
 # An MFU drop is a symptom; the cause it names must be confirmed by that cause's own check.
@@ -94,4 +114,4 @@ def _reconcile(findings: list) -> None:
             root.evidence = dict(root.evidence, mfu_drop=max(drop, (root.evidence or {}).get("mfu_drop") or 0.0))
 
 
-__all__ = ["ANALYZERS", "KIND_ORDER", "run_all"]
+__all__ = ["ANALYZERS", "KIND_ORDER", "Coverage", "check_coverage", "run_all"]

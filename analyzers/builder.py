@@ -208,6 +208,25 @@ class Placement:
             out.setdefault(n, []).append(r)
         return out
 
+    @cached_property
+    def n_nodes(self) -> int:
+        """How many nodes the job runs on (a rank whose node is not known, -1, counts as none)."""
+        return len([n for n in self.node_ranks if n >= 0])
+
+    def can_evict(self, node: int | None) -> bool:
+        """Whether evicting ``node`` leaves the job a node to go on with."""
+        return node is not None and node >= 0 and self.n_nodes > 1
+
+    def evict_advice(self, node: int | None) -> str:
+        """The last resort a recommendation names for a bad ``node``: checkpoint and evict it where the job has
+        other nodes to go on with; on a single-node job (or where the node is not known) there is nothing to
+        evict, so: checkpoint and restart without the bad device, or on another machine."""
+        if self.can_evict(node):
+            return f"checkpoint and evict node {node}"
+        why = "the job runs on one node: there is no node to evict" if self.n_nodes <= 1 else "its node is not known"
+        return ("checkpoint and restart the job without the bad device (CUDA_VISIBLE_DEVICES, fewer ranks) or on "
+                f"another machine ({why})")
+
     def nodes_of(self, ranks: Iterable[int]) -> list[int]:
         m = self.rank_node
         return sorted({m[r] for r in ranks if r in m})
@@ -234,6 +253,84 @@ class Placement:
         return groups
 
 
+@dataclass(frozen=True)
+class Signals:
+    """Which measured fields a run's records carry: what each check's coverage (``coverage(frame)`` in every
+    check module) rests on."""
+
+    ranks: int
+    steps: int
+    compute_split: bool  # each rank's own work apart from waiting: device_ms, or compute_ms that is not step_ms
+    device_time: bool  # device_ms in every step record (the compute signal)
+    sync_arrival: bool  # StepRecord.sync_arrival or CollectiveRecord.t_arrive
+    sync_wait: bool  # StepRecord.sync_wait_ms
+    comm_time: bool  # comm_ms, or timed collective records
+    collectives: bool
+    flops: bool
+    peak: bool
+    loss: bool
+    loss_scale: bool
+    data_wait: bool  # data_ms
+    memory: bool  # mem_bytes
+    gpu_telemetry: bool  # GPU samples or XID events
+    pp: int  # pipeline stages (the manifest's layout, else the step records' pp_stage)
+    pp_stages: int  # distinct pp_stage values in the step records
+    exits: bool  # some rank recorded an ``exit`` event
+    precision: str  # the manifest's config precision ("" not known)
+    device: str  # cpu | cuda | ... ("" not known: no manifest)
+
+
+def signals_of(data: RunData) -> Signals:
+    """The ``Signals`` of ``data``."""
+    st, co = data.steps, data.collectives
+    n = len(st)
+
+    def some(col: str, positive: bool = True) -> bool:
+        if n == 0 or col not in st.columns:
+            return False
+        v = pd.to_numeric(st[col], errors="coerce")
+        return bool((v > 0).any()) if positive else bool(v.notna().any())
+
+    device_time = n > 0 and data.compute_signal() == "device_ms"
+    # waiting recorded apart from compute, or a compute_ms below the step time less the data wait: compute is the
+    # rank's own work. A writer of step_ms alone leaves compute_ms = step_ms (the loader derives it), and in
+    # synchronous training every rank's step time is the same.
+    own = n > 0 and bool((st["compute_ms"] < (st["step_ms"] - st["data_ms"]) * 0.999 - 1e-6).any())
+    split = device_time or own or some("comm_ms") or some("sync_wait_ms", False) or some("pipeline_wait_ms")
+    timed_co = not co.empty and bool(co["duration_ms"].notna().any())
+    arrival = some("sync_arrival", False) or (not co.empty and bool(co["t_arrive"].notna().any()))
+    layout = data.layout
+    pp = int(layout.get("pp") or 0) or (int(st["pp_stage"].nunique()) if n else 1)
+    return Signals(
+        ranks=int(st["rank"].nunique()) if n else 0, steps=int(st["step"].nunique()) if n else 0,
+        compute_split=split, device_time=device_time, sync_arrival=arrival, sync_wait=some("sync_wait_ms", False),
+        comm_time=some("comm_ms") or timed_co, collectives=not co.empty, flops=some("flops"), peak=data.peak.known,
+        loss=some("loss", False) or (n > 0 and bool(st["loss_nonfinite"].any())), loss_scale=some("loss_scale", False),
+        data_wait=some("data_ms"), memory=some("mem_bytes"), gpu_telemetry=not data.gpu.empty or not data.xid.empty,
+        pp=pp, pp_stages=int(st["pp_stage"].nunique()) if n else 0,
+        exits=not data.events.empty and bool((data.events["event"] == "exit").any()),
+        precision=str((data.manifest.config or {}).get("precision") or "") if data.manifest is not None else "",
+        device=data.device)
+
+
+@dataclass
+class Coverage:
+    """Whether a check could judge the run: ``status`` "ran", "limited" (ran without some of what it uses),
+    "not_applicable" (nothing of its kind to check: no pipeline, a CPU run's GPUs), "not_run" (the fields it
+    needs are missing) or "error" (it raised); ``reason`` says why, and how to give it what it lacks."""
+
+    check: str
+    status: str
+    reason: str = ""
+
+    @property
+    def ran(self) -> bool:
+        return self.status in ("ran", "limited")
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "ran": self.ran, "status": self.status, "reason": self.reason}
+
+
 @dataclass
 class AnalysisFrame:
     """One analysis round's view of a run, for the checks: the loader's tables (``data``), where the ranks run
@@ -244,6 +341,11 @@ class AnalysisFrame:
     compute_signal: str  # the step column that measures each rank's own work (RunData.compute_signal)
     _judged: dict[int, StepView] = field(default_factory=dict, init=False, repr=False)
     _collectives_of: dict[tuple, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
+
+    @cached_property
+    def signals(self) -> Signals:
+        """Which measured fields the run's records carry (what the checks' coverage rests on)."""
+        return signals_of(self.data)
 
     @cached_property
     def all_steps(self) -> StepView:

@@ -1,12 +1,15 @@
 """``diagnose <run-id>``: the post-mortem report of a run.
 
 Reads the run store (or, without agents, the spool files), runs every check, and prints a
-report a person reads in a minute: a verdict, findings by severity with their evidence, a
-rank x step heat map of compute time, MFU and step time over time, the injected faults next to
-what was found, and what to do next. ``--json`` prints one object; ``--html FILE`` writes a
+report a person reads in a minute: a verdict, findings by severity with their evidence, the
+checks that could not judge the run and why (the fields they need are missing), a rank x step
+heat map of compute time, MFU and step time over time, the injected faults next to what was
+found, and what to do next. ``--json`` prints one object; ``--html FILE`` writes a
 self-contained page with inline SVG plots. (The report itself: ``analyzers.report``.)
 
-Exit codes: 0 nothing worse than info, 1 warnings, 2 critical, 3 the run could not be read.
+Exit codes (``analyzers.report.model``): 0 healthy, 10 incomplete (nothing found, but some checks
+could not run), 20 warnings, 30 critical, 40 the run could not be read. None is 1 or 2, which
+click (typer) uses for a crash and a usage error.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import typer
 
 from analyzers import run_all
 from analyzers.loader import LoadError, load_run
-from analyzers.report.model import EXIT_LOAD_ERROR, build_report
+from analyzers.report.model import EXIT_CODES_HELP, EXIT_LOAD_ERROR, build_report
 from analyzers.report.render_html import render_html
 from analyzers.report.render_json import load_error_json, render_json
 from analyzers.report.render_text import render_text
@@ -45,8 +48,9 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
             err.print(f"[bold red]diagnose: cannot read run[/] {e}")
         return EXIT_LOAD_ERROR
     errors: list[str] = []
-    findings = run_all(data, errors=errors)
-    report = build_report(data, findings, errors)
+    coverage: list = []
+    findings = run_all(data, errors=errors, coverage=coverage)
+    report = build_report(data, findings, errors, coverage)
     if html_file:
         Path(html_file).write_text(render_html(report), encoding="utf-8")
     if as_json:
@@ -62,8 +66,8 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
 diagnose_command = typer.Typer(add_completion=False, help="Post-mortem report of a run.")
 
 
-@diagnose_command.command(help="Post-mortem report of a run: which rank, which node, since which step, and why. "
-                               "Exit 0 healthy, 1 warnings, 2 critical, 3 the run could not be read.")
+@diagnose_command.command(help="Post-mortem report of a run: which rank, which node, since which step, and why; and "
+                               "which checks could not judge it, and why. " + EXIT_CODES_HELP)
 def _diagnose_cli(
     run_id: str = typer.Argument(..., help="The run id (a directory under the store)."),
     store: Optional[str] = typer.Option(None, "--store", help="Run store directory (default $RANKSIGHT_STORE or ./runs)."),

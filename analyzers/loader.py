@@ -7,7 +7,7 @@ Two sources, one result:
 - otherwise the trainer's spool files ``<store>/<run-id>/spool/rank-<R>.jsonl`` (so ``diagnose``
   works on a run launched without agents), plus the simulated GPUs' state files for XIDs.
 
-Errors are typed (:class:`LoadError` and subclasses) so the CLI maps them to exit code 3.
+Errors are typed (:class:`LoadError` and subclasses) so the CLI maps them to exit code 40 (``EXIT_LOAD_ERROR``).
 A truncated last spool line (a rank killed mid-write) is tolerated and counted.
 """
 
@@ -26,6 +26,7 @@ import pandas as pd
 
 from ranksight import tables
 from ranksight.layout import RunDir
+from ranksight.peaks import gpu_peak
 from ranksight.spool import read_spool
 from ranksight.schema import (
     SCHEMA_VERSION,
@@ -48,8 +49,48 @@ TABLE_TYPES: dict[str, type[msgspec.Struct]] = {name: typ for name, typ in table
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024  # show a progress bar when a run is bigger than this
 
 
+@dataclass(frozen=True)
+class Peak:
+    """The peak FLOP/s per device MFU is measured against (0: none known), where it came from, and, without one,
+    why not and how to give it."""
+
+    flops: float
+    source: str
+    simulated: bool = False
+    missing: str = ""  # why no peak is known (and how to give one); "" when there is one
+
+    @property
+    def known(self) -> bool:
+        return self.flops > 0
+
+
+HOW_TO_GIVE_PEAK = ("give it: a manifest (run.json) with peak_flops, as ranksight.init writes, or a node agent "
+                    "(ranksight agent) reading NVML on a GPU listed in ranksight.peaks")
+
+
+def find_peak(manifest: Manifest | None, gpu: pd.DataFrame, real_names: list[str]) -> Peak:
+    """``RunData.peak``: the manifest's peak; else the device table's for the real GPU the samples name."""
+    if manifest is not None and manifest.peak_flops and manifest.peak_flops > 0:
+        src = manifest.peak_source or "source not stated"
+        simulated = bool(manifest.peak_simulated) or ("measured" in src.lower() and "cpu" in src.lower())
+        return Peak(float(manifest.peak_flops), src, simulated)
+    for name in real_names:
+        known = gpu_peak(name)
+        if known is not None:
+            return Peak(float(known[0]), known[1], False)
+    if real_names:
+        why = f"the GPU samples name {real_names[0]!r}, which is not in the peak table (ranksight.peaks)"
+    elif not gpu.empty:
+        why = "the GPU samples are simulated (a CPU run): their device name says nothing of its peak"
+    elif manifest is not None:
+        why = "the manifest has no peak_flops"
+    else:
+        why = "the run has no manifest (run.json) and no GPU samples name its device"
+    return Peak(0.0, "", False, f"{why}; {HOW_TO_GIVE_PEAK}")
+
+
 class LoadError(Exception):
-    """The run cannot be read. ``diagnose`` exits 3 with this message."""
+    """The run cannot be read. ``diagnose`` exits 40 (``EXIT_LOAD_ERROR``) with this message."""
 
 
 class UnknownRunError(LoadError):
@@ -240,12 +281,49 @@ class RunData:
 
     def device_time_label(self) -> str:
         """How reports name ``device_ms``: on a CPU run it is a simulated device's time, and says so."""
-        cpu = self.manifest is None or self.manifest.device == "cpu"
+        cpu = self.device in ("cpu", "")
         return "device time (SIMULATED device: CPU time)" if cpu else "device time"
+
+    @property
+    def device(self) -> str:
+        """The ranks' device kind: the manifest's; without one "cuda" when real (not simulated) GPU samples came
+        from the run's nodes, else "" (not known)."""
+        if self.manifest is not None:
+            return self.manifest.device
+        return "cuda" if self.real_gpu_names() else ""
+
+    def real_gpu_names(self) -> list[str]:
+        """The device names of the run's real (not simulated) GPU samples, most sampled first."""
+        g = self.gpu
+        if g.empty or "name" not in g.columns:
+            return []
+        real = g[~g["simulated"].fillna(False).astype(bool)]
+        names = real["name"].dropna().astype(str)
+        names = names[names != ""]
+        return [str(n) for n in names.value_counts().index]
+
+    @property
+    def peak(self) -> Peak:
+        """The per-device peak FLOP/s MFU is measured against, and where it came from: the manifest's; without
+        one (or without a peak in it), the device table's for the GPU the samples name (``ranksight.peaks``)."""
+        return find_peak(self.manifest, self.gpu, self.real_gpu_names())
 
     @property
     def layout(self) -> dict[str, Any]:
         return dict(self.manifest.layout) if self.manifest is not None else {}
+
+    def inferred_layout(self) -> dict[str, Any]:
+        """The layout the step records imply (for a run without a manifest): world size and the number of
+        distinct dp / tp / pp coordinates."""
+        st = self.steps
+        if st.empty:
+            return {}
+        world = int(st["world_size"].max()) if (st["world_size"] > 0).any() else int(st["rank"].nunique())
+        tp, pp = int(st["tp_rank"].nunique()), int(st["pp_stage"].nunique())
+        dp = int(st["dp_rank"].nunique())
+        if dp <= 1:  # a writer that left dp_rank at its default: the rest of the world is data-parallel
+            dp = max(1, world // (tp * pp))
+        return {"dp": dp, "tp": tp, "pp": pp, "world": world}
 
     @property
     def simulated_gpu(self) -> bool:

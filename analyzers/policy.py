@@ -4,10 +4,12 @@ Each analysis round the head calls :meth:`EvictPolicy.observe` with that round's
 
 - **Alerts always**: every finding at or above ``alert_min_severity`` is alerted once when it first
   appears (and again when its severity rises, or after it went away and came back).
-- **Checkpoint-and-evict** only for a finding of an evictable kind that names exactly one node
+- **Checkpoint-and-evict** only for a finding of an evictable kind that names exactly one known node
   (not every node), with enough confidence, that was present in ``confirm_rounds`` consecutive
-  rounds; and only within limits: never below ``min_world_size`` ranks or ``min_nodes`` nodes, a
-  ``cooldown_s`` between evictions, at most ``max_evictions`` per run, never the same node twice.
+  rounds; and only within limits: never below ``min_world_size`` ranks or ``min_nodes`` nodes (at
+  least 1: a job is never left without a node), a ``cooldown_s`` between evictions, at most
+  ``max_evictions`` per run, never the same node twice. A single-node job is never asked to evict:
+  there is nothing to go on with (its findings recommend a restart instead).
 - **Dry-run** (the default, as NVRx ships its STOP verdicts in log mode): the action is produced and
   audited with ``dry_run=True`` and the head does not send it.
 - **Audit trail**: every decision, including refusals, is an :class:`~ranksight.schema.Action` with
@@ -67,11 +69,17 @@ class EvictPolicy:
     def world_size(self) -> int:
         return sum(len(r) for r in self.node_ranks.values())
 
+    @property
+    def n_nodes(self) -> int:
+        """The job's nodes (ranks whose node is not known, -1, are on none)."""
+        return len([n for n in self.node_ranks if n >= 0])
+
     def _target_node(self, f: Finding) -> int | None:
-        if len(f.nodes) != 1 or len(self.node_ranks) <= 1:
+        """The one known node ``f`` names, where the job has another to go on with; else None (nothing to evict)."""
+        if len(f.nodes) != 1 or self.n_nodes <= 1:
             return None
         node = int(f.nodes[0])
-        return node if node in self.node_ranks else None
+        return node if node >= 0 and node in self.node_ranks else None
 
     def _limit(self, node: int, now: float) -> str | None:
         c = self.cfg
@@ -82,8 +90,9 @@ class EvictPolicy:
         left = self.world_size - len(self.node_ranks.get(node, []))
         if left < c.min_world_size:
             return f"would leave {left} ranks, below the minimum world size {c.min_world_size}"
-        if len(self.node_ranks) - 1 < c.min_nodes:
-            return f"would leave {len(self.node_ranks) - 1} node(s), below the minimum {c.min_nodes}"
+        min_nodes = max(1, c.min_nodes)
+        if self.n_nodes - 1 < min_nodes:
+            return f"would leave {self.n_nodes - 1} node(s), below the minimum {min_nodes}"
         return None
 
     def _action(self, f: Finding, node: int, now: float, status: str, reason: str) -> Action:

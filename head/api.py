@@ -9,6 +9,7 @@
     GET  /api/runs/<id>/steps?since=&rank=&limit=   recent step records (live window)
     GET  /api/runs/<id>/gpus            latest sample per (node, gpu) from the live window
     GET  /api/runs/<id>/findings
+    GET  /api/runs/<id>/coverage        which checks can judge the run's live window, and why not
     GET  /api/runs/<id>/actions
     POST /api/runs/<id>/actions         {"action": "checkpoint"|"profile"|"evict", "node", "steps", "reason", "dry_run"}  token
 
@@ -110,6 +111,22 @@ def gpu_states(live, now: float | None = None) -> list[dict]:
         d["last_xid"] = last_xid[k][1] if k in last_xid else None
         out.append(d)
     return out
+
+
+def run_coverage(head, run_id: str) -> dict:
+    """Which checks can judge the run's live window (``analyzers.check_coverage`` on the window the live analysis
+    reads): a check that could not run finds nothing, live as post-mortem, and that is not a healthy run.
+    ``{"checks": [{check, ran, status, reason}], "checks_not_run": [...]}``; empty before the first step."""
+    try:
+        from analyzers import check_coverage
+    except ImportError:
+        raise HttpError(503, "the analyzers are not installed: no live analysis") from None
+    data = head.live.run(run_id).run_data(head.analysis.window)
+    if data.steps.empty:
+        return {"checks": [], "checks_not_run": []}
+    cov = check_coverage(data)
+    return {"checks": [c.to_dict() for c in cov],
+            "checks_not_run": [c.check for c in cov if c.status in ("not_run", "error")]}
 
 
 class HeadHandler(NoDelayHandler):
@@ -242,6 +259,8 @@ class HeadHandler(NoDelayHandler):
                 self._json(200, gpu_states(head.live.run(run_id)))
             elif what == "findings":
                 self._json(200, head.analysis.findings_of(run_id))
+            elif what == "coverage":
+                self._json(200, run_coverage(head, run_id))
             elif what == "actions":
                 self._json(200, head.actions.current(run_id))
             else:

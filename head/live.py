@@ -77,7 +77,11 @@ class _RankState:
         self.t_end = grow(g("t_end"), 0.0, np.float64)
         self.step_ms = grow(g("step_ms"), 0.0, np.float64)
         self.last_seen = grow(g("last_seen"), 0.0, np.float64)
+        self.world_size = grow(g("world_size"), 0, np.int64)
+        # the rank ended: an ``exit`` or ``evicted`` event at or after its last step (a step after it clears it)
         self.exited = grow(g("exited"), False, np.bool_)
+        self.exit_t = grow(g("exit_t"), 0.0, np.float64)
+        self.exit_reason = grow(g("exit_reason"), "", object)
         self.n = n
 
     def ensure(self, max_rank: int) -> None:
@@ -111,7 +115,22 @@ class _RankState:
             self.attempt[r] = attempt[s]
             self.t_end[r] = numpy_column(t, "t_end")[s]
             self.step_ms[r] = numpy_column(t, "step_ms")[s]
+            ws = numpy_column(t, "world_size")[s].astype(np.float64)
+            self.world_size[r] = np.where(np.isnan(ws), 0, ws).astype(np.int64)
             self.has_step[r] = True
+            # a step that ended after the rank's exit: it runs again (a restarted job)
+            again = self.exited[r] & (self.t_end[r] > self.exit_t[r])
+            self.exited[r[again]] = False
+            self.exit_reason[r[again]] = ""
+
+    def record_exit(self, rank: int, t: float, reason: str) -> None:
+        """An ``exit`` (or ``evicted``) event of ``rank`` at ``t``; one older than the rank's last step is an earlier
+        attempt's, and is not its end."""
+        if self.has_step[rank] and 0 < t < self.t_end[rank]:
+            return
+        self.exited[rank] = True
+        self.exit_t[rank] = t
+        self.exit_reason[rank] = reason
 
 
 class RunLive:
@@ -164,7 +183,9 @@ class RunLive:
                         st.ensure(r.rank)
                         st.last_seen[r.rank] = now
                         if r.event in ("exit", "evicted"):
-                            st.exited[r.rank] = True
+                            detail = r.detail if isinstance(r.detail, dict) else {}
+                            reason = "evicted" if r.event == "evicted" else str(detail.get("reason", ""))
+                            st.record_exit(r.rank, float(r.t), reason)
             elif table == "gpu":
                 self.gpu.extend(rows)
             elif table == "host":
@@ -243,6 +264,34 @@ class RunLive:
         with self.lock:
             return int(self.state.present.sum())
 
+    def ended(self) -> str | None:
+        """How the run ended, seen from its ranks: "finished" when every rank that reported has an ``exit`` event
+        after its last step and each says it ended as planned (``finished``; evicted ranks count as such),
+        "failed" when every rank exited but some with an error; None while any rank has not exited."""
+        from analyzers.checks.hang import clean_exit
+
+        self._pull()
+        with self.lock:
+            st = self.state
+            ranks = np.nonzero(st.present | st.exited)[0]
+            if len(ranks) == 0 or not st.exited[ranks].all():
+                return None
+            reasons = [str(x) for x in st.exit_reason[ranks]]
+        return "finished" if all(clean_exit(x) for x in reasons) else "failed"
+
+    def world(self) -> tuple[int | None, int | None]:
+        """(world size, nodes) as the step records say them (for a run without a manifest): the newest attempt's
+        ``world_size``, and the distinct nodes of its ranks."""
+        self._pull()
+        with self.lock:
+            st = self.state
+            if not st.has_step.any():
+                return None, None
+            newest = st.has_step & (st.attempt == st.attempt[st.has_step].max())
+            ws = int(st.world_size[newest].max()) or int(newest.sum())
+            nodes = {int(n) for n in st.node[newest] if n >= 0}
+            return ws, (len(nodes) or None)
+
     def rank_node(self, rank: int) -> int | None:
         with self.lock:
             st = self.state
@@ -271,7 +320,8 @@ class RunLive:
                 p = placement.get(r)
                 if r >= st.n or not (st.present[r] or st.last_seen[r] > 0):
                     out.append({"rank": r, "node": p.node if p else None, "host": p.host if p else "", "step": None,
-                                "t_end": None, "step_ms": None, "last_seen": None, "age_s": None, "state": "waiting"})
+                                "t_end": None, "step_ms": None, "last_seen": None, "age_s": None, "state": "waiting",
+                                "exit_reason": None})
                     continue
                 last_seen = float(st.last_seen[r])
                 age = now - last_seen if last_seen else None
@@ -279,7 +329,7 @@ class RunLive:
                 typ = typical.get(r)
                 typ = typ / 1000.0 if typ is not None and typ == typ else 1.0
                 if st.exited[r] or finished:
-                    state = "finished"
+                    state = "finished"  # the rank left: its exit reason says whether as planned
                 elif age is not None and age > max(10.0, 10 * typ):
                     state = "stalled"
                 else:
@@ -287,7 +337,8 @@ class RunLive:
                 node = int(st.node[r]) if st.node[r] >= 0 else (p.node if p else None)
                 out.append({"rank": r, "node": node, "host": st.host[r], "step": int(st.last_step[r]),
                             "attempt": int(st.attempt[r]), "t_end": float(st.t_end[r]),
-                            "step_ms": float(st.step_ms[r]), "last_seen": last_seen, "age_s": age, "state": state})
+                            "step_ms": float(st.step_ms[r]), "last_seen": last_seen, "age_s": age, "state": state,
+                            "exit_reason": str(st.exit_reason[r]) if st.exited[r] else None})
         return out
 
     def steps_since(self, since: int = -1, rank: int | None = None, limit: int = 10_000) -> list:

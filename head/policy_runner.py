@@ -37,17 +37,24 @@ class PolicyRunner:
         self.cfg = cfg or PolicyConfig()
         self.cfg.dry_run = mode != "on"
         self.policies: dict[str, EvictPolicy] = {}
+        self._placed_from: dict[str, schema.Manifest | None] = {}  # the manifest each policy's placement came from
 
     def _policy(self, run_id: str, manifest: schema.Manifest | None) -> EvictPolicy | None:
-        if run_id in self.policies:
-            return self.policies[run_id]
-        if manifest is None or not manifest.ranks:
-            return None  # no placement yet: nothing can be evicted safely
+        """The run's policy, with the job's current placement: the manifest's, followed as it changes (a manifest
+        rank 0 rewrote with every rank's placement, a job re-formed without a node)."""
         node_ranks: dict[int, list[int]] = {}
-        for p in manifest.ranks:
+        for p in (manifest.ranks if manifest is not None else []):
             node_ranks.setdefault(p.node, []).append(p.rank)
-        self.policies[run_id] = EvictPolicy(run_id, node_ranks, self.cfg)
-        return self.policies[run_id]
+        policy = self.policies.get(run_id)
+        if policy is None:
+            if not node_ranks:
+                return None  # no placement yet: nothing can be evicted safely
+            policy = self.policies[run_id] = EvictPolicy(run_id, node_ranks, self.cfg)
+        elif node_ranks and manifest is not self._placed_from.get(run_id):
+            policy.node_ranks = {n: list(r) for n, r in node_ranks.items()
+                                 if n not in policy.evicted or self.cfg.dry_run}
+        self._placed_from[run_id] = manifest
+        return policy
 
     def __call__(self, run_id: str, findings: list[schema.Finding], manifest: schema.Manifest | None) -> list[Any]:
         """One analysis round. Returns the actions recorded or sent this round."""

@@ -11,6 +11,7 @@ import pyarrow as pa
 from head.live import DEFAULT_WINDOW, RunLive
 from head.store import RunStore, Store
 from ranksight import schema
+from ranksight.peaks import gpu_peak
 
 
 def _gpu_simulated(live: RunLive | None) -> bool | None:
@@ -18,6 +19,30 @@ def _gpu_simulated(live: RunLive | None) -> bool | None:
     if live is None or not live.gpu:
         return None
     return any(getattr(g, "simulated", False) for g in list(live.gpu)[-64:])
+
+
+def _sampled_peak(live: RunLive | None) -> tuple[float, str] | None:
+    """(peak FLOP/s, source) of the real GPU the run's recent samples name (``ranksight.peaks``), for a run whose
+    manifest gives none."""
+    if live is None or not live.gpu:
+        return None
+    for g in reversed(list(live.gpu)[-64:]):
+        if not getattr(g, "simulated", False) and getattr(g, "name", ""):
+            return gpu_peak(g.name)
+    return None
+
+
+def run_status(m: schema.Manifest | None, live: RunLive | None, now: float) -> str:
+    """finished (the manifest says so, or every rank's ``exit`` event says ``finished``), failed (every rank exited,
+    some with an error), running (records in the last 30 s), else stopped."""
+    if m is not None and m.finished:
+        return "finished"
+    ended = live.ended() if live is not None else None
+    if ended is not None:
+        return ended
+    if live is not None and now - live.last_seen < 30:
+        return "running"
+    return "stopped"
 
 
 class LiveRuns:
@@ -79,25 +104,25 @@ class LiveRuns:
             if m is None:
                 m = schema.read_manifest(self.store.root / run_id / "run.json")
             last_step = live.max_step() if live else None  # processes the queue first: before last_seen is read
-            if m is not None and m.finished:
-                status = "finished"
-            elif live is not None and now - live.last_seen < 30:
-                status = "running"
-            else:
-                status = "stopped"
+            status = run_status(m, live, now)
             rs = self.store.runs.get(run_id)
+            # without a manifest (or without these in it): what the step records and the GPU samples say
+            world, nodes = live.world() if live is not None else (None, None)
+            peak = (m.peak_flops, m.peak_source, m.peak_simulated) if m is not None and m.peak_flops else None
+            if peak is None and (sampled := _sampled_peak(live)) is not None:
+                peak = (sampled[0], sampled[1], False)
             out.append({"run_id": run_id, "status": status,
                         "start_time": m.start_time if m else None,
-                        "world_size": (m.layout.get("world") or len(m.ranks)) if m else None,
-                        "layout": m.layout if m else {}, "nodes": m.nodes if m else None,
+                        "world_size": ((m.layout.get("world") or len(m.ranks)) if m else None) or world,
+                        "layout": m.layout if m else {}, "nodes": (m.nodes if m else None) or nodes,
                         "last_step": last_step, "last_seen": live.last_seen if live else None,
                         "ranks_live": live.n_ranks() if live else 0,
                         "steps_stored": rs.stored_and_buffered("steps") if rs else None,
                         # What MFU is measured against, and whether GPU data is simulated: surfaces must say so.
-                        "peak_flops": m.peak_flops if m else None,
-                        "peak_source": m.peak_source if m else "",
-                        "peak_simulated": m.peak_simulated if m else None,
-                        "device": m.device if m else "",
+                        "peak_flops": peak[0] if peak else None,
+                        "peak_source": peak[1] if peak else "",
+                        "peak_simulated": peak[2] if peak else None,
+                        "device": m.device if m else ("cuda" if _gpu_simulated(live) is False else ""),
                         "gpu_simulated": _gpu_simulated(live)})
         return out
 

@@ -118,11 +118,11 @@ class StepRecord(Record, tag="step", kw_only=True):
     flops: float = 0.0  # model FLOPs this rank did this step (PaLM convention)
     profiling: bool = False  # the profiler was active during this step
     microbatches: int = 1
-    # The device's own busy time this step, free of host scheduling noise. CPU runs (a
-    # SIMULATED device): the rank's main-thread CPU time (intra-op threads = 1), less the CPU it
-    # spends inside collectives, plus the injected slow_rank/throttle slow-down: the CPU analogue of
-    # GPU kernel time. Wall-clock compute_ms on a shared, oversubscribed CPU carries 7-16 % per-step
-    # scheduling noise that a GPU does not have (bench/signal_noise.py). None where not measured (GPU runs today): analyzers fall back to compute_ms.
+    # The device's own busy time this step, free of host scheduling noise. CUDA: the training stream's span over
+    # the step less the spans it waited for communication, pipeline peers and input copies (CUDA events, read back
+    # without a device sync). CPU runs (a SIMULATED device): the training thread's CPU time (intra-op threads = 1)
+    # less the CPU it spent inside collectives. Nothing is added or subtracted from knowledge of a fault.
+    # None where not measured: analyzers fall back to compute_ms.
     device_ms: float | None = None
 
 

@@ -1,4 +1,4 @@
-"""diagnose: exit codes, the --json contract, the HTML page, load errors -> exit 3."""
+"""diagnose: exit codes, the --json contract, the HTML page, load errors -> EXIT_LOAD_ERROR."""
 
 import json
 import subprocess
@@ -10,6 +10,7 @@ from analyzer_fixtures import build, write_run
 from typer.testing import CliRunner
 
 from cli.main import main as ranksight_main
+from analyzers.report.model import EXIT_CRITICAL, EXIT_LOAD_ERROR, EXIT_WARNING
 from ranksight.schema import SCHEMA_VERSION, FaultSpec, FINDING_KINDS
 
 FINDING_KEYS = {"analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence", "recommendation",
@@ -44,9 +45,9 @@ def test_clean_run_exit_0(store):
     assert "compute time per rank" in out and "MFU" in out
 
 
-def test_slow_rank_exit_1_and_report(store):
+def test_slow_rank_exits_warning_and_report(store):
     code, out = run(store, "slow")
-    assert code == 1
+    assert code == EXIT_WARNING
     assert "rank 1 (node 0) is the straggler since step 10" in out
     assert "injected faults" in out and "slow_rank" in out and "yes, 2 step(s) after onset" in out
     assert "What to do next" in out
@@ -54,7 +55,7 @@ def test_slow_rank_exit_1_and_report(store):
 
 def test_json_contract(store):
     code, out = run(store, "slow", "--json")
-    assert code == 1
+    assert code == EXIT_WARNING
     obj = json.loads(out)  # exactly one JSON object
     assert {"run_id", "verdict", "findings", "faults", "simulated"} <= set(obj)
     assert obj["run_id"] == "slow" and obj["verdict"].startswith("WARNING")
@@ -67,9 +68,9 @@ def test_json_contract(store):
     assert obj["faults"][0]["found"] and obj["faults"][0]["latency_steps"] == 2
 
 
-def test_hang_exit_2(store):
+def test_hang_exits_critical(store):
     code, out = run(store, "hung", "--json")
-    assert code == 2
+    assert code == EXIT_CRITICAL
     obj = json.loads(out)
     assert obj["truncated_lines"] == 1
     hangs = [f for f in obj["findings"] if f["kind"] == "hang"]
@@ -86,18 +87,18 @@ def test_since_until(store):
 
 @pytest.mark.parametrize("run_id,needle", [("nope", "unknown run id"), ("empty", "no step records"),
                                            ("future", "schema version")])
-def test_load_errors_exit_3(store, run_id, needle):
+def test_load_errors_exit_load_error(store, run_id, needle):
     code, out = run(store, run_id)
-    assert code == 3
+    assert code == EXIT_LOAD_ERROR
     assert needle in out
     code, out = run(store, run_id, "--json")
-    assert code == 3 and needle in json.loads(out)["error"]
+    assert code == EXIT_LOAD_ERROR and needle in json.loads(out)["error"]
 
 
 def test_html_is_self_contained(store, tmp_path):
     page = tmp_path / "r.html"
     code, _ = run(store, "slow", "--html", str(page))
-    assert code == 1
+    assert code == EXIT_WARNING
     text = page.read_text()
     assert text.startswith("<!doctype html>") and "<svg" in text and "rank 1 (node 0) is the straggler" in text
     for external in ("<script src", "<link ", "http://", "https://", "src=\"", "url("):
@@ -133,7 +134,7 @@ def test_an_eviction_and_the_restart_are_in_the_report(tmp_path):
     (tmp_path / "ev" / "actions").mkdir()
     pd.DataFrame([{f: getattr(a, f) for f in a.__struct_fields__} for a in rows]).to_parquet(tmp_path / "ev" / "actions" / "part-0.parquet")
     code, out = run(tmp_path, "ev")
-    assert code == 1
+    assert code == EXIT_WARNING
     assert "what happened to the job" in out and "evict node 1 (applied)" in out and "attempt 1: 2 ranks" in out
     assert "dp=4" in out  # the layout the run started with
     code, out = run(tmp_path, "ev", "--json")

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from analyzers.diagnose import diagnose_command
+from analyzers.report.model import EXIT_CRITICAL, EXIT_HEALTHY, EXIT_INCOMPLETE, EXIT_WARNING
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 
@@ -22,7 +23,7 @@ def diagnose_json(store, run_id, *extra):
 
 
 def check_slow_rank(code, obj, rank, start):
-    assert code in (1, 2), obj["verdict"]  # warning, or critical for a slow-down of 2x or more
+    assert code in (EXIT_WARNING, EXIT_CRITICAL), obj["verdict"]  # warning, or critical for a slow-down of 2x or more
     stragglers = [f for f in obj["findings"] if f["kind"] == "straggler"]
     assert len(stragglers) == 1, obj["findings"]
     f = stragglers[0]
@@ -68,7 +69,9 @@ def test_live_4rank_slow_rank(tmp_path):
     worst = float((dev / dev.median()).median(axis=1).max())
     code, obj = diagnose_json(tmp_path, "live-slow", "--until", "5")
     if worst < 1.15:
-        assert code == 0 and all(f["severity"] == "info" for f in obj["findings"]), (worst, obj["findings"])
+        # (too few steps for some checks to judge: incomplete, not healthy)
+        assert code in (EXIT_HEALTHY, EXIT_INCOMPLETE) and all(f["severity"] == "info" for f in obj["findings"]), (
+            worst, obj["findings"])
     else:
         assert [f["ranks"] for f in obj["findings"] if f["severity"] != "info"] in ([], [[int((dev / dev.median()).median(axis=1).idxmax())]])
 
@@ -80,5 +83,5 @@ def test_run_without_manifest_still_diagnosed(tmp_path):
     shutil.copytree(FIXTURES / "real-4rank-slow", tmp_path / "nomanifest")
     (tmp_path / "nomanifest" / "run.json").unlink()
     code, obj = diagnose_json(tmp_path, "nomanifest")
-    assert code == 1 and obj["faults"] == [] and obj["peak"].startswith("no peak FLOPs")
+    assert code == EXIT_WARNING and obj["faults"] == [] and obj["peak"].startswith("no peak FLOPs")
     assert [f["ranks"] for f in obj["findings"] if f["kind"] == "straggler"] == [[1]]

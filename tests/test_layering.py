@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 PACKAGES = sorted(ALLOWED)
 # Not packages of the product, but they must not borrow private names either.
-CONSUMERS = ("tests", "bench")
+CONSUMERS = ("tests", "bench", "examples")
 
 
 def _module_name(path: Path) -> str:

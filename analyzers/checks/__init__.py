@@ -1,8 +1,10 @@
 """The checks: one module per kind of problem, each ``analyze(frame: AnalysisFrame, cfg=None) -> list[Finding]``.
 
 Each check reads the round's frame (``analyzers.builder``), keeps its thresholds in a config dataclass of its own
-module, and names its findings' ranks, nodes, onset and evidence. ``CHECKS`` is the registry ``run_all`` walks,
-in the order it runs them.
+module, and names its findings' ranks, nodes, onset and evidence. Each also has ``coverage(frame, cfg=None) ->
+Coverage``: whether the run's records carry what it needs (``frame.signals``), so a report can say which checks could
+not judge the run and why, instead of calling a run healthy that nothing could look at. ``CHECKS`` is the registry
+``run_all`` walks, in the order it runs them.
 
 - ``stragglers``: which rank (node, pipeline stage) computes slowly, and who only waits for it;
 - ``comm`` (with ``links``): exposed communication, slow links, bus bandwidth, NCCL transport problems;

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, StepView
+from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.links import (P2P_OPS, STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
                                     last_arriver_ops, latest_finish_ms, slow_communicators)
 from analyzers.evidence import fmt_ranks, fnum
@@ -86,6 +86,24 @@ BUSBW_FACTOR = {
     "recv": lambda n: 1.0,
     "sendrecv": lambda n: 1.0,
 }
+
+
+def coverage(frame: AnalysisFrame, cfg: CommConfig | None = None) -> Coverage:
+    """Can this check judge the run? It needs communication timing: ``comm_ms`` / ``sync_wait_ms`` in the step
+    records or timed collective records; the wait for a slower peer (``sync_wait_ms``) to tell it from transfer."""
+    sig = frame.signals
+    if sig.ranks < 2 and not sig.collectives:
+        return Coverage(NAME, "not_applicable", "one rank: no communication between ranks")
+    if not (sig.comm_time or sig.sync_wait):
+        return Coverage(NAME, "not_run", (
+            "no communication timing: no comm_ms or sync_wait_ms in the step records and no timed collective "
+            "records; rs.watch(model) times the gradient sync and the collectives"))
+    limits = []
+    if not sig.sync_wait:
+        limits.append("no sync_wait_ms: time waiting for a slower peer cannot be told from transfer time")
+    if not sig.collectives:
+        limits.append("no collective records: bus bandwidth and per-communicator links are not judged")
+    return Coverage(NAME, "limited" if limits else "ran", "; ".join(limits))
 
 
 def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float | None:
@@ -562,7 +580,9 @@ def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
         out.append(transport_finding(
             ib_err, "critical", "ib_error", 0.9,
             f"InfiniBand errors on {{hosts}} ({len(ib_err)} lines)",
-            "Check the HCA and link (ibstat, ibv_devinfo, switch port counters); evict the node if errors continue.",
+            "Check the HCA and link (ibstat, ibv_devinfo, switch port counters); "
+            + ("evict the node if errors continue." if frame.placement.n_nodes > 1 else
+               f"if errors continue, {frame.placement.evict_advice(None)}."),
             error_classes=sorted(set(ib_err["error_class"]) - {""}), example=ib_err["message"].iloc[0][:200]))
     other = ne[(ne["category"] == "error") & ~ne.index.isin(ib_err.index) & (ne["error_class"] != "timeout")
                & (ne["category"] != "watchdog")]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers.builder import AnalysisFrame
+from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from ranksight.schema import Finding
@@ -28,6 +28,14 @@ class DataStallConfig:
     persist: int = 3
     window: int = 5
     warmup_steps: int = 1  # the first batch includes worker start-up
+
+
+def coverage(frame: AnalysisFrame, cfg: DataStallConfig | None = None) -> Coverage:
+    """Can this check judge the run? It needs the time each step waited for its batch (``data_ms``)."""
+    if not frame.signals.data_wait:
+        return Coverage(NAME, "not_run",
+                        "no data_ms in the step records: time fetching the batch with rs.phase('data')")
+    return Coverage(NAME, "ran")
 
 
 def analyze(frame: AnalysisFrame, cfg: DataStallConfig | None = None) -> list[Finding]:

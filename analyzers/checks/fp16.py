@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers.builder import AnalysisFrame
+from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
 from ranksight.schema import Finding
@@ -33,6 +33,26 @@ class Fp16Config:
     skip_rate_warn: float = 0.05  # skipped-step rate over the run after calibration
     collapse_halvings: int = 8  # scale fell 2^8 below its peak ...
     min_scale: float = 1.0  # ... or down to this
+
+
+def coverage(frame: AnalysisFrame, cfg: Fp16Config | None = None) -> Coverage:
+    """Can this check judge the run? It needs the loss (non-finite losses) and, on fp16 runs, GradScaler's
+    ``loss_scale`` or ``overflow``/``skipped`` flags."""
+    sig = frame.signals
+    st = frame.data.steps
+    flags = bool(st["overflow"].any() or st["skipped"].any()) if not st.empty else False
+    if not (sig.loss or sig.loss_scale or flags):
+        return Coverage(NAME, "not_run", ("no loss, loss_scale or overflow in the step records: "
+                                          "s.report(loss=..., loss_scale=..., overflow=...)"))
+    if sig.loss_scale or flags:
+        return Coverage(NAME, "ran")
+    if sig.precision == "fp16":
+        return Coverage(NAME, "limited", ("an fp16 run without loss_scale or overflow in its step records: overflow "
+                                          "runs and loss-scale collapse are not judged, only non-finite losses"))
+    if sig.precision:
+        return Coverage(NAME, "ran")  # not an fp16 run: no loss scale to watch
+    return Coverage(NAME, "ran",
+                    "non-finite losses judged; no loss_scale recorded (fp16 runs: s.report(loss_scale=...))")
 
 
 def analyze(frame: AnalysisFrame, cfg: Fp16Config | None = None) -> list[Finding]:

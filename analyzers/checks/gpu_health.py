@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame
+from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
@@ -114,6 +114,28 @@ def _may_find(gp: pd.DataFrame, cfg: GpuHealthConfig) -> pd.Series:
     return may
 
 
+def _xid_advice(place, node: int) -> str:
+    """What to do about a critical XID on ``node``: drain it, or, where it is the job's only node, stop and test it."""
+    if place.can_evict(node):
+        return (f"Drain node {node}: checkpoint and evict it, then run the NVIDIA field diagnostics (dcgmi diag -r 3) "
+                "before returning it.")
+    return (f"Checkpoint and stop the job, run the NVIDIA field diagnostics (dcgmi diag -r 3) on node {node}, then "
+            f"{place.evict_advice(node).removeprefix('checkpoint and ')}.")
+
+
+def coverage(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> Coverage:
+    """Can this check judge the run? It needs GPU telemetry: samples (NVML, DCGM) or XID events, which a node agent
+    collects."""
+    sig = frame.signals
+    if sig.gpu_telemetry:
+        return Coverage(NAME, "ran")
+    if sig.device == "cpu":
+        return Coverage(NAME, "not_applicable", "a CPU run without GPU samples (its simulated GPUs are sampled by a "
+                                                "node agent)")
+    return Coverage(NAME, "not_run", ("no GPU samples or XID events: run a node agent (ranksight agent) on each node; "
+                                      "it reads NVML or DCGM"))
+
+
 def analyze(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> list[Finding]:
     cfg = cfg or GpuHealthConfig()
     out: list[Finding] = []
@@ -146,8 +168,7 @@ def analyze(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> list[Fi
                           first_t=fnum(first_t, 3), onset_step=onset, detected_at_step=onset),
             confidence=0.95, simulated=sim,
             summary=f"{count} XID event(s) on node {node} {where} (ranks {fmt_ranks(ranks)}): {meaning}" + (" [simulated]" if sim else ""),
-            recommendation=(f"Drain node {node}: checkpoint and evict it, then run the NVIDIA field diagnostics (dcgmi diag -r 3) before returning it."
-                            if crit else f"Check the application on ranks {fmt_ranks(ranks)} and the driver log (dmesg) for XID {codes}."),
+            recommendation=(_xid_advice(place, node) if crit else f"Check the application on ranks {fmt_ranks(ranks)} and the driver log (dmesg) for XID {codes}."),
         ))
     gp = data.gpu
     if gp.empty:
@@ -169,7 +190,9 @@ def analyze(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> list[Fi
                 evidence=dict(cause="ecc_dbe", node=node, gpu=gpu, ecc_dbe=int(dbe.max()), first_t=fnum(first_t, 3), onset_step=onset),
                 confidence=0.95, simulated=sim,
                 summary=f"{int(dbe.max())} uncorrectable (double-bit) ECC error(s) on node {node} GPU {gpu}" + (" [simulated]" if sim else ""),
-                recommendation=f"Results computed on node {node} GPU {gpu} may be corrupt: checkpoint, evict the node and reset/RMA the GPU.",
+                recommendation=(f"Results computed on node {node} GPU {gpu} may be corrupt: checkpoint, "
+                                + ("evict the node" if place.can_evict(node) else "stop the job")
+                                + " and reset/RMA the GPU."),
             ))
         growth = {}
         for c in ("ecc_sbe", "retired_pages", "remapped_rows"):
@@ -210,6 +233,6 @@ def analyze(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> list[Fi
                 confidence=0.85, simulated=sim,
                 summary=f"node {node} GPU {gpu} (ranks {fmt_ranks(ranks)}) throttled in {share:.0%} of busy samples: {reason}{clk_txt}" + (" [simulated]" if sim else ""),
                 recommendation=(f"Check cooling and power on node {node} (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER); "
-                                f"if it persists, checkpoint and evict node {node}."),
+                                f"if it persists, {place.evict_advice(node)}."),
             ))
     return out

@@ -9,18 +9,23 @@
   time) while others report, or the whole job silent.
 - Post-mortem: ranks whose last step is behind the others (without an exit/evicted event), and a
   run that ended before its planned steps without finishing.
+- A rank that ended (its ``exit`` or ``evicted`` event after its last step) is never silent or behind, live or
+  post-mortem; an op whose waiting ranks all went on to a clean exit (``finished``) is not stuck; and a run
+  that ended as planned (every rank's exit says ``finished``, or the manifest's ``finished`` is set) did not end
+  early.
 - Watchdog lines from the NCCL/PyTorch logs (nccl_events category ``watchdog`` or error class ``timeout``).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame
+from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.loader import RunData
 from ranksight.schema import Finding
@@ -39,6 +44,77 @@ def _fmt_t(t: float | None) -> str:
     if t is None or not np.isfinite(t):
         return "?"
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d} UTC"
+
+
+# exit reasons of a rank that ended as planned (the trainer's and ranksight.init's ``exit`` event; an evicted node's
+# ranks leave on purpose; the trainer's --stop-after)
+CLEAN_EXIT_REASONS = ("finished", "evicted", "stop_after")
+
+
+def exit_reason(detail) -> str:
+    """The reason of an ``exit`` event's detail ("" when it gives none). The detail is a dict in records and a JSON
+    string in the store's tables and the head's live window."""
+    if isinstance(detail, (str, bytes)):
+        try:
+            detail = json.loads(detail)
+        except ValueError:
+            return ""
+    return str(detail.get("reason", "")) if isinstance(detail, dict) else ""
+
+
+def clean_exit(reason: str) -> bool:
+    return reason in CLEAN_EXIT_REASONS or reason.startswith("finished")
+
+
+def ended_ranks(data: RunData) -> dict[int, str]:
+    """The ranks that ended, with their exit reason ("evicted" for an ``evicted`` event): those whose last ``exit``
+    or ``evicted`` event came at or after the end of their last step. A rank that ran steps again after an exit (a
+    restarted job) has not ended."""
+    ev = data.events
+    if ev.empty:
+        return {}
+    ex = ev[ev["event"].isin(["exit", "evicted"])]
+    if ex.empty:
+        return {}
+    st = data.steps
+    last = st.groupby("rank").agg(t=("t_end", "max"), step=("step", "max")) if not st.empty else None
+    out: dict[int, str] = {}
+    for row in ex.sort_values("t", kind="stable").itertuples(index=False):
+        r = int(row.rank)
+        if last is not None and r in last.index:
+            t = pd.to_numeric(row.t, errors="coerce")
+            # an exit of an earlier attempt: the rank ran steps after it (by the clock; by step where no time is given)
+            if (t < last.at[r, "t"]) if t > 0 else (int(row.step) < last.at[r, "step"]):
+                continue
+        out[r] = "evicted" if row.event == "evicted" else exit_reason(row.detail)
+    return out
+
+
+def finished_run(data: RunData) -> bool:
+    """The run ended as planned: its manifest says finished, or every rank that ran steps ended with a clean exit
+    (``finished``, evicted) after its last step."""
+    if data.manifest is not None and data.manifest.finished is not None:
+        return True
+    st = data.steps
+    if st.empty:
+        return False
+    ended = ended_ranks(data)
+    return all(int(r) in ended and clean_exit(ended[int(r)]) for r in st["rank"].unique())
+
+
+def coverage(frame: AnalysisFrame, cfg: HangConfig | None = None) -> Coverage:
+    """Can this check judge the run? It always can from the steps (silence, ranks behind); collective records name
+    the op a hang is stuck in and the rank that never joined, and ``exit`` events tell a run that ended from one
+    that hung."""
+    sig = frame.signals
+    limits = []
+    if not sig.collectives:
+        limits.append("no collective records: a hang shows only as ranks going silent or stopping early, without the "
+                      "op it is stuck in or the rank that never joined (rs.watch(model) records them)")
+    if not sig.exits and not finished_run(frame.data):
+        limits.append("no exit events: a run that ended cannot be told from one that hung (rs.finish(), or "
+                      "`with ranksight.init(...) as rs:`, records the end)")
+    return Coverage(NAME, "limited" if limits else "ran", "; ".join(limits))
 
 
 def _stall_s(data: RunData, cfg: HangConfig) -> float:
@@ -103,6 +179,9 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
     moved_on = done.groupby(["gkey", "rank"])["t_arrive"].max().to_dict()
     problems = [p for p in problems
                 if not all(moved_on.get((p["gkey"], r), -np.inf) > p["since"] for r in p["waiting"])]
+    # nor was a rank that went on to end as planned (an op it never waited on before a clean exit)
+    ended = ended_ranks(data)
+    problems = [p for p in problems if not all(clean_exit(ended.get(r, "?")) for r in p["waiting"])]
     if data.now is not None:
         # live: a collective in flight right now is not a hang until it has waited long enough
         problems = [p for p in problems if data.now - p["since"] > _stall_s(data, cfg)]
@@ -126,9 +205,11 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
         summary = (f"{who} never joined {first['op']} seq {first['seq']} on group {first['gkey']}; "
                    f"{wait_who} waiting since {_fmt_t(first['since'])} (step {first['step']})")
         ranks = miss
+        bad_nodes = frame.placement.nodes_of(miss)
+        without = f" without node(s) {fmt_ranks(bad_nodes)}" if frame.placement.n_nodes > 1 else ""
         rec = (f"Dump the stacks of {who} (py-spy dump --pid, or the flight recorder) to see where it is stuck; "
-               f"set TORCH_NCCL_DUMP_ON_TIMEOUT=1 and restart from the last checkpoint without node(s) "
-               f"{fmt_ranks(frame.placement.nodes_of(miss))} if it does not recover.")
+               f"set TORCH_NCCL_DUMP_ON_TIMEOUT=1 and restart from the last checkpoint{without} if it does not "
+               "recover.")
         cause = "missing_ranks"
     else:
         summary = (f"{first['op']} seq {first['seq']} on group {first['gkey']}: all ranks ({fmt_ranks(first['waiting'])}) joined "
@@ -155,12 +236,10 @@ def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Findi
     if st.empty:
         return out
     last = st.groupby("rank").agg(step=("step", "max"), t=("t_end", "max"))
-    ev = data.events
-    left = set()
-    if not ev.empty:
-        left = {int(r) for r in ev.loc[ev["event"].isin(["exit", "evicted"]), "rank"].unique()}
+    left = set(ended_ranks(data))  # ranks that exited or were evicted after their last step
     node_of = frame.placement.rank_node
     if data.now is not None:
+        # live: a rank that ended (its exit event after its last step) is quiet, not hung, however long ago it ended
         stall_s = _stall_s(data, cfg)
         silent = last[(data.now - last["t"]) > stall_s]
         silent = silent[~silent.index.isin(list(left))]
@@ -173,6 +252,9 @@ def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Findi
                            f"{int(silent['step'].max())}) while rank(s) {fmt_ranks(alive)} continue")
             else:
                 summary = f"the whole job is silent: no rank reported for {data.now - since:.0f} s (last step {int(last['step'].max())})"
+                if not left:
+                    summary += ("; no rank recorded an exit, so a run that ended cannot be told from a hung one "
+                                "(rs.finish(), or `with ranksight.init(...) as rs:`, records the end)")
             out.append(Finding(
                 analyzer=NAME, kind="hang", severity="critical", ranks=ranks, nodes=sorted({node_of.get(r, 0) for r in ranks}),
                 step_start=int(silent["step"].min()), step_end=int(last["step"].max()),
@@ -197,7 +279,8 @@ def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Findi
                           onset_step=int(behind["step"].min()) + 1, detected_at_step=int(behind["step"].min()) + 1),
             confidence=0.7,
             summary=f"rank(s) {fmt_ranks(ranks)} stopped at step {int(behind['step'].min())} while others reached step {top}",
-            recommendation="Read the stopped ranks' logs for a crash or hang; restart from the last checkpoint without their node if it is faulty.",
+            recommendation=("Read the stopped ranks' logs for a crash or hang; restart from the last checkpoint"
+                            + (" without their node if it is faulty." if frame.placement.n_nodes > 1 else ".")),
         ))
         return out
     crash = _crash(frame)
@@ -206,7 +289,8 @@ def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Findi
         return out
     m = data.manifest
     planned = (m.config or {}).get("steps") if m is not None else None
-    if m is not None and m.finished is None and isinstance(planned, int) and top + 1 < planned and data.until is None:
+    if (m is not None and not finished_run(data) and isinstance(planned, int) and top + 1 < planned
+            and data.until is None):
         out.append(Finding(
             analyzer=NAME, kind="hang", severity="warning", ranks=sorted(int(r) for r in last.index), nodes=frame.placement.nodes_of(last.index),
             step_start=top + 1, step_end=top + 1,
@@ -228,8 +312,8 @@ def _crash(frame: AnalysisFrame) -> Finding | None:
     ex = ev[ev["event"] == "exit"].copy()
     if ex.empty:
         return None
-    ex["reason"] = [str((d or {}).get("reason", "")) if isinstance(d, dict) else "" for d in ex["detail"]]
-    bad = ex[~ex["reason"].isin(["", "finished", "evicted", "stop_after"]) & ~ex["reason"].str.startswith("finished")]
+    ex["reason"] = [exit_reason(d) for d in ex["detail"]]  # also from the store and the live window (JSON text)
+    bad = ex[(ex["reason"] != "") & ~ex["reason"].map(clean_exit)]
     if bad.empty:
         return None
     bad = bad.sort_values("t")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame
+from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 
@@ -36,7 +36,7 @@ class MemoryConfig:
 def _capacity(frame: AnalysisFrame) -> dict[int, float]:
     data = frame.data
     cap: dict[int, float] = {}
-    device = data.manifest.device if data.manifest is not None else "cpu"
+    device = data.device or "cpu"
     if not data.gpu.empty and str(device).startswith("cuda"):
         tot = data.gpu.groupby(["node", "gpu"])["mem_total_bytes"].max()
         for (node, gpu), v in tot.items():
@@ -68,6 +68,17 @@ def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
         moved = not (peak - low < cfg.growth_min_bytes)  # NaN: judge it
         if near or moved:
             yield r, st.iloc[idx]
+
+
+def coverage(frame: AnalysisFrame, cfg: MemoryConfig | None = None) -> Coverage:
+    """Can this check judge the run? It needs each step's peak memory (``mem_bytes``); a capacity (GPU samples of a
+    CUDA run, host samples of a CPU run) to judge how near the limit it is."""
+    if not frame.signals.memory:
+        return Coverage(NAME, "not_run", "no mem_bytes in the step records (ranksight.init records peak memory)")
+    if not _capacity(frame):
+        return Coverage(NAME, "limited", ("no memory capacity known (no GPU or host samples from a node agent): only "
+                                          "growth is judged"))
+    return Coverage(NAME, "ran")
 
 
 def analyze(frame: AnalysisFrame, cfg: MemoryConfig | None = None) -> list[Finding]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, transfer_ms
+from analyzers.builder import AnalysisFrame, Coverage, transfer_ms
 from analyzers.evidence import fnum
 from analyzers.loader import RunData
 from analyzers.persistence import confirmation_step, persistent_runs
@@ -53,18 +53,19 @@ def series(data: RunData) -> pd.DataFrame:
         return pd.DataFrame(columns=["step_ms", "tflops", "mfu"])
     g = st.assign(fps=np.where(st["step_ms"] > 0, st["flops"] / (st["step_ms"].where(st["step_ms"] > 0, 1) / 1000.0), np.nan))
     out = g.groupby("step").agg(step_ms=("step_ms", "max"), fps=("fps", "mean"))
-    peak = data.manifest.peak_flops if data.manifest is not None else 0.0
+    peak = data.peak.flops
     out["tflops"] = out["fps"] / 1e12
-    out["mfu"] = out["fps"] / peak if peak and peak > 0 else np.nan
+    out["mfu"] = out["fps"] / peak if peak > 0 else np.nan
     return out.drop(columns="fps")
 
 
 def peak_label(data: RunData) -> tuple[str, bool]:
-    m = data.manifest
-    if m is None or not m.peak_flops:
-        return "no peak FLOPs in the manifest (MFU not computed; achieved FLOP/s used)", False
-    simulated = bool(m.peak_simulated) or "measured" in (m.peak_source or "").lower() and "cpu" in (m.peak_source or "").lower()
-    return f"{m.peak_flops / 1e12:.2f} TFLOP/s per device ({m.peak_source or 'source not stated'})", simulated
+    """What MFU is measured against, as reports say it (without a peak: why MFU is n/a and how to give one), and
+    whether that peak is simulated (measured on a CPU)."""
+    p = data.peak
+    if not p.known:
+        return f"no peak FLOPs known, MFU n/a (achieved FLOP/s used): {p.missing}", False
+    return f"{p.flops / 1e12:.2f} TFLOP/s per device ({p.source})", p.simulated
 
 
 def _attribute(frame: AnalysisFrame, cfg: MfuConfig, s0: int, s1: int) -> tuple[str, dict]:
@@ -149,6 +150,29 @@ RECOMMEND = {
 }
 
 
+def coverage(frame: AnalysisFrame, cfg: MfuConfig | None = None) -> Coverage:
+    """Can this check judge the run? MFU needs each step's model FLOPs (``StepRecord.flops``) and the device's peak
+    (``RunData.peak``); without them drops are judged on achieved FLOP/s or steps per second."""
+    cfg = cfg or MfuConfig()
+    sig = frame.signals
+    if sig.steps - cfg.warmup_steps < cfg.persist + 2:
+        return Coverage(NAME, "not_run", f"only {sig.steps} step(s): it needs {cfg.warmup_steps + cfg.persist + 2}")
+    if not sig.flops:
+        return Coverage(NAME, "limited", ("no flops in the step records (s.report(flops=...)): MFU n/a, drops judged "
+                                          "on steps per second"))
+    if not sig.peak:
+        return Coverage(NAME, "limited", f"MFU n/a, drops judged on achieved FLOP/s: {frame.data.peak.missing}")
+    return Coverage(NAME, "ran")
+
+
+def _recommendation(frame: AnalysisFrame, cause: str) -> str:
+    """``RECOMMEND[cause]``; a single-node job is not told to evict its node."""
+    if cause == "clock_throttle" and frame.placement.n_nodes <= 1:
+        return ("GPU clocks are throttled (thermal/power): check cooling, power caps and the machine's health; if it "
+                f"persists, {frame.placement.evict_advice(None)}.")
+    return RECOMMEND[cause]
+
+
 def analyze(frame: AnalysisFrame, cfg: MfuConfig | None = None) -> list[Finding]:
     cfg = cfg or MfuConfig()
     data = frame.data
@@ -203,6 +227,7 @@ def analyze(frame: AnalysisFrame, cfg: MfuConfig | None = None) -> list[Finding]
             analyzer=NAME, kind="mfu_drop", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks), step_start=s0, step_end=s1,
             evidence=ev, confidence=0.6 if cause == "unknown" else 0.75,
             summary=f"{metric} fell {drop:.0%} ({fmt(ref)} -> {fmt(level)}) from step {s0} to {s1}; likely cause: {cause.replace('_', ' ')}",
-            recommendation=RECOMMEND[cause], simulated=peak_sim or (cause == "clock_throttle" and data.simulated_gpu),
+            recommendation=_recommendation(frame, cause),
+            simulated=peak_sim or (cause == "clock_throttle" and data.simulated_gpu),
         ))
     return out

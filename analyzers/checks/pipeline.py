@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers.builder import AnalysisFrame
+from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fnum
 from ranksight.schema import Finding
 
@@ -53,6 +53,21 @@ def microbatches_for(p: int, target: float, schedule: str = "1f1b", v: int = 1) 
         return 1
     v = v if "interleav" in (schedule or "").lower() else 1
     return max(1, math.ceil((p - 1) * (1 - target) / (target * max(v, 1)) - 1e-9))
+
+
+def coverage(frame: AnalysisFrame, cfg: PipelineConfig | None = None) -> Coverage:
+    """Can this check judge the run? Only a pipeline-parallel run has bubbles; it needs each rank's stage
+    (``pp_stage``) and its measured p2p wait (``pipeline_wait_ms``)."""
+    sig = frame.signals
+    if sig.pp <= 1:
+        return Coverage(NAME, "not_applicable", "no pipeline parallelism (pp=1)" if frame.data.manifest is not None
+                        else "no pipeline stages in the step records (pp_stage): pp=1 assumed")
+    if sig.pp_stages <= 1:
+        return Coverage(NAME, "not_run", f"the layout has pp={sig.pp} but the step records carry no pp_stage")
+    if not (frame.data.steps["pipeline_wait_ms"] > 0).any():
+        return Coverage(NAME, "limited", ("no pipeline_wait_ms in the step records: the measured bubble is not known, "
+                                          "only the schedule's theory"))
+    return Coverage(NAME, "ran")
 
 
 def analyze(frame: AnalysisFrame, cfg: PipelineConfig | None = None) -> list[Finding]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, StepView
+from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
@@ -70,6 +70,31 @@ class StragglerConfig:
     min_ranks: int = 2
     last_arrival_share: float = 0.5  # corroboration: the culprit is the last to arrive in this share of its slow steps ...
     lag_fraction: float = 0.5  # ... and arrives late by at least this fraction of its extra compute
+
+
+def coverage(frame: AnalysisFrame, cfg: StragglerConfig | None = None) -> Coverage:
+    """Can this check judge the run? It needs each rank's own compute apart from its waiting (``device_ms``, or a
+    ``compute_ms`` that is not the step time): in synchronous training every rank's step time is the same, so from
+    step times alone a slow rank cannot be seen. Sync arrival timing confirms who the others wait for."""
+    cfg = cfg or StragglerConfig()
+    sig = frame.signals
+    if sig.ranks < cfg.min_ranks:
+        return Coverage(NAME, "not_applicable", "one rank: no peers to compare it with")
+    if not sig.compute_split:
+        return Coverage(NAME, "not_run", (
+            "no sync arrival or compute split in the step records (no device_ms, compute_ms, comm_ms or "
+            "sync_wait_ms; compute is the step time, the same on every rank of a synchronous job): a slow rank "
+            "cannot be seen; instrument the loop with ranksight.init, rs.step and rs.watch(model)"))
+    if sig.steps - cfg.warmup_steps < cfg.persist:
+        return Coverage(NAME, "not_run", f"only {sig.steps} step(s): it needs {cfg.warmup_steps + cfg.persist}")
+    limits = []
+    if not sig.sync_arrival:
+        limits.append("no sync arrival timing (sync_arrival, collective t_arrive): a slow rank is named from its "
+                      "compute alone, not confirmed by who waits for whom (rs.watch(model) records it)")
+    if not sig.device_time:
+        limits.append("judged on wall-clock compute (no device_ms in every step record), which host scheduling "
+                      "stretches: ranksight.init measures device time (CUDA events, or CPU thread time)")
+    return Coverage(NAME, "limited" if limits else "ran", "; ".join(limits))
 
 
 def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> dict:
@@ -354,7 +379,8 @@ def _node_findings(frame: AnalysisFrame, cfg: StragglerConfig, cands: list[dict]
                 analyzer=NAME, kind="straggler", severity=_severity(ratio, cfg), ranks=sorted(members), nodes=[node],
                 step_start=onset, step_end=end, evidence=ev, confidence=0.85,
                 summary=f"node {node} is slow: all its ranks ({fmt_ranks(members)}) compute {ratio:.2f}x their peers since step {onset}",
-                recommendation=f"Check node {node} (GPU clocks/thermals, CPU contention, other jobs); if it persists, checkpoint and evict node {node}.",
+                recommendation=(f"Check node {node} (GPU clocks/thermals, CPU contention, other jobs); if it persists, "
+                                f"{frame.placement.evict_advice(node)}."),
             ))
             used |= members
     return findings, used
@@ -473,7 +499,7 @@ def _rank_finding(frame: AnalysisFrame, cfg: StragglerConfig, c: dict, signal: s
         summary=(f"rank {r} (node {node}) is the straggler since step {c['onset']}: {what} {c['own_ms']:.1f} ms vs "
                  f"peers {c['peers_ms']:.1f} ms ({c['ratio']:.2f}x){lag_txt}{wait_txt}{note}{host_txt}"),
         recommendation=(f"Inspect rank {r} on node {node}: GPU clocks/throttling, a noisy neighbour, data on a slow disk; "
-                        f"if it persists, checkpoint and evict node {node}."),
+                        f"if it persists, {frame.placement.evict_advice(node)}."),
     )
 
 
@@ -511,8 +537,9 @@ def _stage_findings(frame: AnalysisFrame, cfg: StragglerConfig, comp: pd.DataFra
             summary=(f"pipeline stage {c['group']} (ranks {fmt_ranks(c['ranks'])}) slowed {c['ratio']:.2f}x against its own "
                      f"baseline since step {c['onset']} ({c['baseline_ms']:.1f} -> {c['own_ms']:.1f} ms) while other stages did not"
                      f"{note}"),
-            recommendation=(f"Inspect the hosts of stage {c['group']} (nodes {fmt_ranks(nodes)}); if one node holds the stage, "
-                            f"checkpoint and evict it."),
+            recommendation=(f"Inspect the hosts of stage {c['group']} (nodes {fmt_ranks(nodes)}); "
+                            + ("if one node holds the stage, checkpoint and evict it." if frame.placement.n_nodes > 1
+                               else f"if it persists, {frame.placement.evict_advice(None)}.")),
         ))
         used |= set(c["ranks"])
     return out

@@ -1,9 +1,9 @@
 """What the diagnose report says about a run, independent of how it is shown.
 
-``build_report(data, findings, errors)`` gathers it once: the verdict, the findings, the injected faults next to
-what was found, the job's history (restarts and the head's actions), and the series the plots draw (compute per
-rank and step, MFU and step time per step). The renderers (``render_text``, ``render_json``, ``render_html``)
-only lay it out.
+``build_report(data, findings, errors, coverage)`` gathers it once: the verdict, the findings, which checks could
+not judge the run and why (``coverage``), the injected faults next to what was found, the job's history (restarts
+and the head's actions), and the series the plots draw (compute per rank and step, MFU and step time per step).
+The renderers (``render_text``, ``render_json``, ``render_html``) only lay it out.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any, TypedDict
 import msgspec
 import pandas as pd
 
-from analyzers.builder import Placement
+from analyzers import check_coverage
+from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
 from analyzers.score import detection_step, matches
@@ -23,16 +24,30 @@ from ranksight.schema import SEVERITY_ORDER, Finding
 
 FINDING_FIELDS = ("analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence",
                   "recommendation", "confidence", "summary", "simulated")
-EXIT = {None: 0, "info": 0, "warning": 1, "critical": 2}  # exit code by worst severity
-EXIT_LOAD_ERROR = 3
+# diagnose's exit codes. Click (typer) exits 2 on a usage error and 1 on an uncaught exception, so none of these
+# is 1 or 2; they are spaced so that ``code >= EXIT_WARNING`` means "something to act on was found".
+EXIT_HEALTHY = 0  # every check that applies ran; nothing worse than info
+EXIT_INCOMPLETE = 10  # nothing worse than info, but some checks could not run (the fields they need are missing)
+EXIT_WARNING = 20  # warning(s) found, none critical
+EXIT_CRITICAL = 30  # critical finding(s)
+EXIT_LOAD_ERROR = 40  # the run could not be read (unknown id, no step records, newer schema, damaged manifest)
+EXIT = {None: EXIT_HEALTHY, "info": EXIT_HEALTHY, "warning": EXIT_WARNING, "critical": EXIT_CRITICAL}  # by severity
+EXIT_CODES_HELP = (f"Exit codes: {EXIT_HEALTHY} healthy (every check that applies ran, nothing worse than info); "
+                   f"{EXIT_INCOMPLETE} incomplete (nothing found, but some checks could not run: the report says which "
+                   f"and why); {EXIT_WARNING} warnings; {EXIT_CRITICAL} critical; {EXIT_LOAD_ERROR} the run could not "
+                   f"be read. (1 and 2 are never diagnose's verdicts: they are a crash and a usage error.)")
+# a check in these states could not judge the run
+NOT_RUN = ("not_run", "error")
 
 
 class Summary(TypedDict):
     """The report as one JSON object (``diagnose --json`` prints it as is, in this key order)."""
 
     run_id: str
-    verdict: str  # one sentence: HEALTHY, or the worst finding (and the evictions the job went through)
+    verdict: str  # one sentence: HEALTHY, INCOMPLETE (checks could not run), or the worst finding (and the evictions)
     findings: list[dict[str, Any]]  # FINDING_FIELDS of each finding, most severe first
+    coverage: list[dict[str, Any]]  # each check's {check, ran, status, reason} (analyzers.builder.Coverage)
+    checks_not_run: list[str]  # the checks that could not judge the run (status not_run or error)
     faults: list[dict[str, Any]]  # each injected fault (the manifest's ground truth): found, by which finding, how late
     history: dict[str, Any]  # attempts (restarts, from the manifest) and actions (the head's, with their status)
     simulated: bool  # parts rest on simulated GPU telemetry or a CPU-measured peak
@@ -41,6 +56,7 @@ class Summary(TypedDict):
     steps: list[int]  # first and last step
     ranks: list[int]
     nodes: list[int]
+    world_size: int  # the manifest's, else the step records' world_size
     layout: dict[str, Any]  # the layout the run started with
     peak: str  # the peak FLOP/s MFU is measured against, and where it comes from
     mfu_median: float | None
@@ -78,8 +94,12 @@ class DiagnoseReport:
         return pd.DataFrame(cols), spans
 
 
-def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None) -> DiagnoseReport:
-    """The report of ``data`` with the checks' ``findings`` (``analyzers.run_all``) and the checks' ``errors``."""
+def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None,
+                 coverage: list[Coverage] | None = None) -> DiagnoseReport:
+    """The report of ``data`` with the checks' ``findings``, ``errors`` and ``coverage`` (``analyzers.run_all``'s;
+    without ``coverage``, it is judged here: ``analyzers.check_coverage``)."""
+    coverage = coverage if coverage is not None else check_coverage(data)
+    not_run = [c.check for c in coverage if c.status in NOT_RUN]
     label, peak_sim = peak_label(data)
     ser = series(data)
     simulated = bool(any(f.simulated for f in findings) or data.simulated_gpu or peak_sim)
@@ -89,18 +109,22 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     what_happened = history_line(hist)
     summary: Summary = {
         "run_id": data.run_id,
-        "verdict": verdict(data, findings) + (f". {what_happened}" if what_happened else ""),
+        "verdict": verdict(data, findings, coverage) + (f". {what_happened}" if what_happened else ""),
         "findings": [finding_dict(f) for f in findings],
+        "coverage": [c.to_dict() for c in coverage],
+        "checks_not_run": not_run,
         "faults": fault_rows(data, findings),
         "history": hist,
         "simulated": simulated,
         "worst_severity": w,
-        "exit_code": EXIT[w],
+        "exit_code": EXIT_INCOMPLETE if EXIT[w] == EXIT_HEALTHY and not_run else EXIT[w],
         "steps": [int(data.steps["step"].min()), int(data.steps["step"].max())],
         "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
         "nodes": sorted(int(n) for n in data.steps["node"].unique()),
-        # the layout the run started with (a re-formed job's later world sizes are in history.attempts)
-        "layout": _first_layout(m),
+        "world_size": world_size(data),
+        # the layout the run started with (a re-formed job's later world sizes are in history.attempts); without a
+        # manifest, what the step records imply
+        "layout": _first_layout(m) if m is not None else data.inferred_layout(),
         "peak": label,
         "mfu_median": _num(ser["mfu"].median()) if ser["mfu"].notna().any() else None,
         "step_ms_median": _num(ser["step_ms"].median()),
@@ -130,17 +154,36 @@ def worst_severity(findings: list[Finding]) -> str | None:
     return w
 
 
-def verdict(data: RunData, findings: list[Finding]) -> str:
+def verdict(data: RunData, findings: list[Finding], coverage: list[Coverage] | None = None) -> str:
+    """One sentence: HEALTHY when every check that applies ran and found nothing worse than info; INCOMPLETE when
+    nothing was found but some checks could not run (a problem they look for would not have been seen); else the
+    worst finding. Either way it says how many checks could not run."""
     w = worst_severity(findings)
     nranks = data.steps["rank"].nunique()
     s0, s1 = int(data.steps["step"].min()), int(data.steps["step"].max())
+    not_run = [c.check for c in coverage or [] if c.status in NOT_RUN]
+    gap = (f"{len(not_run)} of {len(coverage or [])} checks could not run ({', '.join(not_run)})" if not_run else "")
     if w in (None, "info"):
+        if not_run:
+            return (f"INCOMPLETE: no problems found across {nranks} ranks, steps {s0}-{s1}, but {gap}: what they look "
+                    f"for would not have been seen (see 'checks that could not run')")
         return f"HEALTHY: no problems found across {nranks} ranks, steps {s0}-{s1}"
     counts = {s: sum(f.severity == s for f in findings) for s in ("critical", "warning")}
     parts = [f"{n} {s}" for s, n in counts.items() if n]
     top = next(f for f in findings if f.severity == w)
     label = "CRITICAL" if w == "critical" else "WARNING"
-    return f"{label} ({', '.join(parts)}): {top.summary}"
+    return f"{label} ({', '.join(parts)}): {top.summary}" + (f"; {gap}" if gap else "")
+
+
+def world_size(data: RunData) -> int:
+    """The run's world size: the manifest's layout (its first attempt's), else the step records' ``world_size``,
+    else the ranks that wrote steps."""
+    lay = _first_layout(data.manifest)
+    if lay.get("world"):
+        return int(lay["world"])
+    if data.manifest is not None and data.manifest.ranks:
+        return len(data.manifest.ranks)
+    return int(data.inferred_layout().get("world") or data.steps["rank"].nunique())
 
 
 def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:

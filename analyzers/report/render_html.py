@@ -100,7 +100,12 @@ def render_html(report: DiagnoseReport) -> str:
                      f"<th>detail</th></tr>{rows}</table>")
     sim = ('<p class="sim">Parts of this report rest on SIMULATED telemetry or a CPU-measured peak; they are marked (simulated).</p>'
            if s["simulated"] else "")
-    color = sev_color.get(s["worst_severity"] or "", "#2e7d32")
+    color = sev_color.get(s["worst_severity"] or "", "#f9a825" if s["checks_not_run"] else "#2e7d32")
+    cov_rows = "".join(
+        f'<tr><td>{e(c["check"])}</td><td>{e(c["status"].replace("_", " "))}</td><td>{e(c["reason"])}</td></tr>'
+        for c in s["coverage"] if c["status"] != "ran" or c["reason"])
+    coverage = ("<h2>Checks that could not run, or ran with limits</h2><table class='t'><tr><th>check</th>"
+                f"<th>status</th><th>why</th></tr>{cov_rows}</table>") if cov_rows else ""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>ranksight diagnose {e(s['run_id'])}</title>
 <style>
@@ -115,6 +120,7 @@ table.t{{border-collapse:collapse}} table.t td,table.t th{{border:1px solid #ccc
 layout {e(json.dumps(s['layout']))}, source {e(s['source'])}; peak: {e(s['peak'])}</p>
 <div class="verdict">{e(s['verdict'])}</div>
 <h2>Findings</h2>{''.join(items) or '<p>No findings.</p>'}
+{coverage}
 <h2>Compute time per rank and step</h2><p>colour: the rank's compute time against the median rank of that step
 (green &lt;1.05x, amber &lt;1.15x, orange &lt;1.5x, red above)</p>{_svg_heat(report)}
 <h2>Over time</h2>{plots}

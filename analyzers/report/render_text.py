@@ -1,5 +1,5 @@
-"""The diagnose report on a terminal (rich): header, verdict, findings, heat map, sparklines, faults, history,
-what to do next."""
+"""The diagnose report on a terminal (rich): header, verdict, findings, the checks that could not run, heat map,
+sparklines, faults, history, what to do next."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def render_text(report: DiagnoseReport, console: Any) -> None:
     s = report.summary
     _header(report, console)
     _findings(s["findings"], console)
+    _coverage(s["coverage"], console)
     _heat_map(report, console)
     _over_time(report, console)
     _faults(s["faults"], console)
@@ -45,7 +46,8 @@ def _header(report: DiagnoseReport, console: Any) -> None:
     if s["truncated_lines"] or s["bad_lines"]:
         hdr.append(f"  ({s['truncated_lines']} truncated / {s['bad_lines']} bad line(s) skipped)", style="yellow")
     console.print(hdr)
-    style = {"critical": "bold red", "warning": "bold yellow"}.get(s["worst_severity"], "bold green")
+    style = {"critical": "bold red", "warning": "bold yellow"}.get(
+        s["worst_severity"], "bold yellow" if s["checks_not_run"] else "bold green")
     console.print(Panel(Text(s["verdict"], style=style), title="verdict", expand=True))
 
 
@@ -69,6 +71,22 @@ def _findings(fs: list[dict[str, Any]], console: Any) -> None:
         ev = ", ".join(f"{k}={short_value(v)}" for k, v in f["evidence"].items())
         console.print(Text(f"    evidence: {ev}", style="cyan"), overflow="fold")
         console.print(Text(f"    -> {f['recommendation']}", style="green"))
+
+
+def _coverage(cov: list[dict[str, Any]], console: Any) -> None:
+    """The checks that could not judge the run, and why; then those that ran with limits."""
+    not_run = [c for c in cov if c["status"] in ("not_run", "error")]
+    limited = [c for c in cov if c["status"] == "limited"]
+    if not_run:
+        console.print(Text(f"Checks that could not run ({len(not_run)} of {len(cov)})", style="bold underline"))
+        for c in not_run:
+            line = Text(f"  {c['check']}: could not run: ", style="bold yellow")
+            line.append(c["reason"], style="yellow")
+            console.print(line, overflow="fold")
+    if limited:
+        console.print(Text("Checks that ran with limits", style="dim underline"))
+        for c in limited:
+            console.print(Text(f"  {c['check']}: {c['reason']}", style="dim"), overflow="fold")
 
 
 def _heat_map(report: DiagnoseReport, console: Any) -> None:
@@ -102,9 +120,11 @@ def _over_time(report: DiagnoseReport, console: Any) -> None:
         mf = ser["mfu"]
         console.print(Text(f"MFU        {sparkline(list(mf))}  {np.nanmin(mf):.1%}..{np.nanmax(mf):.1%} "
                            f"(median {np.nanmedian(mf):.1%})"))
-    else:
+    elif (ser["tflops"] > 0).any():
         tf = ser["tflops"]
         console.print(Text(f"TFLOP/s    {sparkline(list(tf))}  {np.nanmin(tf):.3g}..{np.nanmax(tf):.3g}"))
+    else:
+        console.print(Text("MFU        n/a: no flops in the step records", style="dim"))
     sm = ser["step_ms"]
     console.print(Text(f"step ms    {sparkline(list(sm))}  {np.nanmin(sm):.0f}..{np.nanmax(sm):.0f} (median {np.nanmedian(sm):.0f})"))
     console.print(Text(f"peak: {report.summary['peak']}", style="dim"))
@@ -146,8 +166,11 @@ def _next_steps(s: dict[str, Any], console: Any) -> None:
         if f["severity"] != "info" and f["recommendation"] not in recs:
             recs.append(f["recommendation"])
     console.print(Text("What to do next", style="bold underline"))
+    if s["checks_not_run"]:
+        recs.append(f"Give the checks that could not run ({', '.join(s['checks_not_run'])}) the fields they need "
+                    "(see 'checks that could not run'), then diagnose the next run.")
     if recs:
-        for i, r in enumerate(recs[:5], 1):
+        for i, r in enumerate(recs[:6], 1):
             console.print(f"  {i}. {r}")
     else:
         console.print("  Nothing to fix. Keep the run's report as a baseline for the next one.")

@@ -29,7 +29,7 @@ def init(run_id: str | None = None, store: str | os.PathLike | None = None, *, n
     collective then: the ranks agree on the run id and exchange where they run).
 
     - ``run_id``: else ``$RANKSIGHT_RUN_ID``, else torchrun's ``$TORCHELASTIC_RUN_ID``, else one rank 0 makes up.
-    - ``store``: the directory node agents watch; else ``$RANKSIGHT_STORE``, else ``./ranksight-runs``.
+    - ``store``: the directory node agents watch; else ``$RANKSIGHT_STORE``, else ``./runs`` (where ``diagnose`` looks too).
     - rank, world size and local rank from torch.distributed and torchrun's environment; ``node`` (else
       ``$RANKSIGHT_NODE``, torchrun's ``$GROUP_RANK``, or the index of this host among the job's hosts) and
       ``host`` (else ``$RANKSIGHT_HOST`` or the host name).

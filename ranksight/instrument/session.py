@@ -39,11 +39,12 @@ from ranksight.instrument.device_time import DeviceClock, has_run, wall
 from ranksight.instrument.memory import MemoryProbe
 from ranksight.instrument.recorder import OpenCollective, Recorder, StepTimes, comm_summary
 from ranksight.instrument.watch import attach
+from ranksight.layout import DEFAULT_STORE as LAYOUT_DEFAULT_STORE
 from ranksight.layout import RunDir
 from ranksight.schema import RankPlacement, StepRecord
 
 PHASES = ("data", "forward", "backward", "optimizer")
-DEFAULT_STORE = "ranksight-runs"
+DEFAULT_STORE = str(LAYOUT_DEFAULT_STORE)  # where diagnose, the agent and the head look by default
 # CUDA steps waiting for their events; past this the oldest is waited for (its end event only, not the stream)
 MAX_PENDING_STEPS = 8
 
@@ -175,8 +176,10 @@ class Session:
             if t is not None and self._phase is None:
                 t.register_hook(self._on_backward)
 
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
+        # prepended: the label must be set before FSDP2's own pre-forward hook issues the step's first all-gather
+        # (else it would run under the previous step's "backward" label, and count as the gradient sync)
+        module.register_forward_pre_hook(pre, prepend=True)
+        module.register_forward_hook(post, prepend=True)
 
     def _on_backward(self, grad):
         if self._phase is None:
@@ -195,6 +198,7 @@ class Session:
         if self.mem is None:
             self.mem = MemoryProbe(_Device(self.device))
         rec.begin_step(step)
+        rec.phase = "forward"  # a step starts in forward until the loop or the model hooks say otherwise
         self._step = StepHandle(step)
         self._auto_tokens = 0
         self._t_start, self._p0, self._cpu0 = time.time(), time.perf_counter(), time.thread_time()
