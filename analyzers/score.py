@@ -5,7 +5,8 @@
   Naming the target: for rank- and node-scoped kinds (straggler, comm_bottleneck, data_stall, hang,
   gpu_health) every rank it names must be the faulty rank (or a rank of the faulty node) — a finding
   that also blames a victim is a false positive; world-scoped kinds (fp16_overflow, mfu_drop,
-  pipeline_bubble) must include the target when they name ranks.
+  pipeline_bubble, and a comm_bottleneck about the whole job: ``scored_kind``) must include the target when they
+  name ranks.
 - *Recall*: faults matched by a finding of a *primary* kind at or above ``min_severity``.
 - *Precision*: findings at or above ``min_severity`` that match some fault (primary or a consequence,
   e.g. the MFU drop a straggler causes), over all such findings. A clean run's findings are all false.
@@ -24,8 +25,9 @@ from ranksight.schema import SEVERITY_ORDER, FaultSpec, Finding, Manifest
 # fault kind -> (primary finding kinds, consequence kinds)
 FAULT_KINDS_MAP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "slow_rank": (("straggler",), ("mfu_drop",)),
-    # a slow link between pipeline stages makes the bubble: the stages wait for each other's transfers
-    "slow_link": (("comm_bottleneck",), ("mfu_drop", "pipeline_bubble")),
+    # a slow link between pipeline stages makes the bubble: the stages wait for each other's transfers; and the job's
+    # communication grows (a world-scoped comm finding, which names no culprit: "comm_world")
+    "slow_link": (("comm_bottleneck",), ("mfu_drop", "pipeline_bubble", "comm_world")),
     "throttle": (("gpu_health", "straggler"), ("mfu_drop", "straggler", "gpu_health")),
     "fp16_overflow": (("fp16_overflow",), ()),
     "nan_loss": (("fp16_overflow",), ()),
@@ -35,6 +37,14 @@ FAULT_KINDS_MAP: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "few_microbatches": (("pipeline_bubble",), ("mfu_drop",)),
 }
 SCOPED_KINDS = {"straggler", "comm_bottleneck", "data_stall", "hang", "gpu_health"}
+
+
+def scored_kind(finding: Finding) -> str:
+    """The kind a finding is scored as: a comm_bottleneck about the whole job (exposed communication, its growth:
+    ``evidence.scope == "world"``) blames nobody in particular, so it is "comm_world", world-scoped like mfu_drop."""
+    if finding.kind == "comm_bottleneck" and (finding.evidence or {}).get("scope") == "world":
+        return "comm_world"
+    return finding.kind
 
 
 @dataclass
@@ -85,13 +95,14 @@ def matches(finding: Finding, fault: FaultSpec, rank_node: dict[int, int], toler
             primary_only: bool = False) -> bool:
     primary, secondary = FAULT_KINDS_MAP.get(fault.kind, ((), ()))
     kinds = primary if primary_only else primary + secondary
-    if finding.kind not in kinds:
+    kind = scored_kind(finding)
+    if kind not in kinds:
         return False
     targets = _targets(fault, rank_node)
     if targets is not None:
         ranks = set(int(r) for r in finding.ranks)
         node_fault = fault.node if fault.node is not None else rank_node.get(fault.rank) if fault.rank is not None else None
-        if finding.kind in SCOPED_KINDS:
+        if kind in SCOPED_KINDS:
             if ranks:
                 if not ranks <= targets:
                     return False

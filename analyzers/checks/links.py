@@ -231,21 +231,53 @@ def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: 
     return pd.concat(parts, ignore_index=True)
 
 
-def communicator_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: int) -> pd.DataFrame:
-    """communicator x step: the median transfer of the communicator's ops (``op_transfers`` rows) in steps
-    (s - window, s], NaN with fewer than ``min_ops`` ops there (``stats.windowed_medians`` by communicator)."""
-    return windowed_medians(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
-                            min_ops)
+def windowed_quantiles(labels, step, values, index: list, steps: list, window: int, min_ops: int,
+                       q: float) -> pd.DataFrame:
+    """``stats.windowed_medians`` with the ``q`` quantile of each window instead of its median."""
+    if q == 0.5:
+        return windowed_medians(labels, step, values, index, steps, window, min_ops)
+    out = np.full((len(index), len(steps)), np.nan)
+    labels, step, vals = np.asarray(labels, dtype=object), np.asarray(step), np.asarray(values, dtype=float)
+    code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
+    keep = code >= 0
+    code, step, vals = code[keep], step[keep], vals[keep]
+    if len(code) and len(steps):
+        order = np.lexsort((step, code))
+        code, step, vals = code[order], step[order], vals[order]
+        bounds = np.flatnonzero(np.diff(code)) + 1
+        s_arr = np.asarray(steps)
+        for seg_code, lo_i, hi_i in zip(code[np.r_[0, bounds]], np.r_[0, bounds], np.r_[bounds, len(code)]):
+            st_arr, v = step[lo_i:hi_i], vals[lo_i:hi_i]
+            lo = np.searchsorted(st_arr, s_arr - window, side="right")
+            hi = np.searchsorted(st_arr, s_arr, side="right")
+            ok = np.flatnonzero(hi - lo >= min_ops)
+            out[seg_code, ok] = [float(np.quantile(v[lo[j]:hi[j]], q)) for j in ok]
+    return pd.DataFrame(out, index=index, columns=steps)
+
+
+def communicator_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: int, q: float = 0.5) -> pd.DataFrame:
+    """communicator x step: the median (or the ``q`` quantile) transfer of the communicator's ops (``op_transfers``
+    rows) in steps (s - window, s], NaN with fewer than ``min_ops`` ops there."""
+    return windowed_quantiles(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
+                              min_ops, q)
+
+
+def level_quantile(cls: str, cfg) -> float:
+    """The quantile of a communicator's transfers that stands for its level: the median, and for pipeline p2p links
+    ``p2p_quantile``. A p2p link carries the same activation (or gradient) message again and again, and a slow link
+    sets a floor under every one of them (message size / rate), while the queueing above that floor (its own, and the
+    acknowledgements the reverse direction waits for) comes and goes."""
+    return cfg.p2p_quantile if cls == P2P_CLASS else 0.5
 
 
 def kind_windowed_medians(tr: pd.DataFrame, steps: list[int], cfg):
     """Per kind of communicator (``cls``) with at least two communicators: (kind, its ops, each communicator's
-    windowed median transfer: ``link_window`` steps, at least ``link_min_ops`` ops). A kind whose medians never
-    have two communicators in one step is left out: there is nothing to compare."""
+    windowed level of transfer: ``level_quantile`` of its ops over ``link_window`` steps, at least ``link_min_ops``
+    ops). A kind whose levels never have two communicators in one step is left out: there is nothing to compare."""
     for cls, sub in tr.groupby("cls"):
         if sub["gkey"].nunique() < 2:
             continue
-        med = communicator_medians(sub, steps, cfg.link_window, cfg.link_min_ops)
+        med = communicator_medians(sub, steps, cfg.link_window, cfg.link_min_ops, level_quantile(str(cls), cfg))
         if med.notna().sum(axis=0).max() < 2:
             continue
         yield cls, sub, med
@@ -277,7 +309,7 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
     info: dict[str, dict] = {}
     slow: list[dict] = []
     for cls, sub, med in kind_windowed_medians(tr, steps, cfg):
-        per_step = communicator_medians(sub, steps, 1, 1)  # for the onset: the windowed medians smear it
+        per_step = communicator_medians(sub, steps, 1, 1, level_quantile(str(cls), cfg))  # for the onset: windows smear it
         step_excess = per_step - leave_one_out_median(per_step)
         ref = leave_one_out_median(med)
         excess = med - ref
