@@ -205,7 +205,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
-    cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute)
+    cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
     judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
     cands = _merge_direct(cands, early_finishers(co, cfg, judged_steps, compute, leads), cfg)
@@ -430,7 +430,8 @@ def _drop_link_partners(cands: list[dict], frame: AnalysisFrame) -> list[dict]:
     return [c for c in cands if id(c) not in drop]
 
 
-def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFrame, compute: ComputeCheck) -> list[dict]:
+def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFrame, compute: ComputeCheck,
+                leads: pd.DataFrame | None = None) -> list[dict]:
     """A slow link seen per collective: ops in which the rank arrived last (nobody left to wait for) still take
     longer than ops in which a peer arrived last. Per step, each rank's median last-arriver duration over the last
     ``last_window`` steps (at least ``last_min_ops`` ops) against the leave-one-out median of the other ranks';
@@ -438,7 +439,13 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     of ``window`` steps.
     Sensitive where ops are many and quick (tensor-parallel all-reduces); with a few long gloo all-reduces per
     step their duration noise keeps the threshold high. ``last``: ``last_arriver_ops`` from the view's first step;
-    ``compute``: the ranks' compute against their peers'."""
+    ``compute``: the ranks' compute against their peers'. An op whose last arriver is done ``min_extra_ms`` or more
+    after the other members (``leads``) is left out: it was waiting for a peer's late data after all."""
+    if leads is not None and not last.empty and not leads.empty:
+        # a last arriver that is done after the other members was still waiting, for a peer's data that left late:
+        # the op says nothing about its own sending (``leads``: links.completion_leads)
+        lead = last.merge(leads[["gkey", "seq", "rank", "lead_ms"]], on=["gkey", "seq", "rank"], how="left")["lead_ms"]
+        last = last[~(lead.to_numpy(dtype=float) <= -cfg.min_extra_ms)]
     if last.empty or last["rank"].nunique() < 2:
         return []
     st = view.rows
