@@ -267,3 +267,36 @@ s.clear()
     finally:
         net.teardown()
     assert owned_by(os.getpid()) == ([], [])
+
+
+@pytest.mark.distributed
+def test_the_trainers_slow_link_limits_the_nodes_link_while_it_lasts(tmp_path, need_netns):
+    """The bundled trainer on 2 nodes x 2 ranks, each node in its own namespace; node 1's link limited to 2 Mbit/s
+    for steps 5-8: its gradient ring (~240 kB a step out of node 1) then takes about a second a step, several times a
+    clean step even on a loaded host; before and after, the link is the node's own veth at full speed."""
+    from analyzers.loader import load_run
+
+    store = tmp_path / "store"
+    args = ["--d-model", "32", "--n-layers", "2", "--seq-len", "16", "--batch-size", "4", "--dp", "4", "--steps", "12",
+            "--inject", "slow_link:node=1,rate_mbit=2,start=5,end=8", "--store", str(store), "--run-id", "shaped",
+            "--quiet"]
+    cluster = LocalCluster(run_dir=store / "shaped", nnodes=2, nproc_per_node=2, min_nodes=2, max_restarts=0,
+                           trainer_args=args, netns=True, env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    try:
+        cluster.start()
+        deadline = time.monotonic() + 400
+        while not cluster.done:
+            assert time.monotonic() < deadline, "the run did not finish"
+            cluster.poll()
+            time.sleep(0.5)
+        assert cluster.exit_codes() == {0: 0, 1: 0}
+    finally:
+        cluster.stop()
+    data = load_run(store, "shaped")
+    per_step = data.steps.groupby("step")["step_ms"].median()
+    shaped = per_step.loc[5:8].median()
+    assert shaped >= 600, per_step.round(0).to_dict()
+    assert shaped >= 2.5 * max(per_step.loc[2:4].median(), per_step.loc[10:12].median()), per_step.round(0).to_dict()
+    ev = data.events
+    started = ev[ev["event"] == "fault_start"]
+    assert sorted(started["rank"]) == sorted(data.steps.loc[data.steps["node"] == 1, "rank"].unique())
