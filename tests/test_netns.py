@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ ROOT = TESTS.parent
 def owned_by(pid: int) -> tuple[list[str], list[str]]:
     """The namespaces and root-namespace links that process ``pid``'s clusters own."""
     prefix = f"{netns.PREFIX}{pid % 0x1000000:06x}"
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
         return [], []
     return ([n for n in netns.list_namespaces() if n.startswith(prefix)],
             [n for n in netns.list_links() if n.startswith(prefix)])
