@@ -8,7 +8,9 @@
 Each cell is one run of ``torchrun --standalone --nproc-per-node 4 -m trainer`` with one fault
 (``--inject``) at one magnitude, on one parallel layout; slow_link cells run on a 2-node x 2-rank local cluster
 (cli.local_cluster) with a network namespace per node, where node 1's link is rate-limited (``tc tbf``);
-where namespaces are unavailable they fall back to the trainer's per-operation delay (``--slow-link delay``); clean runs of every layout are scored
+where namespaces are unavailable they fall back to the trainer's per-operation delay (``--slow-link delay``). Beside
+every run, as a user runs ranksight, a head and one node agent per node ship and analyse it live
+(``cli.datapath.DataPath``; ``--no-datapath``: the ranks alone). Clean runs of every layout are scored
 too (any finding of warning or worse there is a false positive). Scoring is analyzers.score:
 recall (faults found by a finding of their primary kind naming the right rank/node), precision
 (warning+ findings that match an injected fault), latency in steps from the fault's start to
@@ -24,6 +26,7 @@ them again after an analyzer change in seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -46,6 +49,7 @@ from analyzers.loader import LoadError, load_run  # noqa: E402
 from analyzers.score import score  # noqa: E402
 from analyzers.stats import leave_one_out_median, temporal_sigma  # noqa: E402
 from cli import netns  # noqa: E402
+from cli.datapath import DataPath  # noqa: E402
 from cli.local_cluster import LocalCluster  # noqa: E402
 from ranksight.schema import FaultSpec  # noqa: E402
 
@@ -341,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-results-md", action="store_true", help="do not write bench/results/detect.md")
     ap.add_argument("--results-dir", default=str(ROOT / "bench" / "results"), help="where the JSON results go")
     ap.add_argument("--seeds", type=int, default=1, help="runs per cell (the trainer's --seed 1234, 1235, ...)")
+    ap.add_argument("--no-datapath", action="store_true",
+                    help="run the ranks alone (default: a head and one node agent per node run beside them, as a "
+                         "user runs ranksight, shipping and analysing live)")
     ap.add_argument("--slow-link", choices=("auto", "rate", "delay"), default="auto",
                     help="slow_link cells: rate = node 1's link rate-limited (needs a network namespace per node: root), "
                          "delay = the trainer's per-operation delay on 2 nodes sharing 127.0.0.1; auto = rate where it works")
@@ -368,10 +375,13 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             trainer_args = [*MODEL, *LAYOUTS[cell["layout"]], "--steps", str(args.steps), *extra, *inject,
                             "--seed", str(cell.get("seed", SEED))]
-            if cell.get("cluster"):
-                rc = cluster_run(store, rid, trainer_args, use_netns=cell["cluster"] == "rate")
-            else:
-                rc = torchrun(store, rid, trainer_args)
+            datapath = contextlib.nullcontext() if args.no_datapath else \
+                DataPath(store, rid, 2 if cell.get("cluster") else 1)
+            with datapath:
+                if cell.get("cluster"):
+                    rc = cluster_run(store, rid, trainer_args, use_netns=cell["cluster"] == "rate")
+                else:
+                    rc = torchrun(store, rid, trainer_args)
             cell = dict(cell, rc=rc, wall_s=round(time.time() - t0, 1), loadavg_1m=round(os.getloadavg()[0], 2))
         elif not (store / rid).exists():
             continue
