@@ -97,7 +97,10 @@ class _Pending:
 class Session:
     """One rank's instrumentation: made by ``ranksight.init``; the loop calls ``watch``, ``step``, ``phase``,
     ``event`` and ``finish``. Everything it writes goes to this rank's spool file under the run directory, where
-    the node agent picks it up."""
+    the node agent picks it up.
+
+    Its ~18 methods are the public API's verbs (each with a context-manager form and a call form for framework
+    callbacks) plus the step's write-out; the measuring itself is in ``Recorder``, the hooks and ``device_time``."""
 
     def __init__(self, run: RunDir, placement: RankPlacement, world: int, attempt: int, group_ranks: dict,
                  *, device: str, enabled: bool = True, tokens_per_step: int | None = None,
