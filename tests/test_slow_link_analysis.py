@@ -148,3 +148,13 @@ def test_noise_is_measured_without_the_level_shift():
     ref = links.reference_sigma(frame, 3)
     assert set(ref.index) == set(frame.index) and (ref < 0.5).all()
     assert links.reference_sigma(frame.iloc[:1], 3).iloc[0] == sig.iloc[0]
+
+
+def test_the_victims_of_a_straggler_finishing_first_are_not_a_slow_link():
+    # 2 ranks, rank 1 computes 1.5x from step 10: it arrives last and, in every all-reduce, finishes a few ms after
+    # rank 0 (its own share of the work still to do). Rank 0 "leads" because its peer is a straggler, not because
+    # its link is slow: the straggler check names rank 1, the comm check names nobody.
+    data = build(world=2, nodes=1, steps=26, device_time=True,
+                 compute_factor=lambda r, s: 1.5 if (r == 1 and s >= 10) else 1.0)
+    data = with_egress_ops(data, {"dp": [(0, 1)]}, lambda r, s, m: r == 0 and s >= 10, 5.0)
+    assert warnings(data) == []

@@ -405,7 +405,8 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     >= max(``link_min_extra_ms``, ``lead_k`` x the leads' noise over time (``shift_robust_sigma``)), in
     ``link_persist`` of ``link_persist_window`` steps: on a shared host a member held up by its core finishes late
     for a few steps at a time, which makes its peers lead for as long; a slow link stays slow. A rank that computes
-    slowly (``ComputeCheck.slow_computer``) is the straggler check's."""
+    slowly (``ComputeCheck.slow_computer``) is the straggler check's, and so are the peers of one (they finish first
+    because it arrives last)."""
     if not steps:
         return []
     if leads is None:
@@ -434,6 +435,11 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
             if compute.slow_computer(r, onset, s1):
                 continue
             keys = sorted(lab.split("|", 1)[1] for lab in slow)
+            peers = set(leads.loc[leads["gkey"].astype(str).isin(keys), "rank"].astype(int)) - {r}
+            if any(compute.slow_computer(m, onset, s1) for m in peers):
+                # a peer computes slowly: it arrives last, so it finishes last and this rank "leads" (the victim of
+                # a straggler, which the straggler check names), not a rank whose link is slow
+                continue
             ops = leads[(leads["rank"] == r) & leads["gkey"].astype(str).isin(keys) & (leads["step"] >= onset)
                         & (leads["step"] <= s1)]
             out.append(dict(rank=int(r), onset=int(onset), end=int(s1), n=n, method="completion_lead", confirmed=confirmed,
