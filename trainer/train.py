@@ -106,7 +106,6 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = _node_index(cfg)
     host = os.environ.get("RANKSIGHT_HOST") or socket.gethostname()
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     dp, tp, pp = resolve_layout(cfg, world)
     mesh = build_mesh(device, dp, tp, pp)
