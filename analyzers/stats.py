@@ -98,9 +98,9 @@ def _loo_median(values: np.ndarray) -> np.ndarray:
 
 
 def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
-                     window: int, min_ops: int) -> pd.DataFrame:
-    """index x steps: for each row label and step s, the median of ``values`` of that label with a step in
-    (s - window, s]; NaN with fewer than ``min_ops`` of them (labels not in ``index`` are left out).
+                     window: int, min_ops: int, q: float = 0.5) -> pd.DataFrame:
+    """index x steps: for each row label and step s, the median (or the ``q`` quantile) of ``values`` of that label
+    with a step in (s - window, s]; NaN with fewer than ``min_ops`` of them (labels not in ``index`` are left out).
 
     The rows of a label sorted by step (stably) make each window one contiguous slice: one sort of all rows,
     then two searchsorted calls per label give every step's slice."""
@@ -119,5 +119,8 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
             lo = np.searchsorted(st_arr, s_arr - window, side="right")
             hi = np.searchsorted(st_arr, s_arr, side="right")
             ok = np.flatnonzero(hi - lo >= min_ops)
-            out[seg_code, ok] = [float(np.median(dur[lo[j]:hi[j]])) for j in ok]
+            if q == 0.5:
+                out[seg_code, ok] = [float(np.median(dur[lo[j]:hi[j]])) for j in ok]
+            else:
+                out[seg_code, ok] = [float(np.quantile(dur[lo[j]:hi[j]], q)) for j in ok]
     return pd.DataFrame(out, index=index, columns=steps)

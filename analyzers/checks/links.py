@@ -231,35 +231,11 @@ def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: 
     return pd.concat(parts, ignore_index=True)
 
 
-def windowed_quantiles(labels, step, values, index: list, steps: list, window: int, min_ops: int,
-                       q: float) -> pd.DataFrame:
-    """``stats.windowed_medians`` with the ``q`` quantile of each window instead of its median."""
-    if q == 0.5:
-        return windowed_medians(labels, step, values, index, steps, window, min_ops)
-    out = np.full((len(index), len(steps)), np.nan)
-    labels, step, vals = np.asarray(labels, dtype=object), np.asarray(step), np.asarray(values, dtype=float)
-    code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
-    keep = code >= 0
-    code, step, vals = code[keep], step[keep], vals[keep]
-    if len(code) and len(steps):
-        order = np.lexsort((step, code))
-        code, step, vals = code[order], step[order], vals[order]
-        bounds = np.flatnonzero(np.diff(code)) + 1
-        s_arr = np.asarray(steps)
-        for seg_code, lo_i, hi_i in zip(code[np.r_[0, bounds]], np.r_[0, bounds], np.r_[bounds, len(code)]):
-            st_arr, v = step[lo_i:hi_i], vals[lo_i:hi_i]
-            lo = np.searchsorted(st_arr, s_arr - window, side="right")
-            hi = np.searchsorted(st_arr, s_arr, side="right")
-            ok = np.flatnonzero(hi - lo >= min_ops)
-            out[seg_code, ok] = [float(np.quantile(v[lo[j]:hi[j]], q)) for j in ok]
-    return pd.DataFrame(out, index=index, columns=steps)
-
-
 def communicator_medians(tr: pd.DataFrame, steps: list[int], window: int, min_ops: int, q: float = 0.5) -> pd.DataFrame:
     """communicator x step: the median (or the ``q`` quantile) transfer of the communicator's ops (``op_transfers``
     rows) in steps (s - window, s], NaN with fewer than ``min_ops`` ops there."""
-    return windowed_quantiles(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
-                              min_ops, q)
+    return windowed_medians(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
+                            min_ops, q)
 
 
 def level_quantile(cls: str, cfg) -> float:
