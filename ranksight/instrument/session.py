@@ -175,7 +175,7 @@ class Session:
                 self._auto_tokens += x.numel() if not x.is_floating_point() else (x.shape[0] if x.dim() else 1)
 
         def post(mod, args, out):
-            t = _first_grad_tensor(out)
+            t = first_grad_tensor(out)
             if t is not None and self._phase is None:
                 t.register_hook(self._on_backward)
 
@@ -263,7 +263,7 @@ class Session:
         try:
             yield h
         except BaseException as e:
-            self.fail(_reason(e))
+            self.fail(exit_reason(e))
             raise
         self.end_step()
 
@@ -366,7 +366,7 @@ class Session:
         if exc is None:
             self.finish()
         else:
-            self.fail(_reason(exc))
+            self.fail(exit_reason(exc))
 
     def install_exit_handlers(self) -> None:
         """Record the end at interpreter exit (with an uncaught exception's reason) and on SIGTERM (only where
@@ -375,7 +375,7 @@ class Session:
         previous_hook = sys.excepthook
 
         def excepthook(tp, value, tb):
-            self._error = _reason(value)
+            self._error = exit_reason(value)
             previous_hook(tp, value, tb)
 
         sys.excepthook = excepthook
@@ -397,7 +397,8 @@ class _Device:
     type: str
 
 
-def _reason(e: BaseException) -> str:
+def exit_reason(e: BaseException) -> str:
+    """An exception as the ``exit`` event's reason: its type and (the start of) its message."""
     return f"{type(e).__name__}: {str(e)[:400]}"
 
 
@@ -410,7 +411,8 @@ def _as_float(x) -> float | None:
         return None
 
 
-def _first_grad_tensor(out):
+def first_grad_tensor(out):
+    """The output's first tensor that needs a gradient (a tensor, or in a tuple, list or dict such as a ModelOutput)."""
     import torch
 
     if isinstance(out, torch.Tensor):

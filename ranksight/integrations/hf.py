@@ -27,6 +27,8 @@ What it does, in the Trainer's callback events (every process runs them):
 
 from __future__ import annotations
 
+from ranksight.instrument.session import first_grad_tensor
+
 __all__ = ["RanksightCallback"]
 
 
@@ -63,8 +65,6 @@ class TrainerHooks:
     def hook_phases(self, model) -> None:
         """forward from the model's forward pre-hook (which also counts the batch's tokens), backward from the first
         gradient of its output; only inside an open step and in training mode (evaluation runs the model too)."""
-        import torch
-
         from ranksight.integrations.batch import count_tokens
 
         def pre(module, args, kwargs):
@@ -77,7 +77,7 @@ class TrainerHooks:
         def post(module, args, kwargs, out):
             if self.step is None or not module.training:
                 return
-            t = _first_grad_tensor(out, torch)
+            t = first_grad_tensor(out)
             if t is not None:
                 t.register_hook(self._on_backward)
 
@@ -139,17 +139,6 @@ class TrainerHooks:
             return
         self.close()
         self.rs.finish()
-
-
-def _first_grad_tensor(out, torch):
-    """The output's first tensor that needs a gradient (a ModelOutput is a dict: its loss, else its logits)."""
-    if isinstance(out, torch.Tensor):
-        return out if out.requires_grad else None
-    values = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else ()
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.requires_grad:
-            return v
-    return None
 
 
 def _make_class() -> type:

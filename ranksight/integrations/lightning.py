@@ -32,6 +32,8 @@ import importlib.util
 import sys
 from collections.abc import Mapping
 
+from ranksight.instrument.session import exit_reason
+
 __all__ = ["RanksightCallback", "callback_bases"]
 
 # the two distributions of Lightning: the unified ``lightning`` package and the standalone ``pytorch_lightning``
@@ -55,10 +57,6 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # the parent package is missing
         return False
-
-
-def _reason(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e)[:400]}"
 
 
 class LightningHooks:
@@ -158,7 +156,7 @@ class LightningHooks:
         if self.rs is None:
             return
         self.step = None
-        self.rs.fail(_reason(exception))
+        self.rs.fail(exit_reason(exception))
 
 
 def _make_class() -> type:
