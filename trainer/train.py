@@ -12,7 +12,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -46,15 +45,6 @@ from trainer.profiling import Profiler
 from trainer.simdevice import SimulatedGpu
 
 TP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _node_index(cfg: TrainConfig) -> int:
-    if cfg.node is not None:
-        return cfg.node
-    for var in ("RANKSIGHT_NODE", "GROUP_RANK"):
-        if os.environ.get(var, "") != "":
-            return int(os.environ[var])
-    return 0
 
 
 def _setup_nccl_logs(run: RunDir) -> None:
@@ -104,8 +94,6 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     """This rank's whole run once its process group exists: build, train, write, tear down. Returns its session."""
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    node = _node_index(cfg)
-    host = os.environ.get("RANKSIGHT_HOST") or socket.gethostname()
 
     dp, tp, pp = resolve_layout(cfg, world)
     mesh = build_mesh(device, dp, tp, pp)
@@ -115,13 +103,14 @@ def train_loop(cfg: TrainConfig, specs, run: RunDir, backend: str, device: torch
     fpt = flops_per_token(cfg.model)
     # The trainer is ranksight's first user: the same API any loop uses (docs/instrument.md); it writes its own,
     # richer manifest (config, faults, peak) below.
-    rs = ranksight.init(cfg.run_id, cfg.store, node=node, host=host, mesh=mesh, device=device.type,
+    # node: --node, else $RANKSIGHT_NODE or torchrun's $GROUP_RANK (resolved by ranksight.init, as for any loop)
+    rs = ranksight.init(cfg.run_id, cfg.store, node=cfg.node, mesh=mesh, device=device.type,
                         tokens_per_step=tokens_per_step, flops_per_step=fpt * tokens_per_step / (tp * pp),
                         microbatches=cfg.parallel.microbatches if pp > 1 else cfg.grad_accum,
                         write_manifest=False, enabled=cfg.instrument, exit_handlers=False)
     rec = rs.recorder
     _SESSION[0] = rs
-    placements = rs.placements
+    placements, node = rs.placements, rs.placement.node
 
     faults = FaultState(specs, rank, node, local_rank, device.type)
     faults.shaper = LinkShaper.from_env() if specs else None
