@@ -10,7 +10,6 @@ import sys
 import time
 
 import psutil
-import pytest
 import torch
 
 from ranksight.layout import RunDir
