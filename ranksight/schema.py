@@ -55,6 +55,14 @@ FINDING_KINDS = (
     "gpu_health",
     "data_stall",
     "memory_pressure",
+    # from logs a user brings (ranksight logs; diagnose over logs stored with a run)
+    "nccl_error",  # an NCCL WARN/error: IB completion, QP/MR setup, socket, CUDA, system, internal
+    "network_fallback",  # traffic on a slower transport than the hardware offers (Socket instead of IB, no GDR)
+    "topology",  # info: nodes, ranks, transports, NICs, GDR
+    "collective_mismatch",  # ranks disagree on a collective: op type, size, sequence number
+    "nan",  # NaN/Inf in loss or gradients (a framework's assertion, not an injected fault)
+    "slowdown",  # iterations slower over time (a per-iteration training log)
+    "benchmark",  # a collective benchmark's result against what the interconnect should give
 )
 
 # Store tables: each is a directory of Parquet files under <store>/<run-id>/.
@@ -277,6 +285,9 @@ class Finding(msgspec.Struct, kw_only=True):
     recommendation: str = ""
     confidence: float = 1.0
     summary: str = ""  # one line a person reads first
+    hosts: list[str] = []  # host names where nodes are not numbered (logs a user brings)
+    gpus: list[str] = []  # GPU ids as the input names them: index, PCI bus id, UUID
+    inputs: list[str] = []  # the files a finding from logs rests on
     run_id: str = ""
     t: float = 0.0  # when it was first detected
     simulated: bool = False  # rests on simulated telemetry or a simulated peak

@@ -27,7 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"ranksight"},
     "node": {"ranksight", "probes"},
     "head": {"ranksight", "analyzers", "dashboards"},
-    "cli": {"ranksight", "probes", "trainer", "nccl_tests", "analyzers", "dashboards", "tui", "node", "head"},
+    "logs": {"ranksight", "probes", "analyzers"},
+    "cli": {"ranksight", "probes", "trainer", "nccl_tests", "analyzers", "dashboards", "tui", "node", "head", "logs"},
 }
 PACKAGES = sorted(ALLOWED)
 # Not packages of the product, but they must not borrow private names either.
