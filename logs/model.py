@@ -48,3 +48,23 @@ def log_finding(reader: str, kind: str, severity: str, summary: str, *, inputs: 
                    ranks=sorted(set(ranks or [])), nodes=sorted(set(nodes or [])), hosts=sorted(set(hosts or [])),
                    gpus=sorted(set(gpus or [])), step_start=step_start, step_end=step_end, evidence=evidence,
                    recommendation=recommendation, confidence=confidence, inputs=sorted(set(inputs)))
+
+
+class LineIndex:
+    """Line numbers of byte offsets in one input, for readers that scan the whole buffer with a regex (``re.finditer``
+    over bytes runs at C speed; a Python loop over every line does not) and touch only the lines they match."""
+
+    def __init__(self, data: bytes):
+        import numpy as np
+
+        self._np = np
+        self.newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+
+    def line_of(self, offset: int) -> int:
+        """0-based line number of the byte at ``offset``."""
+        return int(self._np.searchsorted(self.newlines, offset, side="left"))
+
+    def lines_of(self, offsets) -> set[int]:
+        """0-based line numbers of many offsets at once."""
+        np = self._np
+        return set(np.searchsorted(self.newlines, np.asarray(list(offsets), dtype=np.int64), side="left").tolist())

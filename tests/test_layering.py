@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"ranksight"},
     "node": {"ranksight", "probes"},
     "head": {"ranksight", "analyzers", "dashboards"},
-    "logs": {"ranksight", "probes", "analyzers"},
+    "logs": {"ranksight", "probes", "analyzers", "nccl_tests"},
     "cli": {"ranksight", "probes", "trainer", "nccl_tests", "analyzers", "dashboards", "tui", "node", "head", "logs"},
 }
 PACKAGES = sorted(ALLOWED)
