@@ -25,8 +25,9 @@ from analyzers.checks import CHECKS
 from ranksight.schema import SEVERITY_ORDER
 
 # Order of kinds at equal severity: causes before their consequences (an MFU drop is usually a symptom).
-KIND_ORDER = {"hang": 0, "gpu_health": 1, "straggler": 2, "data_stall": 3, "comm_bottleneck": 4, "fp16_overflow": 5,
-              "pipeline_bubble": 6, "memory_pressure": 7, "mfu_drop": 8}
+KIND_ORDER = {"hang": 0, "gpu_health": 1, "nccl_error": 1, "collective_mismatch": 1, "straggler": 2, "data_stall": 3,
+              "comm_bottleneck": 4, "network_fallback": 4, "fp16_overflow": 5, "nan": 5, "pipeline_bubble": 6,
+              "memory_pressure": 7, "mfu_drop": 8, "slowdown": 8, "benchmark": 9, "topology": 10}
 ANALYZERS = tuple(CHECKS)
 
 
@@ -60,9 +61,14 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
             f.t = f.t or now
         findings.extend(got)
     _reconcile(findings)
+    sort_findings(findings)
+    return findings
+
+
+def sort_findings(findings: list) -> None:
+    """In place: by severity, causes before symptoms (KIND_ORDER), onset."""
     findings.sort(key=lambda f: (-SEVERITY_ORDER[f.severity], KIND_ORDER.get(f.kind, 99),
                                  f.step_start if f.step_start is not None else -1))
-    return findings
 
 
 def check_coverage(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None) -> list[Coverage]:

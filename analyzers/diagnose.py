@@ -5,7 +5,8 @@ report a person reads in a minute: a verdict, findings by severity with their ev
 checks that could not judge the run and why (the fields they need are missing), a rank x step
 heat map of compute time, MFU and step time over time, the injected faults next to what was
 found, and what to do next. ``--json`` prints one object; ``--html FILE`` writes a
-self-contained page with inline SVG plots. (The report itself: ``analyzers.report``.)
+self-contained page with inline SVG plots. (The report itself: ``analyzers.report``; the command, which also reads
+the logs stored with the run: ``cli/diagnose.py``.)
 
 Exit codes (``analyzers.report.model``): 0 healthy, 10 incomplete (nothing found, but some checks
 could not run), 20 warnings, 30 critical, 40 the run could not be read. None is 1 or 2, which
@@ -17,23 +18,26 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable
 
-import typer
-
-from analyzers import run_all
+from analyzers import run_all, sort_findings
 from analyzers.loader import LoadError, load_run
-from analyzers.report.model import EXIT_CODES_HELP, EXIT_LOAD_ERROR, build_report
+from analyzers.report.model import EXIT_LOAD_ERROR, build_report
 from analyzers.report.render_html import render_html
 from analyzers.report.render_json import load_error_json, render_json
 from analyzers.report.render_text import render_text
 from ranksight.layout import DEFAULT_STORE
+from ranksight.schema import Finding
+
+StoredLogs = Callable[[Path], tuple[list[Finding], list[str]]]  # run directory -> (findings, notes)
 
 
 def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool = False, html_file: str | None = None,
              since: int | None = None, until: int | None = None, progress: bool | None = None,
-             out: Any = None) -> int:
-    """Run the report; returns the exit code. ``out``: a rich Console (default: stdout)."""
+             out: Any = None, stored_logs: StoredLogs | None = None) -> int:
+    """Run the report; returns the exit code. ``out``: a rich Console (default: stdout). ``stored_logs``: reads the
+    logs stored in the run's directory into findings and notes (the command passes ``logs.stored.run_log_findings``;
+    the log readers stand on the analyzers, so they are handed in rather than imported)."""
     from rich.console import Console
 
     console = out or Console()
@@ -50,6 +54,11 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
     errors: list[str] = []
     coverage: list = []
     findings = run_all(data, errors=errors, coverage=coverage)
+    if stored_logs is not None:
+        log_findings, notes = stored_logs(Path(store) / run_id)
+        findings = findings + log_findings
+        sort_findings(findings)
+        errors.extend(notes)
     report = build_report(data, findings, errors, coverage)
     if html_file:
         Path(html_file).write_text(render_html(report), encoding="utf-8")
@@ -61,28 +70,3 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
         if html_file:
             console.print(f"[dim]HTML report written to {html_file}[/]")
     return report.summary["exit_code"]
-
-
-diagnose_command = typer.Typer(add_completion=False, help="Post-mortem report of a run.")
-
-
-@diagnose_command.command(help="Post-mortem report of a run: which rank, which node, since which step, and why; and "
-                               "which checks could not judge it, and why. " + EXIT_CODES_HELP)
-def _diagnose_cli(
-    run_id: str = typer.Argument(..., help="The run id (a directory under the store)."),
-    store: Optional[str] = typer.Option(None, "--store", help="Run store directory (default $RANKSIGHT_STORE or ./runs)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
-    html_file: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page to FILE."),
-    since: Optional[int] = typer.Option(None, "--since", help="First step to analyse."),
-    until: Optional[int] = typer.Option(None, "--until", help="Last step to analyse."),
-) -> None:
-    code = diagnose(run_id, store=store, as_json=as_json, html_file=html_file, since=since, until=until)
-    raise typer.Exit(code)
-
-
-def main() -> None:
-    diagnose_command()
-
-
-if __name__ == "__main__":
-    main()

@@ -83,8 +83,8 @@ def main() -> int:
         return 1
 
     console.print(Rule(f"2. diagnose {run_id}"))
-    run([sys.executable, "-m", "analyzers.diagnose", run_id, "--store", str(store)])
-    report = run([sys.executable, "-m", "analyzers.diagnose", run_id, "--store", str(store), "--json"],
+    run([sys.executable, "-m", "cli.diagnose", run_id, "--store", str(store)])
+    report = run([sys.executable, "-m", "cli.diagnose", run_id, "--store", str(store), "--json"],
                  capture_output=True, text=True)
     try:
         verdict = json.loads(report.stdout)

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli:train_command", "Run the trainer on this rank (started by torchrun)."),
     "launch": ("cli.launch:launch_command", "Start a local multi-node run on this host and wait for it."),
     "nccl-tests": ("nccl_tests.cli:nccl_tests_command", "Collective benchmarks (nccl-tests output) and the pre-flight health check."),
-    "diagnose": ("analyzers.diagnose:diagnose_command", "Post-mortem report of a run."),
+    "diagnose": ("cli.diagnose:diagnose_command", "Post-mortem report of a run."),
     "nccl-log": ("probes.nccl_log.cli:nccl_log_command", "Summarize NCCL_DEBUG=INFO logs a user already has."),
     "logs": ("logs.cli:logs_command", "Diagnose the logs you already have (NCCL, watchdog, Flight Recorder, Xid, ...)."),
     "agent": ("node.cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),

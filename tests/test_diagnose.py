@@ -14,7 +14,7 @@ from analyzers.report.model import EXIT_CRITICAL, EXIT_LOAD_ERROR, EXIT_WARNING
 from ranksight.schema import SCHEMA_VERSION, FaultSpec, FINDING_KINDS
 
 FINDING_KEYS = {"analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence", "recommendation",
-                "confidence", "summary", "simulated"}
+                "confidence", "summary", "simulated", "hosts", "gpus", "inputs"}
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +106,9 @@ def test_html_is_self_contained(store, tmp_path):
 
 
 def test_console_script_entry_point(store):
-    # the `diagnose` console script is analyzers.diagnose:main
+    # the `diagnose` console script is cli.diagnose:main
     r = subprocess.run([sys.executable, "-c", "import sys; sys.argv=['diagnose','clean','--store',sys.argv[1],'--json'];"
-                        "from analyzers.diagnose import main; main()", str(store)], capture_output=True, text=True,
+                        "from cli.diagnose import main; main()", str(store)], capture_output=True, text=True,
                        cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verdict"].startswith("HEALTHY")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from analyzers.diagnose import diagnose_command
+from cli.diagnose import diagnose_command
 from analyzers.report.model import EXIT_CRITICAL, EXIT_HEALTHY, EXIT_INCOMPLETE, EXIT_WARNING
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import analyzers
 from analyzers.builder import build_frame
 from analyzers.checks import gpu_health, hang
-from analyzers.diagnose import diagnose_command
+from cli.diagnose import diagnose_command
 from analyzers.loader import RunData
 from analyzers.policy import EvictPolicy, PolicyConfig
 from analyzers.report.model import (EXIT_CRITICAL, EXIT_HEALTHY, EXIT_INCOMPLETE, EXIT_LOAD_ERROR, EXIT_WARNING,

@@ -23,7 +23,7 @@ from analyzers.score import detection_step, matches
 from ranksight.schema import SEVERITY_ORDER, Finding
 
 FINDING_FIELDS = ("analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence",
-                  "recommendation", "confidence", "summary", "simulated")
+                  "recommendation", "confidence", "summary", "simulated", "hosts", "gpus", "inputs")
 # diagnose's exit codes. Click (typer) exits 2 on a usage error and 1 on an uncaught exception, so none of these
 # is 1 or 2; they are spaced so that ``code >= EXIT_WARNING`` means "something to act on was found".
 EXIT_HEALTHY = 0  # every check that applies ran; nothing worse than info

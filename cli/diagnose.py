@@ -1,0 +1,39 @@
+"""The ``diagnose`` command: ``analyzers.diagnose`` over a run, with the logs stored beside it read by the same readers
+as ``ranksight logs`` (``logs.stored``). It lives here, above both, because the log readers stand on the analyzers."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from analyzers.diagnose import diagnose
+from analyzers.report.model import EXIT_CODES_HELP
+from logs.stored import run_log_findings
+
+diagnose_command = typer.Typer(add_completion=False, help="Post-mortem report of a run.")
+
+
+@diagnose_command.command(help="Post-mortem report of a run: which rank, which node, since which step, and why; and "
+                               "which checks could not judge it, and why. Logs stored with the run (its logs/ and "
+                               "nccl/ directories) are read as `ranksight logs` reads them. " + EXIT_CODES_HELP)
+def _diagnose_cli(
+    run_id: str = typer.Argument(..., help="The run id (a directory under the store)."),
+    store: Optional[str] = typer.Option(None, "--store", help="Run store directory (default $RANKSIGHT_STORE or ./runs)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the report."),
+    html_file: Optional[str] = typer.Option(None, "--html", help="Also write a self-contained HTML page to FILE."),
+    since: Optional[int] = typer.Option(None, "--since", help="First step to analyse."),
+    until: Optional[int] = typer.Option(None, "--until", help="Last step to analyse."),
+    no_logs: bool = typer.Option(False, "--no-logs", help="Do not read the logs stored with the run."),
+) -> None:
+    code = diagnose(run_id, store=store, as_json=as_json, html_file=html_file, since=since, until=until,
+                    stored_logs=None if no_logs else run_log_findings)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    diagnose_command()
+
+
+if __name__ == "__main__":
+    main()
