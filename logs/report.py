@@ -14,12 +14,13 @@ from ranksight.schema import to_dict
 
 
 def exit_code(r: LogReport) -> int:
-    """diagnose's codes: 0 nothing wrong, 10 nothing wrong but some input or reader failed, 20 warning, 30 critical,
-    40 nothing could be read at all."""
+    """diagnose's codes: 0 nothing wrong, 10 nothing wrong but some input or reader failed or no input was in a known
+    format (nothing judged is not healthy), 20 warning, 30 critical, 40 nothing could be read at all."""
     if not any(i.error is None for i in r.inputs):
         return EXIT_LOAD_ERROR
     code = EXIT[r.worst]
-    if code == EXIT_HEALTHY and (r.errors or any(i.error for i in r.inputs)):
+    nothing_known = not any(i.formats for i in r.inputs)
+    if code == EXIT_HEALTHY and (nothing_known or r.errors or any(i.error for i in r.inputs)):
         return EXIT_INCOMPLETE
     return code
 

@@ -86,7 +86,7 @@ def test_nothing_readable_and_nothing_recognised(tmp_path, fake_readers):
     assert exit_code(r) == 40 and verdict(r).startswith("NOTHING READ")
     (tmp_path / "x.log").write_bytes(b"hello\n")
     r = analyze([str(tmp_path / "x.log")])
-    assert exit_code(r) == 0 and verdict(r).startswith("NOTHING RECOGNISED") and r.inputs[0].unknown_lines == 1
+    assert exit_code(r) == 10 and verdict(r).startswith("NOTHING RECOGNISED") and r.inputs[0].unknown_lines == 1
 
 
 def test_torn_gzip_is_read_up_to_the_tear(tmp_path, fake_readers):
