@@ -127,7 +127,8 @@ class LiveAnalysis:
     def analyze_if_due(self, run_id: str, now: float | None = None) -> bool:
         """One scheduled round for ``run_id``, unless nothing changed: skipped when no step, collective,
         event, XID or manifest reached the live window since the last round, except that a run not yet
-        finished is looked at again every ``idle_recheck`` seconds (the hang check needs the clock).
+        ended (manifest or every rank's exit event) is looked at again every ``idle_recheck`` seconds (the hang
+        check needs the clock).
         ``now``: the monotonic clock. Returns whether the analyzers ran."""
         live = self.live.runs.get(run_id)
         if live is None or self.analyzer is None:
@@ -138,8 +139,10 @@ class LiveAnalysis:
             return False  # nothing to analyze yet
         prev = self._marks.get(run_id)
         if prev is not None and all(a is b for a, b in zip(mark, prev[0])):
-            finished = live.manifest is not None and live.manifest.finished is not None
-            if finished or now - prev[1] < self.idle_recheck:
+            # ended: its manifest says so, or every rank wrote its exit event (a run instrumented by a user has no
+            # manifest to mark); the hang check has nothing left to watch the clock for
+            ended = (live.manifest is not None and live.manifest.finished is not None) or live.ended() is not None
+            if ended or now - prev[1] < self.idle_recheck:
                 self.stats["analysis_skipped"] += 1
                 return False
         self._marks[run_id] = (mark, now)

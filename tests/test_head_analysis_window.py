@@ -111,3 +111,22 @@ def test_rounds_are_skipped_when_nothing_new_arrived(tmp_path):
         assert h.analysis.analyze_if_due("r1", now=101.0) is True
     finally:
         h.close()
+
+
+def test_a_run_whose_ranks_all_exited_is_not_looked_at_again(tmp_path):
+    """No manifest (a user's own loop): once every rank wrote its exit event, the clock alone makes no round."""
+    calls = []
+    h = Head(tmp_path / "store", TOKEN, analyzer=lambda data: calls.append(len(data.steps)) or [], idle_recheck=15.0)
+    try:
+        rs, live = h.store.run("r2"), h.live.run("r2")
+        live.add("steps", rs.add("steps", [_step(r, 0, 1000.0) for r in range(2)]))
+        assert h.analysis.analyze_if_due("r2", now=1.0) is True
+        live.add("events", [schema.EventRecord(run_id="r2", rank=0, step=0, t=1000.2, event="exit", detail={"reason": "finished"})])
+        assert h.analysis.analyze_if_due("r2", now=2.0) is True
+        assert h.analysis.analyze_if_due("r2", now=30.0) is True  # rank 1 has not exited: the hang check looks again
+        live.add("events", [schema.EventRecord(run_id="r2", rank=1, step=0, t=1000.3, event="exit", detail={"reason": "finished"})])
+        assert h.analysis.analyze_if_due("r2", now=31.0) is True  # the exit event itself is new data
+        assert live.ended() == "finished"
+        assert h.analysis.analyze_if_due("r2", now=100.0) is False and len(calls) == 4
+    finally:
+        h.close()
