@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "nccl-tests": ("nccl_tests.cli:nccl_tests_command", "Collective benchmarks (nccl-tests output) and the pre-flight health check."),
     "diagnose": ("cli.diagnose:diagnose_command", "Post-mortem report of a run."),
     "nccl-log": ("probes.nccl_log.cli:nccl_log_command", "Summarize NCCL_DEBUG=INFO logs a user already has."),
+    "trace": ("traces.cli:trace_command", "Analyse profiler traces of one or many ranks (HTA's analyses, and who is slow)."),
     "logs": ("logs.cli:logs_command", "Diagnose the logs you already have (NCCL, watchdog, Flight Recorder, Xid, ...)."),
     "agent": ("node.cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
     "head": ("head.cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),

@@ -28,7 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "node": {"ranksight", "probes"},
     "head": {"ranksight", "analyzers", "dashboards"},
     "logs": {"ranksight", "probes", "analyzers", "nccl_tests"},
-    "cli": {"ranksight", "probes", "trainer", "nccl_tests", "analyzers", "dashboards", "tui", "node", "head", "logs"},
+    "traces": {"ranksight", "probes", "analyzers"},
+    "cli": {"ranksight", "probes", "trainer", "nccl_tests", "analyzers", "dashboards", "tui", "node", "head", "logs",
+            "traces"},
 }
 PACKAGES = sorted(ALLOWED)
 # Not packages of the product, but they must not borrow private names either.
