@@ -14,6 +14,8 @@ the median check needs, for 77 buckets per rank.
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STEP_BUCKETS = tuple(round(0.01 * 2 ** (i / 6), 6) for i in range(0, 6 * 13)) # 0.01 .. ~81 s
@@ -132,10 +134,12 @@ class AgentMetrics:
         c(self.step_data).set(last.data_ms / 1000.0)
         c(self.step_pipe).set(last.pipeline_wait_ms / 1000.0)
         c(self.steps).inc(len(recs))
-        tokens = [r.tokens for r in recs if r.tokens]
+        # a counter only goes up (prometheus_client raises on a negative increment): a negative or non-finite
+        # count in a record is bad data, left out here rather than stopping the agent's cycle
+        tokens = [r.tokens for r in recs if r.tokens and math.isfinite(r.tokens) and r.tokens > 0]
         if tokens:
             c(self.tokens).inc(sum(tokens))
-        flops = [r.flops for r in recs if r.flops]
+        flops = [r.flops for r in recs if r.flops and math.isfinite(r.flops) and r.flops > 0]
         if flops:
             c(self.flops).inc(sum(flops))
         overflows = sum(1 for r in recs if r.overflow)

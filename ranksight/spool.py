@@ -187,7 +187,7 @@ def tail(path: str | os.PathLike, position: TailPosition | None = None, max_byte
                 continue  # blank lines are harmless padding, not garbage
             try:
                 rec = decode_spool_line(stripped)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
                 pos.garbage_lines += 1
                 if bad is not None and bad.offset + bad.nbytes == line_off:
                     bad.nbytes += len(line) + 1
@@ -239,7 +239,7 @@ def first_node(path: str | os.PathLike) -> int | None:
                     return None
                 try:
                     rec = decode_spool_line(line.strip())
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
                     continue
                 node = getattr(rec, "node", None)
                 if node is not None:
@@ -269,7 +269,7 @@ def read_spool(path: str | os.PathLike) -> SpoolContents:
             continue
         try:
             records.append(decode_spool_line(line))
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             # The final line without its newline is a write cut short; anything else is garbage.
             if i == last:
                 truncated += 1

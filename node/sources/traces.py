@@ -58,6 +58,10 @@ class TraceSource:
                 log.warning("agent: trace %s not summarized: %s", p, e)
                 self._pending.append(n)  # do not retry a broken file every cycle
                 continue
+            except Exception as e:  # a user's file outside the summarizer's contract (e.g. malformed UTF-8): same
+                log.warning("agent: trace %s not summarized (%s: %s)", p, type(e).__name__, e)
+                self._pending.append(n)  # do not retry a broken file every cycle
+                continue
             summaries.append(s)
             self._pending.append(n)
         if not summaries:

@@ -1,0 +1,54 @@
+"""Records that once stopped a node's agent for good (issue 16, item 1): each is now read past, the rest of the data
+still flows. Invalid UTF-8 in a spool string, a negative token/FLOP count, a profiler trace with malformed UTF-8."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from prometheus_client.exposition import generate_latest
+
+from node.prom import AgentMetrics
+from node.sources.traces import TraceSource
+from node.state import AgentState
+from ranksight import schema
+from ranksight.layout import RunDir
+from ranksight.spool import tail
+
+
+def _step(step: int, **kw) -> schema.StepRecord:
+    return schema.StepRecord(run_id="r", rank=0, step=step, node=0, host="h", world_size=1, t_start=float(step),
+                             t_end=step + 0.5, step_ms=500.0, **kw)
+
+
+def test_invalid_utf8_in_a_spool_string_is_a_gap_and_the_next_records_are_read(tmp_path):
+    p = tmp_path / "rank-0.jsonl"
+    bad = b'{"kind":"event","run_id":"r\xff\xfe","rank":0,"step":1,"t":1.0,"event":"x"}\n'
+    p.write_bytes(schema.encode(_step(1)) + b"\n" + bad + schema.encode(_step(2)) + b"\n")
+    res = tail(p)
+    assert [r.step for r in res.records] == [1, 2]
+    assert len(res.gaps) == 1 and res.gaps[0].reason == "garbage" and res.position.offset == p.stat().st_size
+
+
+def test_a_negative_count_does_not_stop_the_exporter():
+    m = AgentMetrics()
+    m.observe_steps([_step(1, tokens=100, flops=1e12), _step(2, tokens=-5, flops=-1.0), _step(3, tokens=50)])
+    text = generate_latest(m.registry).decode()
+    assert 'ranksight_tokens_total{node="0",rank="0",run_id="r"} 150.0' in text
+    assert 'ranksight_steps_total{node="0",rank="0",run_id="r"} 3.0' in text
+
+
+def test_a_trace_with_malformed_utf8_is_marked_done_not_retried(tmp_path):
+    rd = RunDir(tmp_path, "r")
+    rd.traces_dir.mkdir(parents=True)
+    p = rd.traces_dir / "rank-0.json"
+    # an overlong UTF-8 sequence (0xC0 0xAF) inside a string
+    p.write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a\xc0\xafb", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}')
+    old = time.time() - 60
+    os.utime(p, (old, old))
+    state = AgentState(node=0)
+    src = TraceSource(rd, state, lambda: [0])
+    src.collect()  # summarized, or logged and set aside: never raises
+    src.commit(True)
+    assert "rank-0.json" in state.traces_done
+    assert src.collect() == []  # not tried again
