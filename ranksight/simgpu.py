@@ -63,7 +63,9 @@ OPTIONAL_KEYS = (
 
 
 def throttle_names(mask: int) -> list[str]:
-    """Names of the set reason bits, in bit order; bits NVML has not named here appear as ``0x...``."""
+    """Names of the set reason bits, in bit order; bits NVML has not named here appear as ``0x...``. NVML's mask is an
+    unsigned 64-bit value: anything else (a negative number from a bad record) is read as its low 64 bits."""
+    mask = int(mask) & 0xFFFF_FFFF_FFFF_FFFF  # a negative int has infinitely many set bits: the loop would not end
     names = [name for bit, name in THROTTLE_NAMES.items() if mask & bit]
     unknown = mask & ~sum(THROTTLE_NAMES)
     bit = 1

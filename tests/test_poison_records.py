@@ -52,3 +52,10 @@ def test_a_trace_with_malformed_utf8_is_marked_done_not_retried(tmp_path):
     src.commit(True)
     assert "rank-0.json" in state.traces_done
     assert src.collect() == []  # not tried again
+
+
+def test_throttle_names_of_a_negative_mask_end():
+    from ranksight.simgpu import throttle_names
+
+    names = throttle_names(-1)  # all 64 bits
+    assert len(names) == 64 and names[-1] == hex(1 << 63)
