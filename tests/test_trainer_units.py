@@ -169,7 +169,10 @@ def test_evict_refusals():
     assert "unknown node 5" in control.validate(ev(5), {0, 1}, min_nodes=1)
     assert "would leave 0 node" in control.validate(ev(0), {0}, min_nodes=1)
     assert "needs a node" in control.validate(ev(None), {0, 1}, min_nodes=1)
-    assert "steps >= 1" in control.validate(ControlRequest(id="p", action="profile", t=0.0), {0}, 1)
+    assert "1 <= steps" in control.validate(ControlRequest(id="p", action="profile", t=0.0), {0}, 1)
+    # would overflow the int64 broadcast on every rank, at every restart while pending
+    huge = ControlRequest(id="p", action="profile", t=0.0, steps=2**63)
+    assert "got 9223372036854775808" in control.validate(huge, {0}, 1)
 
 
 def test_refused_evict_is_acked_and_not_broadcast(tmp_path, monkeypatch):

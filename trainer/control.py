@@ -72,10 +72,15 @@ def pending_requests(run: RunDir) -> list[tuple[ControlRequest | None, Path, str
     return out
 
 
+# the request travels to every rank as an int64 tensor: a larger value would make every rank fail at the same step,
+# and again after each restart while the request is pending; no profile needs more steps than this
+MAX_PROFILE_STEPS = 100_000
+
+
 def validate(req: ControlRequest, nodes: set[int], min_nodes: int) -> str:
     """'' if the request can be applied, else why it is refused."""
-    if req.action == "profile" and req.steps < 1:
-        return "profile needs steps >= 1"
+    if req.action == "profile" and not 1 <= req.steps <= MAX_PROFILE_STEPS:
+        return f"profile needs 1 <= steps <= {MAX_PROFILE_STEPS} (got {req.steps})"
     if req.action == "evict":
         if req.node is None:
             return "evict needs a node"
