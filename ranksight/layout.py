@@ -19,17 +19,23 @@ writes lives under ``<store>/<run-id>/``:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 DEFAULT_STORE = Path("./runs")
+# A run id names a directory on every node and the head, and travels in URLs, metric labels and file names: a
+# letter or digit first (no hidden or relative names), then letters, digits, '-', '_' and '.', at most 128 in all.
+# (A NUL or a newline in one once broke every later listing of the runs.)
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+RUN_ID_RULE = "a letter or digit, then letters, digits, '-', '_' or '.'; at most 128 characters"
 
 
 class RunDir:
     """Paths inside one run directory. Pure path arithmetic: creates nothing unless asked."""
 
     def __init__(self, store: str | os.PathLike, run_id: str):
-        if not run_id or "/" in run_id or run_id.startswith("."):
-            raise ValueError(f"invalid run id {run_id!r}: use letters, digits, '-', '_' and '.'")
+        if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+            raise ValueError(f"invalid run id {run_id!r}: {RUN_ID_RULE}")
         self.store = Path(store)
         self.run_id = run_id
         self.root = self.store / run_id

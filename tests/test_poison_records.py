@@ -59,3 +59,13 @@ def test_throttle_names_of_a_negative_mask_end():
 
     names = throttle_names(-1)  # all 64 bits
     assert len(names) == 64 and names[-1] == hex(1 << 63)
+
+
+def test_run_ids_outside_the_documented_charset_are_refused(tmp_path):
+    import pytest
+
+    for bad in ("", ".hidden", "a/b", "a\x00b", "a\nb", "x" * 129, "-lead", "run id"):
+        with pytest.raises(ValueError, match="invalid run id"):
+            RunDir(tmp_path, bad)
+    for ok in ("r", "demo-20261124-090527", "det-dp4-slow_link-450-2n", "v1.2_run", "x" * 128):
+        assert RunDir(tmp_path, ok).run_id == ok
