@@ -27,7 +27,7 @@ from ranksight.schema import SEVERITY_ORDER
 # Order of kinds at equal severity: causes before their consequences (an MFU drop is usually a symptom).
 KIND_ORDER = {"hang": 0, "gpu_health": 1, "nccl_error": 1, "collective_mismatch": 1, "straggler": 2, "data_stall": 3,
               "comm_bottleneck": 4, "network_fallback": 4, "fp16_overflow": 5, "nan": 5, "pipeline_bubble": 6,
-              "memory_pressure": 7, "mfu_drop": 8, "slowdown": 8, "benchmark": 9, "topology": 10}
+              "memory_pressure": 7, "mfu_drop": 8, "slowdown": 8, "benchmark": 9, "clock_skew": 9, "topology": 10}
 ANALYZERS = tuple(CHECKS)
 
 

@@ -207,6 +207,10 @@ class RunData:
     truncated_lines: int = 0  # spool lines cut short at the end of a file (tolerated)
     bad_lines: int = 0  # undecodable lines elsewhere (skipped)
     now: float | None = None  # live analysis: the wall clock of this round; None post-mortem
+    # live analysis: per rank, the head's clock minus the rank's (the smallest (receive time - t_end) over the step
+    # batches received: the rank's clock offset plus the quickest delivery). Liveness is judged on the head's clock
+    # by adding it to the rank's timestamps, so a node whose clock is off is not "silent" for that reason.
+    clock_offset_s: dict[int, float] = field(default_factory=dict)
     since: int | None = None
     until: int | None = None
 
@@ -363,7 +367,7 @@ class RunData:
             events=cut(self.events), gpu=cut_t(self.gpu), host=cut_t(self.host), nccl_events=self.nccl_events,
             trace_summaries=cut(self.trace_summaries, "step_start"), xid=cut_t(self.xid), nccl_tests=self.nccl_tests,
             actions=self.actions, source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, now=self.now,
-            since=since, until=until,
+            clock_offset_s=self.clock_offset_s, since=since, until=until,
         )
 
     @classmethod

@@ -77,6 +77,8 @@ class _RankState:
         self.t_end = grow(g("t_end"), 0.0, np.float64)
         self.step_ms = grow(g("step_ms"), 0.0, np.float64)
         self.last_seen = grow(g("last_seen"), 0.0, np.float64)
+        # the head's clock minus the rank's: the smallest (receive time - t_end) of a step batch's newest step
+        self.clock_offset = grow(g("clock_offset"), np.inf, np.float64)
         self.world_size = grow(g("world_size"), 0, np.int64)
         # the rank ended: an ``exit`` or ``evicted`` event at or after its last step (a step after it clears it)
         self.exited = grow(g("exited"), False, np.bool_)
@@ -226,6 +228,14 @@ class RunLive:
                 self._steps.append(t)
                 self._steps_rows += t.num_rows
                 st.record_steps(t, rank, ok)
+                # each rank's newest step end in this batch, against the head's receive time
+                t_end = numpy_column(t, "t_end").astype(np.float64)
+                good = ok & np.isfinite(t_end)
+                if good.any():
+                    newest = np.full(st.n, -np.inf)
+                    np.maximum.at(newest, rank[good], t_end[good])
+                    seen = np.isfinite(newest)
+                    st.clock_offset[seen] = np.minimum(st.clock_offset[seen], now - newest[seen])
                 # about ``window`` rows per rank; run_data()/steps_since() cut exactly per rank
                 cap = self.window * max(1, int(st.has_step.sum()))
                 while self._steps_rows - self._steps[0].num_rows >= cap and len(self._steps) > 1:
@@ -393,6 +403,8 @@ class RunLive:
             steps, colls = list(self._steps), list(self._colls)
             gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
             manifest = self.manifest
+            off = self.state.clock_offset
+            offsets = {int(r): float(off[r]) for r in np.nonzero(np.isfinite(off))[0]}
 
         def records(table, rows):
             if not rows:
@@ -415,7 +427,8 @@ class RunLive:
             # the collectives of the same steps (at most 4x as many rows as steps)
             collectives=columnar("collectives", colls, 4 * k, k if k < self.window else None),
             events=records("events", events), gpu=records("gpu", gpu), host=records("host", host),
-            xid=records("xid", xid), source="live", now=time.time() if now is None else now)
+            xid=records("xid", xid), source="live", now=time.time() if now is None else now,
+            clock_offset_s=offsets)
 
 
 def _empty_frame(table: str) -> pd.DataFrame:

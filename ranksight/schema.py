@@ -63,6 +63,7 @@ FINDING_KINDS = (
     "nan",  # NaN/Inf in loss or gradients (a framework's assertion, not an injected fault)
     "slowdown",  # iterations slower over time (a per-iteration training log)
     "benchmark",  # a collective benchmark's result against what the interconnect should give
+    "clock_skew",  # a node's clock off from the head's (live): liveness is judged on the head's clock
 )
 
 # Store tables: each is a directory of Parquet files under <store>/<run-id>/.

@@ -6,7 +6,9 @@
   "rank 3 never joined all_reduce seq 57 on group dp; ranks 0,1,2 waiting since <time>".
   Everybody joined but nobody finished: the collective itself hangs (network / NCCL).
 - Live (``data.now`` set): a rank silent for more than max(min_stall_s, stall_factor x median step
-  time) while others report, or the whole job silent.
+  time) while others report, or the whole job silent; silence is measured on the head's clock (each rank's
+  timestamps shifted by its measured clock offset, ``RunData.clock_offset_s``). A node whose clock is off from the
+  head's by more than ``skew_s`` is reported as such (kind ``clock_skew``): cross-node timings compare its clock.
 - Post-mortem: ranks whose last step is behind the others (without an exit/evicted event), and a
   run that ended before its planned steps without finishing.
 - A rank that ended (its ``exit`` or ``evicted`` event after its last step) is never silent or behind, live or
@@ -38,6 +40,10 @@ class HangConfig:
     min_stall_s: float = 60.0  # live: a rank silent this long ...
     stall_factor: float = 20.0  # ... or this many median step times, whichever is longer
     lag_steps: int = 2  # post-mortem: a rank this many steps behind the furthest one
+    # live: a node's clock this far from the head's (its ranks' median offset) is reported. The offset measured is
+    # the clock difference plus the quickest delivery of a step batch (about a ship interval); NTP keeps clocks
+    # within milliseconds, so seconds of offset is a clock that is not synchronised
+    skew_s: float = 5.0
 
 
 def _fmt_t(t: float | None) -> str:
@@ -171,7 +177,9 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
         waiting = sorted(int(r) for r in sub["rank"])
         missing = sorted(members - arrived)
         problems.append(dict(group=str(sub["group"].iloc[0]), gkey=str(grp), seq=int(seq), op=str(sub["op"].iloc[0]), missing=missing, waiting=waiting,
-                             since=float(sub["t_arrive"].min()), step=int(sub["step"].min())))
+                             since=float(sub["t_arrive"].min()), step=int(sub["step"].min()),
+                             since_head=float(min(t + data.clock_offset_s.get(int(r), 0.0)
+                                                  for r, t in zip(sub["rank"], sub["t_arrive"])))))
     # A waiting rank that later completed another collective on the same communicator was not stuck here:
     # the record is an op whose completion was never observed (e.g. an async tensor-parallel all-reduce the
     # trainer did not wait on through its timer), not a hang.
@@ -184,7 +192,9 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
     problems = [p for p in problems if not all(clean_exit(ended.get(r, "?")) for r in p["waiting"])]
     if data.now is not None:
         # live: a collective in flight right now is not a hang until it has waited long enough
-        problems = [p for p in problems if data.now - p["since"] > _stall_s(data, cfg)]
+        # (waited on the head's clock: each rank's arrival time plus its clock offset, so a skewed node does not
+        # make a fresh op look old)
+        problems = [p for p in problems if data.now - p["since_head"] > _stall_s(data, cfg)]
     if not problems:
         return []
     problems.sort(key=lambda p: (not p["missing"], p["since"]))
@@ -241,6 +251,10 @@ def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Findi
     if data.now is not None:
         # live: a rank that ended (its exit event after its last step) is quiet, not hung, however long ago it ended
         stall_s = _stall_s(data, cfg)
+        # silence on the head's clock: a rank's last step end plus its clock offset (data.clock_offset_s; 0 where
+        # unknown), so a node whose clock is behind is not "silent" by the difference
+        offset = pd.Series(data.clock_offset_s, dtype=float).reindex(last.index).fillna(0.0)
+        last = last.assign(t=last["t"] + offset)
         silent = last[(data.now - last["t"]) > stall_s]
         silent = silent[~silent.index.isin(list(left))]
         if not silent.empty:
@@ -366,4 +380,32 @@ def analyze(frame: AnalysisFrame, cfg: HangConfig | None = None) -> list[Finding
     out = _collective_hangs(frame, cfg)
     out += _step_hangs(frame, cfg, have=bool(out))
     out += _watchdog(frame)
+    out += _clock_skew(frame, cfg)
     return out
+
+
+def _clock_skew(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
+    """Live: nodes whose clock is off from the head's by more than ``skew_s`` (the median of their ranks' measured
+    offsets, ``RunData.clock_offset_s``). One finding for all of them: a run's clocks are one problem."""
+    data = frame.data
+    if data.now is None or not data.clock_offset_s:
+        return []
+    node_of = frame.placement.rank_node
+    by_node: dict[int, list[float]] = {}
+    for r, off in data.clock_offset_s.items():
+        by_node.setdefault(int(node_of.get(int(r), 0)), []).append(float(off))
+    skewed = {n: float(np.median(v)) for n, v in by_node.items() if abs(float(np.median(v))) > cfg.skew_s}
+    if not skewed:
+        return []
+    parts = [f"node {n}'s clock is {abs(o):.1f} s {'behind' if o > 0 else 'ahead of'} the head's" for n, o in sorted(skewed.items())]
+    ranks = sorted(int(r) for r in data.clock_offset_s if int(node_of.get(int(r), 0)) in skewed)
+    return [Finding(
+        analyzer=NAME, kind="clock_skew", severity="warning", ranks=ranks, nodes=sorted(skewed),
+        evidence=dict(offset_s_by_node={int(n): fnum(o, 2) for n, o in sorted(skewed.items())},
+                      offset_s_by_rank={int(r): fnum(o, 2) for r, o in sorted(data.clock_offset_s.items())},
+                      threshold_s=cfg.skew_s,
+                      measured_as="per rank, the smallest (head receive time - step end) over the step batches received"),
+        confidence=0.8, summary="; ".join(parts) + " (liveness is judged on the head's clock; cross-node timings are not comparable)",
+        recommendation="Synchronise the nodes' clocks (chrony/NTP or PTP) and check with `chronyc tracking`; until then "
+                       "arrival order and completion leads across nodes compare skewed clocks.",
+    )]

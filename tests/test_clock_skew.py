@@ -1,0 +1,41 @@
+"""A node whose clock is off from the head's (issue 16, item 2): liveness is judged on the head's receive clock, so
+the node is not "silent" for the difference; the skew itself is one finding naming the node."""
+
+from __future__ import annotations
+
+from agent_helpers import TOKEN
+from analyzers import run_all
+from head.service import Head
+from ranksight import schema
+
+SKEW_S = -120.0  # node 1's clock is 120 s behind the head's
+
+
+def _step(rank: int, s: int, t_end: float) -> schema.StepRecord:
+    return schema.StepRecord(run_id="r", rank=rank, step=s, node=rank // 2, host=f"h{rank // 2}", world_size=4,
+                             t_start=t_end - 0.5, t_end=t_end, step_ms=500.0, compute_ms=400.0, comm_ms=90.0,
+                             sync_wait_ms=5.0)
+
+
+def test_a_skewed_node_is_not_silent_and_its_skew_is_reported(tmp_path):
+    h = Head(tmp_path / "store", TOKEN, analyzer=None)
+    try:
+        rs, live = h.store.run("r"), h.live.run("r")
+        t0 = 1_800_000_000.0
+        for s in range(1, 31):
+            head_now = t0 + s * 0.5
+            for rank in range(4):
+                t_end = head_now + (SKEW_S if rank >= 2 else 0.0)
+                live.add("steps", rs.add("steps", [_step(rank, s, t_end)]), now=head_now + 0.3)  # 0.3 s delivery
+        data = live.run_data(now=t0 + 30 * 0.5 + 1.0)
+        assert abs(data.clock_offset_s[2] - (0.3 - SKEW_S)) < 1e-6 and abs(data.clock_offset_s[0] - 0.3) < 1e-6
+        found = run_all(data)
+        assert not [f for f in found if f.kind == "hang"], [f.summary for f in found]
+        (skew,) = [f for f in found if f.kind == "clock_skew"]
+        assert skew.nodes == [1] and skew.ranks == [2, 3] and skew.severity == "warning"
+        assert "node 1's clock is 120.3 s behind the head's" in skew.summary
+        # the same node going quiet is still seen, after the stall on the head's clock
+        later = run_all(live.run_data(now=t0 + 15.0 + 200.0))
+        assert [f.ranks for f in later if f.kind == "hang"] == [[0, 1, 2, 3]]
+    finally:
+        h.close()
