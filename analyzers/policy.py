@@ -14,6 +14,8 @@ Each analysis round the head calls :meth:`EvictPolicy.observe` with that round's
   audited with ``dry_run=True`` and the head does not send it.
 - **Audit trail**: every decision, including refusals, is an :class:`~ranksight.schema.Action` with
   its reason and the finding kind, in :attr:`EvictPolicy.audit`.
+- **State that survives the head**: the evictions (their count, the cooldown's start, the nodes gone) are the run's
+  recorded actions; :meth:`EvictPolicy.restore` carries on from them after a head restart.
 """
 
 from __future__ import annotations
@@ -146,6 +148,22 @@ class EvictPolicy:
             if not c.dry_run:
                 self.node_ranks.pop(node, None)
         return d
+
+    def restore(self, actions) -> None:
+        """Carry on from the run's recorded actions (a head restarted mid-run): every eviction that was requested or
+        applied, and not failed or refused, counts against ``max_evictions``, starts the cooldown from its time, and is
+        never asked again; outside dry-run its node has left the job. Dry-run decisions count only in dry-run."""
+        for a in sorted(actions, key=lambda a: a.t):
+            if a.action != "evict" or a.node is None or a.status not in ("requested", "applied"):
+                continue
+            if a.dry_run and not self.cfg.dry_run:
+                continue
+            if a.node not in self.evicted:
+                self.evicted.append(int(a.node))
+            self.last_evict_t = a.t if self.last_evict_t is None else max(self.last_evict_t, a.t)
+            if not a.dry_run:
+                self.node_ranks.pop(int(a.node), None)
+            self.audit.append(a)
 
     def record_result(self, action_id: str, status: str, applied_step: int | None = None) -> Action | None:
         """The head reports what became of an action (applied, failed); the audit entry is updated."""

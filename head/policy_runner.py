@@ -50,6 +50,8 @@ class PolicyRunner:
             if not node_ranks:
                 return None  # no placement yet: nothing can be evicted safely
             policy = self.policies[run_id] = EvictPolicy(run_id, node_ranks, self.cfg)
+            # a head restarted mid-run carries on from the run's stored actions: limits, cooldown, nodes gone
+            policy.restore(self.actions.of_run(run_id).values())
         elif node_ranks and manifest is not self._placed_from.get(run_id):
             policy.node_ranks = {n: list(r) for n, r in node_ranks.items()
                                  if n not in policy.evicted or self.cfg.dry_run}

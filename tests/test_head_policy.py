@@ -81,3 +81,25 @@ def test_unknown_mode_is_refused(tmp_path):
             PolicyRunner(head.actions, "maybe")
     finally:
         head.close()
+
+
+def test_a_restarted_head_carries_on_from_the_stored_evictions(tmp_path):
+    """The policy's state is the run's actions table: after a restart the same node is not evicted again, and the
+    cooldown and the eviction count still hold (a head restarted ~100 s after an eviction once decided it again)."""
+    head = make_head(tmp_path, "dry-run")
+    try:
+        for _ in range(3):
+            head.analysis.analyze_once(RUN)
+        assert [(a["node"], a["status"]) for a in head.actions.current(RUN)] == [(1, "requested")]
+    finally:
+        head.close()
+    head = make_head(tmp_path, "dry-run")  # a new head on the same store
+    try:
+        for _ in range(5):
+            head.analysis.analyze_once(RUN)
+        acts = head.actions.current(RUN)
+        assert [(a["node"], a["status"]) for a in acts] == [(1, "requested")], acts
+        policy = head.analysis.round_hooks[-1].policies[RUN]
+        assert policy.evicted == [1] and policy.last_evict_t is not None
+    finally:
+        head.close()
