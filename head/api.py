@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 from ranksight.http_server import NoDelayHandler
 from head import receiver as rx
 from head.receiver import HttpError
+from head.store.wal import WalFull
 from ranksight import schema
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
@@ -198,12 +199,15 @@ class HeadHandler(NoDelayHandler):
             payload = rx.decompress(body, self.headers.get("Content-Encoding"))
             kind = "logs" if path == "/v1/logs" else "metrics"
             req = rx.parse(kind, payload, self.headers.get("Content-Type"))
-            if kind == "logs":
-                _, rejected, msg = self.head.ingest.logs(req)
-                out = rx.logs_response(rejected, msg)
-            else:
-                self.head.ingest.metrics(req)
-                out = rx.metrics_response()
+            try:
+                if kind == "logs":
+                    _, rejected, msg = self.head.ingest.logs(req)
+                    out = rx.logs_response(rejected, msg)
+                else:
+                    self.head.ingest.metrics(req)
+                    out = rx.metrics_response()
+            except WalFull as e:  # not kept, so not acknowledged: the agent keeps the batch and sends it again
+                raise HttpError(503, str(e)) from None
             self._send(200, out, "application/x-protobuf")
             return
         parts = path.split("/")

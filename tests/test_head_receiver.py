@@ -163,3 +163,26 @@ def test_analyze_interval_zero_turns_live_analysis_off(tmp_path):
         assert names == {"head-flush"}
     finally:
         h.close()
+
+
+def test_the_receiver_answers_503_when_the_wal_refuses(head, monkeypatch):
+    """What the head cannot keep it does not acknowledge (issue 16 item 3): the exporter sees a failure and keeps the
+    batch; once the disk takes writes again the same batch is stored, once."""
+    import errno
+
+    from head.store import wal as wal_mod
+
+    real_write = wal_mod.os.write
+
+    def no_space(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    exp = exporter(head)
+    recs = log_records("full", steps("full", 0, range(5)))
+    monkeypatch.setattr(wal_mod.os, "write", no_space)
+    assert exp.export(recs) == LogRecordExportResult.FAILURE
+    monkeypatch.setattr(wal_mod.os, "write", real_write)
+    assert exp.export(recs) == LogRecordExportResult.SUCCESS
+    exp.shutdown()
+    head.store.flush_all()
+    assert sorted(read_table(head.store.root, "full", "steps")["step"]) == [0, 1, 2, 3, 4]

@@ -189,3 +189,42 @@ def test_collectives_of_a_restarted_job_are_kept_and_old_parts_without_attempt_s
     assert rs2.add("collectives", [coll(5, step=2), coll(1, attempt=1)]) == []
     assert len(rs2.add("collectives", [coll(5, step=2, attempt=1)])) == 1
     st2.close()
+
+
+def test_a_full_disk_refuses_the_entry_whole_and_loses_nothing_acknowledged(tmp_path, monkeypatch):
+    """A short write then ENOSPC: the WAL is cut back to where the entry began and WalFull is raised (the head answers
+    503, so nothing unkept is acknowledged); the rows are not marked as seen, so the agent's retry stores them; every
+    acknowledged row survives a crash (issue 16 item 3: a torn entry once hid 400 acknowledged steps)."""
+    import errno
+    import os
+
+    import pytest
+
+    from head.store import wal as wal_mod
+
+    rs = RunStore(tmp_path / "r1", "r1")
+    rs.add("steps", [step(0, s) for s in range(5)])
+    path = tmp_path / "r1" / ".head" / "wal-current.log"
+    size_before = path.stat().st_size
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full_disk(fd, data):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))  # a short write ...
+        raise OSError(errno.ENOSPC, "No space left on device")  # ... then the disk is full
+
+    monkeypatch.setattr(wal_mod.os, "write", full_disk)
+    with pytest.raises(wal_mod.WalFull, match="No space left"):
+        rs.add("steps", [step(0, s) for s in range(5, 10)])
+    assert path.stat().st_size == size_before  # no torn entry left behind
+    monkeypatch.setattr(wal_mod.os, "write", real_write)
+    assert len(rs.add("steps", [step(0, s) for s in range(5, 10)])) == 5  # the retry is not a "duplicate"
+    rs.add("steps", [step(0, s) for s in range(10, 12)])
+    del rs  # kill -9: no flush
+    st = Store(tmp_path)
+    st.open_existing()
+    st.close()
+    assert sorted(read_table(tmp_path, "r1", "steps")["step"]) == list(range(12))
+

@@ -138,10 +138,11 @@ class RunStore:
         """Keep the rows not seen before; durable (WAL) when this returns. Returns the new rows."""
         with self.lock:
             self._process_locked(table)  # queued rows first: they were acknowledged earlier
+            # logged before they are marked as seen: if the log refuses them (a full disk), a retry is not a duplicate
+            self.wal.append(json_entry(table, _json.encode(rows)))
             new = self.indexes[table].new_rows(rows)
             self.duplicates += len(rows) - len(new)
             if new:
-                self.wal.append(json_entry(table, _json.encode(new)))
                 t, dropped = rows_to_table(SPECS[table], self.run_id, new)
                 self.unstorable += dropped
                 if t is not None:
@@ -243,6 +244,11 @@ class RunStore:
 
     def _flush_locked(self) -> int:
         if not self.buffered:
+            if not self.pending_rows and self.wal.holds_entries():
+                # every row the WAL holds was a duplicate of one already in a part (``add`` logs rows before the
+                # dedupe drops them): nothing to keep
+                self.wal.rotate()
+                self.wal.release()
             return 0
         buffers = self.buffers
         counts = self.buffered_rows

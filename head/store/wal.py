@@ -15,6 +15,7 @@ heads (lines ``<table>\\t<JSON array>``) are replayed too.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -107,6 +108,10 @@ def read_batches(path: Path) -> Iterator[LoggedBatch]:
             yield LoggedBatch(table, None, lay, payload, n)
 
 
+class WalFull(OSError):
+    """The write-ahead log could not take an entry (a full disk, an I/O error); nothing of it was kept."""
+
+
 class WriteAheadLog:
     """One run's WAL files: the current generation (an ``O_APPEND`` descriptor: one ``write()`` per request), the
     packed layouts already defined in it, and the older generations whose rows are not all in Parquet yet."""
@@ -129,10 +134,25 @@ class WriteAheadLog:
 
     def append(self, data: bytes) -> None:
         """Durable when this returns: in the kernel's page cache (survives a kill -9 of the head), fsynced too
-        with ``fsync``."""
-        os.write(self._fd, data)
-        if self.fsync:
-            os.fsync(self._fd)
+        with ``fsync``. Written whole or not at all: a short write (a full disk) is retried for the rest, and when
+        the disk refuses, the file is cut back to where this entry began and ``WalFull`` is raised, so the head
+        answers an error instead of acknowledging what it could not keep, and no torn entry hides the ones after it."""
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "no progress writing the write-ahead log")
+                view = view[n:]
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                log.error("store: could not cut the WAL back after a failed write: a torn entry stays at %d", start)
+            raise WalFull(f"cannot write the write-ahead log ({e.strerror or e}); nothing of this request was kept") from e
 
     def packed_entries(self, table: str, batches: list) -> bytes:
         """The entries of packed batches (``ranksight.wire.PackedBatch``); a layout is defined once per file."""
@@ -146,6 +166,10 @@ class WriteAheadLog:
                     table.encode(), b.layout.encoding.encode(), lid.encode())
             entries.append(b"%s%d\n%s\n" % (pre, len(b.payload), b.payload))
         return entries[0] if len(entries) == 1 else b"".join(entries)
+
+    def holds_entries(self) -> bool:
+        """Whether the current generation has anything in it."""
+        return self._fd is not None and os.fstat(self._fd).st_size > 0
 
     def rotate(self) -> None:
         """Start a new generation; the old one is kept until ``release`` (its rows are about to be written to
