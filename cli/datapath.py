@@ -96,7 +96,15 @@ class DataPath:
         except ProcessLookupError:
             return p.poll()
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 30.0) -> dict[int, dict]:
+        """Agents first (all signalled at once: each ships its last records and, if the head is away, retries for
+        its --drain-timeout), then the head. Returns each agent's exit report (``<run>/agent/node-<N>.exit.json``:
+        what it left undelivered), by node; a node without one is reported with ``"missing": True``."""
+        for p in self.agents:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         for p in self.agents:
             self._term(p, timeout)
         if self.head is not None:
@@ -104,6 +112,13 @@ class DataPath:
         for f in self._logs:
             f.close()
         self._logs = []
+        reports = {}
+        for n in range(len(self.agents)):
+            try:
+                reports[n] = json.loads(self.rd.agent_exit_report(n).read_bytes())
+            except (OSError, ValueError):
+                reports[n] = {"node": n, "missing": True}
+        return reports
 
     def __enter__(self) -> "DataPath":
         return self.start()

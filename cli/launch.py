@@ -281,10 +281,20 @@ def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float =
         console.print("[yellow]interrupted[/]: stopping every node")
     finally:
         cluster.stop()
+        undelivered: dict[int, dict] = {}
         if data_path is not None:
             # Agents first: each drains its spools and ships the last records before the head flushes.
-            data_path.stop()
+            undelivered = {n: r for n, r in data_path.stop().items()
+                           if r.get("missing") or r.get("undelivered_records") or r.get("dropped_records")}
         signal.signal(signal.SIGTERM, previous)
+    for n, r in sorted(undelivered.items()):
+        if r.get("missing"):
+            console.print(f"[yellow]agent of node {n} left no exit report[/]: it may not have delivered its last "
+                          f"records (see {run.root / 'logs' / f'agent-node{n}.log'})")
+        else:
+            console.print(f"[yellow]agent of node {n}: {r['undelivered_records']} record(s) not delivered[/] (in "
+                          f"{r['outbox']}; deliver later with `ranksight agent --drain --store {run.store} --run-id "
+                          f"{run.run_id} --node {n} --head URL`); {r['dropped_records']} dropped for good")
 
     codes = cluster.exit_codes()
     evicted = cluster.evicted_nodes()

@@ -47,9 +47,21 @@ from node.sources.traces import TraceSource
 from node.state import StateFile
 from ranksight import wire
 from ranksight.http_server import serve_in_thread, shutdown_server
-from ranksight.layout import RunDir
+from ranksight.layout import RunDir, atomic_write
 
 log = logging.getLogger("ranksight.agent")
+
+
+class ExitReport(msgspec.Struct, kw_only=True):
+    """What an agent left undelivered when it stopped (``<run>/agent/node-<N>.exit.json``)."""
+
+    node: int
+    t: float
+    undelivered_records: int  # in the outbox: not acknowledged by the head
+    undelivered_bytes: int
+    outbox: str
+    dropped_records: int  # lost for good (outbox over its bound, sampler buffer overrun)
+    drain_s: float  # how long the agent tried to deliver before giving up
 
 OUTBOX_SEGMENTS_PER_CYCLE = 64
 
@@ -62,8 +74,10 @@ class NodeAgent:
     def __init__(self, run_dir: RunDir, node: int, head_url: str, token: str, *, gpu_interval: float = 1.0,
                  ship_interval: float = 1.0, metrics_port: int | None = None, bind: str = "127.0.0.1",
                  sim_gpu: str = "auto", dcgm_url: str | None = None, host: str | None = None,
-                 outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True):
+                 outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True,
+                 drain_timeout_s: float = 0.0):
         self.rd = run_dir
+        self.drain_timeout_s = drain_timeout_s  # at stop: how long to keep trying to deliver the outbox
         self.node = node
         self.token = token
         self.ship_interval = ship_interval
@@ -203,20 +217,51 @@ class NodeAgent:
                 backlog = False
             if not backlog:
                 stop.wait(max(0.0, self.ship_interval - (time.monotonic() - t0)))
-        self.close()
+        self.close(self.drain_timeout_s)
 
     def stop(self) -> None:
         self._stop.set()
 
-    def close(self) -> None:
+    def close(self, drain_timeout_s: float = 0.0) -> ExitReport:
+        """Stop: a last cycle (what the sources still hold, shipped or into the outbox), then up to
+        ``drain_timeout_s`` of retries to deliver the outbox, so a head that is briefly away at the end of a run
+        does not strand its last records. What is still undelivered is written to the exit report (and logged);
+        ``ranksight agent --drain`` ships it later."""
         self._stop.set()
         try:
             self.cycle(final=True)  # last records, or into the outbox
         except Exception:
             log.exception("agent: final cycle failed")
+        report = self.drain(drain_timeout_s)
         if self.server is not None:
             shutdown_server(self.server)
             self.server.server_close()
         self.otlp_metrics.shutdown()
         self.samples.close()
         self.shipper.close()
+        return report
+
+    def drain(self, timeout_s: float) -> ExitReport:
+        """Deliver the outbox, retrying for up to ``timeout_s``; write and return the exit report."""
+        t0 = time.monotonic()
+        while len(self.outbox):
+            try:
+                if self._drain_outbox():
+                    break
+            except Exception:
+                log.exception("agent: draining the outbox failed")
+            if time.monotonic() - t0 >= timeout_s:
+                break
+            time.sleep(min(1.0, max(0.0, timeout_s - (time.monotonic() - t0))))
+        report = ExitReport(node=self.node, t=time.time(), undelivered_records=self.outbox.records(),
+                            undelivered_bytes=self.outbox.bytes(), outbox=str(self.outbox.dir),
+                            dropped_records=self.dropped_records(), drain_s=round(time.monotonic() - t0, 2))
+        if report.undelivered_records:
+            log.warning("agent: %d record(s) not delivered after %.0f s of retries; they stay in %s: ship them "
+                        "later with `ranksight agent --drain --store ... --run-id %s --node %d --head URL`",
+                        report.undelivered_records, report.drain_s, report.outbox, self.rd.run_id, self.node)
+        try:
+            atomic_write(self.rd.agent_exit_report(self.node), msgspec.json.encode(report), durable=False)
+        except OSError as e:
+            log.error("agent: cannot write the exit report: %s", e)
+        return report

@@ -33,9 +33,14 @@ def agent(
     priority: str = typer.Option("", "--priority", envvar="RANKSIGHT_AGENT_PRIORITY", show_default=False,
                                  help="CPU/IO priority: low (the default: nice 19, gives way to the ranks and keeps up) | "
                                       "idle (SCHED_IDLE: only cores nothing else wants; lags on a busy node) | normal."),
+    drain_timeout: float = typer.Option(15.0, "--drain-timeout", help="At stop: seconds to keep trying to deliver "
+                                        "what the head has not acknowledged; the rest stays in the outbox and is "
+                                        "named in <run>/agent/node-<N>.exit.json."),
+    drain: bool = typer.Option(False, "--drain", help="Only deliver a stopped agent's leftover outbox (retrying for "
+                                                      "--drain-timeout seconds), then exit: 0 when all of it was delivered."),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
-    """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read."""
+    """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read, and report what could not be."""
     from node.agent import NodeAgent
     from ranksight.priority import AGENT_DEFAULT_PRIORITY, PRIORITIES, set_priority
     from ranksight.layout import RunDir
@@ -57,11 +62,19 @@ def agent(
         rd = RunDir(store, run_id)
     else:
         raise typer.BadParameter("give --run-dir, or --store and --run-id")
+    if drain:
+        a = NodeAgent(rd, node, head, token, host=host, outbox_bytes=outbox_mb * 1024 * 1024, otlp_metrics=False)
+        before = a.outbox.records()
+        report = a.drain(drain_timeout)
+        a.shipper.close()
+        print(f"ranksight agent --drain: node {node} run {rd.run_id}: delivered {before - report.undelivered_records} "
+              f"of {before} record(s); {report.undelivered_records} left in {report.outbox}", flush=True)
+        raise typer.Exit(0 if report.undelivered_records == 0 else 1)
     # Before any thread starts: Linux scheduling policy is per thread, and threads inherit it.
     set_priority(priority, who="ranksight agent")
     a = NodeAgent(rd, node, head, token, gpu_interval=gpu_interval, ship_interval=ship_interval,
                   metrics_port=metrics_port, bind=bind, sim_gpu=sim_gpu, dcgm_url=dcgm_url, host=host,
-                  outbox_bytes=outbox_mb * 1024 * 1024)
+                  outbox_bytes=outbox_mb * 1024 * 1024, drain_timeout_s=drain_timeout)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -13,6 +13,8 @@ writes lives under ``<store>/<run-id>/``:
     control/acks/<id>.json         the trainer's acknowledgement (step at which it acted)
     checkpoints/step-<S>/          torch.distributed.checkpoint directories; ``latest`` names the newest complete one
     agent/node-<N>.state           the node agent's saved offsets
+    agent/node-<N>.outbox/         records the agent could not deliver yet (head away), oldest first
+    agent/node-<N>.exit.json       what the agent left undelivered when it stopped
     <table>/part-*.parquet         the head's run store tables (see ranksight.schema.STORE_TABLES)
 """
 
@@ -83,6 +85,10 @@ class RunDir:
     # -- agent and head -------------------------------------------------------
     def agent_state(self, node: int) -> Path:
         return self.root / "agent" / f"node-{node}.state"
+
+    def agent_exit_report(self, node: int) -> Path:
+        """What the node agent left undelivered when it stopped (JSON: node.agent.ExitReport)."""
+        return self.root / "agent" / f"node-{node}.exit.json"
 
     def table(self, name: str) -> Path:
         return self.root / name

@@ -258,3 +258,37 @@ def test_nccl_logs_traces_and_dcgm_flow_into_the_store(tmp_path):
         a.shipper.close()
         dcgm.shutdown()
         h.close()
+
+
+def test_head_down_at_the_end_the_agent_retries_reports_and_drains_later(tmp_path):
+    """Issue 16 item 4: the head is away when training ends. The agent keeps trying for its drain timeout, writes
+    what it left undelivered to its exit report, and `ranksight agent --drain` delivers it later, exactly once."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    store = tmp_path / "store"
+    rd = RunDir(store, "r1")
+    port = free_port()
+    write_steps(rd, 0, 0, range(0, 120))
+    a = NodeAgent(rd, 0, f"http://127.0.0.1:{port}", TOKEN, sim_gpu="off", ship_timeout=0.3, otlp_metrics=False)
+    t0 = time.monotonic()
+    report = a.close(drain_timeout_s=1.5)
+    assert 1.5 <= time.monotonic() - t0 < 15
+    assert report.undelivered_records == 120 and report.drain_s >= 1.5
+    on_disk = json.loads(rd.agent_exit_report(0).read_bytes())
+    assert on_disk["undelivered_records"] == 120 and on_disk["outbox"].endswith("node-0.outbox")
+    # nothing to deliver to: --drain says so and exits 1
+    cmd = [sys.executable, "-m", "cli.main", "agent", "--drain", "--drain-timeout", "0", "--store", str(store),
+           "--run-id", "r1", "--node", "0", "--head", f"http://127.0.0.1:{port}", "--token", TOKEN]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "delivered 0 of 120 record(s); 120 left" in r.stdout, r.stdout + r.stderr
+    h = HeadThread(store, port)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "delivered 120 of 120 record(s); 0 left" in r.stdout, r.stdout + r.stderr
+        h.head.store.flush_all()
+        assert stored(store, "r1") == [(0, s) for s in range(120)]
+    finally:
+        h.close()
