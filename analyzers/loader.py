@@ -207,9 +207,9 @@ class RunData:
     truncated_lines: int = 0  # spool lines cut short at the end of a file (tolerated)
     bad_lines: int = 0  # undecodable lines elsewhere (skipped)
     now: float | None = None  # live analysis: the wall clock of this round; None post-mortem
-    # live analysis: per rank, the head's clock minus the rank's (the smallest (receive time - t_end) over the step
-    # batches received: the rank's clock offset plus the quickest delivery). Liveness is judged on the head's clock
-    # by adding it to the rank's timestamps, so a node whose clock is off is not "silent" for that reason.
+    # live analysis: per rank, the head's clock minus the rank's node's (measured from its agent's heartbeats: the
+    # clock difference plus the quickest delivery). Liveness is judged on the head's clock by adding it to the rank's
+    # timestamps, so a node whose clock is off is not "silent" for that reason.
     clock_offset_s: dict[int, float] = field(default_factory=dict)
     since: int | None = None
     until: int | None = None

@@ -71,10 +71,11 @@ SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 class FindingsFeed:
-    """The head's live findings for this run, polled over its HTTP API (read-only, no token needed)."""
+    """The head's live findings for this run, polled over its HTTP API (with the data path's token)."""
 
-    def __init__(self, head_url: str, run_id: str, every_s: float = 2.0):
+    def __init__(self, head_url: str, run_id: str, token: str, every_s: float = 2.0):
         self.url = f"{head_url}/api/runs/{run_id}/findings"
+        self.token = token
         self.every_s = every_s
         self.findings: list[dict] = []
         self.error = ""
@@ -86,7 +87,8 @@ class FindingsFeed:
             return []
         self._last = time.monotonic()
         try:
-            with urllib.request.urlopen(self.url, timeout=2) as r:
+            req = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {self.token}"})
+            with urllib.request.urlopen(req, timeout=2) as r:
                 body = json.loads(r.read())
         except (OSError, ValueError) as e:
             self.error = f"head unreachable: {e}"
@@ -252,7 +254,7 @@ def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float =
     try:
         if data_path is not None:
             data_path.start()
-            feed = FindingsFeed(data_path.head_url, run.run_id)
+            feed = FindingsFeed(data_path.head_url, run.run_id, data_path.token)
             console.print(f"data path: head {data_path.head_url}, {cluster.nnodes} node agents "
                           f"(watch it live: RANKSIGHT_TOKEN=… ranksight tui --head {data_path.head_url} --run {run.run_id})")
         cluster.start()

@@ -2,8 +2,9 @@
 
     POST /v1/logs                       OTLP logs (protobuf, gzip ok)   token
     POST /v1/metrics                    OTLP metrics                     token
-    GET  /api/health                    liveness and counters
-    GET  /api/runs                      runs in the store and live
+    GET  /api/health                    liveness only ({"ok": true})                    no token
+    GET  /api/stats                     the head's counters                               token
+    GET  /api/runs                      runs in the store and live                        token (every GET below too)
     GET  /api/runs/<id>/ranks           latest step / state / last-seen per rank
     GET  /api/runs/<id>/agents          node agents of the run, last heartbeat
     GET  /api/runs/<id>/steps?since=&rank=&limit=   recent step records (live window)
@@ -13,9 +14,10 @@
     GET  /api/runs/<id>/actions
     POST /api/runs/<id>/actions         {"action": "checkpoint"|"profile"|"evict", "node", "steps", "reason", "dry_run"}  token
 
-Reads are open (the server binds 127.0.0.1 by default); anything that writes
-needs ``Authorization: Bearer <token>``. A bad request gets a 4xx JSON error and
-a log line; no request can stop the server.
+Every endpoint but ``/api/health`` needs ``Authorization: Bearer <token>`` (401 without, 403 wrong): run data, the
+agents' control URLs and the counters are not for whoever can reach the port. ``public_read`` (``ranksight head
+--public-read``) opens the GETs again, for a head behind an authenticating proxy. A bad request gets a 4xx JSON
+error and a log line; no request can stop the server.
 """
 
 from __future__ import annotations
@@ -235,7 +237,12 @@ class HeadHandler(NoDelayHandler):
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         head = self.head
         if path == "/api/health":
-            self._json(200, {"ok": True, "stats": head.stats, "runs": len(head.live.runs)})
+            self._json(200, {"ok": True})
+            return
+        if not head.public_read:
+            rx.check_token(self.headers, head.token)
+        if path == "/api/stats":
+            self._json(200, {"stats": head.stats, "runs": len(head.live.runs)})
             return
         if path == "/api/runs":
             self._json(200, head.live.summary())

@@ -20,7 +20,10 @@ def head(
     store: Path = typer.Option(Path("./runs"), "--store", help="Run store directory (Parquet per run-id)."),
     port: int = typer.Option(4318, "--port", help="Port for OTLP/HTTP (/v1/logs, /v1/metrics) and the JSON API (/api/...)."),
     token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN",
-                              help="Shared token agents and API writers must send (Bearer). Generated and printed if absent."),
+                              help="Shared token agents and API clients must send (Bearer). Generated if absent and "
+                                   "written to <store>/.head-token (mode 0600), never printed."),
+    public_read: bool = typer.Option(False, "--public-read", help="Serve the GET API without the token (only behind a "
+                                                                   "proxy that authenticates)."),
     bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API."),
     flush_interval: float = typer.Option(1.0, "--flush-interval", help="Seconds between Parquet flushes."),
     analyze_interval: float = typer.Option(5.0, "--analyze-interval", help="Seconds between analyzer passes over the live window; 0 turns live analysis off."),
@@ -50,7 +53,14 @@ def head(
     set_priority(priority, who="ranksight head")  # before the head's threads start: they inherit it
     if not token:
         token = secrets.token_urlsafe(24)
-        print(f"ranksight head: generated token (give it to agents as --token or RANKSIGHT_TOKEN): {token}", flush=True)
+        token_file = store / ".head-token"
+        store.mkdir(parents=True, exist_ok=True)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(token_file, 0o600)  # an existing file keeps its old mode through O_CREAT
+        print(f"ranksight head: generated a token in {token_file} (mode 0600): give it to agents and clients as "
+              f"RANKSIGHT_TOKEN", flush=True)
     tune_gc()
     from head.policy_runner import MODES, PolicyRunner
     from analyzers.policy import PolicyConfig
@@ -58,7 +68,7 @@ def head(
     if evict not in MODES:
         raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
-             analyze_window=analyze_window)
+             analyze_window=analyze_window, public_read=public_read)
     h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
         min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:

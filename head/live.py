@@ -18,6 +18,7 @@ its queued batches, so a view never misses an acknowledged record.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -51,6 +52,10 @@ class AgentLive:
     url: str = ""
     last_seen: float = 0.0
     heartbeat: Any = None
+    # the head's clock minus the node's: the smallest (receive time - the heartbeat's own send time) seen, i.e. the
+    # clock difference plus the quickest delivery (a heartbeat is made just before its export, so a backlog the agent
+    # ships late does not count)
+    clock_offset: float = float("inf")
 
 
 class _RankState:
@@ -77,8 +82,6 @@ class _RankState:
         self.t_end = grow(g("t_end"), 0.0, np.float64)
         self.step_ms = grow(g("step_ms"), 0.0, np.float64)
         self.last_seen = grow(g("last_seen"), 0.0, np.float64)
-        # the head's clock minus the rank's: the smallest (receive time - t_end) of a step batch's newest step
-        self.clock_offset = grow(g("clock_offset"), np.inf, np.float64)
         self.world_size = grow(g("world_size"), 0, np.int64)
         # the rank ended: an ``exit`` or ``evicted`` event at or after its last step (a step after it clears it)
         self.exited = grow(g("exited"), False, np.bool_)
@@ -228,14 +231,6 @@ class RunLive:
                 self._steps.append(t)
                 self._steps_rows += t.num_rows
                 st.record_steps(t, rank, ok)
-                # each rank's newest step end in this batch, against the head's receive time
-                t_end = numpy_column(t, "t_end").astype(np.float64)
-                good = ok & np.isfinite(t_end)
-                if good.any():
-                    newest = np.full(st.n, -np.inf)
-                    np.maximum.at(newest, rank[good], t_end[good])
-                    seen = np.isfinite(newest)
-                    st.clock_offset[seen] = np.minimum(st.clock_offset[seen], now - newest[seen])
                 # about ``window`` rows per rank; run_data()/steps_since() cut exactly per rank
                 cap = self.window * max(1, int(st.has_step.sum()))
                 while self._steps_rows - self._steps[0].num_rows >= cap and len(self._steps) > 1:
@@ -254,6 +249,8 @@ class RunLive:
         with self.lock:
             a = self.agents.get(hb.node) or AgentLive(hb.node)
             a.host, a.url, a.last_seen, a.heartbeat = hb.host, hb.url, now, hb
+            if isinstance(hb.t, (int, float)) and math.isfinite(hb.t) and hb.t > 0:
+                a.clock_offset = min(a.clock_offset, now - float(hb.t))
             self.agents[hb.node] = a
             self.last_seen = max(self.last_seen, now)
 
@@ -403,8 +400,11 @@ class RunLive:
             steps, colls = list(self._steps), list(self._colls)
             gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
             manifest = self.manifest
-            off = self.state.clock_offset
-            offsets = {int(r): float(off[r]) for r in np.nonzero(np.isfinite(off))[0]}
+            # each rank's clock offset: its node agent's (ranks of one node share its clock)
+            node_off = {n: a.clock_offset for n, a in self.agents.items() if math.isfinite(a.clock_offset)}
+            st = self.state
+            offsets = {int(r): float(node_off[int(st.node[r])]) for r in np.nonzero(st.has_step)[0]
+                       if int(st.node[r]) in node_off}
 
         def records(table, rows):
             if not rows:

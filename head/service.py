@@ -41,15 +41,16 @@ def tune_gc() -> None:
 class Head:
     """The head process's parts: ``store`` (Parquet, WAL), ``live`` (the runs' live windows), ``ingest`` (what the
     receiver hands over), ``actions`` (requests to the agents and their acks), ``analysis`` (live analysis and
-    findings); ``stats`` are the counters ``GET /api/health`` serves."""
+    findings); ``stats`` are the counters ``GET /api/stats`` serves."""
 
     def __init__(self, store_dir, token: str, *, window: int = DEFAULT_WINDOW, flush_interval: float = 1.0,
                  analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
                  flush_rows: int = 50_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
-                 idle_recheck: float = IDLE_RECHECK_S):
+                 idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False):
         if not token:
             raise ValueError("the head needs a token")
         self.token = token
+        self.public_read = public_read  # GETs without the token (only behind an authenticating proxy)
         self.stats = {"log_requests": 0, "metric_requests": 0, "records_in": 0, "records_new": 0,
                       "duplicates": 0, "rejected": 0, "http_4xx": 0, "metric_points": 0, "analyzer_errors": 0,
                       "analysis_rounds": 0, "analysis_skipped": 0}

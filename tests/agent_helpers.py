@@ -39,7 +39,9 @@ def wait_for(pred, timeout: float = 30.0, interval: float = 0.2, what: str = "co
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-def http_json(url: str, data: dict | None = None, token: str | None = None, timeout: float = 5.0):
+def http_json(url: str, data: dict | None = None, token: str | None = TOKEN, timeout: float = 5.0):
+    """GET (or POST ``data``) with the tests' token (every head endpoint but /api/health needs one); token="" or
+    None sends none."""
     req = urllib.request.Request(url, data=None if data is None else json.dumps(data).encode(),
                                  method="GET" if data is None else "POST")
     if token:

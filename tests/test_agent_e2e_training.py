@@ -85,7 +85,7 @@ def test_real_run_exactly_once_through_agent_kills_and_head_outage(tmp_path):
         assert sorted(got) == sorted(want)
 
         # the agents' OTLP metrics (SDK periodic reader) reach the restarted head too
-        wait_for(lambda: http_json(head_url + "/api/health")[1]["stats"]["metric_points"] > 0, 20, 0.5,
+        wait_for(lambda: http_json(head_url + "/api/stats")[1]["stats"]["metric_points"] > 0, 20, 0.5,
                  "OTLP metric points at the head")
 
         # the checkpoint action was applied by the trainer and its status came back

@@ -14,7 +14,7 @@ def test_datapath_start_run_stop_loses_nothing(tmp_path):
         fr.start()
         fr.join(60)
         # agents are stopped right after training ends: their last batch still arrives
-        wait_for(lambda: len(http_json(dp.head_url + "/api/runs/dp1/agents")[1]) == 2, 30, what="2 agents")
+        wait_for(lambda: len(http_json(dp.head_url + "/api/runs/dp1/agents", token=dp.token)[1]) == 2, 30, what="2 agents")
     finally:
         dp.stop()
     assert dp.head.returncode == 0 and all(a.returncode == 0 for a in dp.agents)

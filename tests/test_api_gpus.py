@@ -45,8 +45,10 @@ def head(tmp_path):
 
 
 def get(url: str, headers: dict | None = None):
+    """GET with the head's token unless ``headers`` says otherwise."""
+    headers = {"Authorization": f"Bearer {TOKEN}"} if headers is None else headers
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
@@ -77,7 +79,7 @@ def feed(h: Head, now: float) -> None:
 def test_gpus_latest_sample_per_gpu_with_decoded_fields(head):
     now = time.time()
     feed(head, now)
-    st, body = get(f"{head.url}/api/runs/{RUN}/gpus")  # a read: no token needed
+    st, body = get(f"{head.url}/api/runs/{RUN}/gpus")
     assert st == 200
     assert [(g["node"], g["gpu"]) for g in body] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     g00, g01, g10, g11 = body

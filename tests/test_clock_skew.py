@@ -6,7 +6,7 @@ from __future__ import annotations
 from agent_helpers import TOKEN
 from analyzers import run_all
 from head.service import Head
-from ranksight import schema
+from ranksight import schema, wire
 
 SKEW_S = -120.0  # node 1's clock is 120 s behind the head's
 
@@ -24,9 +24,12 @@ def test_a_skewed_node_is_not_silent_and_its_skew_is_reported(tmp_path):
         t0 = 1_800_000_000.0
         for s in range(1, 31):
             head_now = t0 + s * 0.5
-            for rank in range(4):
-                t_end = head_now + (SKEW_S if rank >= 2 else 0.0)
-                live.add("steps", rs.add("steps", [_step(rank, s, t_end)]), now=head_now + 0.3)  # 0.3 s delivery
+            for node in range(2):
+                node_now = head_now + (SKEW_S if node == 1 else 0.0)
+                for rank in (2 * node, 2 * node + 1):
+                    live.add("steps", rs.add("steps", [_step(rank, s, node_now)]), now=head_now + 0.3)
+                # the agent's heartbeat, stamped with its node's clock, arrives 0.3 s later (at the head's clock)
+                live.heartbeat(wire.Heartbeat(node=node, host=f"h{node}", t=node_now), now=head_now + 0.3)
         data = live.run_data(now=t0 + 30 * 0.5 + 1.0)
         assert abs(data.clock_offset_s[2] - (0.3 - SKEW_S)) < 1e-6 and abs(data.clock_offset_s[0] - 0.3) < 1e-6
         found = run_all(data)
@@ -37,5 +40,23 @@ def test_a_skewed_node_is_not_silent_and_its_skew_is_reported(tmp_path):
         # the same node going quiet is still seen, after the stall on the head's clock
         later = run_all(live.run_data(now=t0 + 15.0 + 200.0))
         assert [f.ranks for f in later if f.kind == "hang"] == [[0, 1, 2, 3]]
+    finally:
+        h.close()
+
+
+def test_a_backlog_delivered_late_is_not_clock_skew(tmp_path):
+    """Steps that arrive long after they ran (an outbox drained after the head came back) say nothing of clocks: only
+    heartbeats, made just before their own export, do."""
+    h = Head(tmp_path / "store", TOKEN, analyzer=None)
+    try:
+        rs, live = h.store.run("r"), h.live.run("r")
+        t0 = 1_800_000_000.0
+        for s in range(1, 31):
+            for rank in range(4):
+                live.add("steps", rs.add("steps", [_step(rank, s, t0 + s * 0.5)]), now=t0 + 300.0)  # 5 min late
+        for node in range(2):
+            live.heartbeat(wire.Heartbeat(node=node, host=f"h{node}", t=t0 + 300.0), now=t0 + 300.2)
+        found = run_all(live.run_data(now=t0 + 301.0))
+        assert not [f for f in found if f.kind == "clock_skew"], [f.summary for f in found]
     finally:
         h.close()

@@ -37,6 +37,9 @@ def head(tmp_path):
         h.close()
 
 
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 def steps(run_id, rank, rng):
     return [schema.StepRecord(run_id=run_id, rank=rank, step=s, node=0, host="h", world_size=2, t_start=float(s),
                               t_end=s + 0.1, step_ms=100.0) for s in rng]
@@ -67,7 +70,7 @@ def test_sdk_exporter_to_store_exactly_once(head):
     assert [(r["rank"], r["step"], r["state"]) for r in ranks] == [(0, 59, "running"), (1, 59, "running")]
     series = http_json(head.url + "/api/runs/runA/steps?since=55&rank=1")[1]
     assert [s["step"] for s in series] == [56, 57, 58, 59]
-    assert http_status(head.url + "/api/runs/nope/ranks", None, method="GET") == 404
+    assert http_status(head.url + "/api/runs/nope/ranks", None, AUTH, method="GET") == 404
     runs = http_json(head.url + "/api/runs")[1]
     assert runs[0]["run_id"] == "runA" and runs[0]["steps_stored"] == 120
     assert runs[0]["gpu_simulated"] is None  # no GPU samples yet: unknown, not "real"
@@ -116,7 +119,7 @@ def test_bad_requests_get_4xx_and_the_head_stays_up(head):
         otlp_receiver.MAX_DECOMPRESSED_BYTES = old
         otlp_receiver.decompress.__defaults__ = (old,)
     assert http_status(head.url + "/v1/traces", good, auth) == 404
-    assert http_status(head.url + "/api/runs/..%2Fetc/ranks", None, method="GET") in (400, 404)
+    assert http_status(head.url + "/api/runs/..%2Fetc/ranks", None, AUTH, method="GET") in (400, 404)
     # a well-formed request whose ranksight body is garbage: accepted records kept, the bad one
     # reported through OTLP partial success (never a retry loop for the agent)
     req = ExportLogsServiceRequest()
@@ -186,3 +189,18 @@ def test_the_receiver_answers_503_when_the_wal_refuses(head, monkeypatch):
     exp.shutdown()
     head.store.flush_all()
     assert sorted(read_table(head.store.root, "full", "steps")["step"]) == [0, 1, 2, 3, 4]
+
+
+def test_every_read_but_health_needs_the_token(head):
+    """Issue 16 item 6: run data, the agents' control URLs and the counters are not open to whoever reaches the port."""
+    exp = exporter(head)
+    assert exp.export(log_records("sec", steps("sec", 0, range(3)))) == LogRecordExportResult.SUCCESS
+    exp.shutdown()
+    assert http_json(head.url + "/api/health", token="") == (200, {"ok": True})  # liveness only, nothing else
+    for path in ("/api/stats", "/api/runs", "/api/runs/sec/ranks", "/api/runs/sec/agents", "/api/runs/sec/steps",
+                 "/api/runs/sec/gpus", "/api/runs/sec/findings", "/api/runs/sec/coverage", "/api/runs/sec/actions"):
+        assert http_status(head.url + path, None, method="GET") == 401, path
+        assert http_status(head.url + path, None, {"Authorization": "Bearer wrong"}, method="GET") == 403, path
+        assert http_status(head.url + path, None, AUTH, method="GET") == 200, path
+    head.public_read = True  # `ranksight head --public-read`: behind an authenticating proxy
+    assert http_status(head.url + "/api/runs", None, method="GET") == 200

@@ -12,7 +12,7 @@ def tui(
     head: str = typer.Option("http://127.0.0.1:4318", "--head", envvar="RANKSIGHT_HEAD",
                              help="Base URL of the head's HTTP API."),
     token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN",
-                              help="Bearer token for requesting actions (reads need none)."),
+                              help="Bearer token the head requires (RANKSIGHT_TOKEN)."),
     run: str = typer.Option(None, "--run", help="Run id to open; without it the run picker opens."),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
     window: int = typer.Option(60, "--window", min=5, max=2000, help="Steps shown in the heat map and sparklines."),

@@ -11,7 +11,8 @@ Lists whose items are individually broken (a finding with a non-numeric step, sa
 are not thrown away whole: the good items come back and the broken ones are counted
 in ``Fetched.skipped`` so the TUI can say so.
 
-Reads are open; ``request_action`` (POST) sends ``Authorization: Bearer <token>``.
+Every request sends ``Authorization: Bearer <token>`` when a token is set (the head requires it on every endpoint
+but ``/api/health``).
 """
 
 from __future__ import annotations
@@ -245,7 +246,7 @@ class HeadClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
-        if auth:
+        if auth or self.token:  # every read of the head needs the token too (all but /api/health)
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:

@@ -404,7 +404,7 @@ def _clock_skew(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
         evidence=dict(offset_s_by_node={int(n): fnum(o, 2) for n, o in sorted(skewed.items())},
                       offset_s_by_rank={int(r): fnum(o, 2) for r, o in sorted(data.clock_offset_s.items())},
                       threshold_s=cfg.skew_s,
-                      measured_as="per rank, the smallest (head receive time - step end) over the step batches received"),
+                      measured_as="per node, the smallest (head receive time - the agent's heartbeat send time)"),
         confidence=0.8, summary="; ".join(parts) + " (liveness is judged on the head's clock; cross-node timings are not comparable)",
         recommendation="Synchronise the nodes' clocks (chrony/NTP or PTP) and check with `chronyc tracking`; until then "
                        "arrival order and completion leads across nodes compare skewed clocks.",
