@@ -26,10 +26,9 @@ import json
 import logging
 import math
 import time
-from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from ranksight.http_server import NoDelayHandler
+from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
 from head.receiver import HttpError
 from head.store.wal import WalFull
@@ -280,10 +279,9 @@ class HeadHandler(NoDelayHandler):
         raise HttpError(404, f"no such endpoint: GET {path}")
 
 
-class HeadServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class HeadServer(BoundedThreadingHTTPServer):
     request_queue_size = 128
+    max_handlers = 512  # connections served at once (each agent keeps one alive); the rest get 503
 
 
 def make_server(head, bind: str = "127.0.0.1", port: int = 4318) -> HeadServer:

@@ -11,7 +11,6 @@ import hmac
 import json
 import logging
 import re
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from node.prom import AgentMetrics
 from ranksight import schema
-from ranksight.http_server import NoDelayHandler
+from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from ranksight.layout import RunDir, atomic_write
 
 log = logging.getLogger("ranksight.agent")
@@ -29,12 +28,11 @@ SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a request id becomes a file n
 MAX_REQUEST_BYTES = 65536
 
 
-class ControlServer(ThreadingHTTPServer):
+class ControlServer(BoundedThreadingHTTPServer):
     """The endpoint of one agent (``ControlHandler`` answers its requests). ``local_ranks`` is asked at every
     ``/healthz``."""
 
-    daemon_threads = True
-    allow_reuse_address = True
+    max_handlers = 32  # a Prometheus scraper and the head's control requests: a handful at once
 
     def __init__(self, address: tuple[str, int], *, rd: RunDir, node: int, token: str, metrics: AgentMetrics,
                  local_ranks: Callable[[], list[int]]):

@@ -6,11 +6,17 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+# A connection that sends nothing for this long is closed (a request's headers and body included): idle or
+# half-sent requests must not hold a handler thread for ever. Agents ship every second and clients poll every few,
+# so a live keep-alive connection is never idle this long.
+REQUEST_TIMEOUT_S = 30.0
 
 
 class NoDelayHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 keep-alive with one send per response.
+    """HTTP/1.1 keep-alive with one send per response, and a read timeout (``REQUEST_TIMEOUT_S``).
 
     Buffered responses (headers + body leave in one send when the handler flushes) and no
     Nagle: two small writes per response otherwise wait on delayed ACKs, milliseconds each.
@@ -18,6 +24,7 @@ class NoDelayHandler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     wbufsize = -1
+    timeout = REQUEST_TIMEOUT_S  # socketserver sets it on the connection: a stalled read raises, the handler ends
 
     def setup(self):
         super().setup()
@@ -53,3 +60,40 @@ def shutdown_server(server) -> None:
             pass
         t.join(0.05)
     t.join()
+
+
+class BoundedThreadingHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_handlers`` at once: a connection beyond that is answered 503 at once
+    and closed, instead of costing a thread (thousands of idle half-sent requests once held thousands of them).
+    ``refused_busy`` counts those."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    max_handlers = 512
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(self.max_handlers)
+        self.refused_busy = 0
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.refused_busy += 1
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                                b"Connection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()

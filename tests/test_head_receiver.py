@@ -204,3 +204,42 @@ def test_every_read_but_health_needs_the_token(head):
         assert http_status(head.url + path, None, AUTH, method="GET") == 200, path
     head.public_read = True  # `ranksight head --public-read`: behind an authenticating proxy
     assert http_status(head.url + "/api/runs", None, method="GET") == 200
+
+
+def test_idle_and_surplus_connections_do_not_hold_threads(head, monkeypatch):
+    """Issue 16 item 6: a half-sent request is dropped after the read timeout, and connections beyond the handler
+    bound are answered 503 at once instead of each costing a thread."""
+    import socket
+    import time
+
+    from head.api import make_server
+    from ranksight import http_server
+    from ranksight.http_server import serve_in_thread, shutdown_server
+
+    monkeypatch.setattr(http_server.NoDelayHandler, "timeout", 0.5)
+    srv = make_server(head, "127.0.0.1", 0)
+    srv._slots = threading.BoundedSemaphore(4)  # a bound of 4 handlers for this test
+    serve_in_thread(srv, "bounded-test")
+    port = srv.server_address[1]
+    try:
+        held = []
+        for _ in range(4):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"POST /v1/logs HTTP/1.1\r\nContent-Length: 100\r\n")  # never finished
+            held.append(s)
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert extra.recv(100).startswith(b"HTTP/1.1 503")  # over the bound: refused at once
+        extra.close()
+        assert srv.refused_busy == 1
+        for s in held:  # the read timeout ends each half-sent request: the server closes the connection
+            try:
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+            s.close()
+        assert http_status(f"http://127.0.0.1:{port}/api/health", None, method="GET") == 200  # slots free again
+    finally:
+        shutdown_server(srv)
+        srv.server_close()
