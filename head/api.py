@@ -197,18 +197,18 @@ class HeadHandler(NoDelayHandler):
         if path in ("/v1/logs", "/v1/metrics"):
             rx.check_token(self.headers, self.head.token)
             body = rx.read_body(self.rfile, self.headers)
-            payload = rx.decompress(body, self.headers.get("Content-Encoding"))
             kind = "logs" if path == "/v1/logs" else "metrics"
-            req = rx.parse(kind, payload, self.headers.get("Content-Type"))
-            try:
-                if kind == "logs":
-                    _, rejected, msg = self.head.ingest.logs(req)
-                    out = rx.logs_response(rejected, msg)
-                else:
-                    self.head.ingest.metrics(req)
-                    out = rx.metrics_response()
-            except WalFull as e:  # not kept, so not acknowledged: the agent keeps the batch and sends it again
-                raise HttpError(503, str(e)) from None
+            with rx.inflated(body, self.headers.get("Content-Encoding")) as payload:
+                req = rx.parse(kind, payload, self.headers.get("Content-Type"))
+                try:
+                    if kind == "logs":
+                        _, rejected, msg = self.head.ingest.logs(req)
+                        out = rx.logs_response(rejected, msg)
+                    else:
+                        self.head.ingest.metrics(req)
+                        out = rx.metrics_response()
+                except WalFull as e:  # not kept, so not acknowledged: the agent keeps the batch and sends it again
+                    raise HttpError(503, str(e)) from None
             self._send(200, out, "application/x-protobuf")
             return
         parts = path.split("/")

@@ -9,7 +9,9 @@ head keeps running.
 from __future__ import annotations
 
 import hmac
+import threading
 import zlib
+from contextlib import contextmanager
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
@@ -26,6 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 # bytes after gunzip (a small gzip bomb must not take the head's memory).
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+MAX_INFLIGHT_DECOMPRESSED_BYTES = 1024 * 1024 * 1024  # all requests together
 
 
 class HttpError(Exception):
@@ -64,7 +67,49 @@ def read_body(rfile, headers, max_bytes: int = MAX_BODY_BYTES) -> bytes:
     return data
 
 
+class InflightBudget:
+    """Bytes of decompressed request bodies held at once, across every request: each request's own cap
+    (``MAX_DECOMPRESSED_BYTES``) does not bound many of them together (concurrent gzip bombs once reached 2.7 GB)."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.total:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
+
+
+INFLIGHT = InflightBudget(MAX_INFLIGHT_DECOMPRESSED_BYTES)
+_INFLATE_CHUNK = 4 * 1024 * 1024
+
+
+@contextmanager
+def inflated(body: bytes, encoding: str | None):
+    """The request body decompressed, its bytes counted against ``INFLIGHT`` while the request is handled; 503 when
+    the budget is spent (the sender retries), 413 past the per-request cap."""
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("identity", ""):
+        yield body
+        return
+    out = decompress(body, encoding)  # its bytes are now reserved in INFLIGHT
+    try:
+        yield out
+    finally:
+        INFLIGHT.give(len(out))
+
+
 def decompress(body: bytes, encoding: str | None, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The body decompressed, at most ``limit`` bytes. Its output is reserved from ``INFLIGHT`` chunk by chunk as it
+    grows (and given back here on error); a caller other than ``inflated`` gives it back itself."""
     enc = (encoding or "identity").strip().lower()
     if enc in ("identity", ""):
         return body
@@ -72,16 +117,40 @@ def decompress(body: bytes, encoding: str | None, limit: int = MAX_DECOMPRESSED_
         raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
     # wbits 16+MAX: gzip wrapper; MAX (zlib) for deflate. Bounded output.
     d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
+    parts: list[bytes] = []
+    reserved = 0
     try:
-        out = d.decompress(body, limit)
-        if d.unconsumed_tail:
-            raise HttpError(413, f"decompressed body exceeds {limit} bytes")
-        out += d.flush()
+        buf = body
+        while True:
+            want = min(_INFLATE_CHUNK, limit + 1 - reserved)
+            if not INFLIGHT.take(want):
+                raise HttpError(503, "too much decompressed data in flight: retry shortly")
+            reserved += want
+            chunk = d.decompress(buf, want)
+            INFLIGHT.give(want - len(chunk))
+            reserved -= want - len(chunk)
+            parts.append(chunk)
+            if reserved > limit:
+                raise HttpError(413, f"decompressed body exceeds {limit} bytes")
+            buf = d.unconsumed_tail
+            if not buf:
+                break
+        tail = d.flush()
+        if tail:
+            if not INFLIGHT.take(len(tail)):
+                raise HttpError(503, "too much decompressed data in flight: retry shortly")
+            reserved += len(tail)
+            parts.append(tail)
     except zlib.error as e:
+        INFLIGHT.give(reserved)
         raise HttpError(400, f"bad {enc} data: {e}") from None
+    except HttpError:
+        INFLIGHT.give(reserved)
+        raise
     if not d.eof:
+        INFLIGHT.give(reserved)
         raise HttpError(400, f"truncated {enc} data")
-    return out
+    return b"".join(parts)
 
 
 def parse(kind: str, payload: bytes, content_type: str | None):

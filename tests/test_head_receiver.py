@@ -243,3 +243,23 @@ def test_idle_and_surplus_connections_do_not_hold_threads(head, monkeypatch):
     finally:
         shutdown_server(srv)
         srv.server_close()
+
+
+def test_decompressed_bytes_in_flight_are_bounded_across_requests(head, monkeypatch):
+    """Issue 16 item 5: each request's cap does not bound many together; the total in flight is bounded too (503:
+    retry), and every byte is given back afterwards, whatever the outcome."""
+    from head import receiver as rx
+
+    url = head.url + "/v1/logs"
+    auth = {**AUTH, "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+    monkeypatch.setattr(rx, "INFLIGHT", rx.InflightBudget(8 * 1024 * 1024))
+    ok = gzip.compress(ExportLogsServiceRequest().SerializeToString())
+    assert http_status(url, ok, auth) == 200 and rx.INFLIGHT.used == 0
+    assert rx.INFLIGHT.take(7 * 1024 * 1024)  # other requests hold most of the budget
+    big = gzip.compress(b"\0" * (6 * 1024 * 1024))
+    assert http_status(url, big, auth) == 503
+    rx.INFLIGHT.give(7 * 1024 * 1024)
+    assert rx.INFLIGHT.used == 0  # the refused request gave back what it had reserved
+    assert http_status(url, big, auth) == 400  # within budget now: decompressed, then not a valid protobuf
+    assert rx.INFLIGHT.used == 0
+    assert http_status(url, b"\x1f\x8b garbage", auth) == 400 and rx.INFLIGHT.used == 0
