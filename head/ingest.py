@@ -53,10 +53,18 @@ class Ingest:
                     accepted += self._apply_control(batch)
                     continue
                 if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
+                    # records of another run in the batch are refused one by one; the rest of the batch is kept
+                    # (refusing it whole once lost a node's data inside a 200)
                     run_id = batch.run_id
-                    for r in batch.items:
-                        if r.run_id != run_id:
-                            raise ValueError(f"{batch.kind} record(s) of run {r.run_id!r} shipped as run {run_id!r}")
+                    foreign = [r for r in batch.items if r.run_id != run_id]
+                    if foreign:
+                        rejected += 1
+                        reasons.append(f"{len(foreign)} {batch.kind} record(s) of run {foreign[0].run_id!r} shipped as "
+                                       f"run {run_id!r}: refused, the batch's other {len(batch.items) - len(foreign)} kept")
+                        kept = [r for r in batch.items if r.run_id == run_id]
+                        if not kept:
+                            continue
+                        batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs)  # re-encoded
                 groups.setdefault((batch.run_id, table), []).append(batch)
             except ValueError as e:  # e.g. a run id the store refuses, records of another run
                 rejected += 1

@@ -263,3 +263,16 @@ def test_decompressed_bytes_in_flight_are_bounded_across_requests(head, monkeypa
     assert http_status(url, big, auth) == 400  # within budget now: decompressed, then not a valid protobuf
     assert rx.INFLIGHT.used == 0
     assert http_status(url, b"\x1f\x8b garbage", auth) == 400 and rx.INFLIGHT.used == 0
+
+
+def test_a_foreign_record_is_refused_alone_and_the_rest_of_its_batch_kept(head):
+    """Issue 16 item 5: one record of another run inside a batch no longer costs the whole batch."""
+    recs = steps("mine", 0, range(5))
+    recs[2] = schema.StepRecord(run_id="other", rank=0, step=2, node=0, host="h", world_size=2, t_start=2.0,
+                                t_end=2.1, step_ms=100.0)
+    exp = exporter(head)
+    assert exp.export(log_records("mine", recs)) == LogRecordExportResult.SUCCESS  # partial success, not a retry
+    exp.shutdown()
+    assert head.stats["rejected"] == 1
+    head.store.flush_all()
+    assert sorted(read_table(head.store.root, "mine", "steps")["step"]) == [0, 1, 3, 4]
