@@ -9,6 +9,7 @@ is appended to the run's ``actions`` table: the audit trail, read back after a h
 from __future__ import annotations
 
 import logging
+import re
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from head.live import AgentLive, RunLive
 from head.runs import LiveRuns
 from head.store import Store
 from ranksight import schema
+from ranksight.schema import MAX_PROFILE_STEPS
 from ranksight.tables import read_table
 
 log = logging.getLogger("ranksight.head")
@@ -84,19 +86,10 @@ class ActionsBook:
     def request(self, run_id: str, req: dict[str, Any], requested_by: str = "api") -> schema.Action:
         """Create an action from a request body (``POST /api/runs/<id>/actions``), record it, and forward it to the
         node agent that can carry it out (not with ``dry_run``). ValueError for a bad request."""
-        action = req.get("action")
-        if action not in ACTIONS:
-            raise ValueError("action must be one of checkpoint, profile, evict")
-        node = req.get("node")
-        if node is not None and not isinstance(node, int):
-            raise ValueError("node must be an integer")
-        if action == "evict" and node is None:
-            raise ValueError("evict needs a node")
-        steps = int(req.get("steps") or (5 if action == "profile" else 0))
-        a = schema.Action(run_id=run_id, id=req.get("id") or uuid.uuid4().hex[:12], t=time.time(), action=action,
-                          node=node, ranks=[int(r) for r in req.get("ranks") or []], steps=steps,
-                          reason=str(req.get("reason") or ""), finding_kind=str(req.get("finding_kind") or ""),
-                          dry_run=bool(req.get("dry_run", False)), requested_by=requested_by)
+        action, node, steps, ranks, action_id, reason, kind, dry_run = _validated(req)
+        a = schema.Action(run_id=run_id, id=action_id or uuid.uuid4().hex[:12], t=time.time(), action=action,
+                          node=node, ranks=ranks, steps=steps, reason=reason, finding_kind=kind, dry_run=dry_run,
+                          requested_by=requested_by)
         if not a.dry_run:
             a = self._send(a)
         self.record(a)
@@ -119,6 +112,49 @@ class ActionsBook:
             a = msgspec.structs.replace(a, status="failed",
                                         reason=(a.reason + f" [agent {agent.node} unreachable: {e}]").strip())
         return a
+
+
+MAX_INT = 2**31 - 1  # nodes and ranks: what every table and the trainer's int64 broadcast hold with room
+ACTION_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_TEXT = 2000
+
+
+def _int_in(req: dict, key: str, lo: int, hi: int, default):
+    v = req.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{key} must be an integer in [{lo}, {hi}], not {v!r}")
+    return v
+
+
+def _validated(req: dict[str, Any]) -> tuple:
+    """The request's fields, each checked at the boundary (type, range, length), so that every action the API
+    accepts can be stored in the audit table and carried out: ValueError (400) otherwise."""
+    action = req.get("action")
+    if action not in ACTIONS:
+        raise ValueError("action must be one of checkpoint, profile, evict")
+    node = _int_in(req, "node", 0, MAX_INT, None)
+    if action == "evict" and node is None:
+        raise ValueError("evict needs a node")
+    steps = _int_in(req, "steps", 1 if action == "profile" else 0, MAX_PROFILE_STEPS, 5 if action == "profile" else 0)
+    ranks = req.get("ranks") or []
+    if not isinstance(ranks, list) or len(ranks) > 65536 or not all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_INT for r in ranks):
+        raise ValueError(f"ranks must be a list of integers in [0, {MAX_INT}]")
+    action_id = req.get("id")
+    if action_id is not None and (not isinstance(action_id, str) or not ACTION_ID_RE.fullmatch(action_id)):
+        raise ValueError("id must be 1-64 letters, digits, '_', '-' or '.'")
+    texts = []
+    for key in ("reason", "finding_kind"):
+        v = req.get(key) or ""
+        if not isinstance(v, str) or len(v) > MAX_TEXT:
+            raise ValueError(f"{key} must be a string of at most {MAX_TEXT} characters")
+        texts.append(v)
+    dry_run = req.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ValueError("dry_run must be true or false")
+    return action, node, steps, ranks, action_id, texts[0], texts[1], dry_run
 
 
 def _agent_for(live: RunLive, a: schema.Action) -> AgentLive | None:

@@ -323,6 +323,11 @@ class Action(msgspec.Struct, kw_only=True):
 # --------------------------------------------------------------------------
 
 
+# A profile request's steps travel to every rank as an int64 tensor and name a number of profiled steps: no profile
+# needs more than this, and a larger value (2**63) made every rank fail at the same step, at every restart
+MAX_PROFILE_STEPS = 100_000
+
+
 class ControlRequest(msgspec.Struct, kw_only=True):
     id: str
     action: Literal["checkpoint", "profile", "evict"]

@@ -1,6 +1,7 @@
 """The head's OTLP/HTTP receiver: real SDK exporter in, dedupe, and every kind of bad request -> 4xx, head stays up."""
 
 import gzip
+import json
 import threading
 
 import pytest
@@ -276,3 +277,24 @@ def test_a_foreign_record_is_refused_alone_and_the_rest_of_its_batch_kept(head):
     assert head.stats["rejected"] == 1
     head.store.flush_all()
     assert sorted(read_table(head.store.root, "mine", "steps")["step"]) == [0, 1, 3, 4]
+
+
+def test_actions_with_bad_fields_are_refused_not_accepted_and_lost(head):
+    """Issue 16 item 5: every action the API accepts reaches the audit table; a field the table or the trainer cannot
+    hold is a 400 at the boundary."""
+    url = head.url + "/api/runs/acts/actions"
+    bad = [{"action": "profile", "steps": 2**63}, {"action": "profile", "steps": 0}, {"action": "evict", "node": -1},
+           {"action": "evict", "node": "1"}, {"action": "checkpoint", "ranks": ["x"]}, {"action": "checkpoint", "ranks": [2**40]},
+           {"action": "checkpoint", "id": "a/../b"}, {"action": "checkpoint", "reason": "x" * 5000},
+           {"action": "checkpoint", "dry_run": "yes"}, {"action": "explode"}]
+    for body in bad:
+        assert http_status(url, json.dumps(body).encode(), {**AUTH, "Content-Type": "application/json"}) == 400, body
+    good = [{"action": "checkpoint", "dry_run": True}, {"action": "profile", "steps": 3, "dry_run": True},
+            {"action": "evict", "node": 1, "ranks": [2, 3], "dry_run": True, "id": "ev-1", "reason": "test"}]
+    for body in good:
+        st, _ = http_json(url, body)
+        assert st == 202 or st == 200
+    head.store.flush_all()
+    listed = http_json(url)[1]
+    stored = read_table(head.store.root, "acts", "actions")
+    assert len(listed) == 3 and sorted(stored["id"]) == sorted(a["id"] for a in listed)

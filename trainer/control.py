@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ranksight.layout import RunDir, atomic_write
-from ranksight.schema import ControlAck, ControlRequest, encode
+from ranksight.schema import MAX_PROFILE_STEPS, ControlAck, ControlRequest, encode
 
 ACTIONS = {"checkpoint": 1, "profile": 2, "evict": 3}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
@@ -70,11 +70,6 @@ def pending_requests(run: RunDir) -> list[tuple[ControlRequest | None, Path, str
         out.append((req, path, ""))
     out.sort(key=lambda r: (r[0].t if r[0] is not None else 0.0, r[1].name))
     return out
-
-
-# the request travels to every rank as an int64 tensor: a larger value would make every rank fail at the same step,
-# and again after each restart while the request is pending; no profile needs more steps than this
-MAX_PROFILE_STEPS = 100_000
 
 
 def validate(req: ControlRequest, nodes: set[int], min_nodes: int) -> str:
