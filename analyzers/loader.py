@@ -206,6 +206,7 @@ class RunData:
     source: str = "memory"  # store | spool | memory | live
     truncated_lines: int = 0  # spool lines cut short at the end of a file (tolerated)
     bad_lines: int = 0  # undecodable lines elsewhere (skipped)
+    damaged_parts: int = 0  # store part files that could not be read (a failed page checksum, a torn file): skipped
     now: float | None = None  # live analysis: the wall clock of this round; None post-mortem
     # live analysis: per rank, the head's clock minus the rank's node's (measured from its agent's heartbeats: the
     # clock difference plus the quickest delivery). Liveness is judged on the head's clock by adding it to the rank's
@@ -366,7 +367,7 @@ class RunData:
             run_id=self.run_id, manifest=self.manifest, steps=steps, collectives=cut(self.collectives),
             events=cut(self.events), gpu=cut_t(self.gpu), host=cut_t(self.host), nccl_events=self.nccl_events,
             trace_summaries=cut(self.trace_summaries, "step_start"), xid=cut_t(self.xid), nccl_tests=self.nccl_tests,
-            actions=self.actions, source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, now=self.now,
+            actions=self.actions, source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, damaged_parts=self.damaged_parts, now=self.now,
             clock_offset_s=self.clock_offset_s, since=since, until=until,
         )
 
@@ -530,12 +531,12 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
     total = sum(f.stat().st_size for f in (all_files if use_store else spools + all_files))
     bar = _Progress(total, progress)
     frames: dict[str, pd.DataFrame] = {}
-    truncated = bad = 0
+    truncated = bad = damaged = 0
     try:
         if use_store:
             for name, files in table_files.items():
                 df, nbad = _read_table(files, bar, name)
-                bad += nbad
+                damaged += nbad
                 if not df.empty:
                     frames[name] = df
         if not use_store or "steps" not in frames or frames["steps"].empty:
@@ -554,7 +555,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
             for name in ("gpu", "host", "nccl_events", "trace_summaries", "xid"):
                 if name not in frames and table_files[name]:
                     df, nbad = _read_table(table_files[name], bar, name)
-                    bad += nbad
+                    damaged += nbad
                     if not df.empty:
                         frames[name] = df
             src = "spool"
@@ -580,7 +581,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
         )
 
     data = RunData(run_id=run_id, manifest=manifest, nccl_tests=nccl_tests, actions=actions, source=src,
-                   truncated_lines=truncated, bad_lines=bad,
+                   truncated_lines=truncated, bad_lines=bad, damaged_parts=damaged,
                    **{k: v for k, v in frames.items() if k in TABLE_TYPES})
     data = data.restrict(since, until)
     if data.steps.empty:

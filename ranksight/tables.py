@@ -285,7 +285,9 @@ def read_parts(files: list[Path], columns: list[str] | None = None,
     frames, bad = [], 0
     for f in files:
         try:
-            frames.append(pd.read_parquet(f, columns=columns))
+            # page checksums (the head writes them) are verified: a corrupted page fails here instead of reading
+            # back as garbage numbers
+            frames.append(pd.read_parquet(f, columns=columns, page_checksum_verification=True))
         except Exception:  # noqa: BLE001 - a damaged or foreign file: skip it and count it
             bad += 1
         if on_file is not None:

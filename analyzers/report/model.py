@@ -64,6 +64,7 @@ class Summary(TypedDict):
     source: str  # store | spool
     truncated_lines: int
     bad_lines: int
+    damaged_parts: int  # store part files that failed to read (page checksum, torn): their rows are missing
     analyzer_errors: list[str]
 
 
@@ -131,6 +132,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "source": data.source,
         "truncated_lines": data.truncated_lines,
         "bad_lines": data.bad_lines,
+        "damaged_parts": data.damaged_parts,
         "analyzer_errors": errors or [],
     }
     signal = data.compute_signal()

@@ -45,6 +45,8 @@ def _header(report: DiagnoseReport, console: Any) -> None:
     hdr.append(f"  source: {s['source']}")
     if s["truncated_lines"] or s["bad_lines"]:
         hdr.append(f"  ({s['truncated_lines']} truncated / {s['bad_lines']} bad line(s) skipped)", style="yellow")
+    if s.get("damaged_parts"):
+        hdr.append(f"  ({s['damaged_parts']} damaged store part file(s) skipped: their rows are missing)", style="bold red")
     console.print(hdr)
     style = {"critical": "bold red", "warning": "bold yellow"}.get(
         s["worst_severity"], "bold yellow" if s["checks_not_run"] else "bold green")

@@ -287,7 +287,7 @@ class RunStore:
         self._seq += 1
         name = f"part-{time.time_ns()}-{os.getpid()}-{self._seq:06d}.parquet"
         tmp = d / f".{name}.tmp"
-        pq.write_table(arrow, tmp)
+        pq.write_table(arrow, tmp, write_page_checksum=True)  # CRC per page: corruption is detected on read
         os.replace(tmp, d / name)
         self.rows_stored[table] += arrow.num_rows
 
