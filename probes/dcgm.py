@@ -30,6 +30,7 @@ error or unparsable text is a recorded gap (``errors`` count, ``last_error``,
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.error
 import urllib.request
@@ -130,9 +131,22 @@ def parse_exposition(text: str) -> dict[str, dict[str, Any]]:
 
 
 def _int(v: float | None) -> int | None:
-    if v is None or v != v:  # NaN
+    if v is None or not math.isfinite(v):  # NaN, +-Inf: no reading
         return None
     return int(v)
+
+
+def _gpu_order(label: Any) -> tuple[int, str]:
+    """Sort key of a ``gpu`` label: numeric ones by number, anything else after them (it becomes a gap)."""
+    try:
+        return (int(label), "")
+    except (TypeError, ValueError):
+        return (1 << 62, str(label))
+
+
+# New XIDs of one code in one scrape beyond this are not listed one by one (a counter that jumped by 1e9 would
+# otherwise build a list of 1e9 events): the rest is noted as a gap of the GPU
+MAX_NEW_XIDS_PER_CODE = 100
 
 
 class DcgmProbe:
@@ -207,10 +221,10 @@ class DcgmProbe:
         self.scrapes += 1
         self.last_error = None
         self.gaps.pop("scrape", None)
-        for key, g in sorted(gpus.items(), key=lambda kv: int(kv[1]["labels"].get("gpu", 0) or 0)):
+        for key, g in sorted(gpus.items(), key=lambda kv: _gpu_order(kv[1]["labels"].get("gpu"))):
             try:
                 sample, xids, extra = self._one(key, g, t)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, OverflowError) as e:  # a label or value no GPU has (gpu="x", +Inf)
                 self.gaps[key] = f"{type(e).__name__}: {e}"
                 continue
             res.samples.append(sample)
@@ -292,9 +306,15 @@ class DcgmProbe:
                 before = prev.get(code, 0.0) if prev is not None else (0.0 if self.report_existing_xids else n)
                 if n > before:
                     try:
-                        codes.extend([int(float(code))] * int(n - before))
-                    except ValueError:
+                        new = n - before
+                        c = int(float(code))
+                        if not math.isfinite(new):
+                            raise ValueError(f"xid {code} count {n}")
+                    except (ValueError, OverflowError):
                         continue
+                    if new > MAX_NEW_XIDS_PER_CODE:
+                        self.gaps[key] = f"xid {c} count rose by {new:.0f} in one scrape: {MAX_NEW_XIDS_PER_CODE} listed"
+                    codes.extend([c] * int(min(new, MAX_NEW_XIDS_PER_CODE)))
             self._xid_counts[key] = dict(counts)
         elif g["xid"] is not None:
             cur = g["xid"]

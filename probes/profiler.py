@@ -219,6 +219,11 @@ def _open(path: str) -> BinaryIO:
     return f
 
 
+def _key_part(x: Any) -> Any:
+    """A pid/tid usable as a dict key: Kineto writes ints or strings; anything else (a list, a dict) by its repr."""
+    return repr(x) if isinstance(x, (list, dict)) else x
+
+
 def _is_comm_cpu_op(name: str) -> bool:
     return name.startswith(("c10d::", "nccl:", "gloo:")) or name == "record_param_comms"
 
@@ -254,6 +259,7 @@ def summarize_trace(
     collectives: list[dict[str, Any]] = []
     n_coll = 0
     n_events = 0
+    n_malformed = 0  # events skipped for fields of the wrong type
     truncated = False
     # Events on gloo runloop threads are only known as such once the thread_name metadata
     # event is seen, which may come after them: such cpu_ops are held per thread until then.
@@ -280,7 +286,13 @@ def summarize_trace(
     side = [] if bare_array else [dist_coro]
 
     def handle(ev: dict[str, Any]) -> None:
-        nonlocal n_coll
+        nonlocal n_coll, n_malformed
+        # a user's trace may hold anything: an event whose fields have the wrong types is counted and skipped
+        name, cat, args = ev.get("name") or "", ev.get("cat") or "", ev.get("args")
+        if not isinstance(name, str) or not isinstance(cat, str) or not (args is None or isinstance(args, dict)):
+            n_malformed += 1
+            return
+        ev = {**ev, "pid": _key_part(ev.get("pid")), "tid": _key_part(ev.get("tid"))}
         ph = ev.get("ph")
         if ph != "X":
             if ph == "M" and ev.get("name") == "thread_name":
@@ -388,14 +400,14 @@ def summarize_trace(
             last_byte = chunk.rstrip()[-1:] or last_byte
             try:
                 ev_coro.send(chunk)
-            except ijson.common.JSONError as e:
+            except (ijson.common.JSONError, UnicodeDecodeError) as e:  # malformed UTF-8 inside a string too
                 truncated = True
-                notes.append(f"stopped at invalid JSON: {e}")
+                notes.append(f"stopped at invalid JSON: {type(e).__name__}: {e}")
                 break
             for c in list(side):
                 try:
                     c.send(chunk)
-                except ijson.common.JSONError:
+                except (ijson.common.JSONError, UnicodeDecodeError):
                     side.remove(c)
             if dist and dist_coro in side:
                 side.remove(dist_coro)  # found: stop paying for a second parse
@@ -413,9 +425,9 @@ def summarize_trace(
                 else:
                     truncated = True
                     notes.append(f"trace ends early (truncated JSON): {e}")
-            except ijson.common.JSONError as e:
+            except (ijson.common.JSONError, UnicodeDecodeError) as e:
                 truncated = True
-                notes.append(f"invalid JSON at the end: {e}")
+                notes.append(f"invalid JSON at the end: {type(e).__name__}: {e}")
             for ev in events:
                 if isinstance(ev, dict):
                     handle(ev)
@@ -423,6 +435,8 @@ def summarize_trace(
             del events[:]
     finally:
         f.close()
+    if n_malformed:
+        notes.append(f"{n_malformed} event(s) with fields of the wrong type (a non-string name, non-object args) skipped")
     if n_events == 0:
         raise TraceError(f"{path}: no trace events could be read" + (f" ({notes[-1]})" if notes else ""))
     if truncated:
