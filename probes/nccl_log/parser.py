@@ -26,6 +26,7 @@ LEVELS: dict[bytes, tuple[str, Callable[[StreamState, Prefix, str, bytes], NcclE
     b"WARN": ("WARN", failure),
     b"ABORT": ("ABORT", failure),
     b"ERROR": ("ERROR", failure),
+    b"CALL": ("CALL", info_message),  # 2.19+ "host:pid:tid NCCL CALL ncclAllReduce(...)" (NCCL_DEBUG=TRACE)
 }
 
 # Lines without an NCCL prefix: (cheap test, recogniser), tried in order; a recogniser
@@ -289,12 +290,13 @@ class NcclLogParser(StreamState):
             line = line[:-1]
         if len(line) > MAX_LINE:
             line = line[:MAX_LINE]
-        i = line.find(b" NCCL ")
-        if i >= 0:
+        # "NCCL " at the start: a legacy line without host:pid:tid (lead empty)
+        i = -1 if line.startswith(b"NCCL ") else line.find(b" NCCL ")
+        if i >= 0 or line.startswith(b"NCCL "):
             j = line.find(b" ", i + 6)
             kind = LEVELS.get(line[i + 6 : j]) if j > 0 else None
             if kind is not None:
-                self.lead = lead = line[:i]
+                self.lead = lead = line[:i] if i > 0 else b""
                 pre = self._prefix_cache.get(lead) or self._prefix(lead)
                 if pre is not None:
                     level, recognise = kind
@@ -317,6 +319,9 @@ class NcclLogParser(StreamState):
         if hit is not None:
             return hit
         val = parse_prefix(lead)
+        if val is not None and not val[0]:
+            # ":pid:tid" (an empty host name) or a legacy line without host:pid:tid: what the file name says
+            val = (self.default_host, val[1] or self.default_pid, *val[2:])
         if val is not None and val[4] is None:  # stamped prefixes differ every line: caching them only costs memory
             if len(self._prefix_cache) > 4096:
                 self._prefix_cache.clear()

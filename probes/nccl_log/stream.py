@@ -64,17 +64,21 @@ class StreamState:
     def event(self, pre: Prefix, category: str, msg: bytes, fields: dict[str, Any] | None = None,
               **kw: Any) -> NcclEvent:
         """An event of the current line; rank and nranks default to the process's world rank."""
-        host, pid, tid, dev, t = pre
+        host, pid, tid, dev, t, tag = pre
         if "rank" not in kw:
             pr = self.proc_rank.get((host, pid))
             if pr is not None:
                 kw["rank"] = pr[0]
                 if "nranks" not in kw:
                     kw["nranks"] = pr[1]
+            elif tag is not None:
+                kw["rank"] = tag
         if not fields:
             fields = {}
         fields["tid"] = tid
         fields["cudaDev"] = dev
+        if tag is not None:
+            fields["launcher_rank"] = tag
         return NcclEvent(
             host=host, pid=pid, t=t, category=category, message=msg.decode("utf-8", "replace"), fields=fields,
             source_file=self.source_file, line_no=self.line_no, **kw,
