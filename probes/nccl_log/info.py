@@ -169,6 +169,6 @@ def info_message(st: StreamState, pre: Prefix, level: str, msg: bytes) -> NcclEv
     if msg.startswith(INFO_PREFIXES) or msg[:1].isdigit():
         return st.event(pre, "info", msg, fields={"level": level})
     if not st.keep_unclassified:
-        st.unclassified += 1
+        st.count_unclassified()
         return None
     return st.event(pre, "unclassified", msg, fields={"level": level})

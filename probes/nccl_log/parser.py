@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 from probes.nccl_log.failures import failure
 from probes.nccl_log.info import CLAIMED_BY_FIRST_BYTE, collective, info_message
 from probes.nccl_log.patterns import COLL_RE, MAX_LINE, Prefix, from_host, parse_prefix, text
+from probes.nccl_log.ras import RAS_HEADS, ras_line
 from probes.nccl_log.stream import StreamState, append_channel
 from probes.nccl_log.torch_lines import might_be_torch_line, torch_line
 from ranksight.schema import NcclEvent
@@ -303,12 +304,16 @@ class NcclLogParser(StreamState):
                     return recognise(self, pre, level, line[j + 1 :])
         if not line.strip():
             return None
+        if self.ras is not None or line.lstrip(b"> ").startswith(RAS_HEADS):  # an ncclras report (2.24+)
+            ev = ras_line(self, line)
+            if ev is not None:
+                return ev
         for might_be, recognise_other in OTHER_LINES:
             if might_be(line):
                 ev = recognise_other(self, line)
                 if ev is not None:
                     return ev
-        self.unclassified += 1
+        self.count_unclassified()
         if not self.keep_unclassified:
             return None
         return NcclEvent(host=self.default_host, pid=self.default_pid, t=None, category="unclassified",

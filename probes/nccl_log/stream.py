@@ -51,6 +51,8 @@ class StreamState:
         self.ptr_comm: dict[tuple[str, int, str], str] = {}  # (host, pid, comm pointer) -> commId hash
         self.notes: list[str] = []
         self.unclassified = 0
+        self.unclassified_lines: list[int] | None = None  # 1-based numbers of unclassified lines, when wanted
+        self.ras: dict[str, Any] | None = None  # the context of an ncclras report being read (see ras.py)
         # COLL lines that reached the recogniser (the parser folds most before that):
         # (host, pid, comm pointer) -> the last call, and how many there were.
         self.recognised_last_collective: dict[tuple[str, int, str], dict[str, Any]] = {}
@@ -83,6 +85,12 @@ class StreamState:
             host=host, pid=pid, t=t, category=category, message=msg.decode("utf-8", "replace"), fields=fields,
             source_file=self.source_file, line_no=self.line_no, **kw,
         )
+
+    def count_unclassified(self) -> None:
+        """One more line no recogniser understood (its number kept when ``unclassified_lines`` is a list)."""
+        self.unclassified += 1
+        if self.unclassified_lines is not None:
+            self.unclassified_lines.append(self.line_no)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
