@@ -69,6 +69,8 @@ class NcclLogParser(StreamState):
         self.bytes_parsed = 0  # bytes of complete lines consumed (excludes pending partial line)
         self._pending = b""
         self._prefix_cache: dict[bytes, Prefix] = {}
+        self._coll_alias: dict[bytes, list] = {}  # launcher-tagged key -> the counter of its host key
+        self._host_key: dict[bytes, bytes] = {}  # lead -> the lead from the host on (launcher tags dropped)
         # prefix + " comm 0x.. [nranks=N] stream 0x.." -> [count, last line]: COLL lines folded.
         self._coll_stats: dict[bytes, list] = {}
         # The COLL run being folded: lines that start with this prefix + " NCCL INFO " and end
@@ -218,12 +220,24 @@ class NcclLogParser(StreamState):
         tail = line[k:]
         key = line[:i] + tail
         colls = self._coll_stats
-        st = colls.get(key)
+        st = colls.get(key) or self._coll_alias.get(key)
         if st is None:
+            full = key
             # Keyed from the host on: a timestamp or launcher tag before it (NCCL >= 2.26 stamps
             # every line) would make a counter per distinct time, growing forever in a long tail.
-            key = from_host(line[:i]) + tail
+            lead = line[:i]
+            hk = self._host_key.get(lead)
+            if hk is None:
+                hk = from_host(lead)
+                if len(self._host_key) > 4096:  # stamped leads differ every line: bounded
+                    self._host_key.clear()
+                self._host_key[lead] = hk
+            key = hk + tail
             st = colls.get(key)
+            if hk != line[:i] and len(self._coll_alias) < 65536:  # later lines of this lead: one lookup
+                if st is None:
+                    st = colls[key] = [0, line]
+                self._coll_alias[full] = st
         if st is None:
             st = colls[key] = [1, line]
         else:
@@ -262,6 +276,7 @@ class NcclLogParser(StreamState):
         self._dedupe.clear()  # repeats of connections already shipped become events again
         self._chan_fast.clear()
         self._coll_stats.clear()
+        self._coll_alias.clear()
         self._run = _NO_RUN
         self.recognised_last_collective.clear()
         self.recognised_collective_lines = 0
