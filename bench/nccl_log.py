@@ -113,6 +113,32 @@ def make_log(path: str, mb: float) -> tuple[int, Counter]:
     return os.path.getsize(path), Counter({k: v * reps for k, v in kinds.items()})
 
 
+def make_interleaved_log(path: str, mb: float) -> int:
+    """A job's combined stdout: the 64 processes' lines interleaved round-robin (as they reach one stream), each with
+    its launcher prefix ("[rankN]:" torchrun, "N: " srun, Ray "(RayTrainWorker pid=..., ip=...)" in turn by host),
+    NCCL >= 2.26 timestamps and source locations on WARN lines. Returns the file size."""
+    rng = random.Random(11)
+    blocks = []
+    for rank in range(64):
+        host = f"dgx-{rank // 8:02d}"
+        tag = (f"[rank{rank}]:", f"{rank}: ", f"(RayTrainWorker pid={40000 + rank}, ip=10.0.{rank // 8}.1) ")[rank // 8 % 3]
+        out = []
+        for ln in _process_block(rng, host, 40000 + rank, rank, rank % 8, ncoll=300):
+            if " NCCL WARN " in ln:
+                ln = "[2026-03-12 10:11:12] " + ln.replace(" NCCL WARN ", " transport/net_ib.cc:1295 NCCL WARN ", 1)
+            out.append(tag + ln)
+        blocks.append(out)
+    lines = []
+    for i in range(max(len(b) for b in blocks)):
+        lines += [b[i] for b in blocks if i < len(b)]
+    block = ("\n".join(lines) + "\n").encode()
+    reps = max(1, int(mb * 1e6 / len(block)))
+    with open(path, "wb") as f:
+        for _ in range(reps):
+            f.write(block)
+    return os.path.getsize(path)
+
+
 # CPU time of this process, not wall time: the machine this was written on is shared, and
 # time spent waiting for a core says nothing about the parser. Wall time is printed too.
 _clock = time.process_time
@@ -187,7 +213,18 @@ def main() -> None:
         if not a.keep:
             os.unlink(path)
             os.rmdir(os.path.dirname(path))
+    ipath = os.path.join(tempfile.mkdtemp(prefix="ranksight-bench-"), "nccl.interleaved.log")
+    try:
+        isize = make_interleaved_log(ipath, a.mb)
+        inter = min(run_parser(ipath)[0] for _ in range(a.repeat))
+        ref_inter = min(run_parser(ipath, ref)[0] for _ in range(a.repeat)) if ref is not None else None
+    finally:
+        os.unlink(ipath)
+        os.rmdir(os.path.dirname(ipath))
     mbs = size / 1e6
+    print(f"interleaved job stdout (64 processes round-robin, launcher prefixes, stamped WARN), {isize / 1e6:.1f} MB: "
+          f"parser {isize / 1e6 / inter:8.1f} MB/s  ({inter:.2f} s)"
+          + (f"; reference {isize / 1e6 / ref_inter:8.1f} MB/s" if ref_inter else ""))
     print(f"file: {mbs:.1f} MB, {total} lines: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in kinds.most_common()))
     print(f"baseline (binary 'for line in f'):                        {mbs / base:8.1f} MB/s  ({base:.2f} s)")
     print(f"parser, default (COLL lines folded, {nev} events):        {mbs / default:8.1f} MB/s  ({default:.2f} s)  ratio to baseline {base / default:.3f}")

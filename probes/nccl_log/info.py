@@ -30,6 +30,18 @@ from probes.nccl_log.patterns import (
 from probes.nccl_log.stream import DECLINED, StreamState
 from ranksight.schema import NcclEvent
 
+def trace_fields(m: re.Match) -> dict[str, Any]:
+    """Fields of a CALL_TRACE_RE match: where, the ncclResult_t it returned, and strerror when printed."""
+    code = int(m.group(4))
+    f: dict[str, Any] = {"file": text(m.group(1)), "src_line": int(m.group(2)), "code": code,
+                         "result": NCCL_RESULT.get(code, "")}
+    if m.group(3):
+        f["func"] = text(m.group(3))
+    if m.group(5):
+        f["reason"] = text(m.group(5))
+    return f
+
+
 Recogniser = Callable[[StreamState, Prefix, bytes], Any]  # -> NcclEvent | None | DECLINED
 
 
@@ -151,15 +163,12 @@ def info_message(st: StreamState, pre: Prefix, level: str, msg: bytes) -> NcclEv
     if b" -> " in msg:
         m = CALL_TRACE_RE.search(msg)
         if m is not None:
-            code = int(m.group(3))
-            return st.event(pre, "trace", msg, error_class="call_trace",
-                            fields={"file": text(m.group(1)), "src_line": int(m.group(2)), "code": code,
-                                    "result": NCCL_RESULT.get(code, "")})
+            return st.event(pre, "trace", msg, error_class="call_trace", fields=trace_fields(m))
     if msg.find(b"Plugin", 0, 24) >= 0:
         return plugin(st, pre, msg)
     if msg.startswith(INFO_PREFIXES) or msg[:1].isdigit():
         return st.event(pre, "info", msg, fields={"level": level})
     if not st.keep_unclassified:
-        st.unclassified += 1
+        st.count_unclassified()
         return None
     return st.event(pre, "unclassified", msg, fields={"level": level})

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 from probes.nccl_log.failures import failure
 from probes.nccl_log.info import CLAIMED_BY_FIRST_BYTE, collective, info_message
 from probes.nccl_log.patterns import COLL_RE, MAX_LINE, Prefix, from_host, parse_prefix, text
+from probes.nccl_log.ras import RAS_HEADS, ras_line
 from probes.nccl_log.stream import StreamState, append_channel
 from probes.nccl_log.torch_lines import might_be_torch_line, torch_line
 from ranksight.schema import NcclEvent
@@ -26,6 +27,7 @@ LEVELS: dict[bytes, tuple[str, Callable[[StreamState, Prefix, str, bytes], NcclE
     b"WARN": ("WARN", failure),
     b"ABORT": ("ABORT", failure),
     b"ERROR": ("ERROR", failure),
+    b"CALL": ("CALL", info_message),  # 2.19+ "host:pid:tid NCCL CALL ncclAllReduce(...)" (NCCL_DEBUG=TRACE)
 }
 
 # Lines without an NCCL prefix: (cheap test, recogniser), tried in order; a recogniser
@@ -67,6 +69,8 @@ class NcclLogParser(StreamState):
         self.bytes_parsed = 0  # bytes of complete lines consumed (excludes pending partial line)
         self._pending = b""
         self._prefix_cache: dict[bytes, Prefix] = {}
+        self._coll_alias: dict[bytes, list] = {}  # launcher-tagged key -> the counter of its host key
+        self._host_key: dict[bytes, bytes] = {}  # lead -> the lead from the host on (launcher tags dropped)
         # prefix + " comm 0x.. [nranks=N] stream 0x.." -> [count, last line]: COLL lines folded.
         self._coll_stats: dict[bytes, list] = {}
         # The COLL run being folded: lines that start with this prefix + " NCCL INFO " and end
@@ -216,12 +220,24 @@ class NcclLogParser(StreamState):
         tail = line[k:]
         key = line[:i] + tail
         colls = self._coll_stats
-        st = colls.get(key)
+        st = colls.get(key) or self._coll_alias.get(key)
         if st is None:
+            full = key
             # Keyed from the host on: a timestamp or launcher tag before it (NCCL >= 2.26 stamps
             # every line) would make a counter per distinct time, growing forever in a long tail.
-            key = from_host(line[:i]) + tail
+            lead = line[:i]
+            hk = self._host_key.get(lead)
+            if hk is None:
+                hk = from_host(lead)
+                if len(self._host_key) > 4096:  # stamped leads differ every line: bounded
+                    self._host_key.clear()
+                self._host_key[lead] = hk
+            key = hk + tail
             st = colls.get(key)
+            if hk != line[:i] and len(self._coll_alias) < 65536:  # later lines of this lead: one lookup
+                if st is None:
+                    st = colls[key] = [0, line]
+                self._coll_alias[full] = st
         if st is None:
             st = colls[key] = [1, line]
         else:
@@ -260,6 +276,7 @@ class NcclLogParser(StreamState):
         self._dedupe.clear()  # repeats of connections already shipped become events again
         self._chan_fast.clear()
         self._coll_stats.clear()
+        self._coll_alias.clear()
         self._run = _NO_RUN
         self.recognised_last_collective.clear()
         self.recognised_collective_lines = 0
@@ -289,24 +306,29 @@ class NcclLogParser(StreamState):
             line = line[:-1]
         if len(line) > MAX_LINE:
             line = line[:MAX_LINE]
-        i = line.find(b" NCCL ")
-        if i >= 0:
+        # "NCCL " at the start: a legacy line without host:pid:tid (lead empty)
+        i = -1 if line.startswith(b"NCCL ") else line.find(b" NCCL ")
+        if i >= 0 or line.startswith(b"NCCL "):
             j = line.find(b" ", i + 6)
             kind = LEVELS.get(line[i + 6 : j]) if j > 0 else None
             if kind is not None:
-                self.lead = lead = line[:i]
+                self.lead = lead = line[:i] if i > 0 else b""
                 pre = self._prefix_cache.get(lead) or self._prefix(lead)
                 if pre is not None:
                     level, recognise = kind
                     return recognise(self, pre, level, line[j + 1 :])
         if not line.strip():
             return None
+        if self.ras is not None or line.lstrip(b"> ").startswith(RAS_HEADS):  # an ncclras report (2.24+)
+            ev = ras_line(self, line)
+            if ev is not None:
+                return ev
         for might_be, recognise_other in OTHER_LINES:
             if might_be(line):
                 ev = recognise_other(self, line)
                 if ev is not None:
                     return ev
-        self.unclassified += 1
+        self.count_unclassified()
         if not self.keep_unclassified:
             return None
         return NcclEvent(host=self.default_host, pid=self.default_pid, t=None, category="unclassified",
@@ -317,6 +339,9 @@ class NcclLogParser(StreamState):
         if hit is not None:
             return hit
         val = parse_prefix(lead)
+        if val is not None and not val[0]:
+            # ":pid:tid" (an empty host name) or a legacy line without host:pid:tid: what the file name says
+            val = (self.default_host, val[1] or self.default_pid, *val[2:])
         if val is not None and val[4] is None:  # stamped prefixes differ every line: caching them only costs memory
             if len(self._prefix_cache) > 4096:
                 self._prefix_cache.clear()

@@ -11,13 +11,14 @@ import os
 import re
 from datetime import datetime
 
-# (host, pid, tid, cudaDev, t): what the prefix of an NCCL line says; t is None without a date.
-Prefix = tuple[str, int, int, int, float | None]
+# (host, pid, tid, cudaDev, t, launcher_rank): what the prefix of an NCCL line says; t is None without a date,
+# launcher_rank the rank a launcher tag before it names ("[rank3]:", "[default3]:", "3: "), else None.
+Prefix = tuple[str, int, int, int, float | None, int | None]
 
 MAX_LINE = 64 * 1024  # longer "lines" (binary blobs) are cut, never buffered without bound
 
-# Known NCCL versions: 2.5 .. 2.29. Anything else is parsed with the same rules plus a note.
-KNOWN_MINOR = range(5, 30)
+# Known NCCL versions: 2.5 .. 2.30. Anything else is parsed with the same rules plus a note.
+KNOWN_MINOR = range(5, 31)
 
 
 def text(b: bytes) -> str:
@@ -29,12 +30,33 @@ def text(b: bytes) -> str:
 # The line prefix
 # --------------------------------------------------------------------------
 
-# The prefix ends right before " NCCL LEVEL". Anchored at its end because whatever came
-# before the host (launcher tags, timestamps) varies; host has no ':' or brackets.
-PREFIX_RE = re.compile(rb"([^\s:\[\]]+):(\d+):(\d+)\s+\[(-?\d+)\]\s*$")
+# NVIDIA/nccl src/debug.cc (ncclDebugLog), every version since 2.3:
+#   INFO   "%s:%d:%d [%d] NCCL INFO "                  host, pid, tid, cudaDev
+#   WARN   "\n%s:%d:%d [%d] %s:%d NCCL WARN "           ... , __FILE__, __LINE__
+#          "%s:%d:%d [%d] %s:%d (%s) NCCL WARN "        2.27+: ... , file, line, func
+#   TRACE  "%s:%d:%d [%d] %f %s:%d NCCL TRACE "         ... , ms since init, func, line
+#   CALL   "%s:%d:%d NCCL CALL "                        2.19+
+# NCCL_DEBUG_TIMESTAMP_FORMAT (2.26+, default "[%F %T] ", WARN lines only by default) goes before the host;
+# the host may be empty (":pid:tid", a container without a hostname). The prefix ends right before " NCCL LEVEL";
+# anchored at its end because whatever came before the host (launcher tags, timestamps, quoting) varies.
+PREFIX_RE = re.compile(
+    rb"(?:([^\s:\[\]]*):(\d+):(\d+)(?:\s+|$))?"  # host:pid:tid (host may be empty; absent in legacy lines)
+    rb"(?:\[(-?\d+)\])?"  # [cudaDev] (absent in NCCL CALL lines)
+    rb"(?:\s*(?:\d+\.\d+\s+)?([^\s\[\]()]+):(\d+)(?:\s+\([^()]*\))?)?"  # WARN: file:line (func); TRACE: ms func:line
+    rb"\s*$"
+)
 # A date-time anywhere before the host: NCCL_DEBUG_TIMESTAMP_FORMAT (default "[%F %T] ")
 # or a log shipper's ISO stamp.
 TS_RE = re.compile(rb"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(\.\d+)?")
+# What a launcher writes before a process's line: torchrun --tee "[default3]:", torch's "[rank3]:", srun --label /
+# mpirun "3: ", Ray "(RayTrainWorker pid=123, ip=10.0.0.1)", markdown "> " quoting, ANSI colour codes (with or
+# without their ESC byte), timestamps. LAUNCHER_ONLY_RE: a lead made only of those (a legacy line without
+# host:pid:tid); LAUNCHER_RANK_RE: the rank the tag names.
+LAUNCHER_ONLY_RE = re.compile(
+    rb"(?:\s+|>|\x1b?\[[\d;]*m|\[(?:rank|default)?\d+\]:?|\d+:|\((?:\w+ )?pid=\d+[^)]*\)|\[[\d\-T:., +Z]+\]"
+    rb"|\d{4}-\d{2}-\d{2}[ T][\d:.,+Z]+)*$")
+LAUNCHER_RANK_RE = re.compile(rb"\[(?:rank|default)(\d+)\]:|^\s*(?:>\s*)?(\d{1,5}):\s")
+ANSI_HOST_RE = re.compile(rb"\d[\d;]*m")
 
 
 def from_host(lead: bytes) -> bytes:
@@ -57,14 +79,34 @@ def parse_timestamp(lead: bytes) -> float | None:
         return None
 
 
-def parse_prefix(lead: bytes) -> Prefix | None:
-    """(host, pid, tid, cudaDev, t) of the bytes before " NCCL LEVEL"; None if they are no NCCL prefix."""
-    m = PREFIX_RE.search(lead)
+def launcher_rank(lead: bytes) -> int | None:
+    """The rank a launcher tag in ``lead`` names ("[rank3]:", "[default3]:", "3: "), else None."""
+    if not lead:
+        return None
+    m = LAUNCHER_RANK_RE.search(lead)
     if m is None:
         return None
+    return int(m.group(1) or m.group(2))
+
+
+def parse_prefix(lead: bytes) -> Prefix | None:
+    """(host, pid, tid, cudaDev, t, launcher rank) of the bytes before " NCCL LEVEL"; None if they are no NCCL
+    prefix. A legacy line (no host:pid:tid, at most launcher tags before "NCCL") gives host "" and pid 0: the stream
+    fills in what the file name says."""
+    m = PREFIX_RE.search(lead)
+    if m is None or (m.group(2) is None and m.group(4) is None):
+        if LAUNCHER_ONLY_RE.match(lead):
+            return ("", 0, 0, -1, parse_timestamp(lead) if lead else None, launcher_rank(lead))
+        return None
     before = lead[: m.start()]
+    host = m.group(1) or b""
+    if host and m.start(1) > 0 and lead[m.start(1) - 1] == 91:  # "\x1b[32mnode1:..." read as host "32mnode1"
+        a = ANSI_HOST_RE.match(host)
+        if a is not None:
+            host = host[a.end():]
     t = parse_timestamp(before) if before else None
-    return (text(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), t)
+    return (text(host), int(m.group(2) or 0), int(m.group(3) or 0), int(m.group(4) if m.group(4) is not None else -1),
+            t, launcher_rank(before) if before else None)
 
 
 # NCCL_DEBUG_FILE=nccl.%h.%p -> the file name carries host and pid; lines without an NCCL
@@ -116,7 +158,17 @@ COLL_RE = re.compile(
 NET_USING_RE = re.compile(rb"NET/(\w+) ?: Using (.*)")
 USING_NETWORK_RE = re.compile(rb"Using network (.+?)\s*$")
 PLUGIN_RE = re.compile(rb"(NET|TUNER|PROFILER|ENV|COLLNET)/Plugin ?: ?(.*)")
-CALL_TRACE_RE = re.compile(rb"([\w./-]+\.(?:cc|cu|cpp|h|c)):(\d+) -> (\d+)")
+# NCCLCHECK's back trace, src/include/checks.h: "%s:%d -> %d" (file, line, ncclResult_t), "%s:%d -> %d (%s)"
+# (strerror), 2.27+ via INFO_LOC: "%s:%d (%s) -> %d (%s)" (file, line, function, result, strerror).
+CALL_TRACE_RE = re.compile(rb"([\w./-]+\.(?:cc|cu|cpp|h|c)):(\d+)(?: \((\w+)\))? -> (\d+)(?: \(([^)]*)\))?")
+# src/misc/socket.cc (2.18+): "socketFinalizeAccept: wrong magic %lx != %lx" (received, expected)
+WRONG_MAGIC_RE = re.compile(rb"wrong magic ([0-9a-fA-F]+) != ([0-9a-fA-F]+)")
+# src/include/checks.h SYSCHECK: "Call to " name " failed: %s" (strerror); socket calls are classified as socket.
+SYSCALL_RE = re.compile(rb"Call to (\w+) failed ?: ?(.*)")
+# src/include/alloc.h: "Failed to CUDA malloc %ld bytes", "Failed to CUDA calloc (async) %ld bytes", "Failed to malloc"
+ALLOC_RE = re.compile(rb"Failed to (CUDA )?(?:host )?\w+(?: async)? (\d+) bytes")
+# The source location NCCL prints before " NCCL WARN" (src/debug.cc): "file:line" or "file:line (func)".
+SRC_LOC_RE = re.compile(rb"([^\s\[\]()]+\.\w+):(\d+)(?: \((\w+)\))?\s*$")
 
 # INFO lines known to be informational (setup, affinity, tuning): "info", not "unclassified".
 INFO_PREFIXES = (
@@ -130,12 +182,20 @@ INFO_PREFIXES = (
 # WARN / ERROR messages
 # --------------------------------------------------------------------------
 
+# NVIDIA/nccl src/transport/net_ib.cc (2.12-2.2x) and src/transport/net_ib/p2p.cc (2.28+), WARN formats over time:
+#   "NET/IB : Got completion from peer %s with error %d, opcode %d, len %d, vendor err %d (%s)%s%s%s%s"  (2.12-2.19)
+#   "NET/IB : Got completion from peer %s with status=%d opcode=%d len=%d vendor err %d (%s)%s%s%s%s"   (2.20-2.22)
+#   "NET/IB: Got completion from peer %s with status=%d opcode=%d len=%u vendor err %u (%s)... hca %s"  (2.23-2.27)
+#   "NET/IB: Got completion from peer %s with status=%s(%d) opcode=%s(%d) vendor_err=%u %s%s%s%s hca %s" (2.28+)
 IB_COMPL_NEW_RE = re.compile(
-    rb"Got completion from peer (\S+?)<(\d+)> with (?:status=|error )(\d+),? opcode[= ](\d+),? len[= ](\d+),? vendor err (\d+)"
-    rb"(?: \((\w+)\))?(?:.*?localGid (\S+))?(?:.*?remoteGids?:? ?(\S+))?(?:.*?hca (\S+))?"
+    rb"Got completion from peer (\S+?)<(\d+)> with (?:status=|error )(?:(\w+)\()?(\d+)\)?,? opcode[= ](?:(\w+)\()?(\d+)\)?,?"
+    rb"(?: len[= ](\d+),?)? vendor[ _]err[= ]?(\d+)(?: \((\w+)\))?(?:.*?localGid (\S+))?(?:.*?remoteGids?:? ?(\S+))?"
+    rb"(?:.*?hca (\S+))?"
 )
 IB_COMPL_OLD_RE = re.compile(rb"Got completion with error (\d+), opcode (\d+), len (\d+), vendor err (\d+)")
-IB_ASYNC_RE = re.compile(rb"Got async (?:event|error) ?: ?(.*)")
+# "NET/IB : Got async event : port error" (2.5-2.2x); src/transport/net_ib/common.cc (2.28+):
+# "NET/IB : %s:%d async fatal event: %s", "... async fatal event on QP (%p) ...: %s", "... Got non-fatal async event: %s(%d)"
+IB_ASYNC_RE = re.compile(rb"(?:(\w+):\d+ )?(?:Got (?:non-fatal )?async (?:event|error) ?: ?|async fatal event(?: on [^:]*)?: ?)(.*)")
 IBV_RE = re.compile(rb"(?:Call to )?(?:wrap_)?(ibv_\w+)(?:\(\))? failed(?: with(?: error)? (-?\d+))?(.*)")
 ADDR_RE = re.compile(rb"(\d{1,3}(?:\.\d{1,3}){3}|\[?[0-9a-fA-F:]*:[0-9a-fA-F:.]+\]?)<(\d+)>")
 SOCKET_RE = re.compile(
@@ -161,16 +221,30 @@ SIMPLE_CLASSES = (
 # PyTorch ProcessGroupNCCL lines (no NCCL prefix)
 # --------------------------------------------------------------------------
 
+# pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, across releases:
+#   "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, Timeout(ms)=1800000)
+#    ran for 1800472 milliseconds before timing out."  (1.x; 2.0+ adds NumelIn=, NumelOut=)
+#   log prefixes: "[Rank 3] " (<= 2.2), "[PG 0 Rank 3] " (2.3), "[PG ID 0 PG GUID 0(default_pg) Rank 3] " (2.4+)
+#   "Timeout at NCCL work: 12, last enqueued NCCL work: 12, last completed NCCL work: 11."  (2.1-2.3)
+#   "Exception (either an error or timeout) detected by watchdog at work: 12, last enqueued NCCL work: 12, last
+#    completed NCCL work: 11."  (2.4+), "... Last enqueued NCCL work: 12, last completed NCCL work: 11." (dump signal)
+#   "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress in monitoring enqueued
+#    collectives." (heartbeat monitor, 2.3+)
+#   TORCH_NCCL_DESYNC_DEBUG's report: "ranks [1, 2] are the lagging ranks that caused this timeout"
 WATCHDOG_RE = re.compile(rb"Watchdog caught collective operation timeout: WorkNCCL\((.*?)\) ran for (\d+) milliseconds")
 WORK_KV_RE = re.compile(rb"(\w+(?:\(ms\))?)=([^,]+)")
 TORCH_RANK_RE = re.compile(rb"\[(?:PG (?:ID )?(\d+)[^\]]*?)?Rank (\d+)\]|\[rank(\d+)\]:")
+# "[PG ID 0 PG GUID 0(default_pg) Rank 3]", "[PG 1 (tp_group) Rank 3]", "[PG 0 Rank 3]"
+TORCH_PG_RE = re.compile(rb"\[PG (?:ID )?(\d+)(?: PG GUID (\w+))?\s*(?:\(([^)]*)\))? Rank (\d+)\]")
 WORK_SEQ_RE = re.compile(rb"(?:Timeout|Exception \(either an error or timeout\) detected by watchdog|failure detected by watchdog) at (?:NCCL )?work(?: sequence id)?: (\d+)")
-LAST_ENQ_RE = re.compile(rb"last enqueued (?:NCCL )?work: (-?\d+)")
-LAST_DONE_RE = re.compile(rb"last completed (?:NCCL )?work: (-?\d+)")
+LAST_ENQ_RE = re.compile(rb"[Ll]ast enqueued (?:NCCL )?work: (-?\d+)")
+LAST_DONE_RE = re.compile(rb"[Ll]ast completed (?:NCCL )?work: (-?\d+)")
+WATCHDOG_STUCK_RE = re.compile(rb"watchdog got stuck for (\d+) seconds")
+LAGGING_RE = re.compile(rb"ranks \[([\d,\s]*)\] are the lagging ranks")
 TORCH_NCCL_ERR_RE = re.compile(rb"NCCL error in: ([^,]+), (.*?)(?:, NCCL version ([\w.+-]+))?\s*$")
 TORCH_MARKERS = re.compile(
     rb"Watchdog|WorkNCCL|ProcessGroupNCCL|NCCL error|DistBackendError|ncclRemoteError|ncclUnhandled|ncclSystemError|"
-    rb"ncclInternalError|^NCCL version|^Cuda failure|NCCL operations have failed"
+    rb"ncclInternalError|^NCCL version|^Cuda failure|NCCL operations have failed|lagging ranks|enqueued NCCL work"
 )
 
 # --------------------------------------------------------------------------

@@ -51,6 +51,8 @@ class StreamState:
         self.ptr_comm: dict[tuple[str, int, str], str] = {}  # (host, pid, comm pointer) -> commId hash
         self.notes: list[str] = []
         self.unclassified = 0
+        self.unclassified_lines: list[int] | None = None  # 1-based numbers of unclassified lines, when wanted
+        self.ras: dict[str, Any] | None = None  # the context of an ncclras report being read (see ras.py)
         # COLL lines that reached the recogniser (the parser folds most before that):
         # (host, pid, comm pointer) -> the last call, and how many there were.
         self.recognised_last_collective: dict[tuple[str, int, str], dict[str, Any]] = {}
@@ -64,21 +66,31 @@ class StreamState:
     def event(self, pre: Prefix, category: str, msg: bytes, fields: dict[str, Any] | None = None,
               **kw: Any) -> NcclEvent:
         """An event of the current line; rank and nranks default to the process's world rank."""
-        host, pid, tid, dev, t = pre
+        host, pid, tid, dev, t, tag = pre
         if "rank" not in kw:
             pr = self.proc_rank.get((host, pid))
             if pr is not None:
                 kw["rank"] = pr[0]
                 if "nranks" not in kw:
                     kw["nranks"] = pr[1]
+            elif tag is not None:
+                kw["rank"] = tag
         if not fields:
             fields = {}
         fields["tid"] = tid
         fields["cudaDev"] = dev
+        if tag is not None:
+            fields["launcher_rank"] = tag
         return NcclEvent(
             host=host, pid=pid, t=t, category=category, message=msg.decode("utf-8", "replace"), fields=fields,
             source_file=self.source_file, line_no=self.line_no, **kw,
         )
+
+    def count_unclassified(self) -> None:
+        """One more line no recogniser understood (its number kept when ``unclassified_lines`` is a list)."""
+        self.unclassified += 1
+        if self.unclassified_lines is not None:
+            self.unclassified_lines.append(self.line_no)
 
     def note(self, text: str) -> None:
         if text not in self.notes:

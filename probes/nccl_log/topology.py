@@ -62,7 +62,7 @@ def comm(st: StreamState, pre: Prefix, msg: bytes) -> NcclEvent:
     if it:
         f["init_time_s"] = float(it.group(1))
     comm_id = st.enter_comm(pre, ptr, f.get("commId"), rank, nranks)
-    pre_ev = (pre[0], pre[1], pre[2], pre[3] if "cudaDev" not in f else f["cudaDev"], pre[4])
+    pre_ev = (pre[0], pre[1], pre[2], pre[3] if "cudaDev" not in f else f["cudaDev"], pre[4], pre[5])
     return st.event(pre_ev, category, msg, rank=rank, nranks=nranks, comm_id=comm_id,
                     error_class=error_class, fields=f)
 

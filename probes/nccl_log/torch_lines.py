@@ -19,8 +19,11 @@ from probes.nccl_log.patterns import (
     SIMPLE_CLASSES,
     TORCH_MARKERS,
     TORCH_NCCL_ERR_RE,
+    LAGGING_RE,
+    TORCH_PG_RE,
     TORCH_RANK_RE,
     WATCHDOG_RE,
+    WATCHDOG_STUCK_RE,
     WORK_KV_RE,
     WORK_SEQ_RE,
     Prefix,
@@ -49,10 +52,17 @@ def torch_line(st: StreamState, line: bytes) -> NcclEvent | None:
                 f["pg"] = int(rm.group(1))
         elif rm.group(3) is not None:
             rank = int(rm.group(3))
+    pg = TORCH_PG_RE.search(line) if b"[PG " in line else None
+    if pg is not None:
+        f["pg"] = int(pg.group(1))
+        if pg.group(3):
+            f["pg_name"] = text(pg.group(3))
+        if rank is None:
+            rank = int(pg.group(4))
     if rank is None:
         pr = st.proc_rank.get((host, pid))
         rank = pr[0] if pr else None
-    pre = (host, pid, 0, -1, None)
+    pre = (host, pid, 0, -1, None, None)
     if line.startswith(b"NCCL version"):  # NCCL 2.5 also prints its version bare on stdout
         return version(st, pre, line)
     if line.startswith(b"Cuda failure"):  # continuation of a "Last error:" block
@@ -74,12 +84,24 @@ def torch_line(st: StreamState, line: bytes) -> NcclEvent | None:
         _add_progress(line, f)
         if seq is not None:
             f["seq"] = seq
+        f["kind"] = "collective_timeout"
+        return _event(st, pre, "watchdog", line, rank, "timeout", f)
+    m = WATCHDOG_STUCK_RE.search(line)
+    if m is not None:
+        f["stuck_s"] = int(m.group(1))
+        f["kind"] = "watchdog_stuck"
+        return _event(st, pre, "watchdog", line, rank, "timeout", f)
+    m = LAGGING_RE.search(line)
+    if m is not None:
+        f["lagging_ranks"] = [int(x) for x in m.group(1).replace(b",", b" ").split() if x.isdigit()]
+        f["kind"] = "desync_report"
         return _event(st, pre, "watchdog", line, rank, "timeout", f)
     m = WORK_SEQ_RE.search(line)
     if m is not None or LAST_ENQ_RE.search(line):
         if m is not None:
             f["seq"] = int(m.group(1))
         _add_progress(line, f)
+        f["kind"] = "progress"
         return _event(st, pre, "watchdog", line, rank, "timeout" if b"imeout" in line else "", f)
     m = TORCH_NCCL_ERR_RE.search(line)
     if m is not None:
