@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from analyzers.checks.gpu_health import CRITICAL_XIDS, XID_MEANING
@@ -128,38 +128,38 @@ def severity(code: int) -> str:
 _BDF = rb"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
 _XID = re.compile(
     rb"^(?P<pre>[^\n]*?)NVRM: Xid \(PCI:(?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?P<mig>[^)\n]*)\): "
-    rb"(?P<xid>\d+),[ \t]*(?:pid=(?P<pid>[^,\n]*),[ \t]*(?:name=(?P<name>[^,\n]*),[ \t]*)?)?(?P<msg>[^\n]*)", re.M)
+    rb"(?P<xid>\d+),[ \t]*(?:pid=(?P<pid>[^,\n]*),[ \t]*(?:name=(?P<name>[^,\n]*),[ \t]*)?)?(?P<msg>[^\n]*)", re.MULTILINE)
 _CAUSED_BY = re.compile(rb"caused by previous Xid (\d+)")
 _FALLEN_ONE = re.compile(rb"^(?P<pre>[^\n]*?)NVRM: GPU (?:at PCI:)?(?P<pci>" + _BDF[:-7] + rb")(?:\.[0-7])?: "
-                         rb"GPU has fallen off the bus", re.M)
+                         rb"GPU has fallen off the bus", re.MULTILINE)
 _FALLEN_THREE = re.compile(rb"^(?P<pre>[^\n]*?)NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:"
                            rb"[0-9a-fA-F]{2})(?:\.[0-7])?[ \t]*\n(?:[^\n]*NVRM: \(PCI ID: [^\n]*\n)?"
-                           rb"[^\n]*NVRM: fallen off the bus", re.M)
-_NVRM_ANY = re.compile(rb"^[^\n]*NVRM:[^\n]*", re.M)
+                           rb"[^\n]*NVRM: fallen off the bus", re.MULTILINE)
+_NVRM_ANY = re.compile(rb"^[^\n]*NVRM:[^\n]*", re.MULTILINE)
 _DRIVER = re.compile(rb"NVRM: loading NVIDIA UNIX [^\n]*?Kernel Module\s+(\d+\.\d+(?:\.\d+)?)")
 _CONT = re.compile(rb"(?:[ \t]{2,}[^ \t\n][^\n]*(?:\n|\Z))+")  # indented continuation lines of a multi-line record
 
 _AER_RECV = re.compile(
     rb"^(?P<pre>[^\n]*?)(?P<drv>[\w-]+) (?P<port>" + _BDF + rb"): (?:AER: )?(?P<multi>Multiple )?"
     rb"(?P<sev>Corrected|Correctable|Uncorrected \((?:Non-)?Fatal\)|Uncorrectable \((?:Non-)?Fatal\)) error "
-    rb"(?:message )?received(?: from|:)[ \t]*(?:(?P<src>" + _BDF + rb")|id=(?P<id>[0-9a-fA-F]{4}))", re.M)
+    rb"(?:message )?received(?: from|:)[ \t]*(?:(?P<src>" + _BDF + rb")|id=(?P<id>[0-9a-fA-F]{4}))", re.MULTILINE)
 _AER_BUS = re.compile(
     rb"^(?P<pre>[^\n]*?)(?P<drv>[\w-]+) (?P<dev>" + _BDF + rb"): (?:AER: )?PCIe Bus Error: severity=(?P<sev>[^,\n]+),"
-    rb"[ \t]*type=(?P<type>[^,\n]+)(?:,[ \t]*\((?P<agent>[^)\n]*)\))?", re.M)
+    rb"[ \t]*type=(?P<type>[^,\n]+)(?:,[ \t]*\((?P<agent>[^)\n]*)\))?", re.MULTILINE)
 _AER_STATUS = re.compile(rb"^[^\n]*?(?P<dev>" + _BDF + rb"): (?:AER: )?[ \t]*device \[(?P<vid>[0-9a-fA-F]{4}):"
-                         rb"(?P<did>[0-9a-fA-F]{4})\] error status/mask=(?P<status>[0-9a-fA-F]+)/", re.M)
+                         rb"(?P<did>[0-9a-fA-F]{4})\] error status/mask=(?P<status>[0-9a-fA-F]+)/", re.MULTILINE)
 _AER_BIT = re.compile(rb"^[^\n]*?(?P<dev>" + _BDF + rb"): (?:AER: )?[ \t]*\[[ \t]*(?P<bit>\d+)\][ \t]*"
-                      rb"(?P<name>[A-Za-z][^\n(]*?)[ \t]*(?P<first>\(First\))?[ \t]*$", re.M)
+                      rb"(?P<name>[A-Za-z][^\n(]*?)[ \t]*(?P<first>\(First\))?[ \t]*$", re.MULTILINE)
 _AER_OTHER = re.compile(rb"^[^\n]*?" + _BDF + rb": (?:AER: (?:Error of this Agent|Multiple|Root Port link|Device "
                         rb"recovery|device recovery|TLP Header|[ \t]*TLP Header)|DPC: |pciehp[^\n]*Link Down|"
-                        rb"Slot\(\S+\): (?:Link Down|Card not present))[^\n]*", re.M)
-_PCIEHP_DOWN = re.compile(rb"^(?P<pre>[^\n]*?)pciehp (?P<port>" + _BDF + rb"): Slot\(\S+\): Link Down", re.M)
+                        rb"Slot\(\S+\): (?:Link Down|Card not present))[^\n]*", re.MULTILINE)
+_PCIEHP_DOWN = re.compile(rb"^(?P<pre>[^\n]*?)pciehp (?P<port>" + _BDF + rb"): Slot\(\S+\): Link Down", re.MULTILINE)
 _BRIDGE = re.compile(rb"^[^\n]*?pci (?P<port>" + _BDF + rb"): PCI bridge to \[bus (?P<lo>[0-9a-fA-F]{2})"
-                     rb"(?:-(?P<hi>[0-9a-fA-F]{2}))?\]", re.M)
+                     rb"(?:-(?P<hi>[0-9a-fA-F]{2}))?\]", re.MULTILINE)
 _NV_DEV = re.compile(rb"(?:nvidia (?P<a>" + _BDF + rb"):|pci (?P<b>" + _BDF + rb"): \[10de:[0-9a-fA-F]{4}\] "
                      rb"type 00 class 0x03)")
 
-_SURPRISE = re.compile(r"SDES|Surprise Down", re.I)
+_SURPRISE = re.compile(r"SDES|Surprise Down", re.IGNORECASE)
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
                                        "Dec"), 1)}
 _PRE_MONO = re.compile(r"\[\s*(\d+\.\d+)\]")
@@ -201,7 +201,7 @@ def _prefix(pre: bytes) -> dict[str, Any]:
 
 def _wall(y: int, mo: int, d: int, hh: int, mm: int, ss: int) -> float | None:
     try:
-        return datetime(y, mo, d, hh, mm, ss, tzinfo=timezone.utc).timestamp()
+        return datetime(y, mo, d, hh, mm, ss, tzinfo=UTC).timestamp()
     except ValueError:
         return None
 

@@ -31,16 +31,16 @@ from ranksight.schema import Finding
 NAME = "nvidia_smi"
 
 _SNIFF = re.compile(rb"NVSMI LOG|^GPU [0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$|^#[ \t]*(?:Date[ \t]+)?"
-                    rb"(?:Time[ \t]+)?gpu[ \t]+\w", re.M)
-_GPU_HEAD = re.compile(rb"^[ \t]*GPU (?P<bdf>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])[ \t]*\r?$", re.M)
-_LOG_HEAD = re.compile(rb"^=+NVSMI LOG=+[ \t]*\r?$", re.M)
-_TIMESTAMP = re.compile(rb"^Timestamp[ \t]*:[ \t]*([^\n\r]*)", re.M)
-_DRIVER = re.compile(rb"^Driver Version[ \t]*:[ \t]*([^\n\r]*)", re.M)
+                    rb"(?:Time[ \t]+)?gpu[ \t]+\w", re.MULTILINE)
+_GPU_HEAD = re.compile(rb"^[ \t]*GPU (?P<bdf>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])[ \t]*\r?$", re.MULTILINE)
+_LOG_HEAD = re.compile(rb"^=+NVSMI LOG=+[ \t]*\r?$", re.MULTILINE)
+_TIMESTAMP = re.compile(rb"^Timestamp[ \t]*:[ \t]*([^\n\r]*)", re.MULTILINE)
+_DRIVER = re.compile(rb"^Driver Version[ \t]*:[ \t]*([^\n\r]*)", re.MULTILINE)
 _KV = re.compile(r"^(?P<ind>[ \t]*)(?P<key>[^:\n]*?)[ \t]*(?::[ \t]*(?P<val>.*?))?[ \t]*$")
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
-_DMON_HEAD = re.compile(rb"^#[ \t]*(?P<cols>(?:Date[ \t]+)?(?:Time[ \t]+)?gpu(?:[ \t]+[A-Za-z]\w*)+)[ \t]*\r?$", re.M)
+_DMON_HEAD = re.compile(rb"^#[ \t]*(?P<cols>(?:Date[ \t]+)?(?:Time[ \t]+)?gpu(?:[ \t]+[A-Za-z]\w*)+)[ \t]*\r?$", re.MULTILINE)
 _DMON_ROW = re.compile(rb"^[ \t]*(?:\d{8}[ \t]+)?(?:\d\d:\d\d:\d\d[ \t]+)?\d+(?:[ \t]+(?:-?\d+(?:\.\d+)?|-|N/A))+"
-                       rb"[ \t]*\r?$", re.M)
+                       rb"[ \t]*\r?$", re.MULTILINE)
 
 HARMFUL = ("SW Power Cap", "HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
 TEMP_MARGIN_C = 5  # within this many degrees of the slowdown threshold is "near"
@@ -171,7 +171,7 @@ def read(inp: InputFile) -> ReadResult | None:
     for off in logs:
         claimed.add(idx.line_of(off))
     if heads:  # the header lines of each snapshot (Timestamp, Driver/CUDA Version, Attached GPUs)
-        hdr = re.compile(rb"^(?:Timestamp|Driver Version|CUDA Version|Attached GPUs)[ \t]*:[^\n]*", re.M)
+        hdr = re.compile(rb"^(?:Timestamp|Driver Version|CUDA Version|Attached GPUs)[ \t]*:[^\n]*", re.MULTILINE)
         claimed.update(idx.lines_of(m.start() for m in hdr.finditer(data)) if hdr.search(data) else set())
     _read_dmon(data, idx, res, host, claimed)
     if not res.events:
@@ -193,7 +193,7 @@ def _read_dmon(data: bytes, idx: LineIndex, res: ReadResult, host: str, claimed:
     for i, h in enumerate(heads):
         cols = h.group("cols").decode("ascii", "replace").split()
         claimed.add(idx.line_of(h.start()))
-        unit = re.compile(rb"^#[^\n]*", re.M).match(data, h.end() + 1)
+        unit = re.compile(rb"^#[^\n]*", re.MULTILINE).match(data, h.end() + 1)
         if unit and b"Idx" in unit.group(0):
             claimed.add(idx.line_of(unit.start()))
         end = heads[i + 1].start() if i + 1 < len(heads) else len(data)
