@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
@@ -25,11 +26,11 @@ from ranksight.schema import Finding
 
 NAME = "kernel"
 
-_SNIFF = re.compile(rb"NVRM|AER: |PCIe Bus Error|fallen off the bus")
+_SNIFF_WORDS = (b"NVRM", b"AER: ", b"PCIe Bus Error", b"fallen off the bus")
 
 
 def sniff(data: bytes) -> bool:
-    return _SNIFF.search(data) is not None
+    return any(w in data for w in _SNIFF_WORDS)
 
 _RESET = "drain the node, reset the GPU (nvidia-smi -r) or reboot, then run dcgmi diag -r 3 before returning it"
 _NVLINK = ("NVLink fabric error: check the NVLink/NVSwitch state (nvidia-smi nvlink -s, fabric manager log), reset "
@@ -135,7 +136,6 @@ _FALLEN_ONE = re.compile(rb"^(?P<pre>[^\n]*?)NVRM: GPU (?:at PCI:)?(?P<pci>" + _
 _FALLEN_THREE = re.compile(rb"^(?P<pre>[^\n]*?)NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:"
                            rb"[0-9a-fA-F]{2})(?:\.[0-7])?[ \t]*\n(?:[^\n]*NVRM: \(PCI ID: [^\n]*\n)?"
                            rb"[^\n]*NVRM: fallen off the bus", re.MULTILINE)
-_NVRM_ANY = re.compile(rb"^[^\n]*NVRM:[^\n]*", re.MULTILINE)
 _DRIVER = re.compile(rb"NVRM: loading NVIDIA UNIX [^\n]*?Kernel Module\s+(\d+\.\d+(?:\.\d+)?)")
 _CONT = re.compile(rb"(?:[ \t]{2,}[^ \t\n][^\n]*(?:\n|\Z))+")  # indented continuation lines of a multi-line record
 
@@ -156,8 +156,34 @@ _AER_OTHER = re.compile(rb"^[^\n]*?" + _BDF + rb": (?:AER: (?:Error of this Agen
 _PCIEHP_DOWN = re.compile(rb"^(?P<pre>[^\n]*?)pciehp (?P<port>" + _BDF + rb"): Slot\(\S+\): Link Down", re.MULTILINE)
 _BRIDGE = re.compile(rb"^[^\n]*?pci (?P<port>" + _BDF + rb"): PCI bridge to \[bus (?P<lo>[0-9a-fA-F]{2})"
                      rb"(?:-(?P<hi>[0-9a-fA-F]{2}))?\]", re.MULTILINE)
-_NV_DEV = re.compile(rb"(?:nvidia (?P<a>" + _BDF + rb"):|pci (?P<b>" + _BDF + rb"): \[10de:[0-9a-fA-F]{4}\] "
-                     rb"type 00 class 0x03)")
+_NV_DEV_LINE = re.compile(rb"^[^\n]*?(?:nvidia (?P<a>" + _BDF + rb"):|pci (?P<b>" + _BDF + rb"): \[10de:"
+                          rb"[0-9a-fA-F]{4}\] type 00 class 0x03)", re.MULTILINE)
+
+# Literal-led finders: a regex that starts with a literal is scanned at C speed; the full (line-anchored) forms
+# above are then matched only at the start of the lines these find.
+_FINDERS = {
+    "xid": re.compile(rb"NVRM: Xid \("), "fallen_one": re.compile(rb"GPU has fallen off the bus"),
+    "fallen_three": re.compile(rb"NVRM: The NVIDIA GPU"), "aer_recv": re.compile(rb"error (?:message )?received"),
+    "aer_bus": re.compile(rb"PCIe Bus Error: "), "aer_status": re.compile(rb"error status/mask="),
+    "aer_bit": re.compile(rb"\[[ \t]*\d{1,2}\][ \t]+[A-Za-z]"), "link_down": re.compile(rb"Link Down"),
+    "bridge": re.compile(rb"PCI bridge to \["), "nvrm": re.compile(rb"NVRM:"),
+    "aer_other": re.compile(rb"AER: "), "dpc": re.compile(rb"DPC: "), "nodev": re.compile(rb"Card not present"),
+    "nv_dev": re.compile(rb"nvidia [0-9a-fA-F]{4}:"), "nv_pci": re.compile(rb"\[10de:[0-9a-fA-F]{4}\] type 00"),
+}
+
+
+def _at_lines(full: re.Pattern, finder: str, data: bytes):
+    """``full``'s matches at the start of each line holding ``finder``'s literal (each line once)."""
+    last = -1
+    for f in _FINDERS[finder].finditer(data):
+        ls = data.rfind(b"\n", 0, f.start()) + 1
+        if ls == last:
+            continue
+        last = ls
+        m = full.match(data, ls)
+        if m:
+            yield m
+
 
 _SURPRISE = re.compile(r"SDES|Surprise Down", re.IGNORECASE)
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
@@ -242,7 +268,7 @@ def read(inp: InputFile) -> ReadResult | None:
             ev.update(_prefix(pre))
         events.append(ev)
 
-    for m in _XID.finditer(data):
+    for m in _at_lines(_XID, "xid", data):
         msg = m.group("msg").decode("utf-8", "replace").strip()
         cont = _CONT.match(data, m.end() + 1) if m.end() < len(data) else None
         if cont:  # a multi-line record: its indented continuation lines belong to this Xid
@@ -255,19 +281,20 @@ def read(inp: InputFile) -> ReadResult | None:
              "pid": pid.decode("utf-8", "replace").strip("' ") if pid is not None else None,
              "process": m.group("name").decode("utf-8", "replace").strip() if m.group("name") is not None else None,
              "mig": mig or None, "caused_by": int(caused.group(1)[:6]) if caused else None}, m.start(), m.group("pre"))
-    for rx in (_FALLEN_ONE, _FALLEN_THREE):
-        for m in rx.finditer(data):
+    for rx, fd in ((_FALLEN_ONE, "fallen_one"), (_FALLEN_THREE, "fallen_three")):
+        for m in _at_lines(rx, fd, data):
             add({"type": "fallen_off_bus", "gpu": _bdf(m.group("pci"))}, m.start(), m.group("pre"))
             if rx is _FALLEN_THREE:
                 claimed_offsets.extend(m.start() + i + 1 for i, c in enumerate(m.group(0)) if c == 10)
     gpus: set[str] = {e["gpu"] for e in events}
-    for m in _NV_DEV.finditer(data):
-        gpus.add(_dev(_bdf(m.group("a") or m.group("b"))))
+    for fd in ("nv_dev", "nv_pci"):
+        for m in _at_lines(_NV_DEV_LINE, fd, data):
+            gpus.add(_dev(_bdf(m.group("a") or m.group("b"))))
     drv = _DRIVER.search(data)
     if drv:
         res.summary["driver"] = drv.group(1).decode()
 
-    for m in _AER_RECV.finditer(data):
+    for m in _at_lines(_AER_RECV, "aer_recv", data):
         src = m.group("src")
         port = _bdf(m.group("port"))
         if src is None:  # pre-4.x kernels print the requester id: bus<<8 | dev<<3 | fn, in the port's domain
@@ -277,7 +304,7 @@ def read(inp: InputFile) -> ReadResult | None:
             src_s = _bdf(src)
         add({"type": "aer_received", "port": port, "device": src_s, "class": _aer_class(m.group("sev").decode()),
              "multiple": m.group("multi") is not None}, m.start(), m.group("pre"))
-    for m in _AER_BUS.finditer(data):
+    for m in _at_lines(_AER_BUS, "aer_bus", data):
         add({"type": "aer", "device": _bdf(m.group("dev")), "driver": m.group("drv").decode("utf-8", "replace"),
              "class": _aer_class(m.group("sev").decode("utf-8", "replace")),
              "severity_text": m.group("sev").decode("utf-8", "replace").strip(),
@@ -287,30 +314,31 @@ def read(inp: InputFile) -> ReadResult | None:
     for e in events:
         if e["type"] == "aer":
             by_dev[e["device"]].append(e)
-    for rx in (_AER_STATUS, _AER_BIT):
-        for m in rx.finditer(data):
+    by_line = {d: [e["line"] for e in evs] for d, evs in by_dev.items()}  # in line order: found in input order
+    for rx, fd in ((_AER_STATUS, "aer_status"), (_AER_BIT, "aer_bit")):
+        for m in _at_lines(rx, fd, data):
             dev = _bdf(m.group("dev"))
             line = idx.line_of(m.start()) + 1
             claimed_offsets.append(m.start())
-            owner = None
-            for e in by_dev.get(dev, ()):
-                if e["line"] <= line:
-                    owner = e
-            if owner is None:
+            evs = by_dev.get(dev)
+            i = bisect_right(by_line[dev], line) - 1 if evs else -1
+            if i < 0:
                 continue
+            owner = evs[i]
             if rx is _AER_STATUS:
                 owner["vendor"] = m.group("vid").decode().lower()
             elif len(owner["bits"]) < 32:
                 owner["bits"].append(m.group("name").decode("utf-8", "replace").strip())
-    for m in _PCIEHP_DOWN.finditer(data):
+    for m in _at_lines(_PCIEHP_DOWN, "link_down", data):
         add({"type": "link_down", "device": _bdf(m.group("port"))}, m.start(), m.group("pre"))
     bridges: dict[str, list[int]] = {}
-    for m in _BRIDGE.finditer(data):
+    for m in _at_lines(_BRIDGE, "bridge", data):
         lo = int(m.group("lo"), 16)
         bridges[_bdf(m.group("port"))] = [lo, int(m.group("hi"), 16) if m.group("hi") else lo]
         claimed_offsets.append(m.start())
-    for rx in (_AER_OTHER, _NVRM_ANY):
-        claimed_offsets.extend(m.start() for m in rx.finditer(data))
+    for fd in ("aer_other", "dpc", "nodev", "link_down"):
+        claimed_offsets.extend(m.start() for m in _at_lines(_AER_OTHER, fd, data))
+    claimed_offsets.extend(m.start() for m in _FINDERS["nvrm"].finditer(data))
     if not events and not claimed_offsets:
         return None
     res.claimed_lines = idx.lines_of(claimed_offsets) if claimed_offsets else set()
