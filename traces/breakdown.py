@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.model import KIND_COMM, KIND_COMPUTE, KIND_MEMCPY, KIND_MEMSET, RankTrace
+from traces.model import KIND_COMM, KIND_COMPUTE, KIND_MEMCPY, KIND_NAMES, RankTrace
 
 WINDOWS = ("all", "steps", "steps-hta")
 
@@ -232,7 +232,6 @@ def kernel_table(t: RankTrace, lo: float, hi: float) -> list[dict[str, Any]]:
     kind_of = np.zeros(len(u), dtype=np.int8)
     kind_of[inv] = kinds
     order = np.argsort(-tot, kind="stable")
-    from traces.model import KIND_NAMES
     return [{"name": t.names[int(u[i])], "kind": KIND_NAMES[int(kind_of[i])], "total_ms": _ms(tot[i]),
              "count": int(cnt[i]), "mean_ms": _ms(tot[i] / cnt[i]), "min_ms": _ms(mn[i]), "max_ms": _ms(mx[i])}
             for i in order.tolist()]
@@ -283,7 +282,7 @@ def queue_length(t: RankTrace, lo: float, hi: float) -> list[dict[str, Any]]:
 
 
 def analyse_rank(t: RankTrace, *, window: str = "all", steps: tuple[int, int] | None = None,
-                 kernel_wait_us: float = 30.0, top: int = 10) -> dict[str, Any]:
+                 kernel_wait_us: float = 30.0, top: int | None = 10) -> dict[str, Any]:
     """Every per-rank figure, in ms, as a JSON-ready dict (``report`` and ``checks`` read it)."""
     if window not in WINDOWS:
         raise ValueError(f"window must be one of {WINDOWS}")
@@ -320,7 +319,7 @@ def analyse_rank(t: RankTrace, *, window: str = "all", steps: tuple[int, int] | 
         "overlap": {"comm_total_ms": comm_total, "overlap_ms": tot["overlap"],
                     "overlap_ratio": round(tot["overlap"] / comm_total, 4) if comm_total > 0 else 0.0},
         "idle": idle_breakdown(t, lo, hi, kernel_wait_us),
-        "kernels": kernel_table(t, lo, hi)[:top],
+        "kernels": kernel_table(t, lo, hi)[:top],  # top=None: every kernel name
         "launch": launch_stats(t, lo, hi),
         "queue": queue_length(t, lo, hi),
         "steps": per_step,

@@ -101,7 +101,7 @@ def straggler(ranks: list[dict[str, Any]], traces: list[RankTrace], inputs: list
     arr = _arrivals(match_collectives(traces), rank_ids)
     nccl_med = np.median(nt, axis=1)
     culprit = rank_ids[i]
-    waits_least = int(nccl_med.argmin()) == i
+    waits_least = bool(int(nccl_med.argmin()) == i)
     step_is_max = float((kt.argmax(axis=0) == i).mean()) if kt.shape[1] else 0.0
     victims = {rank_ids[j]: round(float(nccl_med[j]), 4) for j in range(len(ranks)) if j != i}
     ev_common = {"nccl_kernel_ms_median": {rank_ids[j]: round(float(nccl_med[j]), 4) for j in range(len(ranks))},
