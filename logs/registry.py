@@ -11,7 +11,8 @@ READER_MODULES = (
     "logs.readers.flight_recorder",  # Flight Recorder dumps (pickle/JSON) and fr_trace's text output
     "logs.readers.nccl_tests",  # nccl-tests stdout
     "logs.readers.kernel",  # NVRM Xid, fallen off the bus, PCIe AER
-    "logs.readers.nvidia_smi",  # nvidia-smi -q, nvidia-smi dmon, dcgm-exporter text dumps
+    "logs.readers.nvidia_smi",  # nvidia-smi -q, nvidia-smi dmon
+    "logs.readers.dcgm_dump",  # dcgm-exporter text dumps (and the exporter's startup log before them)
     "logs.readers.loss_scale",  # DeepSpeed/fairseq/apex/Megatron loss-scale and NaN messages
     "logs.readers.iterations",  # Megatron/torchtitan/fairseq/DeepSpeed/HF per-iteration training logs
 )
