@@ -74,13 +74,20 @@ def render_text(r: LogReport, console=None) -> None:
     con = console or Console()
     style = {"critical": "bold red", "warning": "yellow"}.get(r.worst or "", "green")
     con.print(f"[{style}]{html.escape(verdict(r), quote=False)}[/]", markup=True, highlight=False)
+    shown = [i for i in r.inputs if i.formats or i.error]  # the rest: one line (a run directory holds hundreds)
     t = Table(title="Inputs", expand=False)
     for c in ("input", "lines", "formats", "unknown"):
         t.add_column(c, overflow="fold")
-    for i in r.inputs:
+    for i in shown:
         fm = ", ".join(f"{k} {v}" for k, v in i.formats.items()) if i.error is None else f"[red]{i.error}[/]"
         t.add_row(i.path, str(i.lines), fm or "-", str(i.unknown_lines))
-    con.print(t)
+    if shown:
+        con.print(t)
+    rest = [i for i in r.inputs if not (i.formats or i.error)]
+    if rest:
+        con.print(f"{len(rest)} input(s) in no known format ({sum(i.lines for i in rest)} lines), e.g. "
+                  f"{', '.join(i.path for i in rest[:3])}{' ...' if len(rest) > 3 else ''} (--json lists every input)",
+                  highlight=False, markup=False)
     for f in r.findings:
         sev = {"critical": "bold red", "warning": "yellow"}.get(f.severity, "cyan")
         con.print(f"[{sev}]{f.severity.upper():8}[/] [bold]{f.kind}[/] {f.summary}", highlight=False)
