@@ -142,3 +142,24 @@ def test_an_eviction_and_the_restart_are_in_the_report(tmp_path):
     assert obj["verdict"].endswith("node 1 evicted at step 20 (policy), the run resumed from step 20 on 2 ranks and reached step 29")
     assert [(a["action"], a["status"], a["applied_step"]) for a in obj["history"]["actions"]] == [("evict", "applied", 20)]
     assert [a["world_size"] for a in obj["history"]["attempts"]] == [4, 2]
+
+
+def test_logs_stored_with_a_run_are_read_by_diagnose(tmp_path):
+    """Issue 13: `diagnose <run-id>` runs the `ranksight logs` readers over the logs stored with the run: a kernel log
+    a user dropped into <run>/logs/ turns a healthy-looking run into a critical report naming the GPU; --no-logs
+    leaves them out."""
+    import shutil
+
+    write_run(build(world=4, steps=30), tmp_path, "xid")
+    logs = tmp_path / "xid" / "logs"
+    logs.mkdir()
+    shutil.copy(Path(__file__).parent / "fixtures" / "logs" / "kernel" / "dmesg_xid79_aer.log", logs / "node-1-dmesg.log")
+    (logs / "node-0.log").write_text("W1124 12:00:00 torchrun: some launcher chatter\n" * 20)  # nothing of ours
+    code, out = run(tmp_path, "xid", "--json")
+    obj = json.loads(out)
+    xid = [f for f in obj["findings"] if f["analyzer"] == "logs.kernel"]
+    assert code == 30 and xid and xid[0]["severity"] == "critical" and "Xid 79" in xid[0]["summary"]
+    assert xid[0]["inputs"] == [str(logs / "node-1-dmesg.log")] and xid[0]["gpus"]
+    assert obj["findings"][0]["analyzer"] == "logs.kernel"  # the worst first
+    code, out = run(tmp_path, "xid", "--json", "--no-logs")
+    assert code == 0 and not [f for f in json.loads(out)["findings"] if f["analyzer"].startswith("logs.")]
