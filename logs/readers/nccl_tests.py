@@ -167,30 +167,30 @@ def read(inp) -> ReadResult | None:
             run = current[stream] = _new_run(inp.path, stream, line + 1)
             runs.append(run)
         if g["ver"] is not None:
-            run["version"] = g["ver"].decode()
+            run["version"] = g["ver"].decode("utf-8", "replace")
         elif g["se"] is not None:
             if g["se"] == b"starting":
                 run["program"] = g["prog"].decode("utf-8", "replace")
         elif g["nth"] is not None:
             run["config"] = {"nthread": int(g["nth"]), "ngpus": int(g["ngpu"]), "min_bytes": int(g["minb"]),
-                             "max_bytes": int(g["maxb"]), "step": int(g["step"]), "step_kind": g["stepk"].decode(),
+                             "max_bytes": int(g["maxb"]), "step": int(g["step"]), "step_kind": g["stepk"].decode("utf-8", "replace"),
                              "warmup_iters": int(g["warm"]), "iters": int(g["iters"]), "validation": int(g["val"])}
         elif g["rank"] is not None:
             run["devices"].append({"rank": int(g["rank"]), "group": int(g["grp"]) if g["grp"] else None,
                                    "pid": int(g["pid"]), "host": g["host"].decode("utf-8", "replace"),
-                                   "device": int(g["dev"]), "bus": g["bus"].decode(),
+                                   "device": int(g["dev"]), "bus": g["bus"].decode("utf-8", "replace"),
                                    "gpu": g["gpu"].decode("utf-8", "replace").strip(), "line": line + 1})
         elif g["oob"] is not None:
             run["oob"] = int(g["oob"])
         elif g["avg"] is not None:
-            run["avg_busbw"] = _num(g["avg"].decode())
-            run["avg_status"] = g["avgok"].decode() if g["avgok"] else None
+            run["avg_busbw"] = _num(g["avg"].decode("utf-8", "replace"))
+            run["avg_status"] = g["avgok"].decode("utf-8", "replace") if g["avgok"] else None
             run["footer"], run["footer_line"] = True, line + 1
         elif g["size"] is not None:
             row = parse_row(g["rest"].decode("utf-8", "replace"))
             if row is None:
                 continue
-            row.update({"size": int(g["size"]), "count": int(g["count"]), "type": g["type"].decode(),
+            row.update({"size": int(g["size"]), "count": int(g["count"]), "type": g["type"].decode("utf-8", "replace"),
                         "line": line + 1})
             run["rows"].append(row)
         claimed.add(line)
