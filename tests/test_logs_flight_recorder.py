@@ -1,6 +1,6 @@
 """Flight Recorder reader: pickle/JSON dumps of two schema versions, torn and hostile dumps, fr_trace's text, and the
 cross-rank conclusions (hang culprit, mismatch, long waits, healthy) with the numbers the fixtures were built with
-(tests/fixtures/logs/flight_recorder/make_fixtures.py)."""
+(tests/make_flight_recorder_fixtures.py)."""
 
 from __future__ import annotations
 

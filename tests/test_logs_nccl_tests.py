@@ -1,6 +1,6 @@
 """nccl-tests reader: the 2020, 2023 and 2025+ output formats (per-iteration and timestamp columns, launcher
 prefixes), and each conclusion with the numbers the fixtures were built with
-(tests/fixtures/logs/nccl_tests/make_fixtures.py)."""
+(tests/make_nccl_tests_fixtures.py)."""
 
 from __future__ import annotations
 
