@@ -163,3 +163,16 @@ def test_logs_stored_with_a_run_are_read_by_diagnose(tmp_path):
     assert obj["findings"][0]["analyzer"] == "logs.kernel"  # the worst first
     code, out = run(tmp_path, "xid", "--json", "--no-logs")
     assert code == 0 and not [f for f in json.loads(out)["findings"] if f["analyzer"].startswith("logs.")]
+
+
+def test_traces_stored_with_a_run_are_read_by_diagnose(tmp_path):
+    """Issue 14: `diagnose <run-id>` runs `ranksight trace`'s checks over the run's stored profiler traces: GPU-like
+    traces where rank 2's kernels run 1.4x longer name rank 2 from kernel time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from kineto_synth import generate
+
+    write_run(build(world=4, steps=30), tmp_path, "tr")
+    generate(str(tmp_path / "tr" / "traces"), ranks=4, steps=6, kernels=40, slow_rank=2, slow_factor=1.4, seed=3)
+    code, out = run(tmp_path, "tr", "--json")
+    found = [f for f in json.loads(out)["findings"] if f["analyzer"] == "trace" and f["kind"] == "straggler"]
+    assert found and found[0]["ranks"] == [2] and code >= 20, out[:2000]

@@ -93,7 +93,7 @@ def test_cli_json_and_html(tmp_path):
     kineto_synth.generate(str(tmp_path / "t"), ranks=3, steps=3, kernels=40, slow_rank=1, slow_factor=1.4, seed=7)
     html = tmp_path / "r.html"
     res = CliRunner().invoke(trace_command, [str(tmp_path / "t"), "--json", "--window", "steps", "--html", str(html)])
-    assert res.exit_code == 1, res.output
+    assert res.exit_code in (20, 30), res.output  # a straggler: diagnose's warning/critical codes
     rep = json.loads(res.output)
     assert set(rep) >= {"verdict", "ranks", "findings", "notes"}
     assert "rank 1 is the straggler" in rep["verdict"]
@@ -101,4 +101,4 @@ def test_cli_json_and_html(tmp_path):
     res = CliRunner().invoke(trace_command, [str(tmp_path / "t")])
     assert max(len(line) for line in res.output.splitlines()) <= 80
     res = CliRunner().invoke(trace_command, [str(tmp_path / "nothing")])
-    assert res.exit_code == 10
+    assert res.exit_code == 40

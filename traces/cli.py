@@ -2,7 +2,8 @@
 
 PATHs are trace files (``.json``, ``.json.gz``) or directories of per-rank traces. ``--diff`` compares against a
 second set (base = PATHs, new = the --diff set); ``--diff-steps A-B`` compares two step ranges of one set
-(base = --steps, new = --diff-steps). Exit status: 0 nothing wrong, 1 warning/critical findings, 10 nothing read.
+(base = --steps, new = --diff-steps). Exit status as ``diagnose``'s: 0 nothing wrong, 20 warning, 30 critical, 40
+nothing could be read (never 1 or 2: a crash and a usage error).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import sys
 from typing import Optional
 
 import typer
+
+from analyzers.report.model import EXIT, EXIT_LOAD_ERROR
+from ranksight.schema import SEVERITY_ORDER
 
 trace_command = typer.Typer(add_completion=False, help=__doc__.splitlines()[0])
 
@@ -75,6 +79,6 @@ def trace(
             f.write(report.to_html(rep))
     print(report.to_json(rep) if json_out else report.to_text(rep), end="" if not json_out else "\n")
     if not ranks:
-        raise typer.Exit(10)
-    if any(f.severity in ("warning", "critical") for f in findings):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_LOAD_ERROR)
+    worst = max((f.severity for f in findings), key=SEVERITY_ORDER.__getitem__, default=None)
+    raise typer.Exit(EXIT[worst])

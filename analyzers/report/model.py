@@ -143,8 +143,15 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         compute=compute, over_time=ser)
 
 
+def _builtin(x: Any) -> Any:
+    """numpy scalars and arrays in a finding's evidence (checks compute with numpy) as Python values."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise NotImplementedError(f"cannot encode {type(x).__name__}")
+
+
 def finding_dict(f: Finding) -> dict[str, Any]:
-    d = msgspec.to_builtins(f)
+    d = msgspec.to_builtins(f, enc_hook=_builtin)
     return {k: d.get(k) for k in FINDING_FIELDS}
 
 

@@ -1,7 +1,7 @@
 """Throughput of ``ranksight logs`` (every reader, ``logs.analyze``) on a job's combined stdout, against reading the
 same bytes line by line.
 
-    .venv/bin/python bench/logs.py [--mb 64] [--repeat 3]
+    .venv/bin/python bench/logs_throughput.py [--mb 64] [--repeat 3]
 
 The input imitates what a user hands over after a 64-rank job went wrong: its combined stdout, where every
 process's lines are interleaved (bench/nccl_log.py's interleaved NCCL_DEBUG=INFO log: launcher prefixes, init,

@@ -1,0 +1,23 @@
+"""The profiler traces stored with a run (``<run>/traces/``: periodic and on-demand captures), analysed as
+``ranksight trace`` does: what ``diagnose <run-id>`` adds from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ranksight.schema import Finding
+
+
+def run_trace_findings(run_dir: str | Path) -> tuple[list[Finding], list[str]]:
+    """(findings from the traces under ``run_dir/traces``, notes: unreadable traces)."""
+    d = Path(run_dir) / "traces"
+    if not d.is_dir() or not any(d.iterdir()):
+        return [], []
+    from traces.breakdown import analyse_rank
+    from traces.checks import run_checks
+    from traces.load import load_traces
+
+    traces, errors = load_traces([str(d)])
+    ranks = [analyse_rank(t) for t in traces]
+    findings, _extra = run_checks(ranks, traces) if ranks else ([], {})
+    return findings, [f"stored trace {p} unreadable: {e}" for p, e in errors.items()]
