@@ -286,7 +286,7 @@ def dips(y: pd.Series, cfg: MfuConfig = DIP) -> list[dict[str, Any]]:
     for p0, p1, n in persistent_runs(flags, cfg.persist, cfg.window):
         onset = min(refine_onset(cost, int(p0), int(p1)), int(p0))
         level = float(y.iloc[onset:p1 + 1].median())
-        after = rel.iloc[p1 + 1:]
+        after = rel.iloc[p1 + 1:p1 + 1 + cfg.window]  # the points right after the episode: back at the good level?
         recovered = len(after) >= cfg.persist and float(after.median()) >= 1 - thr
         out.append(dict(onset=steps[onset], end=steps[p1], points=int(n), level=level, ref=ref, threshold=thr,
                         drop=1 - level / ref, recovered=bool(recovered),
@@ -346,7 +346,8 @@ def _trend_findings(fmt: str, df: pd.DataFrame, ps: pd.DataFrame, inputs: list[s
     if tput_col:
         for d in dips(judged[tput_col]):
             if d["onset"] <= first_judged and d["recovered"]:
-                notes.append(f"warm-up: {tput_col} low until iteration {d['end']}, not judged")
+                if not has_time:  # with iteration times the warm-up is already noted
+                    notes.append(f"warm-up: {tput_col} low until iteration {d['end']}, not judged")
                 continue
             if any(a <= d["end"] and d["onset"] <= b for a, b in time_windows):
                 continue  # the same episode, already reported as a slowdown (its numbers are in that evidence)
