@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from logs.inputs import InputFile
 from logs.readers import dcgm_dump
+from fuzz_settings import fuzz_settings
 
 FIX = Path(__file__).parent / "fixtures" / "logs" / "nvidia_smi" / "dcgm"
 A, B = FIX / "gpu-node-21-metrics.txt", FIX / "gpu-node-22-metrics-old.txt"
@@ -60,7 +61,7 @@ def test_healthy_is_info_and_no_samples_is_not():
 _CORPUS = [A.read_bytes(), B.read_bytes()]
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=3000))
 def test_fuzz_random_bytes(data):
     r = dcgm_dump.read(InputFile("x", b"DCGM_FI_DEV_GPU_TEMP{" + data))
@@ -68,7 +69,7 @@ def test_fuzz_random_bytes(data):
         dcgm_dump.conclude([r])
 
 
-@settings(max_examples=100, deadline=None)
+@fuzz_settings(100)
 @given(st.integers(0, 1), st.integers(0, 5000), st.integers(0, 5000), st.binary(max_size=40))
 def test_fuzz_cut_and_mutated(i, a, b, junk):
     data = _CORPUS[i]

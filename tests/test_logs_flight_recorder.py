@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import pickle
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import flight_recorder as fr
+from fuzz_settings import fuzz_settings
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "logs", "flight_recorder")
 
@@ -137,14 +138,14 @@ def _run(data: bytes, name: str = "nccl_trace_rank_0"):
             fr.conclude([res])
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=2000))
 def test_fuzz_random_bytes(data):
     _run(data)
     _run(b"\x80\x02" + data)  # random bytes after a pickle header: nothing executes, nothing raises
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.integers(0, len(FIXTURES) - 1), st.floats(0, 1), st.binary(max_size=20))
 def test_fuzz_cut_and_mutated_fixtures(i, frac, junk):
     name, data = FIXTURES[i]

@@ -8,11 +8,12 @@ import os
 import random
 
 import pandas as pd
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import iterations as I
+from fuzz_settings import fuzz_settings
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "logs", "iterations")
 
@@ -127,7 +128,7 @@ def test_dips_rule_numbers():
 FIXTURE_BYTES = [open(os.path.join(FIX, n), "rb").read() for n in sorted(os.listdir(FIX)) if n.endswith(".log")]
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=2000))
 def test_fuzz_random_bytes(data):
     if I.sniff(data):
@@ -136,7 +137,7 @@ def test_fuzz_random_bytes(data):
         I.summarize([r])
 
 
-@settings(max_examples=60, deadline=None)
+@fuzz_settings(60)
 @given(st.integers(0, len(FIXTURE_BYTES) - 1), st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**6),
        st.binary(max_size=8)), max_size=6))
 def test_fuzz_cut_and_mutated_fixtures(i, seed, muts):

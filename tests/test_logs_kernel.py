@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import kernel
+from fuzz_settings import fuzz_settings
 
 FIX = Path(__file__).parent / "fixtures" / "logs" / "kernel"
 
@@ -118,7 +119,7 @@ def test_xid_table_reuses_and_extends_the_live_check():
 _CORPUS = [p.read_bytes() for p in sorted(FIX.iterdir())]
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=3000))
 def test_fuzz_random_bytes(data):
     if kernel.sniff(data):
@@ -127,7 +128,7 @@ def test_fuzz_random_bytes(data):
             kernel.conclude([r])
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.integers(0, len(_CORPUS) - 1), st.integers(0, 5000), st.integers(0, 5000), st.binary(max_size=40))
 def test_fuzz_cut_and_mutated_fixtures(i, a, b, junk):
     data = _CORPUS[i]

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import random
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import loss_scale as L
+from fuzz_settings import fuzz_settings
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "logs", "loss_scale")
 
@@ -107,7 +108,7 @@ def test_static_junk_and_binary_are_nothing():
 FIXTURE_BYTES = [open(_fx(n), "rb").read() for n in sorted(os.listdir(FIX)) if n.endswith(".log")]
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=2000))
 def test_fuzz_random_bytes(data):
     if L.sniff(data):
@@ -116,7 +117,7 @@ def test_fuzz_random_bytes(data):
         L.summarize([r])
 
 
-@settings(max_examples=120, deadline=None)
+@fuzz_settings(120)
 @given(st.integers(0, len(FIXTURE_BYTES) - 1), st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**6),
        st.binary(max_size=8)), max_size=6))
 def test_fuzz_cut_and_mutated_fixtures(i, seed, muts):

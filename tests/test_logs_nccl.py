@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from logs import analyze
@@ -13,6 +13,7 @@ from logs.inputs import InputFile
 from logs.readers import nccl as reader
 from probes.nccl_log import parse_file
 from probes.nccl_log.failures import magic_ascii
+from fuzz_settings import fuzz_settings
 
 FIX = Path(__file__).parent / "fixtures" / "logs" / "nccl"
 
@@ -129,7 +130,7 @@ def test_watchdog_new_format_across_files_mismatch():
     assert len(mm.inputs) == 4
 
 
-@settings(max_examples=60, deadline=None)
+@fuzz_settings(60)
 @given(st.binary(max_size=4000))
 def test_fuzz_random_bytes(data):
     res = reader.read(InputFile("fuzz", data))
@@ -141,7 +142,7 @@ _CORPUS = b"".join((FIX / n).read_bytes() for n in ("v218_ib_srun.log", "v228_to
                                                      "watchdog_old.log", "v25_legacy_socket.log"))
 
 
-@settings(max_examples=60, deadline=None)
+@fuzz_settings(60)
 @given(st.integers(0, len(_CORPUS)), st.integers(0, len(_CORPUS)), st.binary(max_size=40), st.integers(0, 1 << 30))
 def test_fuzz_cut_and_mutated_corpus(a, b, junk, pos):
     data = _CORPUS[min(a, b):max(a, b)]

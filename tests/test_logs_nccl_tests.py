@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import nccl_tests as nt
+from fuzz_settings import fuzz_settings
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "logs", "nccl_tests")
 
@@ -128,14 +129,14 @@ def _run(data: bytes):
             nt.summarize([res])
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=3000))
 def test_fuzz_random_bytes(data):
     _run(data)
     _run(b"# Avg bus bandwidth : 1\n" + data)
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.integers(0, len(FILES) - 1), st.floats(0, 1), st.floats(0, 1), st.binary(max_size=30))
 def test_fuzz_cut_and_mutated_fixtures(i, a, b, junk):
     data = FILES[i]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import nvidia_smi
+from fuzz_settings import fuzz_settings
 
 FIX = Path(__file__).parent / "fixtures" / "logs" / "nvidia_smi"
 
@@ -94,7 +95,7 @@ def test_healthy_fleet_is_info():
 _CORPUS = [p.read_bytes() for p in sorted(FIX.iterdir()) if p.is_file()]
 
 
-@settings(max_examples=150, deadline=None)
+@fuzz_settings(150)
 @given(st.binary(max_size=3000))
 def test_fuzz_random_bytes(data):
     if nvidia_smi.sniff(data):
@@ -103,7 +104,7 @@ def test_fuzz_random_bytes(data):
             nvidia_smi.conclude([r])
 
 
-@settings(max_examples=100, deadline=None)
+@fuzz_settings(100)
 @given(st.integers(0, 10_000), st.integers(0, 20_000), st.integers(0, 20_000), st.binary(max_size=40))
 def test_fuzz_cut_and_mutated_fixtures(i, a, b, junk):
     data = _CORPUS[i % len(_CORPUS)]

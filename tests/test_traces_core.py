@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import kineto_synth  # noqa: E402
@@ -17,6 +17,7 @@ import kineto_synth  # noqa: E402
 from traces import load as tload  # noqa: E402
 from traces.breakdown import analyse_rank  # noqa: E402
 from traces.load import TraceError, load_trace, load_traces  # noqa: E402
+from fuzz_settings import fuzz_settings
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,7 @@ def test_loose_types_are_coerced(tmp_path):
     assert len(t.gpu) == 2 and t.gpu.ts[0] == 10.5 and t.gpu.stream[0] == 7
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz_settings(60)
 @given(data=st.binary(max_size=2000), cut=st.integers(min_value=0, max_value=400_000))
 def test_fuzz_random_bytes_and_cuts(tmp_path, synth, data, cut):
     p = tmp_path / "f.json"

@@ -281,19 +281,23 @@ def load_dump(data: bytes) -> tuple[dict | None, str, list[str]]:
 
 # --- normalising a dump -------------------------------------------------------------------------------------------
 
+INT64 = 2**63 - 1  # a dump's counters and nanosecond times are int64 in torch: anything beyond is not a value
+
+
 def _int(x) -> int | None:
+    v = None
     if isinstance(x, bool):
-        return int(x)
-    if isinstance(x, int):
-        return x
-    if isinstance(x, float) and x == x and abs(x) < 1e30:
-        return int(x)
-    if isinstance(x, (str, bytes)):
+        v = int(x)
+    elif isinstance(x, int):
+        v = x
+    elif isinstance(x, float) and x == x and abs(x) < 1e30:
+        v = int(x)
+    elif isinstance(x, (str, bytes)):
         try:
-            return int(x)
+            v = int(x)
         except ValueError:
             return None
-    return None
+    return v if v is not None and -INT64 <= v <= INT64 else None
 
 
 def _str(x) -> str:
