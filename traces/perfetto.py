@@ -41,7 +41,8 @@ from msgspec import Raw
 
 _READ = 1 << 20
 _CHUNK = 4 << 20  # bytes of events decoded at once
-_MAX_TRIES = 12  # split points tried before a chunk is judged corrupt (a wrong split fails to decode)
+_SLACK = 64 << 10  # bytes buffered past the chunk size before a split is looked for
+_MAX_TRIES = 16  # split points tried before a chunk is judged corrupt (a wrong split fails to decode)
 _HEAD_MAX = 64 << 20  # bytes read looking for "traceEvents" before the input is judged not a trace
 _TAIL = 256 << 10  # bytes of the file's end searched for baseTimeNanoseconds / distributedInfo
 _FLOW_SHIFT = 40
@@ -229,7 +230,7 @@ class _Events:
         pos = self.chunk  # a split is looked for past this many bytes: chunks of about that size
         search_from = pos
         while True:
-            if not eof and len(buf) < pos + _READ:
+            if not eof and len(buf) < pos + _SLACK:
                 block = next(blocks, None)
                 if block is None:
                     eof = True
@@ -266,44 +267,55 @@ class _Events:
             yield events
 
     def _last(self, buf: bytes, torn: bool) -> Iterator[list[_Event]]:
-        """The end of the array: its last events and the closing ``]``; or, cut short, its complete events."""
-        tries = 0
-        for m in re.finditer(rb"\]", buf):
+        """The end of the array: its last events and the closing ``]``; or, cut short, its complete events.
+
+        All but the last event are decoded as a chunk (the longest prefix ending at a split that decodes: splits
+        in a trailer after the array fail); the rest, one event and the trailer, is small, so trying each ``]``
+        that follows a ``}`` there is cheap.
+        """
+        how = "torn gzip stream" if torn else "cut short (no closing ']')"
+        splits = [m for m in _SPLIT_RE.finditer(buf)]
+        rest = buf
+        for m in reversed(splits[-_MAX_TRIES * 4:]):
+            try:
+                events = _DECODE_EVENTS.decode(b"[" + buf[: m.start() + 1] + b"]")
+            except msgspec.DecodeError:
+                continue
+            self.offset += m.end() - 1
+            rest = buf[m.end() - 1:]
+            yield events
+            break
+        for m in re.finditer(rb"\]", rest):
             b = m.start() - 1
-            while b >= 0 and buf[b] in _WS:
+            while b >= 0 and rest[b] in _WS:
                 b -= 1
             a = m.end()
-            while a < len(buf) and buf[a] in _WS:
+            while a < len(rest) and rest[a] in _WS:
                 a += 1
-            if (b >= 0 and buf[b] != 0x7D) or (a < len(buf) and buf[a] not in (0x2C, 0x7D)):  # } , }
+            if (b >= 0 and rest[b] != 0x7D) or (a < len(rest) and rest[a] not in (0x2C, 0x7D)):  # } , }
                 continue
             try:
-                events = _DECODE_EVENTS.decode(b"[" + buf[: b + 1] + b"]")
+                events = _DECODE_EVENTS.decode(b"[" + rest[: b + 1] + b"]")
             except msgspec.DecodeError:
-                tries += 1
-                if tries > _MAX_TRIES:
-                    break
                 continue
             if torn:
                 self._end(True, "gzip stream torn after the events array")
             yield events
             return
-        # No closing bracket: the file was cut. Keep the longest prefix of whole events.
-        body = buf.rstrip().rstrip(b",")
-        ends = [m.start() + 1 for m in _SPLIT_RE.finditer(body)]
+        # No closing bracket: the file was cut. Its last event counts if it is whole.
+        body = rest.rstrip().rstrip(b",").rstrip()
         if body.endswith(b"}"):
-            ends.append(len(body))
-        for end in reversed(ends[-_MAX_TRIES:]):
             try:
-                events = _DECODE_EVENTS.decode(b"[" + body[:end] + b"]")
+                events = _DECODE_EVENTS.decode(b"[" + body + b"]")
             except msgspec.DecodeError:
-                continue
-            self._end(True, "%s: merged its first complete events, up to byte %d of the events array"
-                      % ("torn gzip stream" if torn else "cut short (no closing ']')", self.offset + end))
-            yield events
-            return
-        self._end(True, "%s: no complete event after byte %d of the events array"
-                  % ("torn gzip stream" if torn else "cut short", self.offset))
+                pass
+            else:
+                self.offset += len(body)
+                self._end(True, "%s: merged its complete events, up to byte %d of the events array"
+                          % (how, self.offset))
+                yield events
+                return
+        self._end(True, "%s: merged its complete events, up to byte %d of the events array" % (how, self.offset))
 
     def _end(self, truncated: bool, note: str) -> None:
         self.truncated = truncated
