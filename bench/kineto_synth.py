@@ -210,8 +210,8 @@ def generate(out_dir: str, *, ranks: int = 4, steps: int = 4, kernels: int = 120
         if not pipeline:
             # Per rank: H2D copy, memset, forward/backward kernels; gradient buckets become ready during backward.
             ready: list[list[float]] = [[] for _ in range(ranks)]
-            s7 = [0.0] * ranks
-            s13 = [0.0] * ranks
+            s7 = list(cpu)
+            s13 = list(cpu)
             for r in range(ranks):
                 R = rs[r]
                 t = cpu[r] + 300.0 + rng.random() * 100  # dataloader: the GPU waits on the host (host wait)
@@ -232,7 +232,7 @@ def generate(out_dir: str, *, ranks: int = 4, steps: int = 4, kernels: int = 120
                                 for j in range(buckets))
                 for k in range(kernels):
                     kstat += 1
-                    ki = (k * 7 + step) % len(KERNELS)
+                    ki = (k * 3 + step) % len(KERNELS)
                     kname, base = KERNELS[ki]
                     side = kstat % 11 == 0
                     stream = STREAM_SIDE if side else STREAM_COMPUTE
