@@ -59,7 +59,8 @@ def hta_worker(trace_dir: str, out: str, include_last: bool) -> None:
     ta = TraceAnalysis(trace_dir=trace_dir, include_last_profiler_step=include_last)
     t_load = time.perf_counter()
     ranks = sorted(ta.t.traces.keys())
-    res: dict[str, Any] = {"ranks": ranks, "include_last_profiler_step": include_last}
+    res: dict[str, Any] = {"ranks": ranks, "include_last_profiler_step": include_last,
+                           "gpu_events_kept": {str(r): int((ta.t.get_trace(r)["stream"] >= 0).sum()) for r in ranks}}
     tb = ta.get_temporal_breakdown(visualize=False)
     res["temporal"] = tb.to_dict(orient="records")
     idle, _ = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
@@ -170,8 +171,9 @@ EXPLAIN = {
             "previous kernel ended; kernel wait when shorter than 30 us; other. Dropped kernels (last step, no "
             "launch) widen HTA's gaps",
     "overlap": "HTA: |compute within comm| / |comm| over its kept kernels; kernels without launch are dropped",
-    "launch": "HTA joins launches to GPU events by correlation over its kept (windowed) events; cudaLaunchKernel"
-              "ExC/cudaMemcpyAsync/cudaMemsetAsync only",
+    "launch": "HTA joins launches (cudaLaunchKernel[ExC], cudaMemcpyAsync, cudaMemsetAsync) to GPU events by "
+              "correlation over its kept events, and rounds durations to whole microseconds, which moves GPU events "
+              "of about the launch's duration across 'short' (GPU time < launch CPU time)",
     "queue": "HTA's queue mean is over samples (each change), ranksight's is time-weighted; max is comparable",
     "kernels": "HTA's kernel table keeps kernels up to 80 % of time / top 10 per type; totals over its window",
 }
@@ -193,7 +195,7 @@ def _ranksight_ranks(doc: Any) -> list[dict[str, Any]]:
 
 
 def _row(rows: list, rank: int, figure: str, ours: float | None, hta: float | None, family: str,
-         pct: bool = False) -> None:
+         pct: bool = False, why: str = "") -> None:
     if ours is None or hta is None:
         return
     diff = ours - hta
@@ -202,7 +204,8 @@ def _row(rows: list, rank: int, figure: str, ours: float | None, hta: float | No
     else:
         flag = abs(diff) > 0.01 * max(abs(hta), abs(ours)) and abs(diff) > 1e-9
     rows.append({"rank": rank, "figure": figure, "ranksight": round(ours, 4), "hta": round(hta, 4),
-                 "diff": round(diff, 4), "flag": flag, "explanation": EXPLAIN.get(family, "") if flag else ""})
+                 "diff": round(diff, 4), "flag": flag,
+                 "explanation": "; ".join(x for x in (why, EXPLAIN.get(family, "")) if x) if flag else ""})
 
 
 def compare(ours_doc: Any, hta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -215,19 +218,24 @@ def compare(ours_doc: Any, hta: dict[str, Any]) -> list[dict[str, Any]]:
         o = ours[rank]
         t = o.get("temporal", {})
         h = h_temp[rank]
-        _row(rows, rank, "window_ms", t.get("window_ms"), h["kernel_time(us)"] / 1000.0, "window")
-        _row(rows, rank, "compute_ms", t.get("compute_ms"), h["compute_time(us)"] / 1000.0, "temporal")
-        _row(rows, rank, "non_compute_ms", t.get("non_compute_ms"), h["non_compute_time(us)"] / 1000.0, "temporal")
-        _row(rows, rank, "idle_ms", t.get("idle_ms"), h["idle_time(us)"] / 1000.0, "temporal")
-        _row(rows, rank, "compute_pct", t.get("compute_pct"), h["compute_time_pctg"], "temporal", pct=True)
+        ol = o.get("launch") or {}
+        kept = hta.get("gpu_events_kept", {}).get(str(rank))
+        why = ("ranksight's window holds %s GPU events, %s of them without a launch event (%s ms of compute "
+               "kernels), which HTA drops; HTA kept %s GPU events" % (ol.get("events"), ol.get("without_launch"),
+                                                                      ol.get("without_launch_compute_ms"), kept))
+        _row(rows, rank, "window_ms", t.get("window_ms"), h["kernel_time(us)"] / 1000.0, "window", why=why)
+        _row(rows, rank, "compute_ms", t.get("compute_ms"), h["compute_time(us)"] / 1000.0, "temporal", why=why)
+        _row(rows, rank, "non_compute_ms", t.get("non_compute_ms"), h["non_compute_time(us)"] / 1000.0, "temporal", why=why)
+        _row(rows, rank, "idle_ms", t.get("idle_ms"), h["idle_time(us)"] / 1000.0, "temporal", why=why)
+        _row(rows, rank, "compute_pct", t.get("compute_pct"), h["compute_time_pctg"], "temporal", pct=True, why=why)
         nc = None
         if t.get("window_ms"):
             nc = 100.0 * t.get("non_compute_ms", 0.0) / t["window_ms"]
-        _row(rows, rank, "non_compute_pct", nc, h["non_compute_time_pctg"], "temporal", pct=True)
-        _row(rows, rank, "idle_pct", t.get("idle_pct"), h["idle_time_pctg"], "temporal", pct=True)
+        _row(rows, rank, "non_compute_pct", nc, h["non_compute_time_pctg"], "temporal", pct=True, why=why)
+        _row(rows, rank, "idle_pct", t.get("idle_pct"), h["idle_time_pctg"], "temporal", pct=True, why=why)
         if rank in h_ov and "overlap" in o:
             _row(rows, rank, "comm_comp_overlap_pct", 100.0 * o["overlap"].get("overlap_ratio", 0.0),
-                 h_ov[rank]["comp_comm_overlap_pctg"], "overlap", pct=True)
+                 h_ov[rank]["comp_comm_overlap_pctg"], "overlap", pct=True, why=why)
         # Idle breakdown per stream and category.
         streams = {int(s["stream"]): s for s in (o.get("idle") or {}).get("streams", [])}
         for hrow in hta.get("idle", []):
@@ -235,10 +243,9 @@ def compare(ours_doc: Any, hta: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             cat = hrow["idle_category"]
             mine = streams[int(hrow["stream"])].get(f"{cat}_ms")
-            _row(rows, rank, f"idle[{hrow['stream']}].{cat}_ms", mine, hrow["idle_time"] / 1000.0, "idle")
+            _row(rows, rank, f"idle[{hrow['stream']}].{cat}_ms", mine, hrow["idle_time"] / 1000.0, "idle", why=why)
         # Launch statistics.
         hl = hta.get("launch", {}).get(str(rank))
-        ol = o.get("launch") or {}
         if hl:
             for k in ("with_launch", "short_kernels", "runtime_outliers", "launch_delay_outliers"):
                 _row(rows, rank, f"launch.{k}", ol.get(k), hl[k], "launch")
@@ -260,7 +267,7 @@ def compare(ours_doc: Any, hta: dict[str, Any]) -> list[dict[str, Any]]:
             if int(hk.get("rank", -1)) != rank or hk.get("name") not in ok:
                 continue
             _row(rows, rank, "kernel[%s].total_ms" % hk["name"][:40], ok[hk["name"]].get("total_ms"),
-                 float(hk["sum (us)"]) / 1000.0 if "sum (us)" in hk else None, "kernels")
+                 float(hk["sum (us)"]) / 1000.0 if "sum (us)" in hk else None, "kernels", why=why)
     return rows
 
 
@@ -290,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hta-version", default=DEFAULT_HTA)
     ap.add_argument("--hta-include-last-step", action="store_true",
                     help="HTA with include_last_profiler_step=True (its default drops the last step)")
+    ap.add_argument("--window", help="ranksight's --window (default: the one HTA's setting matches: steps-hta, or "
+                                     "steps with --hta-include-last-step)")
     ap.add_argument("--ranksight", help="command for the ranksight side, DIR appended "
                                         "(default: this python -m cli.main trace DIR --json)")
     ap.add_argument("--keep", action="store_true", help="keep the generated traces and the outputs")
@@ -323,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                 pass
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     ours_cmd = (a.ranksight.split() if a.ranksight else [sys.executable, "-m", "cli.main", "trace"]) + [trace_dir]
+    window = a.window or ("steps" if a.hta_include_last_step else "steps-hta")
     if not a.ranksight:
-        ours_cmd.append("--json")
+        ours_cmd += ["--json", "--window", window]
     hta_cmd = [hta_py, os.path.abspath(__file__), "--hta-worker", trace_dir, os.path.join(work, "hta.json")]
     if a.hta_include_last_step:
         hta_cmd.append("--hta-include-last-step")
@@ -359,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"figures not compared: {e}", file=sys.stderr)
     print(f"\ntraces: {trace_dir} ({len(files)} files, MB: {sizes})")
+    print(f"ranksight: {' '.join(ours_cmd)}")
     print(f"HTA {a.hta_version}, include_last_profiler_step={a.hta_include_last_step}; "
           f"HTA phases (last run, s): {hta_out.get('phases_s')}")
     print("\nrounds")
@@ -369,12 +380,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{ratios['peak_rss_mb']}")
     if figures:
         print("\nfigures both compute (times ms, percentages %; flag: > 1 % apart, or > 1 point for percentages)")
-        _print_table([dict(r, flag="*" if r["flag"] else "") for r in figures],
-                     ["rank", "figure", "ranksight", "hta", "diff", "flag", "explanation"])
+        notes: dict[str, int] = {}
+        for r in figures:
+            if r["explanation"] and r["explanation"] not in notes:
+                notes[r["explanation"]] = len(notes) + 1
+        _print_table([dict(r, flag="*" if r["flag"] else "",
+                           why="[%d]" % notes[r["explanation"]] if r["explanation"] else "") for r in figures],
+                     ["rank", "figure", "ranksight", "hta", "diff", "flag", "why"])
+        for text, n in notes.items():
+            print(f"[{n}] {text}")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({"traces": trace_dir, "sizes_mb": sizes, "generated": gen_info, "hta_version": a.hta_version,
-                       "hta_include_last_step": a.hta_include_last_step, "rounds": rounds, "medians": med,
+                       "hta_include_last_step": a.hta_include_last_step, "ranksight_cmd": ours_cmd, "rounds": rounds, "medians": med,
                        "ratios": ratios, "figures": figures, "hta_phases_s": hta_out.get("phases_s")}, f, indent=1)
     if a.keep:
         print(f"\nkept: {work}", file=sys.stderr)
