@@ -3,8 +3,9 @@
     python bench/trace_vs_hta.py [--traces DIR] [--ranks 4] [--mb-per-rank 20] [--rounds 3] [--json OUT]
 
 - **HTA** (PyPI ``HolisticTraceAnalysis``, ``--hta-version``, default 0.5.0, the newest on PyPI when this was
-  written) is installed by this script into its own virtualenv, ``bench/.venv-hta`` (created on first use, reused
-  after), so its pandas/plotly never meet ranksight's environment.
+  written, with pandas < 3: HTA 0.5.0's parser fails under pandas 3) is installed by this script into its own
+  virtualenv, ``bench/.venv-hta`` (created on first use, reused after), so its pandas/plotly never meet
+  ranksight's environment.
 - **Traces**: ``--traces DIR`` (plain or ``.gz`` per-rank Kineto traces), else ``bench/kineto_synth.py`` writes
   ``--ranks`` traces of about ``--mb-per-rank`` MB each into a temporary directory (the issue's goal is measured
   at >= 300 MB per rank; the default is small so that the script runs in minutes on a small machine).
@@ -99,19 +100,27 @@ def hta_worker(trace_dir: str, out: str, include_last: bool) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+# HTA 0.5.0 predates pandas 3, which raises where pandas 2 only warned (HTA's parser assigns int64 row indices
+# into an int16 column): its parse fails on every trace with more than 32767 events.
+PANDAS_PIN = "pandas>=2.2,<3"
+
+
 def ensure_hta(version: str) -> str:
-    """The virtualenv's python with HolisticTraceAnalysis==version installed (created when missing)."""
+    """The virtualenv's python with HolisticTraceAnalysis==version (and pandas < 3) installed, created when missing."""
     py = os.path.join(VENV, "bin", "python")
+    probe = ("import importlib.metadata as m; print(m.version('HolisticTraceAnalysis'), "
+             "m.version('pandas').split('.')[0])")
     if os.path.exists(py):
-        r = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('HolisticTraceAnalysis'))"],
-                           capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip() == version:
+        r = subprocess.run([py, "-c", probe], capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.split() == [version, "2"]:
             return py
     if not os.path.exists(py):
         print(f"creating {VENV} ...", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    print(f"installing HolisticTraceAnalysis=={version} into {VENV} (pandas, plotly, ...) ...", file=sys.stderr)
-    subprocess.run([py, "-m", "pip", "install", "-q", f"HolisticTraceAnalysis=={version}"], check=True)
+    print(f"installing HolisticTraceAnalysis=={version} {PANDAS_PIN} into {VENV} (with plotly, jupyterlab, ...)",
+          file=sys.stderr)
+    subprocess.run([py, "-m", "pip", "install", "-q", f"HolisticTraceAnalysis=={version}", PANDAS_PIN, "psutil"],
+                   check=True)
     return py
 
 
@@ -151,7 +160,7 @@ def measure(cmd: list[str], stdout_path: str, env: dict[str, str] | None = None,
     maxrss = ru.ru_maxrss * 1024
     res = {"wall_s": round(wall, 3), "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),
            "peak_rss_mb": round(max(peak, maxrss) / 2**20, 1), "rc": rc}
-    if rc not in (0, 1):
+    if rc != 0:
         with open(stdout_path + ".err", "rb") as f:
             res["stderr_tail"] = f.read()[-2000:].decode("utf-8", "replace")
     return res
