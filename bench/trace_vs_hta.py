@@ -175,16 +175,20 @@ EXPLAIN = {
     "window": "HTA's window: first to last kernel it keeps; by default it drops the last ProfilerStep's kernels "
               "(include_last_profiler_step=False) and every kernel without a launch event (it keeps only GPU "
               "events whose correlation matches a CPU op before the last step's start)",
-    "temporal": "window and kept kernels as above; HTA also rounds to whole microseconds",
+    "temporal": "HTA counts only the GPU events it keeps (a launch event before its last step's start: none "
+                "without a launch), so their time is idle or exposed communication in HTA; it also rounds to whole "
+                "microseconds",
     "idle": "HTA classifies per stream the gap before each kernel: host wait when its launch came after the "
-            "previous kernel ended; kernel wait when shorter than 30 us; other. Dropped kernels (last step, no "
-            "launch) widen HTA's gaps",
+            "previous kernel ended; kernel wait when shorter than 30 us; other. The GPU events HTA drops (no launch "
+            "event) merge their neighbouring gaps into one in HTA; ranksight keeps them, and a gap that ends at an "
+            "event without a launch cannot be host wait there (no launch time): it is kernel wait or other",
     "overlap": "HTA: |compute within comm| / |comm| over its kept kernels; kernels without launch are dropped",
     "launch": "HTA joins launches (cudaLaunchKernel[ExC], cudaMemcpyAsync, cudaMemsetAsync) to GPU events by "
               "correlation over its kept events, and rounds durations to whole microseconds, which moves GPU events "
               "of about the launch's duration across 'short' (GPU time < launch CPU time)",
     "queue": "HTA's queue mean is over samples (each change), ranksight's is time-weighted; max is comparable",
-    "kernels": "HTA's kernel table keeps kernels up to 80 % of time / top 10 per type; totals over its window",
+    "kernels": "HTA's totals count only the kernels it keeps (none without a launch event); its table lists "
+               "kernels up to 80 % of each type's time, at most 10",
 }
 
 
@@ -213,8 +217,8 @@ def _row(rows: list, rank: int, figure: str, ours: float | None, hta: float | No
     else:
         flag = abs(diff) > 0.01 * max(abs(hta), abs(ours)) and abs(diff) > 1e-9
     rows.append({"rank": rank, "figure": figure, "ranksight": round(ours, 4), "hta": round(hta, 4),
-                 "diff": round(diff, 4), "flag": flag,
-                 "explanation": "; ".join(x for x in (why, EXPLAIN.get(family, "")) if x) if flag else ""})
+                 "diff": round(diff, 4), "flag": flag, "explanation": EXPLAIN.get(family, "") if flag else "",
+                 "rank_context": why if flag else ""})
 
 
 def compare(ours_doc: Any, hta: dict[str, Any]) -> list[dict[str, Any]]:
@@ -400,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
                      ["rank", "figure", "ranksight", "hta", "diff", "flag", "why"])
         for text, n in notes.items():
             print(f"[{n}] {text}")
+        context = {}
+        for r in figures:
+            if r.get("rank_context"):
+                context.setdefault(r["rank"], r["rank_context"])
+        for rank, text in context.items():
+            print(f"rank {rank}: {text}")
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({"traces": trace_dir, "sizes_mb": sizes, "generated": gen_info, "hta_version": a.hta_version,
