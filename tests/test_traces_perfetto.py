@@ -265,3 +265,20 @@ def test_random_cuts_and_bytes_never_crash(tmp_path, cut, noise):
     r = write_merged([str(p)], [], out, chunk_bytes=4096)
     _load(out)  # always valid JSON
     assert len(r.ranks) == 1
+
+
+def test_loaded_traces_and_numpy_evidence(four, tmp_path):
+    """What ``ranksight trace --perfetto`` passes: loaded traces (objects with a path), findings with numpy numbers."""
+    import numpy as np
+
+    class Loaded:
+        def __init__(self, path):
+            self.path = path
+
+    f = Finding(analyzer="traces.checks", kind="straggler", severity="critical", ranks=[1], step_start=1,
+                step_end=2, evidence={"ratio": np.float64(1.4), "n": np.int64(3)})
+    out = str(tmp_path / "m.json")
+    r = write_merged([Loaded(p) for p in four.paths], [f], out)
+    assert [m.rank for m in r.ranks] == [0, 1, 2, 3] and r.findings_marked == 1
+    marks = [e for e in _load(out)["traceEvents"] if e.get("cat") == "ranksight"]
+    assert marks[0]["args"]["evidence"] == {"ratio": 1.4, "n": 3}

@@ -79,8 +79,14 @@ class _Event(msgspec.Struct, omit_defaults=True):
     args: Raw = Raw()
 
 
+def _plain(o: Any) -> Any:
+    """Numbers from numpy (findings' evidence often holds them) as Python numbers; anything else as text."""
+    item = getattr(o, "item", None)
+    return item() if callable(item) else str(o)
+
+
 _DECODE_EVENTS = msgspec.json.Decoder(list[_Event])
-_ENCODE = msgspec.json.Encoder()
+_ENCODE = msgspec.json.Encoder(enc_hook=_plain)
 
 
 @dataclass
@@ -469,7 +475,7 @@ def _merge_rank(path: str, st: _RankState, out: _Out, next_pid: list[int], chunk
 def _finding_dict(f: Any) -> dict[str, Any]:
     if isinstance(f, dict):
         return dict(f)
-    return msgspec.to_builtins(f)
+    return msgspec.to_builtins(f, enc_hook=_plain)
 
 
 def _finding_events(findings: list[dict[str, Any]], states: list[_RankState], findings_pid: int,
@@ -542,12 +548,14 @@ def _finding_events(findings: list[dict[str, Any]], states: list[_RankState], fi
 
 def write_merged(paths: Iterable[str], findings: Iterable[Any] = (), out: str = "merged.json.gz", *,
                  chunk_bytes: int = _CHUNK) -> MergeResult:
-    """Merge per-rank traces (plain or ``.gz``) into ``out`` (``.gz`` when it ends so), findings marked.
+    """Merge per-rank traces (plain or ``.gz``; paths or objects with a ``path``, e.g. ``RankTrace``) into ``out``
+    (``.gz`` when it ends so), findings marked.
 
     ``findings``: :class:`ranksight.schema.Finding` objects or their dicts. Returns what was merged per rank, the
     clock alignment used and notes (truncated inputs, findings that could not be placed).
     """
-    paths = [os.fspath(p) for p in paths]
+    # Paths, or loaded traces (traces.model.RankTrace) that say which file they came from.
+    paths = [os.fspath(getattr(p, "path", p)) for p in paths]
     fdicts = [_finding_dict(f) for f in findings]
     notes: list[str] = []
     metas = []
