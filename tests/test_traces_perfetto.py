@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -18,6 +18,7 @@ from kineto_synth import generate  # noqa: E402
 
 from ranksight.schema import Finding  # noqa: E402
 from traces.perfetto import write_merged  # noqa: E402
+from fuzz_settings import fuzz_settings
 
 PROCESS_META = {"process_name", "process_labels", "process_sort_index"}
 
@@ -251,7 +252,7 @@ def test_not_a_trace_gives_a_note_and_valid_output(tmp_path):
     assert list(_rank_of_pid(merged).values()) == ["ranksight findings"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@fuzz_settings(60)
 @given(cut=st.integers(min_value=0, max_value=40_000), noise=st.binary(max_size=64))
 def test_random_cuts_and_bytes_never_crash(tmp_path, cut, noise):
     src = tmp_path / "src.json"

@@ -434,8 +434,11 @@ def _nan_findings(results: list[ReadResult]) -> list[Finding]:
                             | {"at": _ev_loc(e)})
         rel_verdicts = [{"verdict": v.get("message"), "rank": v.get("rank"), "at": _ev_loc(v)} for v in verdicts
                         if v.get("rank") in ranks][:8]
-        kind_word = "Inf" if "Inf" in msg and "NaN" not in msg else "NaN"
-        where = ", ".join(f"rank {d['rank']}" + (f" (node {d['host']}, device {d['device']})" if "host" in d else "")
+        low = msg.lower()
+        kind_word = "NaN/Inf" if "nan" in low and "inf" in low else "Inf" if "inf" in low else "NaN"
+        # a message may name no rank (fairseq's "gradients are Nan/Inf"): say where it was instead
+        where = ", ".join((f"rank {d['rank']}" if "rank" in d else f"{d['at']}")
+                          + (f" (node {d['host']}, device {d.get('device', '?')})" if "host" in d else "")
                           for d in per_rank[:4])
         if len(per_rank) > 4:
             where += f" and {len(evs) - 4} more"

@@ -1,0 +1,61 @@
+"""Long fuzzing runs of every parser and the receiver: the suite's hypothesis fuzz tests, with many more random
+examples than the suite's short seeded ones.
+
+    .venv/bin/python bench/fuzz.py [--scale 50] [--tests PATTERN]
+
+Every test module that fuzzes (tests/test_fuzz_parsers.py, tests/test_logs_*.py, tests/test_traces_*.py) takes its
+hypothesis settings from tests/fuzz_settings.py; here they run with RANKSIGHT_FUZZ_SCALE times as many examples and
+random (not seeded) data, each test under a wall-clock limit (a hang is a failure) and the whole run under a memory
+limit (RLIMIT_AS: unbounded memory is a failure). Prints, per test, passed or the failing example hypothesis shrank
+to, and the totals: inputs tried, escapes (failures), hangs (timeouts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FUZZ_FILES = ["tests/test_fuzz_parsers.py", "tests/test_logs_*.py", "tests/test_traces_*.py"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", type=float, default=50.0, help="examples per fuzz test: the suite's times this")
+    ap.add_argument("--tests", default="fuzz", help="pytest -k expression selecting the fuzz tests")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per test before it counts as a hang")
+    ap.add_argument("--mem-gb", type=float, default=4.0, help="address-space limit of the test process")
+    a = ap.parse_args()
+    files = sorted(str(p.relative_to(ROOT)) for pat in FUZZ_FILES for p in ROOT.glob(pat))
+    env = {**os.environ, "RANKSIGHT_FUZZ_SCALE": str(a.scale), "RANKSIGHT_FUZZ_RANDOM": "1"}
+    limit = int(a.mem_gb * 2**30)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", a.tests,
+                        f"--timeout={a.timeout}", "-rA", *files], cwd=ROOT, env=env, capture_output=True, text=True,
+                       preexec_fn=cap)
+    out = r.stdout + r.stderr
+    passed = len(re.findall(r"^PASSED ", out, re.M))
+    failed = re.findall(r"^FAILED (\S+)", out, re.M)
+    hangs = [f for f in failed if "Timeout" in out.split(f, 1)[-1][:400]]
+    for line in out.splitlines():
+        if line.startswith(("PASSED ", "FAILED ", "ERROR ")):
+            print(line)
+    print(f"\n{passed} fuzz test(s) passed, {len(failed)} failed ({len(hangs)} hang(s)); scale {a.scale:g}x the suite's "
+          f"examples, random data, {a.mem_gb:g} GiB memory limit; {time.monotonic() - t0:.0f} s")
+    if failed:
+        print(out[-6000:])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
