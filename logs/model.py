@@ -58,7 +58,16 @@ class LineIndex:
         import numpy as np
 
         self._np = np
-        self.newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10)
+        self._data = data
+        self._newlines = None
+
+    @property
+    def newlines(self):
+        """Offsets of every newline, found on first use (a reader that matches nothing never pays for them)."""
+        if self._newlines is None:
+            np = self._np
+            self._newlines = np.flatnonzero(np.frombuffer(self._data, dtype=np.uint8) == 10)
+        return self._newlines
 
     def line_of(self, offset: int) -> int:
         """0-based line number of the byte at ``offset``."""

@@ -30,8 +30,10 @@ from ranksight.schema import Finding
 
 NAME = "nvidia_smi"
 
-_SNIFF = re.compile(rb"NVSMI LOG|^GPU [0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\s*$|^#[ \t]*(?:Date[ \t]+)?"
-                    rb"(?:Time[ \t]+)?gpu[ \t]+\w", re.MULTILINE)
+# a -q block's "GPU <bus id>" heading, or a dmon header ("# gpu ...", "#Date Time gpu ..."); each starts with a literal
+# newline so the regex engine skips to candidates instead of trying every line start
+_SNIFF = re.compile(rb"\nGPU [0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7][ \t]*\r?\n"
+                    rb"|\n#[ \t]*(?:Date[ \t]+)?(?:Time[ \t]+)?gpu[ \t]+\w")
 _GPU_HEAD = re.compile(rb"^[ \t]*GPU (?P<bdf>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])[ \t]*\r?$", re.MULTILINE)
 _LOG_HEAD = re.compile(rb"^=+NVSMI LOG=+[ \t]*\r?$", re.MULTILINE)
 _TIMESTAMP = re.compile(rb"^Timestamp[ \t]*:[ \t]*([^\n\r]*)", re.MULTILINE)
@@ -50,7 +52,12 @@ MAX_DMON_ROWS = 2_000_000
 
 
 def sniff(data: bytes) -> bool:
-    return _SNIFF.search(data) is not None
+    # literal tests first: a regex anchored at every line start costs a pass per line over a large job log
+    if b"NVSMI LOG" in data:
+        return True
+    if b"GPU " not in data and b"gpu" not in data:
+        return False
+    return _SNIFF.match(b"\n" + data[:512]) is not None or _SNIFF.search(data) is not None  # the first line too
 
 
 def _num(v: str | None) -> float | None:
