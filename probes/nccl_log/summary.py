@@ -37,7 +37,7 @@ class NcclLogSummary:
         self.warnings: list[dict[str, Any]] = []
         self.watchdog: list[dict[str, Any]] = []
         self.error_classes: Counter[str] = Counter()
-        self.unclassified_samples: list[dict[str, Any]] = []
+        self.unclassified_where: dict[str, int] = {}  # file -> lines no recogniser claimed (counted, never echoed)
         self.notes: list[str] = []
         self.collectives: dict[str, dict[str, Any]] = {}
         self._pending_topo: dict[tuple[str, int, int], list[NcclEvent]] = defaultdict(list)
@@ -124,8 +124,7 @@ class NcclLogSummary:
             if len(target) < _MAX_LISTED:
                 target.append(item)
         elif cat == "unclassified":
-            if len(self.unclassified_samples) < 20:
-                self.unclassified_samples.append({"file": ev.source_file, "line": ev.line_no, "text": ev.message[:200]})
+            self.unclassified_where[ev.source_file] = self.unclassified_where.get(ev.source_file, 0) + 1
 
     def _topology(self, ev: NcclEvent, rank_hint: int | None) -> None:
         c = self._comm(ev.comm_id)
@@ -234,7 +233,7 @@ class NcclLogSummary:
             "watchdog": self.watchdog,
             "error_classes": dict(self.error_classes),
             "collectives": self.collectives,
-            "unclassified_samples": self.unclassified_samples,
+            "unclassified_by_file": self.unclassified_where,
             "notes": self.notes,
         }
 
