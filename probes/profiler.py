@@ -10,8 +10,10 @@ marked ``truncated=True`` with a note.
 Definitions (all in milliseconds, within the *window*):
 
 - **window**: CPU traces: from the first ``ProfilerStep#N`` start to the last one's end
-  (all complete events when there are none). GPU traces: from the first GPU kernel start
-  to the last kernel end (the device timeline, as HTA does).
+  (all complete events when there are none). GPU traces: from the first GPU kernel, memcpy or
+  memset start to the last one's end (the device timeline). HTA's own default window differs: it
+  drops the last ProfilerStep (``include_last_profiler_step=False``); ``ranksight trace`` offers both
+  (``--window steps-hta``).
 - **communication**: the union of the time intervals of collective activity.
   GPU: kernels (cat ``kernel``) named ``ncclKernel_*`` / ``ncclDevKernel_*``, on any stream.
   CPU/gloo: ``gloo:*`` (and ``nccl:*``) ``user_annotation`` events, which run on the
@@ -21,8 +23,10 @@ Definitions (all in milliseconds, within the *window*):
   ``cpu_op`` events that are not communication ops, on threads that are not gloo
   runloop threads.
 - **overlap**: |compute ∩ communication| (communication hidden under compute).
-- **idle**: window − |compute ∪ communication|.
-- **wall_ms**: the window's length. Hence wall = compute + comm − overlap + idle.
+- **copy** (GPU): memcpy/memset time under no kernel: the device is busy, neither computing nor
+  communicating.
+- **idle**: window − |compute ∪ communication ∪ copies|.
+- **wall_ms**: the window's length. Hence wall = compute + comm − overlap + copy + idle.
 - **top_ops**: per name, inclusive total time and count of ``cpu_op`` events (CPU) or
   kernels (GPU); nested operators are each counted, as in the profiler's own tables.
 - **collectives**: each communication event as listed above, in trace order:
@@ -251,13 +255,17 @@ def summarize_trace(
     cpu_comm = IntervalUnion()
     gpu_compute = IntervalUnion()
     gpu_comm = IntervalUnion()
+    gpu_copy = IntervalUnion()  # memcpy / memset: the device is busy, neither computing nor communicating
     steps: dict[int, tuple[float, float]] = {}
     cpu_span = [float("inf"), float("-inf")]
     gpu_span = [float("inf"), float("-inf")]
     cpu_ops: dict[str, list[float]] = {}
     kernels: dict[str, list[float]] = {}
-    collectives: list[dict[str, Any]] = []
+    # listed apart so CPU-side communication events cannot fill the cap of a GPU trace's list (they are dropped there)
+    collectives: list[dict[str, Any]] = []  # CPU: gloo/c10d events
+    gpu_collectives: list[dict[str, Any]] = []  # GPU: NCCL kernels
     n_coll = 0
+    n_gpu_coll = 0
     n_events = 0
     n_malformed = 0  # events skipped for fields of the wrong type
     truncated = False
@@ -286,7 +294,7 @@ def summarize_trace(
     side = [] if bare_array else [dist_coro]
 
     def handle(ev: dict[str, Any]) -> None:
-        nonlocal n_coll, n_malformed
+        nonlocal n_coll, n_gpu_coll, n_malformed
         # a user's trace may hold anything: an event whose fields have the wrong types is counted and skipped
         name, cat, args = ev.get("name") or "", ev.get("cat") or "", ev.get("args")
         if not isinstance(name, str) or not isinstance(cat, str) or not (args is None or isinstance(args, dict)):
@@ -331,14 +339,21 @@ def summarize_trace(
                 k[1] += 1
             if name.startswith(("ncclKernel", "ncclDevKernel")):
                 gpu_comm.add(ts, end)
-                n_coll += 1
-                if len(collectives) < max_collectives:
+                n_gpu_coll += 1
+                if len(gpu_collectives) < max_collectives:
                     args = ev.get("args") or {}
-                    collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(args),
-                                        "kind": "exec", "stream": args.get("stream", ev.get("tid")),
-                                        "device": "gpu"})
+                    gpu_collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(args),
+                                            "kind": "exec", "stream": args.get("stream", ev.get("tid")),
+                                            "device": "gpu"})
             else:
                 gpu_compute.add(ts, end)
+            return
+        if cat in ("gpu_memcpy", "gpu_memset"):
+            if ts < gpu_span[0]:
+                gpu_span[0] = ts
+            if end > gpu_span[1]:
+                gpu_span[1] = end
+            gpu_copy.add(ts, end)
             return
         if ts < cpu_span[0]:
             cpu_span[0] = ts
@@ -489,6 +504,15 @@ def summarize_trace(
     comm_us = _length(ms, me)
     overlap_us = _intersection(cs, ce, ms, me)
     busy_us = compute_us + comm_us - overlap_us
+    copy_us = 0.0
+    if is_gpu:
+        # copies and sets keep the device busy: idle is what no kernel, memcpy or memset covers
+        import numpy as np
+
+        ks, ke = _merge(np.concatenate([cs, ms]), np.concatenate([ce, me]))
+        ys, ye = _clip(*gpu_copy.intervals(), lo, hi)
+        copy_us = _length(ys, ye) - _intersection(ys, ye, ks, ke)
+        busy_us += copy_us
     wall_us = hi - lo
     idle_us = max(0.0, wall_us - busy_us)
 
@@ -497,10 +521,11 @@ def summarize_trace(
     top_ops = [{"name": n, "total_ms": round(v[0] / 1000.0, 6), "count": int(v[1]),
                 "kind": "kernel" if is_gpu else "cpu_op"} for n, v in top]
     if is_gpu:
-        collectives = [c for c in collectives if c["device"] == "gpu"]
+        collectives, n_coll = gpu_collectives, n_gpu_coll
     collectives.sort(key=lambda c: c["ts"])
-    if n_coll > len(collectives) and len(collectives) >= max_collectives:
-        notes.append(f"{n_coll - len(collectives)} more communication events not listed (max_collectives={max_collectives})")
+    if n_coll > len(collectives):
+        notes.append(f"listed {len(collectives)} of {n_coll} {'NCCL kernels' if is_gpu else 'communication events'} "
+                     f"(max_collectives={max_collectives}); the times above count all of them")
     step_start = min(steps) if steps else -1
     step_end = max(steps) if steps else -1
     if distributed.get("backend"):
@@ -508,7 +533,8 @@ def summarize_trace(
     return TraceSummary(
         run_id=run_id, rank=int(rank), step_start=step_start, step_end=step_end, trace_file=path,
         wall_ms=wall_us / 1000.0, compute_ms=compute_us / 1000.0, comm_ms=comm_us / 1000.0,
-        overlap_ms=overlap_us / 1000.0, idle_ms=idle_us / 1000.0, top_ops=top_ops, collectives=collectives,
+        overlap_ms=overlap_us / 1000.0, idle_ms=idle_us / 1000.0, copy_ms=copy_us / 1000.0, top_ops=top_ops,
+        collectives=collectives,
         device=device, truncated=truncated, notes=notes,
     )
 

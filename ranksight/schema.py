@@ -259,7 +259,8 @@ class TraceSummary(Record, tag="trace_summary", kw_only=True):
     compute_ms: float
     comm_ms: float
     overlap_ms: float  # communication hidden under compute
-    idle_ms: float
+    idle_ms: float  # the window with nothing on the device: no kernel, no memcpy, no memset
+    copy_ms: float = 0.0  # GPU: memcpy/memset time not under a kernel (busy, neither compute nor communication)
     top_ops: list[dict[str, Any]] = []  # [{"name", "total_ms", "count"}]
     collectives: list[dict[str, Any]] = []  # [{"name", "ts", "dur_ms", "bytes"}]
     device: str = "cpu"
