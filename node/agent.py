@@ -64,6 +64,7 @@ class ExitReport(msgspec.Struct, kw_only=True):
     drain_s: float  # how long the agent tried to deliver before giving up
 
 OUTBOX_SEGMENTS_PER_CYCLE = 64
+FINAL_TRACE_WAIT_S = 30.0  # at stop: how long the last cycle waits for a trace summary in progress
 
 
 class NodeAgent:
@@ -94,11 +95,12 @@ class NodeAgent:
         self.spool = SpoolSource(run_dir, node, state, self.metrics, self.otlp_metrics)
         self.samples = SampleSource(run_dir, node, self.host, interval=gpu_interval, sim_gpu=sim_gpu,
                                     dcgm_url=dcgm_url, metrics=self.metrics, otlp_metrics=self.otlp_metrics)
+        self.traces = TraceSource(run_dir, state, lambda: self.spool.local_ranks)  # summarizes on its own thread
         self.sources: list[Source] = [
             self.spool,
             self.samples,
             NcclLogSource(run_dir, node, self.host, state),
-            TraceSource(run_dir, state, lambda: self.spool.local_ranks),
+            self.traces,
             AckSource(run_dir, state),
             ManifestSource(run_dir, state),
         ]
@@ -120,7 +122,10 @@ class NodeAgent:
 
         ``final``: the agent is stopping; if the head was unreachable on the last try, do not wait
         for it again: the batch goes straight to the outbox."""
-        collected = [x for source in self.sources for x in source.collect()]
+        # the final cycle waits (bounded) for trace summaries in progress; any other cycle takes what is ready
+        collected = [x for source in self.sources
+                     for x in (self.traces.collect(wait_s=FINAL_TRACE_WAIT_S) if final and source is self.traces
+                               else source.collect())]
         items = [x for x in collected if isinstance(x, Item)]
         snapshots = [x for x in collected if isinstance(x, Snapshot)]
         n = sum(i.count for i in items)
@@ -238,6 +243,7 @@ class NodeAgent:
             self.server.server_close()
         self.otlp_metrics.shutdown()
         self.samples.close()
+        self.traces.close()
         self.shipper.close()
         return report
 

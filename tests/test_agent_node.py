@@ -10,7 +10,7 @@ from head.service import Head
 from node.agent import NodeAgent
 from node.state import load_state
 from ranksight.tables import read_table
-from agent_helpers import TOKEN, FakeRanks, http_json, http_status
+from agent_helpers import TOKEN, FakeRanks, http_json, http_status, wait_for
 from conftest import free_port
 from ranksight import schema
 from ranksight.layout import RunDir, atomic_write
@@ -237,7 +237,9 @@ def test_nccl_logs_traces_and_dcgm_flow_into_the_store(tmp_path):
         a.samples.build_probes()
         a.samples.sample_once()
         a.cycle()
-        a.cycle()
+        # the trace is summarized on the agent's worker thread: a later cycle ships it
+        wait_for(lambda: (a.cycle(), h.head.store.flush_all(),
+                          len(read_table(store, "r1", "trace_summaries")))[-1] == 1, 30, 0.2, what="the trace summary")
         h.head.store.flush_all()
         nccl = read_table(store, "r1", "nccl_events")
         assert len(nccl) > 0 and set(nccl["source_file"]) == {f"{socket.gethostname()}.4242.log"}

@@ -48,7 +48,7 @@ def test_a_trace_with_malformed_utf8_is_marked_done_not_retried(tmp_path):
     os.utime(p, (old, old))
     state = AgentState(node=0)
     src = TraceSource(rd, state, lambda: [0])
-    src.collect()  # summarized, or logged and set aside: never raises
+    src.collect(wait_s=30)  # summarized, or logged and set aside: never raises
     src.commit(True)
     assert "rank-0.json" in state.traces_done
     assert src.collect() == []  # not tried again
@@ -69,3 +69,32 @@ def test_run_ids_outside_the_documented_charset_are_refused(tmp_path):
             RunDir(tmp_path, bad)
     for ok in ("r", "demo-20261124-090527", "det-dp4-slow_link-450-2n", "v1.2_run", "x" * 128):
         assert RunDir(tmp_path, ok).run_id == ok
+
+
+def test_a_slow_trace_summary_does_not_hold_the_cycle(tmp_path, monkeypatch):
+    """Issue 14: summarizing a large trace ran inline in the agent's cycle and held shipping for tens of seconds; it
+    now runs on the source's worker thread and a later cycle ships it."""
+    import node.sources.traces as traces_mod
+
+    rd = RunDir(tmp_path, "r")
+    rd.traces_dir.mkdir(parents=True)
+    p = rd.traces_dir / "rank-0.json"
+    p.write_bytes(b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}')
+    old = time.time() - 60
+    os.utime(p, (old, old))
+    real = traces_mod.summarize_trace
+
+    def slow(*a, **k):
+        time.sleep(1.5)
+        return real(*a, **k)
+
+    monkeypatch.setattr(traces_mod, "summarize_trace", slow)
+    src = TraceSource(rd, AgentState(node=0), lambda: [0])
+    try:
+        t0 = time.monotonic()
+        assert src.collect() == []  # handed to the worker: the cycle goes on
+        assert time.monotonic() - t0 < 0.5
+        items = src.collect(wait_s=30)
+        assert len(items) == 1 and items[0].count == 1
+    finally:
+        src.close()
