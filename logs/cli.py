@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from analyzers.report.model import EXIT_CODES_HELP
+from ranksight.exit_codes import EXIT_CODES_HELP
 
 logs_command = typer.Typer(add_completion=False, help="Diagnose the logs you already have.")
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from analyzers.report.model import EXIT, EXIT_HEALTHY, EXIT_INCOMPLETE, EXIT_LOAD_ERROR
+from ranksight.exit_codes import EXIT, EXIT_HEALTHY, EXIT_INCOMPLETE, EXIT_LOAD_ERROR
 from logs.analysis import LogReport
 from ranksight.schema import to_dict
 

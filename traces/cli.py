@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from analyzers.report.model import EXIT, EXIT_LOAD_ERROR
+from ranksight.exit_codes import EXIT, EXIT_LOAD_ERROR
 from ranksight.schema import SEVERITY_ORDER
 
 trace_command = typer.Typer(add_completion=False, help=__doc__.splitlines()[0])
@@ -30,9 +30,14 @@ def analyse(paths: list[str], window: str, steps: tuple[int, int] | None, top: i
     from traces.breakdown import analyse_rank
     from traces.load import load_traces
 
-    traces, errors = load_traces(paths)
-    ranks = [analyse_rank(t, window=window, steps=steps, top=top) for t in traces]
-    return traces, ranks, errors
+    analysed: dict[int, dict] = {}
+
+    def each(t):  # analysed as soon as it is loaded, then slimmed to what the cross-rank checks read
+        analysed[id(t)] = analyse_rank(t, window=window, steps=steps, top=top)
+        t.slim()
+
+    traces, errors = load_traces(paths, each)
+    return traces, [analysed[id(t)] for t in traces], errors
 
 
 @trace_command.command()

@@ -17,7 +17,8 @@ import gzip
 import os
 import re
 import zlib
-from typing import Any, BinaryIO, Iterator, Union
+from array import array
+from typing import Any, BinaryIO, Callable, Iterator, Union
 
 import msgspec
 import numpy as np
@@ -148,17 +149,28 @@ def _find_object(text: bytes, key: bytes) -> bytes | None:
     return None
 
 
+_I64 = 2**63 - 1
+
+
+def _i64(x) -> int:
+    """An int64 column value: -1 for a missing one or one no int64 holds (a trace may hold anything)."""
+    return x if isinstance(x, int) and -_I64 <= x <= _I64 else -1
+
+
 class _Columns:
     """Accumulates the columns of one rank, chunk by chunk."""
 
     def __init__(self) -> None:
         self.names: dict[str, int] = {"": 0}
-        self.g: dict[str, list] = {k: [] for k in ("ts", "dur", "kind", "stream", "name", "corr")}
-        self.c: dict[str, list] = {k: [] for k in ("gi", "coll", "pg", "pgr", "nel", "nby")}
+        # typed arrays, 8 bytes a value (a list holds a Python object per value: ~4x the memory on a large trace)
+        self.g: dict[str, array] = {"ts": array("d"), "dur": array("d"), "kind": array("b"), "stream": array("q"),
+                                    "name": array("i"), "corr": array("q")}
+        self.c: dict[str, array] = {"gi": array("q"), "coll": array("i"), "pg": array("i"), "pgr": array("i"),
+                                    "nel": array("q"), "nby": array("q")}
         self.n_gpu = 0
-        self.l_corr: list = []
-        self.l_ts: list = []
-        self.l_end: list = []
+        self.l_corr = array("q")
+        self.l_ts = array("d")
+        self.l_end = array("d")
         self.steps: dict[int, tuple[float, float]] = {}
         self.n_events = 0
         self.skipped = 0
@@ -180,7 +192,7 @@ class _Columns:
                 gpu.append(e)
             elif cat in _LAUNCH_CATS:
                 a = e.args
-                if a is not None and a.correlation is not None and a.correlation > 0:
+                if a is not None and a.correlation is not None and 0 < a.correlation <= _I64:
                     self.l_corr.append(a.correlation)
                     self.l_ts.append(e.ts)
                     self.l_end.append(e.ts + e.dur)
@@ -205,17 +217,17 @@ class _Columns:
                 if isinstance(pgr, list):
                     pgr = "[" + ", ".join(str(x) for x in pgr) + "]"
                 c["pgr"].append(nid(pgr or ""))
-                nel = a.nelems if a is not None and a.nelems is not None else -1
+                nel = _i64(a.nelems) if a is not None else -1
                 c["nel"].append(nel)
                 size = DTYPE_SIZE.get((a.dtype or "").lower()) if a is not None else None
-                c["nby"].append(nel * size if size and nel >= 0 else -1)
+                c["nby"].append(_i64(nel * size) if size and nel >= 0 else -1)
             g["ts"].append(e.ts)
             g["dur"].append(e.dur)
             g["kind"].append(kind)
-            g["stream"].append(a.stream if a is not None and a.stream is not None else
-                               (e.tid if isinstance(e.tid, int) else -1))
+            g["stream"].append(_i64(a.stream) if a is not None and a.stream is not None else
+                               (_i64(e.tid) if isinstance(e.tid, int) else -1))
             g["name"].append(nid(name))
-            g["corr"].append(a.correlation if a is not None and a.correlation is not None else -1)
+            g["corr"].append(_i64(a.correlation) if a is not None else -1)
         self.n_gpu += len(gpu)
 
 
@@ -466,15 +478,22 @@ def trace_files(paths: list[str]) -> list[str]:
     return out
 
 
-def load_traces(paths: list[str]) -> tuple[list[RankTrace], dict[str, str]]:
-    """Load every file (directories expanded); returns (traces sorted by rank, {path: error})."""
+def load_traces(paths: list[str], each: Callable[[RankTrace], None] | None = None
+                ) -> tuple[list[RankTrace], dict[str, str]]:
+    """Load every file (directories expanded); returns (traces sorted by rank, {path: error}). ``each`` is called on
+    every trace as soon as it is loaded (``ranksight trace`` analyses it there, then slims it: one large trace in
+    memory at a time)."""
     out: list[RankTrace] = []
     errors: dict[str, str] = {}
     for i, p in enumerate(trace_files(paths)):
         try:
-            out.append(load_trace(p, order=i))
+            t = load_trace(p, order=i)
         except (OSError, TraceError) as e:
             errors[p] = f"{type(e).__name__}: {e}"
+            continue
+        if each is not None:
+            each(t)
+        out.append(t)
     seen: dict[int, str] = {}
     for t in out:
         if t.rank in seen:

@@ -120,6 +120,16 @@ class RankTrace:
     def name(self, i: int) -> str:
         return self.names[i]
 
+    def slim(self) -> None:
+        """Keep only the GPU events the cross-rank checks read (the NCCL kernels, through ``coll.op``), once this rank's
+        own analysis is done: a set of large traces is then held one rank at a time, not all at once."""
+        keep = self.coll.op
+        g = self.gpu
+        self.gpu = GpuOps(ts=g.ts[keep], dur=g.dur[keep], kind=g.kind[keep], stream=g.stream[keep],
+                          name_id=g.name_id[keep], corr=g.corr[keep], launch_ts=g.launch_ts[keep],
+                          launch_end=g.launch_end[keep])
+        self.coll.op = np.arange(len(keep), dtype=np.int64)
+
     @property
     def span(self) -> tuple[float, float]:
         """First GPU event start to last GPU event end (0, 0 without GPU events)."""

@@ -17,7 +17,13 @@ def run_trace_findings(run_dir: str | Path) -> tuple[list[Finding], list[str]]:
     from traces.checks import run_checks
     from traces.load import load_traces
 
-    traces, errors = load_traces([str(d)])
-    ranks = [analyse_rank(t) for t in traces]
+    analysed: dict[int, dict] = {}
+
+    def each(t):  # one large trace in memory at a time (see traces.cli.analyse)
+        analysed[id(t)] = analyse_rank(t)
+        t.slim()
+
+    traces, errors = load_traces([str(d)], each)
+    ranks = [analysed[id(t)] for t in traces]
     findings, _extra = run_checks(ranks, traces) if ranks else ([], {})
     return findings, [f"stored trace {p} unreadable: {e}" for p, e in errors.items()]

@@ -20,22 +20,13 @@ from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
 from analyzers.score import detection_step, matches
+from ranksight.exit_codes import (EXIT, EXIT_CODES_HELP, EXIT_CRITICAL, EXIT_HEALTHY,  # noqa: F401 (re-exported)
+                                   EXIT_INCOMPLETE, EXIT_LOAD_ERROR, EXIT_WARNING)
 from ranksight.schema import SEVERITY_ORDER, Finding
 
 FINDING_FIELDS = ("analyzer", "kind", "severity", "ranks", "nodes", "step_start", "step_end", "evidence",
                   "recommendation", "confidence", "summary", "simulated", "hosts", "gpus", "inputs")
-# diagnose's exit codes. Click (typer) exits 2 on a usage error and 1 on an uncaught exception, so none of these
-# is 1 or 2; they are spaced so that ``code >= EXIT_WARNING`` means "something to act on was found".
-EXIT_HEALTHY = 0  # every check that applies ran; nothing worse than info
-EXIT_INCOMPLETE = 10  # nothing worse than info, but some checks could not run (the fields they need are missing)
-EXIT_WARNING = 20  # warning(s) found, none critical
-EXIT_CRITICAL = 30  # critical finding(s)
-EXIT_LOAD_ERROR = 40  # the run could not be read (unknown id, no step records, newer schema, damaged manifest)
-EXIT = {None: EXIT_HEALTHY, "info": EXIT_HEALTHY, "warning": EXIT_WARNING, "critical": EXIT_CRITICAL}  # by severity
-EXIT_CODES_HELP = (f"Exit codes: {EXIT_HEALTHY} healthy (every check that applies ran, nothing worse than info); "
-                   f"{EXIT_INCOMPLETE} incomplete (nothing found, but some checks could not run: the report says which "
-                   f"and why); {EXIT_WARNING} warnings; {EXIT_CRITICAL} critical; {EXIT_LOAD_ERROR} the run could not "
-                   f"be read. (1 and 2 are never diagnose's verdicts: they are a crash and a usage error.)")
+# diagnose's exit codes: ranksight.exit_codes (shared with `ranksight logs` and `ranksight trace`)
 # a check in these states could not judge the run
 NOT_RUN = ("not_run", "error")
 
