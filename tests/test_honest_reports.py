@@ -151,7 +151,7 @@ def test_exit_codes_are_distinct_from_click_and_documented(tmp_path):
     assert r.exit_code == 0
     helptext = " ".join(r.output.split())
     for code, word in ((EXIT_INCOMPLETE, "incomplete"), (EXIT_WARNING, "warnings"), (EXIT_CRITICAL, "critical"),
-                       (EXIT_LOAD_ERROR, "the run could not be read")):
+                       (EXIT_LOAD_ERROR, "the input could not be read")):
         assert f"{code} {word}" in helptext, (code, helptext)
     usage = CliRunner().invoke(diagnose_command, ["x", "--no-such-option"])
     assert usage.exit_code == 2 and usage.exit_code not in EXIT_CODES
