@@ -214,7 +214,8 @@ def _nbytes(args: dict[str, Any]) -> int | None:
     return None
 
 
-def _open(path: str) -> BinaryIO:
+def open_trace(path: str) -> BinaryIO:
+    """A trace file for reading, plain or gzip (by its magic bytes, whatever its name)."""
     f = open(path, "rb")
     magic = f.read(2)
     f.seek(0)
@@ -273,7 +274,7 @@ def summarize_trace(
     # event is seen, which may come after them: such cpu_ops are held per thread until then.
     held: dict[tuple[Any, Any], IntervalUnion] = {}
 
-    f = _open(path)
+    f = open_trace(path)
     # read1: a gzip member cut short raises EOFError only after handing out what it could
     # decompress (read() would drop the last partial block).
     read = getattr(f, "read1", f.read)

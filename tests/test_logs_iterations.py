@@ -5,7 +5,6 @@ fuzzing."""
 from __future__ import annotations
 
 import os
-import random
 
 import pandas as pd
 from hypothesis import given, strategies as st
@@ -13,7 +12,7 @@ from hypothesis import given, strategies as st
 from logs import analyze
 from logs.inputs import InputFile
 from logs.readers import iterations as I
-from fuzz_settings import fuzz_settings
+from fuzz_settings import cut_and_mutate, fuzz_settings
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "logs", "iterations")
 
@@ -141,13 +140,7 @@ def test_fuzz_random_bytes(data):
 @given(st.integers(0, len(FIXTURE_BYTES) - 1), st.integers(0, 2**32), st.lists(st.tuples(st.integers(0, 10**6),
        st.binary(max_size=8)), max_size=6))
 def test_fuzz_cut_and_mutated_fixtures(i, seed, muts):
-    data = bytearray(FIXTURE_BYTES[i])
-    rnd = random.Random(seed)
-    data = data[rnd.randrange(len(data)):] if rnd.random() < 0.3 else data[: rnd.randrange(len(data) + 1)]
-    for pos, b in muts:
-        p = pos % (len(data) + 1)
-        data[p:p + len(b)] = b
-    r = I.read(InputFile("f", bytes(data)))
+    r = I.read(InputFile("f", cut_and_mutate(FIXTURE_BYTES[i], seed, muts)))
     for f in I.conclude([r]):
         assert f.severity in ("info", "warning", "critical")
     I.summarize([r])

@@ -13,15 +13,16 @@ else the order the files were given in (each with a note).
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import zlib
 from array import array
-from typing import Any, BinaryIO, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Union
 
 import msgspec
 import numpy as np
+
+from probes.profiler import open_trace
 
 from traces.model import (DTYPE_SIZE, KIND_COMM, KIND_COMPUTE, KIND_MEMCPY, KIND_MEMSET, Collectives, GpuOps,
                           RankTrace, Steps, is_nccl_kernel)
@@ -80,17 +81,8 @@ _loose_dec = msgspec.json.Decoder(list[LooseEvent])
 _dist_dec = msgspec.json.Decoder(DistInfo)
 
 
-def _open(path: str) -> BinaryIO:
-    f = open(path, "rb")
-    magic = f.read(2)
-    f.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-    return f
-
-
 def _read_chunks(path: str, notes: list[str]) -> Iterator[bytes]:
-    f = _open(path)
+    f = open_trace(path)
     read = getattr(f, "read1", f.read)  # read1: a cut gzip member still yields what it decompressed
     try:
         while True:
