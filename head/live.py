@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ranksight.live")
 
 DEFAULT_WINDOW = 512  # steps per rank kept in memory
+TRACES_KEPT = 8192  # trace summaries kept: the last few captures of a large job
 _MAX_RANK = 1 << 22  # ranks above this are kept in the windows but get no per-rank state
 
 
@@ -156,6 +157,9 @@ class RunLive:
         self.host: deque = deque(maxlen=16 * 120)
         self.events: deque = deque(maxlen=2000)
         self.xid: deque = deque(maxlen=2000)
+        # profiler trace summaries (a few per rank: captures are periodic or on demand, not per step); the kernel-time
+        # check (analyzers/checks/kernel_time.py) compares ranks over the same capture window
+        self.traces: deque = deque(maxlen=TRACES_KEPT)
         self.manifest: schema.Manifest | None = None
         self.last_seen = 0.0
         self.sync: Callable[[], None] | None = None  # set by the head: process queued batches first
@@ -197,6 +201,8 @@ class RunLive:
                 self.host.extend(rows)
             elif table == "xid":
                 self.xid.extend(rows)
+            elif table == "trace_summaries":
+                self.traces.extend(rows)
 
     def add_new(self, table: str, t: pa.Table | None, rows: list | None, now: float | None = None) -> None:
         """New rows from the store's processing: as Arrow (always, when any), and as structs when
@@ -243,6 +249,12 @@ class RunLive:
             rr = rank[ok]
             st.present[rr] = True
             st.last_seen[rr] = now
+
+    def trace_summaries(self, rank: int | None = None) -> list:
+        """The trace summaries in the live window (oldest first), of one rank or all."""
+        self._pull()
+        with self.lock:
+            return [t for t in self.traces if rank is None or t.rank == rank]
 
     def heartbeat(self, hb, now: float | None = None) -> None:
         now = now or time.time()
@@ -376,14 +388,15 @@ class RunLive:
             return out
 
     def data_mark(self) -> tuple:
-        """What the analyzers' inputs last received: the newest step and collective batch, event and XID
-        (the objects themselves, compared with ``is``), and the manifest. Two marks differ exactly when
+        """What the analyzers' inputs last received: the newest step and collective batch, event, XID and trace
+        summary (the objects themselves, compared with ``is``), and the manifest. Two marks differ exactly when
         new rows of those kinds (or a new manifest) reached the window in between; GPU/host samples and
         heartbeats are not part of it."""
         self._pull()
         with self.lock:
             return (self._steps[-1] if self._steps else None, self._colls[-1] if self._colls else None,
-                    self.events[-1] if self.events else None, self.xid[-1] if self.xid else None, self.manifest)
+                    self.events[-1] if self.events else None, self.xid[-1] if self.xid else None,
+                    self.traces[-1] if self.traces else None, self.manifest)
 
     def run_data(self, window: int | None = None, now: float | None = None) -> RunData:
         """The live window as the analyzers' input: ``analyzers.loader.RunData(source="live", now=...)``.
@@ -399,6 +412,7 @@ class RunLive:
         with self.lock:
             steps, colls = list(self._steps), list(self._colls)
             gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
+            traces = list(self.traces)
             manifest = self.manifest
             # each rank's clock offset: its node agent's (ranks of one node share its clock)
             node_off = {n: a.clock_offset for n, a in self.agents.items() if math.isfinite(a.clock_offset)}
@@ -427,7 +441,8 @@ class RunLive:
             # the collectives of the same steps (at most 4x as many rows as steps)
             collectives=columnar("collectives", colls, 4 * k, k if k < self.window else None),
             events=records("events", events), gpu=records("gpu", gpu), host=records("host", host),
-            xid=records("xid", xid), source="live", now=time.time() if now is None else now,
+            xid=records("xid", xid), trace_summaries=records("trace_summaries", traces), source="live",
+            now=time.time() if now is None else now,
             clock_offset_s=offsets)
 
 
