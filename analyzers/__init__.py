@@ -60,6 +60,7 @@ def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | 
             f.run_id = f.run_id or data.run_id
             f.t = f.t or now
         findings.extend(got)
+    merge_corroborating(findings)
     _reconcile(findings)
     sort_findings(findings)
     return findings
@@ -83,6 +84,51 @@ def _coverage_of(frame: Any, name: str, cfg: Any) -> Coverage:
         return CHECKS[name].coverage(frame, cfg)
     except Exception as e:  # noqa: BLE001 - coverage is a report, never a reason to stop the analysis
         return Coverage(name, "error", f"its coverage could not be judged: {type(e).__name__}: {e}")
+
+
+# Straggler findings from device kernel time (trace summaries: ``kernel_time``; raw traces stored with a run:
+# ``ranksight trace``'s checks, analyzer "trace") confirm the stragglers check's, in this order of preference.
+STRAGGLER_SOURCES = ("stragglers", "kernel_time", "trace")
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    a0 = a.step_start if a.step_start is not None else -(10**12)
+    a1 = a.step_end if a.step_end is not None else 10**12
+    b0 = b.step_start if b.step_start is not None else -(10**12)
+    b1 = b.step_end if b.step_end is not None else 10**12
+    return a0 <= b1 and b0 <= a1
+
+
+def merge_corroborating(findings: list) -> None:
+    """In place: one cause, one finding. A straggler finding from device kernel time (``kernel_time``, ``trace``)
+    whose ranks are among those of a straggler finding from a preferred source (``STRAGGLER_SOURCES``) over
+    overlapping steps is merged into it: its evidence goes under ``evidence[<its analyzer>]``, its inputs are added,
+    and when it is confirmed (warning or worse) it confirms the other: severity and confidence rise to its own."""
+    rank_of = {a: i for i, a in enumerate(STRAGGLER_SOURCES)}
+    strag = sorted((f for f in findings if f.kind == "straggler" and f.analyzer in rank_of),
+                   key=lambda f: rank_of[f.analyzer])
+    gone: set[int] = set()
+    for f in strag:
+        if f.analyzer == STRAGGLER_SOURCES[0] or id(f) in gone:
+            continue
+        into = next((g for g in strag if id(g) not in gone and rank_of[g.analyzer] < rank_of[f.analyzer]
+                     and f.ranks and set(f.ranks) <= set(g.ranks) and _overlap(f, g)), None)
+        if into is None:
+            continue
+        gone.add(id(f))
+        into.evidence = dict(into.evidence or {}, **{f.analyzer: dict(f.evidence or {}, severity=f.severity,
+                                                                         steps=[f.step_start, f.step_end])})
+        into.inputs = sorted(set(into.inputs) | set(f.inputs))
+        if SEVERITY_ORDER[f.severity] >= 1:
+            ex = (f.evidence or {}).get("excess_pct")
+            span = f"step {f.step_start}" if f.step_start == f.step_end else f"steps {f.step_start}-{f.step_end}"
+            into.summary += (f"; confirmed by device kernel time ({ex}% over its peers in {span}, profiler traces)"
+                             if ex is not None else "; confirmed by device kernel time (profiler traces)")
+            if SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[into.severity]:
+                into.severity = f.severity
+        into.confidence = max(into.confidence, f.confidence)
+    if gone:
+        findings[:] = [f for f in findings if id(f) not in gone]
 
 
 # An MFU drop is a symptom; the cause it names must be confirmed by that cause's own check.
@@ -120,4 +166,4 @@ def _reconcile(findings: list) -> None:
             root.evidence = dict(root.evidence, mfu_drop=max(drop, (root.evidence or {}).get("mfu_drop") or 0.0))
 
 
-__all__ = ["ANALYZERS", "KIND_ORDER", "Coverage", "check_coverage", "run_all"]
+__all__ = ["ANALYZERS", "KIND_ORDER", "Coverage", "check_coverage", "merge_corroborating", "run_all"]

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from analyzers import run_all, sort_findings
+from analyzers import merge_corroborating, run_all, sort_findings
 from analyzers.loader import LoadError, load_run
 from analyzers.report.model import EXIT_LOAD_ERROR, build_report
 from analyzers.report.render_html import render_html
@@ -57,6 +57,7 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
     if stored_logs is not None:
         log_findings, notes = stored_logs(Path(store) / run_id)
         findings = findings + log_findings
+        merge_corroborating(findings)  # a stored trace's straggler confirms the step records' one
         sort_findings(findings)
         errors.extend(notes)
     report = build_report(data, findings, errors, coverage)

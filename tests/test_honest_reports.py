@@ -121,7 +121,7 @@ def test_a_warning_verdict_still_says_which_checks_could_not_run():
     report = build_report(data, analyzers.run_all(data, coverage=cov), [], cov)
     s = report.summary
     assert s["exit_code"] == EXIT_WARNING and s["verdict"].startswith("WARNING")
-    assert s["checks_not_run"] == ["data_stall"] and "1 of 9 checks could not run (data_stall)" in s["verdict"]
+    assert s["checks_not_run"] == ["data_stall"] and "1 of 10 checks could not run (data_stall)" in s["verdict"]
 
 
 def test_a_check_that_raises_could_not_run(monkeypatch):

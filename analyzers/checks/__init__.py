@@ -7,6 +7,8 @@ not judge the run and why, instead of calling a run healthy that nothing could l
 ``run_all`` walks, in the order it runs them.
 
 - ``stragglers``: which rank (node, pipeline stage) computes slowly, and who only waits for it;
+- ``kernel_time``: the same question from the profiler traces' device kernel time (merged into the stragglers
+  finding of the same rank and steps);
 - ``comm`` (with ``links``): exposed communication, slow links, bus bandwidth, NCCL transport problems;
 - ``pipeline``: pipeline bubbles against the schedule's theory;
 - ``mfu``: MFU drops and their likely cause;
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from analyzers.checks import comm, data_stall, fp16, gpu_health, hang, memory_pressure, mfu, pipeline, stragglers
+from analyzers.checks import (comm, data_stall, fp16, gpu_health, hang, kernel_time, memory_pressure, mfu, pipeline,
+                              stragglers)
 
-CHECKS: dict[str, ModuleType] = {m.NAME: m for m in (stragglers, comm, pipeline, mfu, fp16, hang, gpu_health, data_stall,
-                                                     memory_pressure)}
+CHECKS: dict[str, ModuleType] = {m.NAME: m for m in (stragglers, kernel_time, comm, pipeline, mfu, fp16, hang, gpu_health,
+                                                     data_stall, memory_pressure)}
