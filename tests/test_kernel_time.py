@@ -145,3 +145,31 @@ def test_the_head_finds_the_kernel_time_straggler_on_its_live_window(tmp_path):
     finally:
         srv.shutdown()
         h.close()
+
+
+def test_the_report_shows_each_capture_window_per_rank_per_step_and_says_what_cpu_time_is():
+    import io
+
+    from rich.console import Console
+
+    from analyzers.report.model import build_report
+    from analyzers.report.render_html import render_html
+    from analyzers.report.render_text import render_text
+
+    recs = window([10.0, 10.0, 12.0, 10.0], [6.0, 6.0, 4.0, 6.0], overlap_ms=2.0) + \
+        window([5.0, 5.0, 5.0, 5.0], [1.0, 1.0, 1.0, 1.0], s0=30, s1=30, device="cpu")
+    data = with_records(build(world=4, steps=40), recs)
+    report = build_report(data, run_all(data))
+    tr = report.summary["traces"]
+    assert [(w["step_start"], w["step_end"], w["cpu"]) for w in tr] == [(10, 11, False), (30, 30, True)]
+    r2 = tr[0]["ranks"][2]
+    # 2 ms of overlap over 2 steps: 1 ms per step hidden, 3 of rank 2's 4 NCCL ms per step exposed
+    assert (r2["kernel_ms"], r2["nccl_ms"], r2["exposed_comm_ms"], r2["kernel_vs_median"]) == (12.0, 4.0, 3.0, 1.2)
+    assert r2["idle_pct"] == 2.5 and r2["trace"] == "rank-2.json" and r2["node"] == 0
+    buf = io.StringIO()
+    render_text(report, Console(file=buf, width=160))
+    text = buf.getvalue()
+    assert "profiler trace, steps 10-11 (cuda: device kernel time)" in text and "1.20x" in text
+    assert "profiler trace, step 30 (CPU trace: op time is host time, not device kernel time)" in text
+    page = render_html(report)
+    assert "profiler trace, steps 10-11" in page and "<td>12.00</td>" in page

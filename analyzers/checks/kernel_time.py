@@ -73,6 +73,37 @@ def _windows(ts: pd.DataFrame, min_ranks: int) -> list[pd.DataFrame]:
     return out
 
 
+def capture_windows(ts: pd.DataFrame, rank_node: dict[int, int] | None = None, last: int | None = None) -> list[dict]:
+    """What the trace summaries say, per capture window (oldest first; the ``last`` newest when given): its steps,
+    device, and per rank its figures *per step* (kernel = compute kernels, NCCL kernels, exposed communication = NCCL
+    time not under compute, memcpy/memset, idle share of the window), its trace file's name, and whether the trace was
+    cut short. The table the report, the API and the TUI show; on CPU traces "kernel" time is CPU op time."""
+    if ts.empty:
+        return []
+    rank_node = rank_node or {}
+    out = []
+    for (s0, s1), w in ts.groupby(["step_start", "step_end"], sort=True):
+        w = w.drop_duplicates("rank", keep="last").sort_values("rank")
+        n = max(1, int(s1) - int(s0) + 1)
+        rows = []
+        for r in w.itertuples(index=False):
+            wall = float(r.wall_ms)
+            rows.append(dict(
+                rank=int(r.rank), node=rank_node.get(int(r.rank)), kernel_ms=round(float(r.compute_ms) / n, 3),
+                nccl_ms=round(float(r.comm_ms) / n, 3),
+                exposed_comm_ms=round(max(0.0, float(r.comm_ms) - float(r.overlap_ms)) / n, 3),
+                copy_ms=round(float(r.copy_ms) / n, 3), idle_pct=round(100.0 * float(r.idle_ms) / wall, 1) if wall > 0 else None,
+                truncated=bool(r.truncated), trace=os.path.basename(str(r.trace_file))))
+        kern = [x["kernel_ms"] for x in rows if not x["truncated"]]
+        med = float(np.median(kern)) if kern else 0.0
+        for x in rows:
+            x["kernel_vs_median"] = round(x["kernel_ms"] / med, 3) if med > 0 else None
+        devices = sorted({str(d) for d in w["device"]})
+        out.append(dict(step_start=int(s0), step_end=int(s1), steps=n, device="/".join(devices),
+                        cpu=devices == ["cpu"], ranks=rows))
+    return out[-last:] if last else out
+
+
 def _judge_window(w: pd.DataFrame, frame: AnalysisFrame, cfg: KernelTimeConfig) -> list[dict]:
     """Suspects of one capture window: per peer group, each rank's kernel and NCCL time per step against the others'."""
     steps = max(1, int(w["step_end"].iloc[0]) - int(w["step_start"].iloc[0]) + 1)

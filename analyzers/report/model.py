@@ -17,6 +17,7 @@ import pandas as pd
 
 from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
+from analyzers.checks.kernel_time import capture_windows
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
 from analyzers.score import detection_step, matches
@@ -29,6 +30,9 @@ FINDING_FIELDS = ("analyzer", "kind", "severity", "ranks", "nodes", "step_start"
 # diagnose's exit codes: ranksight.exit_codes (shared with `ranksight logs` and `ranksight trace`)
 # a check in these states could not judge the run
 NOT_RUN = ("not_run", "error")
+TRACE_WINDOWS = 3  # profiler capture windows the report shows (the newest)
+TRACE_COLUMNS = ("rank", "node", "kernel ms/step", "vs median", "NCCL ms/step", "exposed comm ms/step",
+                 "memcpy/set ms/step", "idle %", "trace")
 
 
 class Summary(TypedDict):
@@ -41,6 +45,7 @@ class Summary(TypedDict):
     checks_not_run: list[str]  # the checks that could not judge the run (status not_run or error)
     faults: list[dict[str, Any]]  # each injected fault (the manifest's ground truth): found, by which finding, how late
     history: dict[str, Any]  # attempts (restarts, from the manifest) and actions (the head's, with their status)
+    traces: list[dict[str, Any]]  # the last TRACE_WINDOWS profiler capture windows, per rank per step (kernel_time)
     simulated: bool  # parts rest on simulated GPU telemetry or a CPU-measured peak
     worst_severity: str | None
     exit_code: int
@@ -107,6 +112,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "checks_not_run": not_run,
         "faults": fault_rows(data, findings),
         "history": hist,
+        "traces": capture_windows(data.trace_summaries, Placement(data).rank_node, last=TRACE_WINDOWS),
         "simulated": simulated,
         "worst_severity": w,
         "exit_code": EXIT_INCOMPLETE if EXIT[w] == EXIT_HEALTHY and not_run else EXIT[w],
@@ -252,6 +258,24 @@ def history_rows(hist: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                      (when, f"{a['action']} node {a['node'] if a['node'] is not None else '-'} ({status})",
                       str(a["requested_by"] or ""), a["reason"] or "")))
     return [cells for _, _, cells in sorted(rows, key=lambda r: (r[0], r[1]))]
+
+
+def trace_title(w: dict[str, Any]) -> str:
+    """The heading of one capture window's table, saying what its "kernel" time is."""
+    span = f"step {w['step_start']}" if w["steps"] == 1 else f"steps {w['step_start']}-{w['step_end']}"
+    what = ("CPU trace: op time is host time, not device kernel time" if w["cpu"]
+            else f"{w['device']}: device kernel time")
+    return f"profiler trace, {span} ({what})"
+
+
+def trace_rows(w: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The TRACE_COLUMNS cells of one capture window, one row per rank."""
+    def ms(x):
+        return "-" if x is None else f"{x:.2f}"
+    return [(str(r["rank"]), "-" if r["node"] is None else str(r["node"]), ms(r["kernel_ms"]),
+             "-" if r["kernel_vs_median"] is None else f"{r['kernel_vs_median']:.2f}x", ms(r["nccl_ms"]),
+             ms(r["exposed_comm_ms"]), ms(r["copy_ms"]), "-" if r["idle_pct"] is None else f"{r['idle_pct']:.1f}",
+             r["trace"] + (" (cut short)" if r["truncated"] else "")) for r in w["ranks"]]
 
 
 def _first_layout(m: Any) -> dict[str, Any]:

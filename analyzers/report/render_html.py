@@ -7,7 +7,7 @@ import json
 import math
 
 from analyzers.evidence import short_value
-from analyzers.report.model import DiagnoseReport, history_rows
+from analyzers.report.model import TRACE_COLUMNS, DiagnoseReport, history_rows, trace_rows, trace_title
 
 HEAT_COLORS = [(1.05, "#2e7d32"), (1.15, "#f9a825"), (1.5, "#ef6c00"), (float("inf"), "#c62828")]
 
@@ -98,6 +98,10 @@ def render_html(report: DiagnoseReport) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in history_rows(hist))
         hist_html = ("<h2>What happened to the job</h2><table class='t'><tr><th>when</th><th>what</th><th>by</th>"
                      f"<th>detail</th></tr>{rows}</table>")
+    traces = "".join(
+        f"<h2>{e(trace_title(w))}</h2><table class='t'><tr>{''.join(f'<th>{e(c)}</th>' for c in TRACE_COLUMNS)}</tr>"
+        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in trace_rows(w)) + "</table>"
+        for w in s["traces"])
     sim = ('<p class="sim">Parts of this report rest on SIMULATED telemetry or a CPU-measured peak; they are marked (simulated).</p>'
            if s["simulated"] else "")
     color = sev_color.get(s["worst_severity"] or "", "#f9a825" if s["checks_not_run"] else "#2e7d32")
@@ -126,6 +130,7 @@ layout {e(json.dumps(s['layout']))}, source {e(s['source'])}; peak: {e(s['peak']
 <h2>Over time</h2>{plots}
 {faults}
 {hist_html}
+{traces}
 {sim}
 </body></html>
 """

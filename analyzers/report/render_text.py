@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analyzers.evidence import short_value
-from analyzers.report.model import DiagnoseReport, history_rows
+from analyzers.report.model import TRACE_COLUMNS, DiagnoseReport, history_rows, trace_rows, trace_title
 
 SPARK = "▁▂▃▄▅▆▇█"
 SEV_STYLE = {"critical": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
@@ -28,6 +28,7 @@ def render_text(report: DiagnoseReport, console: Any) -> None:
     _over_time(report, console)
     _faults(s["faults"], console)
     _history(s["history"], console)
+    _traces(s["traces"], console)
     _next_steps(s, console)
 
 
@@ -160,6 +161,16 @@ def _history(hist: dict[str, Any], console: Any) -> None:
     for when, what, by, detail in history_rows(hist):
         t.add_row(when, what, by, detail if len(detail) <= 120 else detail[:117] + "...")
     console.print(t)
+
+
+def _traces(windows: list[dict[str, Any]], console: Any) -> None:
+    for w in windows:
+        t = Table(title=trace_title(w), show_lines=False)
+        for col in TRACE_COLUMNS:
+            t.add_column(col, justify="left" if col == "trace" else "right")
+        for cells in trace_rows(w):
+            t.add_row(*cells)
+        console.print(t)
 
 
 def _next_steps(s: dict[str, Any], console: Any) -> None:
