@@ -190,6 +190,10 @@ async def test_fits_80x24_without_cutting_numbers(fake):
                            for r in range(8)]
     app = make_app(fake)
     async with app.run_test(size=(80, 24)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        footer = screen_text(app).splitlines()[-1]
+        assert "t Traces" in footer and "q Quit" in footer  # the key is in view at 80 columns
         panel = await open_traces(app, pilot)
         assert not panel.by_node
         t = panel.query_one("#trace-table")

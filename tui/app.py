@@ -40,10 +40,10 @@ class RanksightApp(App):
     CSS_PATH = "ranksight.tcss"
     TITLE = "ranksight"
     BINDINGS = [
-        Binding("p", "toggle_pause", "Pause/resume"),
+        Binding("p", "toggle_pause", "Pause"),
         Binding("r", "refresh_now", "Refresh"),
         Binding("f", "focus_findings", "Findings"),
-        Binding("a", "request_action", "Action on node"),
+        Binding("a", "request_action", "Action"),
         Binding("g", "pick_run", "Runs"),
         Binding("t", "show_traces", "Traces"),
         Binding("q", "quit", "Quit"),

@@ -18,8 +18,8 @@ from tui.widgets.traces import TracePanel
 
 
 class TraceScreen(Screen):
-    BINDINGS = [Binding("escape,t", "back", "Back"), Binding("a", "app.request_action", "Action on node"),
-                Binding("r", "app.refresh_now", "Refresh"), Binding("p", "app.toggle_pause", "Pause/resume"),
+    BINDINGS = [Binding("escape,t", "back", "Back"), Binding("a", "app.request_action", "Action"),
+                Binding("r", "app.refresh_now", "Refresh"), Binding("p", "app.toggle_pause", "Pause"),
                 Binding("q", "app.quit", "Quit")]
 
     def compose(self) -> ComposeResult:
