@@ -71,9 +71,11 @@ def trace_row(s, node: int | None) -> dict:
 
 def trace_windows(summaries: list, node_of, rank: int | None = None, windows: int = DEFAULT_WINDOWS) -> list[dict]:
     """The last ``windows`` capture windows of ``summaries`` (oldest first, as the live window keeps them), one row
-    per rank per window, ordered window by window (the oldest first) and by rank within a window. A window is as
-    new as its newest summary. A rank summarized twice for one window (a re-sent batch) counts once: the later one.
-    ``node_of(rank)`` gives the rank's node or None."""
+    per rank per window, ordered window by window (the oldest first) and by rank within a window. Windows are
+    ordered by their steps (``step_end``, then ``step_start``), then by when their newest summary arrived: a rank
+    whose summary of an older capture ships late does not make that capture the newest, and captures without
+    ProfilerStep marks (steps -1) go by arrival. A rank summarized twice for one window (a re-sent batch) counts
+    once: the later one. ``node_of(rank)`` gives the rank's node or None."""
     last_seen: dict[tuple, int] = {}
     per_window: dict[tuple, dict[int, object]] = {}
     for i, s in enumerate(summaries):
@@ -82,7 +84,7 @@ def trace_windows(summaries: list, node_of, rank: int | None = None, windows: in
         k = window_key(s)
         last_seen[k] = i
         per_window.setdefault(k, {})[s.rank] = s
-    keep = sorted(last_seen, key=last_seen.get)[-max(1, windows):]
+    keep = sorted(last_seen, key=lambda k: (k[1], k[0], last_seen[k]))[-max(1, windows):]
     out = []
     for k in keep:
         for r in sorted(per_window[k]):

@@ -65,7 +65,7 @@ def feed(h: Head) -> None:
     recs[3] = summary(3, 10, 14, compute_ms=1200.0, wall_ms=1500.0, idle_ms=50.0)
     recs.append(summary(1, 10, 14, compute_ms=650.0))
     live.add("trace_summaries", recs)
-    # an older window arriving later than 10..14 is still the newer capture (windows are ordered by arrival)
+    # an older capture (steps 0..1) arriving later is still the older window: windows go by their steps
     live.add("trace_summaries", [summary(r, 0, 1, device="cpu", copy_ms=0.0) for r in range(2)])
     # a trace without ProfilerStep annotations: no step count; a rank the manifest does not place (no node)
     live.add("trace_summaries", [summary(9, -1, -1, trace_file="/x/rank-9.ondemand.json", truncated=True,
@@ -84,9 +84,9 @@ def test_per_step_figures_from_the_records(head):
     feed(head)
     status, rows = get(f"{head.url}/api/runs/{RUN}/traces")
     assert status == 200
-    # three windows, oldest arrival first, ranks sorted within a window; rank 1 once (its newer summary)
-    assert [(r["step_start"], r["rank"]) for r in rows] == [(10, 0), (10, 1), (10, 2), (10, 3), (0, 0), (0, 1), (-1, 9)]
-    r0, r1, r3 = rows[0], rows[1], rows[3]
+    # three windows by their steps (no steps first), ranks sorted within a window; rank 1 once (its newer summary)
+    assert [(r["step_start"], r["rank"]) for r in rows] == [(-1, 9), (0, 0), (0, 1), (10, 0), (10, 1), (10, 2), (10, 3)]
+    nostep, r0, r1, r3 = rows[0], rows[3], rows[4], rows[6]
     assert r0["steps"] == 5 and r0["step_end"] == 14 and r0["device"] == "cuda" and r0["kind"] == "periodic"
     assert r0["kernel_ms_per_step"] == pytest.approx(600.0 / 5)
     assert r0["nccl_ms_per_step"] == pytest.approx(300.0 / 5)
@@ -97,12 +97,11 @@ def test_per_step_figures_from_the_records(head):
     assert r1["kernel_ms_per_step"] == pytest.approx(650.0 / 5)  # the resent summary, not the first one
     assert r3["kernel_ms_per_step"] == pytest.approx(1200.0 / 5) and r3["idle_share"] == pytest.approx(50 / 1500)
     # nodes from the manifest's placement; top 3 ops only; the file name without the agent's path
-    assert [r["node"] for r in rows[:4]] == [0, 0, 1, 1]
     assert [o["name"] for o in r0["top_ops"]] == ["op0", "op1", "op2"]
     assert r0["trace_file"] == "rank-0.step10-14.json"
     assert all("/" not in r["trace_file"] for r in rows)
-    assert rows[4]["device"] == "cpu" and rows[4]["steps"] == 2
-    nostep = rows[6]
+    assert [r["node"] for r in rows[3:]] == [0, 0, 1, 1]
+    assert rows[1]["device"] == "cpu" and rows[1]["steps"] == 2
     assert nostep["node"] is None and nostep["steps"] is None and nostep["kernel_ms_per_step"] is None
     assert nostep["kernel_ms"] == 600.0 and nostep["truncated"] is True and nostep["notes"] == ["truncated: cut"]
     assert nostep["kind"] == "ondemand"
@@ -112,7 +111,7 @@ def test_bounded_and_filtered(head):
     feed(head)
     base = f"{head.url}/api/runs/{RUN}/traces"
     status, rows = get(base + "?windows=1")
-    assert status == 200 and [(r["rank"], r["step_start"]) for r in rows] == [(9, -1)]
+    assert status == 200 and [(r["rank"], r["step_start"]) for r in rows] == [(0, 10), (1, 10), (2, 10), (3, 10)]
     status, rows = get(base + "?rank=3")
     assert status == 200 and [(r["rank"], r["step_start"]) for r in rows] == [(3, 10)]
     assert get(base + "?windows=0")[0] == 400
@@ -139,3 +138,14 @@ def test_odd_figures_do_not_break_the_endpoint(head):
     r = rows[0]
     assert r["kernel_ms"] is None and r["kernel_ms_per_step"] is None and r["idle_share"] is None
     assert r["top_ops"] == [{"name": "k", "total_ms": None, "count": None}]
+
+
+def test_a_late_rank_does_not_make_an_old_capture_the_newest(head):
+    live = head.live.run(RUN)
+    live.add("trace_summaries", [summary(r, 10, 14) for r in range(3)])
+    live.add("trace_summaries", [summary(r, 30, 34) for r in range(3)])
+    live.add("trace_summaries", [summary(3, 10, 14)])  # rank 3 ships its older capture late
+    status, rows = get(f"{head.url}/api/runs/{RUN}/traces?windows=1")
+    assert status == 200 and [(r["rank"], r["step_start"]) for r in rows] == [(0, 30), (1, 30), (2, 30)]
+    status, rows = get(f"{head.url}/api/runs/{RUN}/traces?windows=2")
+    assert [(r["rank"], r["step_start"]) for r in rows][:4] == [(0, 10), (1, 10), (2, 10), (3, 10)]
