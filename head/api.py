@@ -9,6 +9,8 @@
     GET  /api/runs/<id>/agents          node agents of the run, last heartbeat
     GET  /api/runs/<id>/steps?since=&rank=&limit=   recent step records (live window)
     GET  /api/runs/<id>/gpus            latest sample per (node, gpu) from the live window
+    GET  /api/runs/<id>/traces?rank=&windows=   profiler capture windows, per rank, per-step figures (the last
+                                        ``windows``: default 4, at most 32; head/trace_windows.py)
     GET  /api/runs/<id>/findings
     GET  /api/runs/<id>/coverage        which checks can judge the run's live window, and why not
     GET  /api/runs/<id>/actions
@@ -30,6 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
+from head import trace_windows
 from head.receiver import HttpError
 from head.store.wal import WalFull
 from ranksight import schema
@@ -267,6 +270,15 @@ class HeadHandler(NoDelayHandler):
                 self._json(200, [schema.to_dict(r) for r in recs])
             elif what == "gpus":
                 self._json(200, gpu_states(head.live.run(run_id)))
+            elif what == "traces":
+                try:
+                    rank = int(q["rank"]) if "rank" in q else None
+                    windows = int(q.get("windows", trace_windows.DEFAULT_WINDOWS))
+                except ValueError:
+                    raise HttpError(400, "rank and windows must be integers") from None
+                if not 1 <= windows <= trace_windows.MAX_WINDOWS:
+                    raise HttpError(400, f"windows must be 1..{trace_windows.MAX_WINDOWS}")
+                self._json(200, trace_windows.live_trace_windows(head.live.run(run_id), rank, windows))
             elif what == "findings":
                 self._json(200, head.analysis.findings_of(run_id))
             elif what == "coverage":

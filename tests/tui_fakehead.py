@@ -1,7 +1,9 @@
 """A fake head for the TUI tests: a stdlib HTTP server on 127.0.0.1 answering the head's API shapes.
 
 The data is deterministic (fixed clock T0): run ``run-a``, 8 ranks on 2 nodes, dp4×tp1×pp2, 40 steps;
-rank 5 (node 1) computes 1.8x its peers from step 20 on, and a straggler finding says so.
+rank 5 (node 1) computes 1.8x its peers from step 20 on, and a straggler finding says so. Profiler summaries of
+one capture (steps 30..34, cuda) say the same in kernel time; ``/traces`` serves them through the head's own
+``head.trace_windows`` (the same rows and bounds as the real endpoint).
 POSTs to /api/runs/<id>/actions are recorded (headers and body) and answered like the real head.
 """
 
@@ -46,6 +48,20 @@ def gpu_state(node: int, gpu: int, **kw) -> dict:
     return d
 
 
+def trace_summary(rank: int, a: int = 30, b: int = 34, device: str = "cuda", **kw) -> dict:
+    """A TraceSummary (as the agent ships it) of ``rank`` over steps a..b: per step, kernel 100 + rank ms (rank 5:
+    180), NCCL 40 of which 10 under compute, copy 2, idle 8 (wall = kernel + exposed + copy + idle)."""
+    n = b - a + 1
+    kernel = 180.0 if rank == 5 else 100.0 + rank
+    d = {"kind": "trace_summary", "run_id": RUN, "rank": rank, "step_start": a, "step_end": b,
+         "trace_file": f"/var/agent/{RUN}/traces/rank-{rank}.step{a}-{b}.json", "wall_ms": n * (kernel + 30 + 2 + 8),
+         "compute_ms": n * kernel, "comm_ms": n * 40.0, "overlap_ms": n * 10.0, "idle_ms": n * 8.0,
+         "copy_ms": n * 2.0, "top_ops": [{"name": "sm90_gemm", "total_ms": n * kernel * 0.6, "count": 4 * n}],
+         "collectives": [], "device": device, "truncated": False, "notes": []}
+    d.update(kw)
+    return d
+
+
 def default_data() -> dict:
     steps = [step_record(r, s) for s in range(40) for r in range(8)]
     ranks = [{"rank": r, "node": r // 4, "host": f"node{r // 4}", "step": 39, "attempt": 0, "t_end": T0 + 8.0,
@@ -77,6 +93,9 @@ def default_data() -> dict:
                      "steps": 0, "reason": "manual", "finding_kind": "", "dry_run": False, "status": "applied",
                      "applied_step": 12, "requested_by": "api:127.0.0.1"}],
         "health": {"ok": True, "stats": {}, "runs": 1},
+        # an older capture of steps 10..14 first (ranks alike), then the newest, where rank 5's kernels are slow
+        "traces": [trace_summary(r, 10, 14, compute_ms=5 * 100.0) for r in range(8)]
+        + [trace_summary(r) for r in range(8)],
         # rank 5's GPU (node 1, GPU 1) throttles for heat; rank 7's (node 1, GPU 3) had XID 79 and stalled
         "gpus": [gpu_state(n, g) for n in (0, 1) for g in range(4)
                  if (n, g) not in ((1, 1), (1, 3))] + [
@@ -84,6 +103,19 @@ def default_data() -> dict:
                       throttle_names=["sw_thermal_slowdown", "hw_thermal_slowdown"], throttled=True),
             gpu_state(1, 3, util_pct=0.0, power_w=90.0, xid_total=1, xid_count=1, last_xid=79, age_s=3.0)],
     }
+
+
+def traces_answer(d: dict, q: dict) -> list[dict]:
+    """What the real head answers for these summaries (head.trace_windows), nodes from the fake's rank list."""
+    import msgspec
+
+    from head.trace_windows import DEFAULT_WINDOWS, trace_windows
+    from ranksight import schema
+
+    sums = msgspec.convert(d["traces"], list[schema.TraceSummary], strict=False)
+    nodes = {r["rank"]: r.get("node") for r in d["ranks"]}
+    rank = int(q["rank"]) if "rank" in q else None
+    return trace_windows(sums, nodes.get, rank, int(q.get("windows", DEFAULT_WINDOWS)))
 
 
 def plain(x) -> str:
@@ -143,6 +175,8 @@ class FakeHead:
                         return self._send(200, json.dumps(out).encode())
                     if what in ("ranks", "findings", "actions", "gpus") and what in d:
                         return self._send(200, json.dumps(d[what]).encode())
+                    if what == "traces" and "traces" in d:  # absent: a head from before the endpoint (404)
+                        return self._send(200, json.dumps(traces_answer(d, q)).encode())
                 self._send(404, json.dumps({"error": f"no such endpoint: GET {url.path}"}).encode())
 
             def do_POST(self):

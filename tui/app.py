@@ -18,9 +18,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer
 
-from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary, StepWindow
+from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary, StepWindow, TraceRow
 from tui.model import RunView, build_view
 from tui.screens import ActionModal, ActionRequest, RunPicker
+from tui.trace_model import build_trace_view
+from tui.trace_screen import TraceScreen
 from tui.widgets.actions import ActionsTable
 from tui.widgets.findings import FindingDetail, FindingsTable
 from tui.widgets.gpus import GpuPanel
@@ -38,11 +40,12 @@ class RanksightApp(App):
     CSS_PATH = "ranksight.tcss"
     TITLE = "ranksight"
     BINDINGS = [
-        Binding("p", "toggle_pause", "Pause/resume"),
+        Binding("p", "toggle_pause", "Pause"),
         Binding("r", "refresh_now", "Refresh"),
         Binding("f", "focus_findings", "Findings"),
-        Binding("a", "request_action", "Action on node"),
+        Binding("a", "request_action", "Action"),
         Binding("g", "pick_run", "Runs"),
+        Binding("t", "show_traces", "Traces"),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -65,6 +68,11 @@ class RanksightApp(App):
         self._lock = asyncio.Lock()
         self._steps = StepWindow(window)
         self._picker: RunPicker | None = None
+        # the traces screen's data: read only while it is open; None until the first read for this run
+        self.trace_rows: list[TraceRow] | None = None
+        self.traces_missing = False  # the head has no traces endpoint
+        self.traces_ok_at: float | None = None
+        self._traces: TraceScreen | None = None
         self.timer = None
 
     # -- layout ---------------------------------------------------------------------
@@ -121,12 +129,16 @@ class RanksightApp(App):
                 self.runs, self.skipped = runs, skipped
             else:
                 run_id = self.run_id
-                data = await asyncio.to_thread(self.client.fetch, run_id, self.window, self._steps)
+                with_traces = self._traces_open()
+                data = await asyncio.to_thread(self.client.fetch, run_id, self.window, self._steps, with_traces)
                 if run_id != self.run_id:  # the user switched runs meanwhile
                     return
                 self.runs = data.runs
                 self.view = build_view(run_id, data, self.window)
                 self.skipped = self.view.skipped
+                if with_traces:
+                    self.trace_rows, self.traces_missing = data.traces, data.traces_missing
+                    self.traces_ok_at = self.now()
             self.last_ok = self.now()
             self.unreachable_since = None
             self.error = ""
@@ -140,10 +152,15 @@ class RanksightApp(App):
         except Exception as e:  # a bug in parsing/model code must not take the screen down
             self.error = f"unexpected {type(e).__name__}: {e}"
 
+    def _traces_open(self) -> bool:
+        return self._traces is not None
+
     def _apply(self) -> None:
         self._show_status()
         if self._picker is not None and self._picker.is_attached:
             self._picker.show_runs(self.runs)
+        if self._traces_open():
+            self._apply_traces()
         v = self.view
         if v is None or v.run_id != self.run_id:
             return
@@ -168,12 +185,26 @@ class RanksightApp(App):
         if stale:
             gp.border_title = f"{gp.border_title} — STALE"
 
+    def _apply_traces(self) -> None:
+        v = self.view if self.view is not None and self.view.run_id == self.run_id else None
+        world = v.run.world_size if v is not None and v.run is not None else None
+        stale = ""
+        if self.error and self.trace_rows is not None:
+            read = clock(self.traces_ok_at) if self.traces_ok_at else "never"
+            why = (f"head unreachable since {clock(self.unreachable_since)}" if self.unreachable_since is not None
+                   else "the last read failed")
+            stale = f"{why}: showing the capture read at {read}"
+        self._traces.show(None if self.trace_rows is None else build_trace_view(self.trace_rows, world),
+                          stale=stale, missing=self.traces_missing, gpu_simulated=bool(v and v.gpu_simulated))
+
     def _show_status(self) -> None:
         t = status_text(self.head_label or self.client.base_url, unreachable_since=self.unreachable_since, error=self.error,
                         last_ok=self.last_ok, paused=self.paused, skipped=self.skipped)
         self.query_one(StatusBar).update(t)
         if self._picker is not None and self._picker.is_attached:
             self._picker.show_status(t)
+        if self._traces_open():
+            self._traces.show_status(t)
 
     # -- events -------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -183,7 +214,11 @@ class RanksightApp(App):
     # -- actions (key bindings) --------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Over the run picker or the action dialog only quit, pause and refresh apply.
-        if action in ("request_action", "focus_findings", "pick_run") and self.screen is not self.screen_stack[0]:
+        # Over the traces screen, also the action dialog (its empty state says "press a").
+        if action == "request_action" and isinstance(self.screen, TraceScreen):
+            return True
+        if action in ("request_action", "focus_findings", "pick_run", "show_traces") and \
+                self.screen is not self.screen_stack[0]:
             return False
         return True
 
@@ -205,17 +240,35 @@ class RanksightApp(App):
         self._picker = RunPicker(self.runs)
         self.push_screen(self._picker, self._picked)
 
+    def action_show_traces(self) -> None:
+        if self.run_id is None:
+            self.notify("no run open: pick one with g", severity="warning")
+            return
+        if self._traces_open():
+            return
+        self._traces = TraceScreen()
+        self.push_screen(self._traces, self._traces_closed)
+        self._apply_traces()  # the screen shows it once composed
+        self._show_status()
+        self._tick()  # the traces are read only while the screen is open: read them now
+
+    def _traces_closed(self, _result: None) -> None:
+        self._traces = None
+
     def _picked(self, run_id: str | None) -> None:
         self._picker = None
         if run_id and run_id != self.run_id:
             self.run_id = run_id
             self.view = None
+            self.trace_rows, self.traces_missing, self.traces_ok_at = None, False, None
             self.query_one(RunHeader).show_view(None, run_id)
         self._tick()
 
     def action_request_action(self) -> None:
         v = self.view
-        rank = self.query_one(RankTable).selected_rank()
+        rank = self.screen.selected_rank() if isinstance(self.screen, TraceScreen) else None
+        if rank is None:
+            rank = self.query_one(RankTable).selected_rank()
         if v is None or rank is None:
             self.notify("no rank selected", severity="warning")
             return

@@ -115,6 +115,40 @@ class GpuState:
     last_xid: int | None = None
 
 
+@dataclass(frozen=True)
+class TraceRow:
+    """One rank's profiler summary of one capture window, as ``GET /api/runs/<id>/traces`` serves it. Per-step
+    figures are None when the trace had no ProfilerStep annotations (no step count). On a CPU trace ``kernel_ms``
+    is host op time and ``nccl_ms`` gloo/c10d time: ``device`` says which."""
+
+    rank: int
+    node: int | None = None
+    step_start: int = -1
+    step_end: int = -1
+    steps: int | None = None
+    kind: str = "periodic"  # or "ondemand" (a profile action)
+    device: str = "unknown"
+    wall_ms: float | None = None
+    kernel_ms: float | None = None
+    nccl_ms: float | None = None
+    exposed_comm_ms: float | None = None
+    kernel_ms_per_step: float | None = None
+    nccl_ms_per_step: float | None = None
+    exposed_comm_ms_per_step: float | None = None
+    copy_ms_per_step: float | None = None
+    idle_ms_per_step: float | None = None
+    idle_share: float | None = None
+    top_ops: tuple[str, ...] = ()
+    truncated: bool = False
+    notes: tuple[str, ...] = ()
+    trace_file: str = ""
+
+    @property
+    def window(self) -> tuple:
+        """The capture this row belongs to (rows of one window share it)."""
+        return (self.step_start, self.step_end, self.kind)
+
+
 @dataclass
 class Fetched:
     """One refresh worth of data for a run."""
@@ -128,6 +162,8 @@ class Fetched:
     runs: list[RunSummary] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # endpoint -> malformed items dropped
     gpus: list[GpuState] | None = None  # None: the head has no GPU endpoint (an older head)
+    traces: list[TraceRow] | None = None  # None: not asked for, or the head has no traces endpoint
+    traces_missing: bool = False  # asked for, and the head answered "no such endpoint" (an older head)
 
 
 def _num(v: Any, kind: type, name: str) -> Any:
@@ -190,6 +226,26 @@ def _parse_gpu(d: Any) -> GpuState:
         throttle_names=tuple(str(n) for n in names), throttled=bool(d.get("throttled")),
         ecc_sbe=_num(d.get("ecc_sbe"), int, "ecc_sbe"), ecc_dbe=_num(d.get("ecc_dbe"), int, "ecc_dbe"),
         xid_count=_num(d.get("xid_count"), int, "xid_count") or 0, last_xid=_num(d.get("last_xid"), int, "last_xid"))
+
+
+def _parse_trace(d: Any) -> TraceRow:
+    if not isinstance(d, dict) or "rank" not in d:
+        raise MalformedResponse("trace entry without a rank")
+    ops = d.get("top_ops") or []
+    notes = d.get("notes") or []
+    if not isinstance(ops, list) or not isinstance(notes, list):
+        raise MalformedResponse("trace top_ops/notes are not lists")
+    f = lambda k: _num(d.get(k), float, k)  # noqa: E731
+    i = lambda k, dflt=None: _num(d.get(k), int, k) if d.get(k) is not None else dflt  # noqa: E731
+    return TraceRow(
+        rank=_num(d["rank"], int, "rank"), node=i("node"), step_start=i("step_start", -1), step_end=i("step_end", -1),
+        steps=i("steps"), kind=str(d.get("kind") or "periodic"), device=str(d.get("device") or "unknown"),
+        wall_ms=f("wall_ms"), kernel_ms=f("kernel_ms"), nccl_ms=f("nccl_ms"), exposed_comm_ms=f("exposed_comm_ms"),
+        kernel_ms_per_step=f("kernel_ms_per_step"), nccl_ms_per_step=f("nccl_ms_per_step"),
+        exposed_comm_ms_per_step=f("exposed_comm_ms_per_step"), copy_ms_per_step=f("copy_ms_per_step"),
+        idle_ms_per_step=f("idle_ms_per_step"), idle_share=f("idle_share"),
+        top_ops=tuple(str(o.get("name", "")) if isinstance(o, dict) else str(o) for o in ops),
+        truncated=bool(d.get("truncated")), notes=tuple(str(n) for n in notes), trace_file=str(d.get("trace_file") or ""))
 
 
 def _json_fields(d: dict, names: tuple[str, ...]) -> dict:
@@ -321,6 +377,15 @@ class HeadClient:
     def gpus(self, run_id: str, skipped: dict[str, int] | None = None) -> list[GpuState]:
         return self._get_list(f"/api/runs/{self._rid(run_id)}/gpus", _parse_gpu, skipped)
 
+    def traces(self, run_id: str, rank: int | None = None, windows: int = 1,
+               skipped: dict[str, int] | None = None) -> list[TraceRow]:
+        """The last ``windows`` profiler capture windows, one row per rank per window (the oldest window first)."""
+        q: dict[str, int] = {"windows": windows}
+        if rank is not None:
+            q["rank"] = rank
+        return self._get_list(f"/api/runs/{self._rid(run_id)}/traces?{urllib.parse.urlencode(q)}", _parse_trace,
+                              skipped)
+
     def request_action(self, run_id: str, action: str, node: int | None = None, steps: int | None = None,
                        ranks: list[int] | None = None, reason: str = "", dry_run: bool = False) -> schema.Action:
         if not self.token:
@@ -335,8 +400,11 @@ class HeadClient:
         d = self._request("POST", f"/api/runs/{self._rid(run_id)}/actions", body, auth=True)
         return _parse_action(d)
 
-    def fetch(self, run_id: str, window: int = 60, cache: "StepWindow | None" = None) -> Fetched:
+    def fetch(self, run_id: str, window: int = 60, cache: "StepWindow | None" = None, traces: bool = False) -> Fetched:
         """Everything one refresh of the run view needs. Raises ClientError if the head cannot be read.
+
+        ``traces``: also read the newest profiler capture window (the TUI asks only while its traces screen is
+        open: on a large job that is one row per rank).
 
         With a ``StepWindow`` (kept by the caller between refreshes) only step records newer than
         what every live rank already has are requested; without one, the whole window is.
@@ -360,12 +428,21 @@ class HeadClient:
             if e.status != 404 or "no such endpoint" not in e.message:
                 raise
             gpus = None  # a head from before the GPU endpoint: the panel says so, the rest works
+        trace_rows: list[TraceRow] | None = None
+        traces_missing = False
+        if traces:
+            try:
+                trace_rows = self.traces(run_id, windows=1, skipped=skipped)
+            except HeadError as e:
+                if e.status != 404 or "no such endpoint" not in e.message:
+                    raise
+                traces_missing = True  # a head from before the traces endpoint: the screen says so
         try:
             health = self.health()
         except MalformedResponse:
             health = {}
         return Fetched(run=run, ranks=ranks, steps=steps, findings=findings, actions=actions, health=health,
-                       runs=runs, skipped=skipped, gpus=gpus)
+                       runs=runs, skipped=skipped, gpus=gpus, traces=trace_rows, traces_missing=traces_missing)
 
 
 class StepWindow:
