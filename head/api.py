@@ -10,7 +10,7 @@
     GET  /api/runs/<id>/steps?since=&rank=&limit=   recent step records (live window)
     GET  /api/runs/<id>/gpus            latest sample per (node, gpu) from the live window
     GET  /api/runs/<id>/traces?rank=&windows=   profiler capture windows, per rank, per-step figures (the last
-                                        ``windows``: default 4, at most 32; head/trace_windows.py)
+                                        ``windows``: default 4, at most 32; analyzers/trace_windows.py)
     GET  /api/runs/<id>/findings
     GET  /api/runs/<id>/coverage        which checks can judge the run's live window, and why not
     GET  /api/runs/<id>/actions
@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
-from head import trace_windows
+from analyzers import trace_windows
 from head.receiver import HttpError
 from head.store.wal import WalFull
 from ranksight import schema
@@ -278,7 +278,7 @@ class HeadHandler(NoDelayHandler):
                     raise HttpError(400, "rank and windows must be integers") from None
                 if not 1 <= windows <= trace_windows.MAX_WINDOWS:
                     raise HttpError(400, f"windows must be 1..{trace_windows.MAX_WINDOWS}")
-                self._json(200, trace_windows.live_trace_windows(head.live.run(run_id), rank, windows))
+                self._json(200, live_trace_windows(head.live.run(run_id), rank, windows))
             elif what == "findings":
                 self._json(200, head.analysis.findings_of(run_id))
             elif what == "coverage":
@@ -299,3 +299,17 @@ class HeadServer(BoundedThreadingHTTPServer):
 def make_server(head, bind: str = "127.0.0.1", port: int = 4318) -> HeadServer:
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
     return HeadServer((bind, port), handler)
+
+
+def live_trace_windows(live, rank: int | None = None, windows: int = trace_windows.DEFAULT_WINDOWS) -> list[dict]:
+    """``trace_windows`` over a run's live window (``head.live.RunLive``); nodes from the step records, else the
+    manifest's placement."""
+    summaries = live.trace_summaries(rank)
+    with live.lock:
+        placement = {p.rank: p.node for p in (live.manifest.ranks if live.manifest is not None else [])}
+
+    def node_of(r: int) -> int | None:
+        n = live.rank_node(r)
+        return n if n is not None else placement.get(r)
+
+    return trace_windows.trace_windows(summaries, node_of, rank, windows)

@@ -12,7 +12,7 @@ import pytest
 
 from head.api import make_server
 from head.service import Head
-from head.trace_windows import MAX_WINDOWS
+from analyzers.trace_windows import MAX_WINDOWS
 from ranksight import schema
 
 RUN = "trace-run"

@@ -164,12 +164,14 @@ def test_the_report_shows_each_capture_window_per_rank_per_step_and_says_what_cp
     assert [(w["step_start"], w["step_end"], w["cpu"]) for w in tr] == [(10, 11, False), (30, 30, True)]
     r2 = tr[0]["ranks"][2]
     # 2 ms of overlap over 2 steps: 1 ms per step hidden, 3 of rank 2's 4 NCCL ms per step exposed
-    assert (r2["kernel_ms"], r2["nccl_ms"], r2["exposed_comm_ms"], r2["kernel_vs_median"]) == (12.0, 4.0, 3.0, 1.2)
-    assert r2["idle_pct"] == 2.5 and r2["trace"] == "rank-2.json" and r2["node"] == 0
+    assert (r2["kernel_ms_per_step"], r2["nccl_ms_per_step"], r2["exposed_comm_ms_per_step"],
+            r2["kernel_vs_median"]) == (12.0, 4.0, 3.0, 1.2)
+    assert r2["idle_share"] == 0.025 and r2["trace_file"] == "rank-2.json" and r2["node"] == 0
     buf = io.StringIO()
     render_text(report, Console(file=buf, width=160))
     text = buf.getvalue()
-    assert "profiler trace, steps 10-11 (cuda: device kernel time)" in text and "1.20x" in text
-    assert "profiler trace, step 30 (CPU trace: op time is host time, not device kernel time)" in text
+    assert "profiler trace (periodic), steps 10-11 (cuda: device kernel time)" in text and "1.20x" in text
+    assert "profiler trace (periodic), step 30 (CPU trace: op time is host time, not device kernel time)" in text
+    assert " 2.5 " in text  # idle %
     page = render_html(report)
-    assert "profiler trace, steps 10-11" in page and "<td>12.00</td>" in page
+    assert "profiler trace (periodic), steps 10-11" in page and "<td>12.00</td>" in page

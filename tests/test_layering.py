@@ -168,7 +168,7 @@ def test_no_private_name_is_imported_from_another_package():
 # Shared statistics first; then loader -> builder -> checks; then what uses findings (run_all, policy, scoring,
 # the report); the diagnose CLI last.
 ANALYZER_STAGES = [
-    ("analyzers.stats", "analyzers.persistence", "analyzers.changepoint", "analyzers.evidence"),
+    ("analyzers.stats", "analyzers.persistence", "analyzers.changepoint", "analyzers.evidence", "analyzers.trace_windows"),
     ("analyzers.loader",),
     ("analyzers.builder",),
     ("analyzers.checks",),

@@ -3,7 +3,7 @@
 The data is deterministic (fixed clock T0): run ``run-a``, 8 ranks on 2 nodes, dp4×tp1×pp2, 40 steps;
 rank 5 (node 1) computes 1.8x its peers from step 20 on, and a straggler finding says so. Profiler summaries of
 one capture (steps 30..34, cuda) say the same in kernel time; ``/traces`` serves them through the head's own
-``head.trace_windows`` (the same rows and bounds as the real endpoint).
+``analyzers.trace_windows`` (the same rows and bounds as the real endpoint).
 POSTs to /api/runs/<id>/actions are recorded (headers and body) and answered like the real head.
 """
 
@@ -106,10 +106,10 @@ def default_data() -> dict:
 
 
 def traces_answer(d: dict, q: dict) -> list[dict]:
-    """What the real head answers for these summaries (head.trace_windows), nodes from the fake's rank list."""
+    """What the real head answers for these summaries (analyzers.trace_windows), nodes from the fake's rank list."""
     import msgspec
 
-    from head.trace_windows import DEFAULT_WINDOWS, trace_windows
+    from analyzers.trace_windows import DEFAULT_WINDOWS, trace_windows
     from ranksight import schema
 
     sums = msgspec.convert(d["traces"], list[schema.TraceSummary], strict=False)

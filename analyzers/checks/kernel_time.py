@@ -8,7 +8,7 @@ rank reaches it and ends when the last rank has, so the ranks that arrive early 
 synchronous training the slow rank therefore has the most compute kernel time per step and the least NCCL kernel
 time; its peers have about its extra compute added to their NCCL time.
 
-Per capture window (the summaries with the same steps), per group of comparable ranks (the world, or one pipeline
+Per capture window (the summaries of one capture: ``analyzers.trace_windows``), per group of comparable ranks (the world, or one pipeline
 stage's ranks when pp > 1: ``Placement.peer_groups``), each rank's kernel time per step is compared with the
 median of the others'. A rank over it by ``min_excess_pct`` is a suspect; it is *confirmed* when its NCCL time per
 step is below the others' median by at least ``wait_fraction`` of its extra compute (they wait for it). Confirmed
@@ -31,6 +31,7 @@ import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage
 from analyzers.evidence import fnum
+from analyzers.trace_windows import window_key
 from ranksight.schema import Finding
 
 NAME = "kernel_time"
@@ -62,46 +63,18 @@ def coverage(frame: AnalysisFrame, cfg: KernelTimeConfig | None = None) -> Cover
 
 
 def _windows(ts: pd.DataFrame, min_ranks: int) -> list[pd.DataFrame]:
-    """The capture windows (rows of the same steps, one per rank: the latest trace file), with ``min_ranks`` ranks
-    or more, untruncated, in step order."""
-    ok = ts[~ts["truncated"].astype(bool)] if "truncated" in ts.columns else ts
+    """The capture windows (``analyzers.trace_windows.window_key``: the same steps and kind of capture), with
+    ``min_ranks`` ranks or more, one row per rank (the latest), untruncated, with ProfilerStep marks, in step order."""
+    ok = ts[~ts["truncated"].astype(bool) & (ts["step_start"] >= 0)]
+    if ok.empty:
+        return []
+    keys = [window_key(r) for r in ok.itertuples(index=False)]
     out = []
-    for _, w in ok.groupby(["step_start", "step_end"], sort=True):
+    for _, w in ok.groupby(pd.Series(keys, index=ok.index).astype(str), sort=False):
         w = w.drop_duplicates("rank", keep="last")
         if len(w) >= min_ranks:
             out.append(w)
-    return out
-
-
-def capture_windows(ts: pd.DataFrame, rank_node: dict[int, int] | None = None, last: int | None = None) -> list[dict]:
-    """What the trace summaries say, per capture window (oldest first; the ``last`` newest when given): its steps,
-    device, and per rank its figures *per step* (kernel = compute kernels, NCCL kernels, exposed communication = NCCL
-    time not under compute, memcpy/memset, idle share of the window), its trace file's name, and whether the trace was
-    cut short. The table the report, the API and the TUI show; on CPU traces "kernel" time is CPU op time."""
-    if ts.empty:
-        return []
-    rank_node = rank_node or {}
-    out = []
-    for (s0, s1), w in ts.groupby(["step_start", "step_end"], sort=True):
-        w = w.drop_duplicates("rank", keep="last").sort_values("rank")
-        n = max(1, int(s1) - int(s0) + 1)
-        rows = []
-        for r in w.itertuples(index=False):
-            wall = float(r.wall_ms)
-            rows.append(dict(
-                rank=int(r.rank), node=rank_node.get(int(r.rank)), kernel_ms=round(float(r.compute_ms) / n, 3),
-                nccl_ms=round(float(r.comm_ms) / n, 3),
-                exposed_comm_ms=round(max(0.0, float(r.comm_ms) - float(r.overlap_ms)) / n, 3),
-                copy_ms=round(float(r.copy_ms) / n, 3), idle_pct=round(100.0 * float(r.idle_ms) / wall, 1) if wall > 0 else None,
-                truncated=bool(r.truncated), trace=os.path.basename(str(r.trace_file))))
-        kern = [x["kernel_ms"] for x in rows if not x["truncated"]]
-        med = float(np.median(kern)) if kern else 0.0
-        for x in rows:
-            x["kernel_vs_median"] = round(x["kernel_ms"] / med, 3) if med > 0 else None
-        devices = sorted({str(d) for d in w["device"]})
-        out.append(dict(step_start=int(s0), step_end=int(s1), steps=n, device="/".join(devices),
-                        cpu=devices == ["cpu"], ranks=rows))
-    return out[-last:] if last else out
+    return sorted(out, key=lambda w: (int(w["step_end"].iloc[0]), int(w["step_start"].iloc[0])))
 
 
 def _judge_window(w: pd.DataFrame, frame: AnalysisFrame, cfg: KernelTimeConfig) -> list[dict]:

@@ -17,10 +17,10 @@ import pandas as pd
 
 from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
-from analyzers.checks.kernel_time import capture_windows
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
 from analyzers.score import detection_step, matches
+from analyzers.trace_windows import grouped, trace_windows
 from ranksight.exit_codes import (EXIT, EXIT_CODES_HELP, EXIT_CRITICAL, EXIT_HEALTHY,  # noqa: F401 (re-exported)
                                    EXIT_INCOMPLETE, EXIT_LOAD_ERROR, EXIT_WARNING)
 from ranksight.schema import SEVERITY_ORDER, Finding
@@ -45,7 +45,7 @@ class Summary(TypedDict):
     checks_not_run: list[str]  # the checks that could not judge the run (status not_run or error)
     faults: list[dict[str, Any]]  # each injected fault (the manifest's ground truth): found, by which finding, how late
     history: dict[str, Any]  # attempts (restarts, from the manifest) and actions (the head's, with their status)
-    traces: list[dict[str, Any]]  # the last TRACE_WINDOWS profiler capture windows, per rank per step (kernel_time)
+    traces: list[dict[str, Any]]  # the last TRACE_WINDOWS profiler capture windows, per rank (analyzers.trace_windows)
     simulated: bool  # parts rest on simulated GPU telemetry or a CPU-measured peak
     worst_severity: str | None
     exit_code: int
@@ -112,7 +112,8 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "checks_not_run": not_run,
         "faults": fault_rows(data, findings),
         "history": hist,
-        "traces": capture_windows(data.trace_summaries, Placement(data).rank_node, last=TRACE_WINDOWS),
+        "traces": grouped(trace_windows(data.trace_summaries.itertuples(index=False), Placement(data).rank_node.get,
+                                        windows=TRACE_WINDOWS)),
         "simulated": simulated,
         "worst_severity": w,
         "exit_code": EXIT_INCOMPLETE if EXIT[w] == EXIT_HEALTHY and not_run else EXIT[w],
@@ -262,20 +263,26 @@ def history_rows(hist: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
 def trace_title(w: dict[str, Any]) -> str:
     """The heading of one capture window's table, saying what its "kernel" time is."""
-    span = f"step {w['step_start']}" if w["steps"] == 1 else f"steps {w['step_start']}-{w['step_end']}"
+    if w["steps"] is None:
+        span = "no ProfilerStep marks, totals"
+    else:
+        span = f"step {w['step_start']}" if w["steps"] == 1 else f"steps {w['step_start']}-{w['step_end']}"
     what = ("CPU trace: op time is host time, not device kernel time" if w["cpu"]
             else f"{w['device']}: device kernel time")
-    return f"profiler trace, {span} ({what})"
+    return f"profiler trace ({w['kind']}), {span} ({what})"
 
 
 def trace_rows(w: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The TRACE_COLUMNS cells of one capture window, one row per rank."""
+    """The TRACE_COLUMNS cells of one capture window, one row per rank (per step; window totals without steps)."""
     def ms(x):
         return "-" if x is None else f"{x:.2f}"
-    return [(str(r["rank"]), "-" if r["node"] is None else str(r["node"]), ms(r["kernel_ms"]),
-             "-" if r["kernel_vs_median"] is None else f"{r['kernel_vs_median']:.2f}x", ms(r["nccl_ms"]),
-             ms(r["exposed_comm_ms"]), ms(r["copy_ms"]), "-" if r["idle_pct"] is None else f"{r['idle_pct']:.1f}",
-             r["trace"] + (" (cut short)" if r["truncated"] else "")) for r in w["ranks"]]
+
+    per = "" if w["steps"] is None else "_per_step"
+    return [(str(r["rank"]), "-" if r["node"] is None else str(r["node"]), ms(r["kernel_ms" + per]),
+             "-" if r["kernel_vs_median"] is None else f"{r['kernel_vs_median']:.2f}x", ms(r["nccl_ms" + per]),
+             ms(r["exposed_comm_ms" + per]), ms(r["copy_ms" + per]),
+             "-" if r["idle_share"] is None else f"{100 * r['idle_share']:.1f}",
+             r["trace_file"] + (" (cut short)" if r["truncated"] else "")) for r in w["ranks"]]
 
 
 def _first_layout(m: Any) -> dict[str, Any]:
