@@ -32,7 +32,7 @@ from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
 from head.receiver import HttpError
 from head.store.wal import WalFull
-from ranksight import schema
+from ranksight import schema, wire
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
 
@@ -202,8 +202,8 @@ class HeadHandler(NoDelayHandler):
                 req = rx.parse(kind, payload, self.headers.get("Content-Type"))
                 try:
                     if kind == "logs":
-                        _, rejected, msg = self.head.ingest.logs(req)
-                        out = rx.logs_response(rejected, msg)
+                        _, rejected, refused = self.head.ingest.logs(req)
+                        out = rx.logs_response(rejected, wire.rejections_message(refused))
                     else:
                         self.head.ingest.metrics(req)
                         out = rx.metrics_response()
