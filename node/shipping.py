@@ -46,19 +46,19 @@ class _KeepsResponse:
     failure, and the head's partial success (which records it refused) is in the body."""
 
     def __init__(self, session):
-        object.__setattr__(self, "_session", session)
+        object.__setattr__(self, "inner", session)  # the session itself
         object.__setattr__(self, "last_body", None)
 
     def request(self, *args, **kwargs):
-        r = self._session.request(*args, **kwargs)
+        r = self.inner.request(*args, **kwargs)
         object.__setattr__(self, "last_body", r.content)
         return r
 
     def __getattr__(self, name):
-        return getattr(self._session, name)
+        return getattr(self.inner, name)
 
     def __setattr__(self, name, value):  # ``verify``, ``cert``: set by the SDK's transport on the session
-        setattr(self._session, name, value)
+        setattr(self.inner, name, value)
 
 
 class Shipper:
