@@ -149,11 +149,28 @@ class EvictPolicy:
                 self.node_ranks.pop(node, None)
         return d
 
+    def manual_limit(self, node: int, now: float | None = None) -> str | None:
+        """Why an evict of ``node`` asked by a person (the API, the TUI) breaks the limits this policy keeps (node
+        already evicted, cooldown, eviction budget, last node of the job), or None when it does not."""
+        now = time.time() if now is None else now
+        if node in self.evicted:
+            return f"node {node} was already evicted"
+        if self.n_nodes and node not in self.node_ranks:
+            return f"node {node} is not in the job (its nodes: {sorted(n for n in self.node_ranks if n >= 0)})"
+        if not self.n_nodes:
+            return "the job's placement is not known yet (no manifest): cannot tell that a node would be left"
+        return self._limit(node, now)
+
     def restore(self, actions) -> None:
-        """Carry on from the run's recorded actions (a head restarted mid-run): every eviction that was requested or
-        applied, and not failed or refused, counts against ``max_evictions``, starts the cooldown from its time, and is
-        never asked again; outside dry-run its node has left the job. Dry-run decisions count only in dry-run."""
+        """Carry on from the run's recorded actions (a head restarted mid-run, an eviction a person asked for through
+        the API): every eviction that was requested or applied, and not failed or refused, counts against
+        ``max_evictions``, starts the cooldown from its time, and is never asked again; outside dry-run its node has
+        left the job. Dry-run decisions count only in dry-run. An action already seen (same id) is skipped, so it can
+        be called again with every round's actions."""
+        seen = {a.id for a in self.audit}
         for a in sorted(actions, key=lambda a: a.t):
+            if a.id in seen:
+                continue
             if a.action != "evict" or a.node is None or a.status not in ("requested", "applied"):
                 continue
             if a.dry_run and not self.cfg.dry_run:

@@ -8,6 +8,7 @@ is appended to the run's ``actions`` table: the audit trail, read back after a h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from analyzers.policy import EvictPolicy, PolicyConfig
 from head.live import AgentLive, RunLive
 from head.runs import LiveRuns
 from head.store import Store
@@ -30,6 +32,15 @@ log = logging.getLogger("ranksight.head")
 ACTIONS = ("checkpoint", "profile", "evict")
 
 
+class ActionRefused(Exception):
+    """An evict the policy's limits forbid, asked without ``force`` (the API answers 409 with ``reason``)."""
+
+    def __init__(self, reason: str, action: schema.Action):
+        super().__init__(reason)
+        self.reason = reason
+        self.action = action  # the refusal as recorded in the audit trail
+
+
 class ActionsBook:
     """Every run's actions, latest status per id."""
 
@@ -38,6 +49,8 @@ class ActionsBook:
         self.live = live
         self.token = token  # sent to the agents' /control
         self.by_run: dict[str, dict[str, schema.Action]] = {}
+        # the evict policy's limits, which a person's evict passes too (head.policy_runner sets the head's own)
+        self.policy_config = PolicyConfig()
 
     def of_run(self, run_id: str) -> dict[str, schema.Action]:
         """The run's actions by id, read from its ``actions`` table on first use."""
@@ -53,7 +66,8 @@ class ActionsBook:
                 for row in rows:
                     ranks = row.get("ranks")
                     row["ranks"] = [int(r) for r in ranks] if ranks is not None else []
-                    row = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+                    # a missing value takes the field's default (a column added since the row was stored: force)
+                    row = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and v != v)}
                     acts[row["id"]] = msgspec.convert({**row, "run_id": run_id}, schema.Action, strict=False)
             except Exception as e:
                 log.warning("head: could not load stored actions of %s: %s", run_id, e)
@@ -85,15 +99,48 @@ class ActionsBook:
 
     def request(self, run_id: str, req: dict[str, Any], requested_by: str = "api") -> schema.Action:
         """Create an action from a request body (``POST /api/runs/<id>/actions``), record it, and forward it to the
-        node agent that can carry it out (not with ``dry_run``). ValueError for a bad request."""
-        action, node, steps, ranks, action_id, reason, kind, dry_run = _validated(req)
+        node agent that can carry it out (not with ``dry_run``). ValueError for a bad request.
+
+        An evict a person asks for passes the evict policy's limits (``evict_limit``) unless the request says
+        ``"force": true`` with a ``reason``: refused, it is recorded as such and ``ActionRefused`` raised; forced,
+        it is recorded with ``force`` set, the reason and who asked. The policy's own requests (``requested_by``
+        "policy") were checked by the policy itself."""
+        action, node, steps, ranks, action_id, reason, kind, dry_run, force, by = _validated(req)
+        if by:
+            requested_by = f"{requested_by} ({by})"
         a = schema.Action(run_id=run_id, id=action_id or uuid.uuid4().hex[:12], t=time.time(), action=action,
                           node=node, ranks=ranks, steps=steps, reason=reason, finding_kind=kind, dry_run=dry_run,
-                          requested_by=requested_by)
+                          requested_by=requested_by, force=force)
+        if action == "evict" and requested_by != "policy":
+            limit = self.evict_limit(run_id, node, a.t, dry_run=dry_run)
+            if limit is not None and not force:
+                refused = msgspec.structs.replace(a, status="refused", reason=f"{limit} [not forced] {reason}".strip())
+                self.record(refused)
+                log.warning("head: refused a manual evict of node %s on run %s: %s", node, run_id, limit)
+                raise ActionRefused(limit, refused)
+            if limit is not None:
+                a = msgspec.structs.replace(a, reason=f"{reason} [forced past: {limit}]")
+                log.warning("head: manual evict of node %s on run %s FORCED by %s past the limits (%s): %s", node,
+                            run_id, requested_by, limit, reason)
         if not a.dry_run:
             a = self._send(a)
         self.record(a)
         return a
+
+    def evict_limit(self, run_id: str, node: int, now: float, dry_run: bool = False) -> str | None:
+        """Why evicting ``node`` now breaks the evict policy's limits (``policy_config``) given the run's recorded
+        actions and current placement; None when it does not. The evictions that count are the ones that were
+        sent (not dry-run ones). A dry-run request is not refused for want of a placement: it asks nothing of the
+        job."""
+        live = self.live.run(run_id)
+        node_ranks: dict[int, list[int]] = {}
+        for p in (live.manifest.ranks if live.manifest is not None else []):
+            node_ranks.setdefault(p.node, []).append(p.rank)
+        policy = EvictPolicy(run_id, node_ranks, dataclasses.replace(self.policy_config, dry_run=False))
+        policy.restore(self.of_run(run_id).values())
+        if dry_run and not node_ranks:
+            return f"node {node} was already evicted" if node in policy.evicted else None
+        return policy.manual_limit(node, now)
 
     def _send(self, a: schema.Action) -> schema.Action:
         """POST the action's ``ControlRequest`` to the chosen agent; the action as it stands after (``failed`` with
@@ -154,7 +201,15 @@ def _validated(req: dict[str, Any]) -> tuple:
     dry_run = req.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ValueError("dry_run must be true or false")
-    return action, node, steps, ranks, action_id, texts[0], texts[1], dry_run
+    force = req.get("force", False)
+    if not isinstance(force, bool):
+        raise ValueError("force must be true or false")
+    if force and (action != "evict" or not texts[0].strip()):
+        raise ValueError("force is for an evict, with a reason that says why the limits do not apply")
+    by = req.get("by") or ""
+    if not isinstance(by, str) or (by and not ACTION_ID_RE.fullmatch(by)):
+        raise ValueError("by (who asks) must be 1-64 letters, digits, '_', '-' or '.'")
+    return action, node, steps, ranks, action_id, texts[0], texts[1], dry_run, force, by
 
 
 def _agent_for(live: RunLive, a: schema.Action) -> AgentLive | None:

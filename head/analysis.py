@@ -15,11 +15,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+import msgspec
+
 from head.findings_book import FindingsBook, latest_per_id
 from head.runs import LiveRuns
 from head.store import Store
 from ranksight import schema
-from ranksight.tables import read_table
+from ranksight.tables import SPECS, read_table
 
 if TYPE_CHECKING:
     from analyzers.loader import RunData
@@ -103,7 +105,10 @@ class LiveAnalysis:
 
     def _book(self, run_id: str, found: list[schema.Finding], last_step: int | None) -> list[schema.Finding]:
         """Match a round's findings to the run's episodes; log, store and announce what changed. Returns the new."""
-        book = self.findings.setdefault(run_id, FindingsBook(run_id))
+        book = self.findings.get(run_id)
+        if book is None:  # first sight of the run: carry on from its stored episodes (this head may have restarted)
+            book = self.findings[run_id] = FindingsBook(run_id)
+            book.restore(self.stored_findings(run_id))
         res = book.observe(found, last_step)
         for f in res.new:
             log.warning("finding [%s] %s/%s ranks=%s: %s", f.severity, f.analyzer, f.kind, f.ranks, f.summary)
@@ -123,6 +128,28 @@ class LiveAnalysis:
                 except Exception:  # an alert channel failing must not stop analysis or ingestion
                     log.exception("head: finding listener %r failed", listener)
         return res.new
+
+    def stored_findings(self, run_id: str) -> list[schema.Finding]:
+        """The current state of each of the run's stored episodes (latest row per id of its ``findings`` table,
+        rows the write-ahead log replayed included); a row that does not read back is skipped and logged."""
+        try:
+            self.store.run(run_id).flush()  # rows replayed from the write-ahead log into part files
+            df = read_table(self.store.root, run_id, "findings")
+        except Exception:  # noqa: BLE001 - a damaged store must not stop analysis: the book starts empty
+            log.exception("head: cannot read the stored findings of run %s", run_id)
+            return []
+        if not len(df):
+            return []
+        json_cols = {n for n, _, as_json in SPECS["findings"].fields if as_json}
+        out = []
+        for row in latest_per_id(json.loads(df.to_json(orient="records"))):
+            row = {k: (json.loads(v) if k in json_cols and isinstance(v, str) else v) for k, v in row.items()
+                   if v is not None}
+            try:
+                out.append(msgspec.convert(row, schema.Finding, strict=False))
+            except (msgspec.ValidationError, ValueError) as e:
+                log.warning("head: a stored finding of run %s does not read back: %s", run_id, e)
+        return [f for f in out if f.id]
 
     def analyze_if_due(self, run_id: str, now: float | None = None) -> bool:
         """One scheduled round for ``run_id``, unless nothing changed: skipped when no step, collective,

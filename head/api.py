@@ -33,9 +33,10 @@ from urllib.parse import parse_qs, urlsplit
 from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
 from analyzers import trace_windows
+from head.actions import ActionRefused
 from head.receiver import HttpError
 from head.store.wal import WalFull
-from ranksight import schema
+from ranksight import schema, wire
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
 
@@ -205,8 +206,8 @@ class HeadHandler(NoDelayHandler):
                 req = rx.parse(kind, payload, self.headers.get("Content-Type"))
                 try:
                     if kind == "logs":
-                        _, rejected, msg = self.head.ingest.logs(req)
-                        out = rx.logs_response(rejected, msg)
+                        _, rejected, refused = self.head.ingest.logs(req)
+                        out = rx.logs_response(rejected, wire.rejections_message(refused))
                     else:
                         self.head.ingest.metrics(req)
                         out = rx.metrics_response()
@@ -229,6 +230,8 @@ class HeadHandler(NoDelayHandler):
                 a = self.head.actions.request(run_id, req, requested_by=f"api:{self.client_address[0]}")
             except ValueError as e:
                 raise HttpError(400, str(e)) from None
+            except ActionRefused as e:  # the evict policy's limits forbid it; "force": true with a reason overrides
+                raise HttpError(409, f"evict refused: {e.reason}; send \"force\": true with a reason to override") from None
             self._json(202 if a.status == "requested" else 200, schema.to_dict(a))
             return
         raise HttpError(404, f"no such endpoint: POST {path}")

@@ -30,8 +30,9 @@ class Ingest:
         self.stats = stats
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
 
-    def logs(self, request) -> tuple[int, int, str]:
-        """Apply an ExportLogsServiceRequest. Returns (records accepted, log records rejected, message).
+    def logs(self, request) -> tuple[int, int, list[wire.Rejection]]:
+        """Apply an ExportLogsServiceRequest. Returns (records accepted, log records rejected, the rejections: which
+        log record, which of its rows, why; ``wire.rejections_message`` makes them the partial success's message).
 
         Record batches are grouped per (run, table) so each table's write-ahead-log write happens once
         per request, not once per log record. Batches are only logged and queued here: the store
@@ -40,45 +41,53 @@ class Ingest:
         """
         stats = self.stats
         stats["log_requests"] += 1
-        rejected, reasons, accepted = 0, [], 0
-        groups: dict[tuple[str, str], list[wire.Batch]] = {}
-        for batch, reason in wire.iter_batches(request):
+        refused: dict[int, wire.Rejection] = {}  # log record index -> what of it was refused
+        accepted = 0
+        groups: dict[tuple[str, str], list[tuple[int, wire.Batch]]] = {}
+        for i, batch, reason in wire.iter_indexed(request):
             if batch is None:
-                rejected += 1
-                reasons.append(reason)
+                refused[i] = wire.Rejection(i=i, why=reason or "refused")
                 continue
             try:
                 table = _TABLE_OF_KIND.get(batch.kind)
                 if table is None:
                     accepted += self._apply_control(batch)
                     continue
+                if batch.refused:  # rows that did not decode; the rest of the batch is kept
+                    refused[i] = wire.Rejection(i=i, why=batch.refused[0][1], rows=[j for j, _ in batch.refused])
                 if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
                     # records of another run in the batch are refused one by one; the rest of the batch is kept
                     # (refusing it whole once lost a node's data inside a 200)
                     run_id = batch.run_id
-                    foreign = [r for r in batch.items if r.run_id != run_id]
+                    foreign = [j for j, r in enumerate(batch.items) if r.run_id != run_id]
                     if foreign:
-                        rejected += 1
-                        reasons.append(f"{len(foreign)} {batch.kind} record(s) of run {foreign[0].run_id!r} shipped as "
-                                       f"run {run_id!r}: refused, the batch's other {len(batch.items) - len(foreign)} kept")
+                        why = (f"{len(foreign)} {batch.kind} record(s) of run {batch.items[foreign[0]].run_id!r} "
+                               f"shipped as run {run_id!r}: refused, the batch's other "
+                               f"{len(batch.items) - len(foreign)} kept")
+                        if len(foreign) == len(batch.items) and not batch.refused:
+                            refused[i] = wire.Rejection(i=i, why=why)
+                            continue
+                        rows = sorted(set((refused[i].rows if i in refused else []) + _body_rows(batch, foreign)))
+                        refused[i] = wire.Rejection(i=i, why=why, rows=rows)
                         kept = [r for r in batch.items if r.run_id == run_id]
                         if not kept:
                             continue
-                        batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs)  # re-encoded
-                groups.setdefault((batch.run_id, table), []).append(batch)
+                        # re-encoded by the store (body None): the body as received holds the refused rows too
+                        batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs, body=None)
+                groups.setdefault((batch.run_id, table), []).append((i, batch))
             except ValueError as e:  # e.g. a run id the store refuses, records of another run
-                rejected += 1
-                reasons.append(str(e))
+                refused[i] = wire.Rejection(i=i, why=str(e))
         for (run_id, table), batches in groups.items():
             try:
-                accepted += self._queue(run_id, table, batches)
+                accepted += self._queue(run_id, table, [b for _, b in batches])
             except ValueError as e:
-                rejected += len(batches)
-                reasons.append(str(e))
+                for i, _ in batches:
+                    refused[i] = wire.Rejection(i=i, why=str(e))
+        rejected = len(refused)
         if rejected:
             stats["rejected"] += rejected
-            log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(reasons[:3]))
-        return accepted, rejected, "; ".join(reasons[:5])
+            log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(r.why for r in list(refused.values())[:3]))
+        return accepted, rejected, list(refused.values())
 
     def _queue(self, run_id: str, table: str, batches: list[wire.Batch]) -> int:
         """Log and queue a request's batches of one (run, table); the store dedupes them at its next
@@ -140,3 +149,19 @@ class Ingest:
                         n += 1
         self.stats["metric_points"] += n
         return n
+
+
+def _body_rows(batch: wire.Batch, positions: list[int]) -> list[int]:
+    """Rows of the body as received of ``batch.items[positions]``: the same positions unless rows were already
+    refused (``batch.refused``), which ``items`` lacks."""
+    if not batch.refused:
+        return positions
+    gone = sorted(j for j, _ in batch.refused)
+    body_row, n = [], 0
+    for j in range(len(batch.items) + len(gone)):
+        if gone and j == gone[0]:
+            gone.pop(0)
+            continue
+        body_row.append(j)
+        n += 1
+    return [body_row[p] for p in positions]

@@ -36,6 +36,7 @@ class PolicyRunner:
         self.mode = mode
         self.cfg = cfg or PolicyConfig()
         self.cfg.dry_run = mode != "on"
+        actions.policy_config = self.cfg  # manual evictions through the API pass the same limits
         self.policies: dict[str, EvictPolicy] = {}
         self._placed_from: dict[str, schema.Manifest | None] = {}  # the manifest each policy's placement came from
 
@@ -50,11 +51,12 @@ class PolicyRunner:
             if not node_ranks:
                 return None  # no placement yet: nothing can be evicted safely
             policy = self.policies[run_id] = EvictPolicy(run_id, node_ranks, self.cfg)
-            # a head restarted mid-run carries on from the run's stored actions: limits, cooldown, nodes gone
-            policy.restore(self.actions.of_run(run_id).values())
         elif node_ranks and manifest is not self._placed_from.get(run_id):
             policy.node_ranks = {n: list(r) for n, r in node_ranks.items()
                                  if n not in policy.evicted or self.cfg.dry_run}
+        # the run's stored actions: a head restarted mid-run carries on from them (limits, cooldown, nodes gone), and
+        # evictions a person asked for through the API count against the same limits
+        policy.restore(self.actions.of_run(run_id).values())
         self._placed_from[run_id] = manifest
         return policy
 

@@ -24,6 +24,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from ranksight import wire
+
 # Bounds on what one request may cost the head: compressed bytes on the wire and
 # bytes after gunzip (a small gzip bomb must not take the head's memory).
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -169,9 +171,12 @@ def parse(kind: str, payload: bytes, content_type: str | None):
 
 
 def logs_response(rejected: int = 0, message: str = "") -> bytes:
+    """The OTLP logs response; with ``rejected`` log records, a partial success whose ``error_message`` says which
+    and why (``ranksight.wire.rejections_message``: JSON, bounded in size)."""
     resp = ExportLogsServiceResponse()
     if rejected:
-        resp.partial_success.CopyFrom(ExportLogsPartialSuccess(rejected_log_records=rejected, error_message=message[:500]))
+        resp.partial_success.CopyFrom(ExportLogsPartialSuccess(rejected_log_records=rejected,
+                                                               error_message=message[:wire.MAX_REJECTION_MESSAGE]))
     return resp.SerializeToString()
 
 

@@ -36,7 +36,8 @@ import msgspec
 from node.control import ControlServer
 from node.outbox import Item, Outbox
 from node.prom import AgentMetrics
-from node.shipping import OtlpMetrics, Shipper
+from node.rejected import RejectedLog
+from node.shipping import Exported, OtlpMetrics, Shipper
 from node.sources import Snapshot, Source
 from node.sources.control_acks import AckSource
 from node.sources.manifest import ManifestSource
@@ -62,6 +63,9 @@ class ExitReport(msgspec.Struct, kw_only=True):
     outbox: str
     dropped_records: int  # lost for good (outbox over its bound, sampler buffer overrun)
     drain_s: float  # how long the agent tried to deliver before giving up
+    rejected_records: int = 0  # refused by the head (never sent again): kept aside in ``rejected_file``
+    rejected_not_kept: int = 0  # of those, not written there (the file at its bound, or the head did not say which)
+    rejected_file: str = ""
 
 OUTBOX_SEGMENTS_PER_CYCLE = 64
 FINAL_TRACE_WAIT_S = 30.0  # at stop: how long the last cycle waits for a trace summary in progress
@@ -76,7 +80,7 @@ class NodeAgent:
                  ship_interval: float = 1.0, metrics_port: int | None = None, bind: str = "127.0.0.1",
                  sim_gpu: str = "auto", dcgm_url: str | None = None, host: str | None = None,
                  outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True,
-                 drain_timeout_s: float = 0.0):
+                 drain_timeout_s: float = 0.0, rejected_bytes: int = 64 * 1024 * 1024):
         self.rd = run_dir
         self.drain_timeout_s = drain_timeout_s  # at stop: how long to keep trying to deliver the outbox
         self.node = node
@@ -88,6 +92,7 @@ class NodeAgent:
         self.state_file = StateFile(run_dir.agent_state(node), node)
         self.outbox = Outbox(self.state_file.path.parent / f"node-{node}.outbox", outbox_bytes)
         self.metrics = AgentMetrics()
+        self.rejected = RejectedLog(run_dir.agent_rejected(node), rejected_bytes)
         self.shipper = Shipper(head_url, token, run_id=run_dir.run_id, node=node, host=self.host,
                                agent_id=uuid.uuid4().hex[:8], timeout=ship_timeout, metrics=self.metrics)
         self.otlp_metrics = OtlpMetrics(head_url, self.shipper.headers, ship_timeout, enabled=otlp_metrics)
@@ -110,10 +115,12 @@ class NodeAgent:
         self._pending_since: float | None = None  # wall time of the oldest record not yet acknowledged
         self._last_ship_ok = True
         self._dropped_reported = 0
+        self._rejected_reported = (0, 0)  # (kept, not kept) already counted in the metrics
         # Self-metrics exist (at 0) from the start: an absent series is not "no drops".
         n = str(node)
         for m in (self.metrics.shipped, self.metrics.dropped, self.metrics.ship_errors, self.metrics.lag,
-                  self.metrics.spooled, self.metrics.spooled_bytes, self.metrics.ranks):
+                  self.metrics.spooled, self.metrics.spooled_bytes, self.metrics.ranks, self.metrics.rejected,
+                  self.metrics.rejected_not_kept):
             m.labels(n)
 
     # -- one cycle -------------------------------------------------------------------------------
@@ -131,11 +138,14 @@ class NodeAgent:
         n = sum(i.count for i in items)
         if items and self._pending_since is None:
             self._pending_since = min((i.t_first for i in items if i.t_first), default=time.time())
-        if final and not self._last_ship_ok:
-            shipped = False
-        else:
+        shipped = False
+        if not (final and not self._last_ship_ok):
             # The heartbeat is made after the outbox drained, so it reports what is still waiting.
-            shipped = self._drain_outbox() and self.shipper.export(items, snapshots + [self.heartbeat()])
+            if self._drain_outbox():
+                res = self.shipper.export(items, snapshots + [self.heartbeat()])
+                shipped = res.ok
+                if shipped:  # acknowledged; what the head refused in it is kept aside, never sent again
+                    n -= self._keep_refused(items, snapshots, res)
             self._last_ship_ok = shipped
         if shipped:
             self.metrics.shipped.labels(str(self.node)).inc(n)
@@ -157,11 +167,29 @@ class NodeAgent:
             if seg is None:
                 return True
             items = self.outbox.read(seg)
-            if items and not self.shipper.export(items):
-                return False
+            refused = 0
+            if items:
+                res = self.shipper.export(items)
+                if not res.ok:
+                    return False
+                refused = self._keep_refused(items, [], res)
             self.outbox.remove(seg)
-            self.metrics.shipped.labels(str(self.node)).inc(sum(i.count for i in items))
+            self.metrics.shipped.labels(str(self.node)).inc(sum(i.count for i in items) - refused)
         return self.outbox.oldest() is None
+
+    def _keep_refused(self, items: list[Item], snapshots: list[Snapshot], res: Exported) -> int:
+        """Keep aside what the head refused in an acknowledged export (never sent again); returns how many of
+        ``items``' records that was."""
+        n = 0
+        for r in res.refused:
+            if r.i < len(items):
+                n += self.rejected.keep(items[r.i], r)
+            elif r.i - len(items) < len(snapshots):  # the manifest, a heartbeat
+                s = snapshots[r.i - len(items)]
+                self.rejected.keep(Item(kind=s.kind, body=s.body, count=1), r)
+        if res.unlisted:
+            self.rejected.not_itemized(res.unlisted)  # log records, each at least one record
+        return min(n, sum(i.count for i in items))
 
     def dropped_records(self) -> int:
         """Records lost for good: outbox segments over its bound, and samples over the sampler's buffer."""
@@ -178,7 +206,7 @@ class NodeAgent:
         hb = wire.Heartbeat(node=self.node, host=self.host, url=self.url, t=time.time(), ranks=self.spool.local_ranks,
                             lag_s=self.lag(), spooled_records=self.outbox.records(),
                             dropped_records=self.dropped_records(), ship_errors=self.shipper.errors,
-                            garbage_lines=self.spool.garbage_lines)
+                            garbage_lines=self.spool.garbage_lines, rejected_records=self.rejected.total)
         return Snapshot(kind="heartbeat", body=msgspec.json.encode(hb))
 
     def _update_self_metrics(self, shipped: bool) -> None:
@@ -187,6 +215,11 @@ class NodeAgent:
         if dropped > self._dropped_reported:
             self.metrics.dropped.labels(node).inc(dropped - self._dropped_reported)
             self._dropped_reported = dropped
+        kept, not_kept = self.rejected.kept, self.rejected.not_kept
+        if (kept, not_kept) != self._rejected_reported:
+            self.metrics.rejected.labels(node).inc(kept + not_kept - sum(self._rejected_reported))
+            self.metrics.rejected_not_kept.labels(node).inc(not_kept - self._rejected_reported[1])
+            self._rejected_reported = (kept, not_kept)
         if len(self.outbox):
             oldest = self.outbox.oldest_t()
             self._pending_since = oldest if oldest is not None else self._pending_since
@@ -261,7 +294,9 @@ class NodeAgent:
             time.sleep(min(1.0, max(0.0, timeout_s - (time.monotonic() - t0))))
         report = ExitReport(node=self.node, t=time.time(), undelivered_records=self.outbox.records(),
                             undelivered_bytes=self.outbox.bytes(), outbox=str(self.outbox.dir),
-                            dropped_records=self.dropped_records(), drain_s=round(time.monotonic() - t0, 2))
+                            dropped_records=self.dropped_records(), drain_s=round(time.monotonic() - t0, 2),
+                            rejected_records=self.rejected.total, rejected_not_kept=self.rejected.not_kept,
+                            rejected_file=str(self.rejected.path) if self.rejected.total else "")
         if report.undelivered_records:
             log.warning("agent: %d record(s) not delivered after %.0f s of retries; they stay in %s: ship them "
                         "later with `ranksight agent --drain --store ... --run-id %s --node %d --head URL`",

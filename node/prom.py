@@ -98,6 +98,12 @@ class AgentMetrics:
         self.spooled_bytes = Gauge("ranksight_agent_spooled_bytes", "Bytes in the agent's disk outbox", al, registry=r)
         self.dropped = Counter("ranksight_agent_dropped_records", "Records dropped because the outbox was full", al, registry=r)
         self.ship_errors = Counter("ranksight_agent_ship_errors", "Failed OTLP exports to the head", al, registry=r)
+        self.rejected = Counter("ranksight_agent_rejected_records",
+                                "Records the head refused (kept aside in node-<N>.rejected.jsonl, never sent again)",
+                                al, registry=r)
+        self.rejected_not_kept = Counter("ranksight_agent_rejected_not_kept_records",
+                                         "Records the head refused that were not kept aside (the file at its bound, "
+                                         "or the head did not say which)", al, registry=r)
         self.garbage = Counter("ranksight_agent_spool_garbage_lines", "Spool lines that did not decode (kept as gaps)",
                                al + ("rank",), registry=r)
         self.resets = Counter("ranksight_agent_spool_resets", "Spool files found truncated or replaced", al + ("rank",), registry=r)

@@ -10,10 +10,12 @@ batch is durable in the outbox. Metrics are a best-effort live view (step histog
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -26,6 +28,37 @@ from ranksight import __version__, wire
 log = logging.getLogger("ranksight.agent")
 
 OTLP_METRICS_INTERVAL_MS = 5000
+
+
+@dataclass
+class Exported:
+    """What became of one export: ``ok`` when the head acknowledged it; ``refused``: the log records it refused
+    (which record of the export, which rows, why; ``ranksight.wire.rejections_message``), each never to be sent
+    again; ``unlisted``: refused log records the head did not name (an older head, a long list cut short)."""
+
+    ok: bool
+    refused: list[wire.Rejection] = field(default_factory=list)
+    unlisted: int = 0
+
+
+class _KeepsResponse:
+    """The exporter's HTTP session, keeping the body of the last response: the SDK exporter reports only success or
+    failure, and the head's partial success (which records it refused) is in the body."""
+
+    def __init__(self, session):
+        object.__setattr__(self, "inner", session)  # the session itself
+        object.__setattr__(self, "last_body", None)
+
+    def request(self, *args, **kwargs):
+        r = self.inner.request(*args, **kwargs)
+        object.__setattr__(self, "last_body", r.content)
+        return r
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):  # ``verify``, ``cert``: set by the SDK's transport on the session
+        setattr(self.inner, name, value)
 
 
 class Shipper:
@@ -48,9 +81,9 @@ class Shipper:
         self.errors = 0
         # Deflate (zlib level 6), not the SDK's gzip at level 9: a third less CPU per export for a slightly
         # larger body; the head and the OpenTelemetry Collector both accept Content-Encoding: deflate.
+        self.session = _KeepsResponse(exporter_session(self.head_url + "/v1/logs"))
         self.exporter = OTLPLogExporter(endpoint=self.head_url + "/v1/logs", headers=self.headers, timeout=timeout,
-                                        compression=Compression.Deflate,
-                                        session=exporter_session(self.head_url + "/v1/logs"))
+                                        compression=Compression.Deflate, session=self.session)
         self.scope = InstrumentationScope("ranksight.agent", __version__)
         self._resource: tuple[tuple, Resource] | None = None
 
@@ -80,11 +113,14 @@ class Shipper:
                  for s in snapshots or []]
         return recs
 
-    def export(self, items: list[Item], snapshots: list | None = None) -> bool:
-        """One synchronous OTLP logs export; True when the head acknowledged it (or there was nothing to send)."""
+    def export(self, items: list[Item], snapshots: list | None = None) -> Exported:
+        """One synchronous OTLP logs export. ``ok`` when the head acknowledged it (or there was nothing to send);
+        the log records it refused in ``refused``, by index into ``items`` then ``snapshots`` (one resource and one
+        scope per export, so the request holds them in that order)."""
         recs = self.log_records(items, snapshots)
         if not recs:
-            return True
+            return Exported(ok=True)
+        object.__setattr__(self.session, "last_body", None)
         try:
             ok = self.exporter.export(recs) == LogRecordExportResult.SUCCESS
         except Exception as e:  # the exporter should not raise; if it does, it is a failed export
@@ -93,7 +129,29 @@ class Shipper:
         if not ok:
             self.errors += 1
             self.metrics.ship_errors.labels(str(self.node)).inc()
-        return ok
+            return Exported(ok=False)
+        return self._refusals(self.session.last_body, len(recs))
+
+    @staticmethod
+    def _refusals(body: bytes | None, n_sent: int) -> Exported:
+        """The head's partial success in a 200's ``body``: which of the ``n_sent`` log records it refused."""
+        if not body:
+            return Exported(ok=True)
+        resp = ExportLogsServiceResponse()
+        try:
+            resp.ParseFromString(body)
+        except Exception:  # noqa: BLE001 - a 200 whose body is not a response: nothing known to be refused
+            log.warning("agent: the head's response to an export does not parse; taken as a full success")
+            return Exported(ok=True)
+        n = resp.partial_success.rejected_log_records
+        if not n:
+            return Exported(ok=True)
+        msg = resp.partial_success.error_message
+        listed = wire.parse_rejections(msg)
+        refused = [r for r in (listed.rejected if listed else []) if 0 <= r.i < n_sent]
+        log.warning("agent: the head refused %d log record(s): %s", n,
+                    "; ".join(r.why for r in refused[:3]) if refused else msg[:300])
+        return Exported(ok=True, refused=refused, unlisted=max(0, n - len(refused)))
 
     def close(self) -> None:
         self.exporter.shutdown()

@@ -86,6 +86,10 @@ class RunDir:
     def agent_state(self, node: int) -> Path:
         return self.root / "agent" / f"node-{node}.state"
 
+    def agent_rejected(self, node: int) -> Path:
+        """The records the head refused, kept aside by the node agent (JSON lines: node/rejected.py)."""
+        return self.root / "agent" / f"node-{node}.rejected.jsonl"
+
     def agent_exit_report(self, node: int) -> Path:
         """What the node agent left undelivered when it stopped (JSON: node.agent.ExitReport)."""
         return self.root / "agent" / f"node-{node}.exit.json"

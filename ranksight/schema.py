@@ -317,6 +317,9 @@ class Action(msgspec.Struct, kw_only=True):
     status: str = "requested"  # requested, applied, refused, failed
     applied_step: int | None = None
     requested_by: str = ""
+    # an evict a person forced past the policy's limits (already evicted, cooldown, eviction budget, last node);
+    # ``reason`` says why and ``requested_by`` who. False in rows stored before the field existed.
+    force: bool = False
 
 
 # --------------------------------------------------------------------------

@@ -26,7 +26,7 @@ knows nothing of HTTP.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import msgspec
@@ -70,6 +70,8 @@ BATCH_KINDS: dict[str, tuple[Any, str | None]] = {
 }
 
 _batch_decoders = {k: msgspec.json.Decoder(list[t]) for k, (t, _) in BATCH_KINDS.items()}
+_row_decoders = {k: msgspec.json.Decoder(t) for k, (t, _) in BATCH_KINDS.items()}
+_raw_array = msgspec.json.Decoder(list[msgspec.Raw])
 _manifest_decoder = msgspec.json.Decoder(schema.Manifest)
 
 
@@ -86,6 +88,7 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     dropped_records: int = 0
     ship_errors: int = 0
     garbage_lines: int = 0
+    rejected_records: int = 0  # records the head refused, kept aside by the agent
 
 
 _heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
@@ -328,6 +331,8 @@ class Batch:
     items: Any  # list of records, a PackedBatch, a Manifest, or a Heartbeat
     attrs: dict[str, Any]  # the ranksight.* attributes only
     body: bytes | str = b""  # the body as received: the head logs it as is when nothing was a duplicate
+    # rows of the body the head refused (index in the body's array, why); ``items`` holds the others
+    refused: list[tuple[int, str]] = field(default_factory=list)
 
 
 def any_value(v) -> Any:
@@ -364,12 +369,23 @@ _good_runs: set[str] = set()  # run ids already checked (a bounded cache: this r
 
 
 def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
-    """Walk an ExportLogsServiceRequest: (batch, None) per ranksight log record,
-    (None, reason) per record that is not decodable. Foreign log records (no
-    ranksight.kind attribute) are skipped silently: a Collector may mix streams."""
+    """``iter_indexed`` without the indices."""
+    for _, batch, reason in iter_indexed(request):
+        yield batch, reason
+
+
+def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
+    """Walk an ExportLogsServiceRequest: (i, batch, None) per ranksight log record,
+    (i, None, reason) per record that is not decodable; ``i`` is the log record's position in the
+    request (resource_logs, then scope_logs, then log_records, in order), the index a rejection
+    names (``rejections_message``). Foreign log records (no ranksight.kind attribute) are skipped
+    silently: a Collector may mix streams. A JSON batch with rows that do not decode keeps the
+    others: the bad ones are in ``Batch.refused``."""
+    i = -1
     for rl in request.resource_logs:
         for sl in rl.scope_logs:
             for lr in sl.log_records:
+                i += 1
                 # Only the attributes the head uses, read directly: this runs per log record at fleet rate.
                 kind = run_id = enc = layout = mtime = None
                 for kv in lr.attributes:
@@ -392,7 +408,7 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                     continue
                 if not run_id or run_id not in _good_runs:
                     if not run_id or "/" in run_id or run_id.startswith("."):
-                        yield None, f"bad run id {run_id!r}"
+                        yield i, None, f"bad run id {run_id!r}"
                         continue
                     if len(_good_runs) < 4096:
                         _good_runs.add(run_id)
@@ -403,7 +419,7 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                 which = body_v.WhichOneof("value")
                 if enc is not None:
                     if enc != ENC_PACKED or which != _BYTES:
-                        yield None, f"{kind}: encoding {enc!r} with a {which} body (expected {ENC_PACKED} bytes)"
+                        yield i, None, f"{kind}: encoding {enc!r} with a {which} body (expected {ENC_PACKED} bytes)"
                         continue
                     try:
                         lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
@@ -413,20 +429,104 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
                         if not payload or n * size != len(payload):
                             n = packed_count(lay, payload)  # raises with the reason
                     except WireError as e:
-                        yield None, str(e)
+                        yield i, None, str(e)
                         continue
-                    yield Batch(run_id=run_id, kind=kind, items=PackedBatch(lay, payload, n), attrs=attrs), None
+                    yield i, Batch(run_id=run_id, kind=kind, items=PackedBatch(lay, payload, n), attrs=attrs), None
                     continue
                 if which == _STR:
                     body: bytes | str = body_v.string_value
                 elif which == _BYTES:
                     body = body_v.bytes_value
                 else:
-                    yield None, f"{kind}: body is {which}, expected a JSON string"
+                    yield i, None, f"{kind}: body is {which}, expected a JSON string"
                     continue
                 try:
                     items = decode_body(kind, body)
                 except WireError as e:
-                    yield None, str(e)
+                    salvaged = _salvage_rows(kind, body)  # one poison record costs itself, not its batch
+                    if salvaged is None:
+                        yield i, None, str(e)
+                    else:
+                        items, kept, refused = salvaged
+                        yield i, Batch(run_id=run_id, kind=kind, items=items, attrs=attrs, body=join_array(kept),
+                                       refused=refused), None
                     continue
-                yield Batch(run_id=run_id, kind=kind, items=items, attrs=attrs, body=body), None
+                yield i, Batch(run_id=run_id, kind=kind, items=items, attrs=attrs, body=body), None
+
+
+def _salvage_rows(kind: str, body: bytes | str) -> tuple[list, list[bytes], list[tuple[int, str]]] | None:
+    """A JSON batch that did not decode whole, row by row: (records, their raw JSON, [(row, why)] of the rest);
+    None when the body is not a JSON array of a batch kind or no row decodes."""
+    dec = _row_decoders.get(kind)
+    if dec is None:
+        return None
+    try:
+        raws = _raw_array.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    items, kept, refused = [], [], []
+    for j, raw in enumerate(raws):
+        try:
+            items.append(dec.decode(raw))
+            kept.append(bytes(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            refused.append((j, f"{kind} record does not decode: {e}"))
+    return (items, kept, refused) if items else None
+
+
+# ---------------------------------------------------------------------------
+# Rejections: which log records (and rows) the head refused, and why (both ends)
+# ---------------------------------------------------------------------------
+# The head says so in the OTLP partial success (``rejected_log_records``, ``error_message``). The message is JSON,
+# ``{"rejected": [{"i": <log record index>, "why": <reason>, "rows": [<row>, ...]}, ...], "more": <entries left out>}``:
+# ``i`` counts log records in request order (``iter_indexed``); ``rows``, when present, are the refused records'
+# positions in that log record's JSON array (the rest of it was stored), absent when the whole log record was
+# refused; ``rows_more`` counts refused rows beyond those listed. Bounded (``MAX_REJECTION_MESSAGE`` bytes), so it
+# stays a short, valid OTLP status message; a receiver that does not know the format still reads the reasons.
+
+MAX_REJECTION_MESSAGE = 16 * 1024
+MAX_WHY = 200
+MAX_ROWS_LISTED = 256
+
+
+class Rejection(msgspec.Struct, omit_defaults=True):
+    i: int
+    why: str
+    rows: list[int] | None = None
+    rows_more: int = 0
+
+
+class Rejections(msgspec.Struct, omit_defaults=True):
+    rejected: list[Rejection] = []
+    more: int = 0
+
+
+_rejections_decoder = msgspec.json.Decoder(Rejections)
+
+
+def rejections_message(entries: list[Rejection], limit: int = MAX_REJECTION_MESSAGE) -> str:
+    """The partial-success ``error_message`` for ``entries``, at most ``limit`` bytes: reasons cut to ``MAX_WHY``
+    characters, rows to ``MAX_ROWS_LISTED`` per log record, and entries past the limit counted in ``more``."""
+    out: list[bytes] = []
+    size = len(b'{"rejected":[],"more":99999999}')
+    for e in sorted(entries, key=lambda e: e.i):
+        rows = e.rows
+        more = e.rows_more
+        if rows is not None and len(rows) > MAX_ROWS_LISTED:
+            rows, more = rows[:MAX_ROWS_LISTED], more + len(rows) - MAX_ROWS_LISTED
+        enc = msgspec.json.encode(Rejection(i=e.i, why=e.why[:MAX_WHY], rows=rows, rows_more=more))
+        if size + len(enc) + 1 > limit:
+            break
+        out.append(enc)
+        size += len(enc) + 1
+    left = len(entries) - len(out)
+    return (b'{"rejected":[' + b",".join(out) + b"]" + (b',"more":%d' % left if left else b"") + b"}").decode()
+
+
+def parse_rejections(message: str) -> Rejections | None:
+    """The rejections a head listed in a partial success's ``error_message``; None when the message is not in this
+    format (an older head, a Collector in between): then only the count of rejected log records is known."""
+    try:
+        return _rejections_decoder.decode(message)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
