@@ -79,10 +79,10 @@ class NodeAgent:
                  sim_gpu: str = "auto", dcgm_url: str | None = None, host: str | None = None,
                  outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True,
                  drain_timeout_s: float = 0.0, tls_client: ClientTls | None = None,
-                 tls_server: ssl.SSLContext | None = None, advertise_host: str | None = None):
+                 tls_server: ssl.SSLContext | None = None, advertise_url: str | None = None):
         self.rd = run_dir
         self.tls_server = tls_server  # the control endpoint's (HTTPS); tls_client: the shipper's, to an https head
-        self.advertise_host = advertise_host
+        self.advertise_url = advertise_url  # the control URL the head is told (default: the bound one)
         self.drain_timeout_s = drain_timeout_s  # at stop: how long to keep trying to deliver the outbox
         self.node = node
         self.token = token
@@ -210,7 +210,7 @@ class NodeAgent:
             return
         self.server = ControlServer((self.bind, self.metrics_port), rd=self.rd, node=self.node, token=self.token,
                                     metrics=self.metrics, local_ranks=lambda: self.spool.local_ranks,
-                                    tls=self.tls_server, advertise_host=self.advertise_host)
+                                    tls=self.tls_server, advertise_url=self.advertise_url)
         self.url = self.shipper.agent_url = self.server.url
         serve_in_thread(self.server, "agent-http")
 

@@ -26,9 +26,10 @@ def agent(
     ship_interval: float = typer.Option(1.0, "--ship-interval", help="Seconds between shipments to the head."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", help="Port for Prometheus /metrics and POST /control (0 = any free port)."),
     bind: str = typer.Option("127.0.0.1", "--bind", help="Address for /metrics and /control."),
-    advertise_host: str | None = typer.Option(None, "--advertise-host", help="Host name the head uses to reach "
-                                              "/control (the name in --tls-cert); default: --bind, or this machine's "
-                                              "name for a wildcard bind."),
+    advertise_url: str | None = typer.Option(None, "--advertise-url", help="URL the head uses to reach /control, "
+                                             "e.g. https://node3.example:9401 (a name --tls-cert holds, or a proxy in "
+                                             "front of the agent); default: from --bind (this machine's name for a "
+                                             "wildcard bind) and --metrics-port."),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve /metrics and /control over HTTPS with this "
                                          "PEM certificate (chain)."),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="The private key of --tls-cert (PEM)."),
@@ -83,6 +84,8 @@ def agent(
     if not head.startswith("https://") and not is_loopback(head_host):
         print(f"ranksight agent: WARNING: shipping to {head} without TLS: the token travels in cleartext "
               f"(an https head URL and --tls-ca fix that)", file=sys.stderr, flush=True)
+    if advertise_url and not advertise_url.startswith(("http://", "https://")):
+        raise typer.BadParameter("--advertise-url must start with http:// or https://")
     if metrics_port is not None and tls_server is None and not is_loopback(bind):
         print(f"ranksight agent: WARNING: /control on {bind} without TLS: the head's token reaches it in cleartext "
               f"(--tls-cert/--tls-key fix that)", file=sys.stderr, flush=True)
@@ -108,7 +111,7 @@ def agent(
     a = NodeAgent(rd, node, head, token, gpu_interval=gpu_interval, ship_interval=ship_interval,
                   metrics_port=metrics_port, bind=bind, sim_gpu=sim_gpu, dcgm_url=dcgm_url, host=host,
                   outbox_bytes=outbox_mb * 1024 * 1024, drain_timeout_s=drain_timeout, tls_client=tls_client,
-                  tls_server=tls_server, advertise_host=advertise_host)
+                  tls_server=tls_server, advertise_url=advertise_url)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

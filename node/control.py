@@ -39,9 +39,11 @@ class ControlServer(BoundedThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], *, rd: RunDir, node: int, token: str, metrics: AgentMetrics,
                  local_ranks: Callable[[], list[int]], tls: ssl.SSLContext | None = None,
-                 advertise_host: str | None = None):
+                 advertise_url: str | None = None):
         super().__init__(address, ControlHandler, tls=tls)
-        self.advertise_host = advertise_host  # the host name in ``url`` (what the TLS certificate names)
+        # What the head is told to use instead of the bound address: a name the TLS certificate holds, or a proxy
+        # in front of this endpoint.
+        self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self.rd = rd
         self.node = node
         self.token = token
@@ -50,12 +52,12 @@ class ControlServer(BoundedThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        """Where the head reaches this endpoint: ``advertise_host``, else the bound address; a wildcard bind
+        """Where the head reaches this endpoint: ``advertise_url``, else the bound address; a wildcard bind
         (0.0.0.0, ::) names no address another host could use, so this machine's name stands for it."""
+        if self.advertise_url:
+            return self.advertise_url
         host, port = self.server_address[:2]
-        if self.advertise_host:
-            host = self.advertise_host
-        elif host in ("0.0.0.0", "::", ""):
+        if host in ("0.0.0.0", "::", ""):
             host = socket.getfqdn()
         if ":" in host:
             host = f"[{host}]"

@@ -5,8 +5,10 @@ bound beyond loopback without TLS refuses to start. Every server binds 127.0.0.1
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -18,12 +20,14 @@ trustme = pytest.importorskip("trustme", reason="trustme (pyproject's dev extra)
 
 from typer.testing import CliRunner  # noqa: E402
 
-from agent_helpers import PY, TOKEN, FakeRanks, Procs, wait_for  # noqa: E402
+from agent_helpers import PY, REPO, TOKEN, FakeRanks, Procs, wait_for  # noqa: E402
 from conftest import free_port  # noqa: E402
 from head.api import make_server  # noqa: E402
 from head.cli import head_command  # noqa: E402
 from head.service import Head  # noqa: E402
 from node.agent import NodeAgent  # noqa: E402
+from node.control import ControlServer  # noqa: E402
+from node.prom import AgentMetrics  # noqa: E402
 from ranksight import schema  # noqa: E402
 from ranksight.http_server import serve_in_thread, shutdown_server  # noqa: E402
 from ranksight.layout import RunDir  # noqa: E402
@@ -222,11 +226,15 @@ def test_head_posts_actions_to_a_tls_agent_and_prometheus_scrapes_it(tmp_path, p
 
 def test_a_head_bound_beyond_loopback_without_tls_refuses_to_start(tmp_path):
     store = tmp_path / "store"
-    r = CliRunner().invoke(head_command, ["--store", str(store), "--port", str(free_port()), "--bind", "0.0.0.0",
-                                          "--analyze-interval", "0"], env={"RANKSIGHT_TOKEN": TOKEN})
-    assert r.exit_code == 2, r.output
-    out = re.sub(r"[\s│╭╮╰╯─]+", " ", r.output)  # rich's error box wraps the message
-    assert "without TLS" in out and "--insecure-bind" in out and "--tls-cert" in out
+    # a process with a time limit: were the refusal gone, a head would start and serve, and the limit end it
+    env = {k: v for k, v in os.environ.items() if k != "RANKSIGHT_TOKEN"}
+    env.update(PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), COLUMNS="300")
+    r = subprocess.run([PY, "-m", "cli.main", "head", "--store", str(store), "--port", str(free_port()),
+                        "--bind", "0.0.0.0", "--analyze-interval", "0"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=60)
+    out = re.sub(r"[\s│╭╮╰╯─]+", " ", r.stdout + r.stderr)  # rich's error box wraps the message
+    assert r.returncode == 2, out
+    assert "refusing to listen on 0.0.0.0 without TLS" in out and "--insecure-bind" in out and "--tls-cert" in out
     assert not (store / ".head-token").exists()  # refused before anything was written
     # a half-given pair is refused as clearly
     r = CliRunner().invoke(head_command, ["--store", str(store), "--tls-cert", str(tmp_path / "x.pem")],
@@ -249,6 +257,14 @@ def test_loopback_and_tls_option_checks(tmp_path, pki):
         ClientTls.from_options(pki.ca, pki.client_cert, None)
     ctx = ServerTls.from_options(pki.server_cert, pki.server_key).context()
     assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
+    # the control URL the head is told: https under TLS, or the advertised one (a name the certificate holds)
+    for advertise, want in ((None, "https://127.0.0.1:"), ("https://node3.example:9401/", "https://node3.example:9401")):
+        srv = ControlServer(("127.0.0.1", 0), rd=RunDir(tmp_path, "r"), node=0, token=TOKEN, metrics=AgentMetrics(),
+                            local_ranks=list, tls=ctx, advertise_url=advertise)
+        try:
+            assert srv.url.startswith(want) and not srv.url.endswith("/")
+        finally:
+            srv.server_close()
 
 
 def test_the_commands_over_tls_end_to_end(tmp_path, pki):
