@@ -42,10 +42,14 @@ class NoDelayHandler(BaseHTTPRequestHandler):
             # stalls or fails it holds nothing but its own handler slot.
             try:
                 self.connection.do_handshake()
-            except (ssl.SSLError, OSError) as e:
+            except OSError as e:  # ssl.SSLError included
                 self.tls_failed = True
-                self.server.tls_refused += 1
-                log.info("TLS handshake with %s refused: %s", self.client_address[0], e)
+                if isinstance(e, ssl.SSLError) and not isinstance(e, ssl.SSLEOFError):
+                    # a refusal: the client does not trust us, sent no certificate under mutual TLS, spoke http
+                    self.server.tls_refused += 1
+                    log.info("TLS handshake with %s refused: %s", self.client_address[0], e)
+                else:  # closed before a handshake (shutdown_server's wake-up, a port probe): no refusal
+                    log.debug("TLS connection from %s closed before its handshake: %s", self.client_address[0], e)
 
     def handle(self):
         if not self.tls_failed:
