@@ -46,7 +46,7 @@ class NoDelayHandler(BaseHTTPRequestHandler):
                 self.tls_failed = True
                 if isinstance(e, ssl.SSLError) and not isinstance(e, ssl.SSLEOFError):
                     # a refusal: the client does not trust us, sent no certificate under mutual TLS, spoke http
-                    self.server.tls_refused += 1
+                    self.server.count_tls_refused()
                     log.info("TLS handshake with %s refused: %s", self.client_address[0], e)
                 else:  # closed before a handshake (shutdown_server's wake-up, a port probe): no refusal
                     log.debug("TLS connection from %s closed before its handshake: %s", self.client_address[0], e)
@@ -109,6 +109,11 @@ class BoundedThreadingHTTPServer(ThreadingHTTPServer):
         self.refused_busy = 0
         self.tls = tls
         self.tls_refused = 0
+        self._tls_lock = threading.Lock()  # handler threads count refusals concurrently
+
+    def count_tls_refused(self) -> None:
+        with self._tls_lock:
+            self.tls_refused += 1
 
     @property
     def scheme(self) -> str:
