@@ -32,6 +32,7 @@ from rich.text import Text
 
 from ranksight import schema
 from ranksight.layout import DEFAULT_STORE, RunDir
+from ranksight.tls import client_tls_from_env
 from cli.local_cluster import LocalCluster, use_netns
 from cli.netns import NetnsError
 from trainer.faults import FaultSpecError, apply_config_faults, parse_faults
@@ -87,10 +88,12 @@ class FindingsFeed:
             return []
         self._last = time.monotonic()
         try:
+            # An https head (--head-url): verified with RANKSIGHT_TLS_CA (+ client certificate), as the agents are.
+            ctx = client_tls_from_env().context() if self.url.startswith("https://") else None
             req = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {self.token}"})
-            with urllib.request.urlopen(req, timeout=2) as r:
+            with urllib.request.urlopen(req, timeout=2, context=ctx) as r:
                 body = json.loads(r.read())
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:  # TlsConfigError is a ValueError
             self.error = f"head unreachable: {e}"
             return []
         self.error = ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -44,10 +45,13 @@ class ActionRefused(Exception):
 class ActionsBook:
     """Every run's actions, latest status per id."""
 
-    def __init__(self, store: Store, live: LiveRuns, token: str):
+    def __init__(self, store: Store, live: LiveRuns, token: str, tls: ssl.SSLContext | None = None):
         self.store = store
         self.live = live
         self.token = token  # sent to the agents' /control
+        # For agents whose control URL is https: verifies them (and presents the head's client certificate under
+        # mutual TLS); None: the system's CAs. Plain http URLs do not use it.
+        self.tls = tls
         self.by_run: dict[str, dict[str, schema.Action]] = {}
         # the evict policy's limits, which a person's evict passes too (head.policy_runner sets the head's own)
         self.policy_config = PolicyConfig()
@@ -153,7 +157,7 @@ class ActionsBook:
             r = urllib.request.Request(agent.url.rstrip("/") + "/control", data=schema.encode(creq), method="POST",
                                        headers={"Authorization": f"Bearer {self.token}",
                                                 "Content-Type": "application/json"})
-            with urllib.request.urlopen(r, timeout=5) as resp:
+            with urllib.request.urlopen(r, timeout=5, context=self.tls) as resp:
                 resp.read()
         except (urllib.error.URLError, OSError) as e:
             a = msgspec.structs.replace(a, status="failed",

@@ -247,7 +247,8 @@ class HeadHandler(NoDelayHandler):
         if not head.public_read:
             rx.check_token(self.headers, head.token)
         if path == "/api/stats":
-            self._json(200, {"stats": head.stats, "runs": len(head.live.runs)})
+            self._json(200, {"stats": head.stats, "runs": len(head.live.runs),
+                              "tls_refused": self.server.tls_refused})  # failed handshakes: wrong CA, no cert
             return
         if path == "/api/runs":
             self._json(200, head.live.summary())
@@ -299,9 +300,11 @@ class HeadServer(BoundedThreadingHTTPServer):
     max_handlers = 512  # connections served at once (each agent keeps one alive); the rest get 503
 
 
-def make_server(head, bind: str = "127.0.0.1", port: int = 4318) -> HeadServer:
+def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> HeadServer:
+    """The head's server on ``bind:port``; ``tls``: a server ``ssl.SSLContext`` (``ranksight.tls.ServerTls``) for
+    HTTPS, None for plain http."""
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
-    return HeadServer((bind, port), handler)
+    return HeadServer((bind, port), handler, tls=tls)
 
 
 def live_trace_windows(live, rank: int | None = None, windows: int = trace_windows.DEFAULT_WINDOWS) -> list[dict]:

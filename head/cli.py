@@ -24,7 +24,21 @@ def head(
                                    "written to <store>/.head-token (mode 0600), never printed."),
     public_read: bool = typer.Option(False, "--public-read", help="Serve the GET API without the token (only behind a "
                                                                    "proxy that authenticates)."),
-    bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API."),
+    bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API, "
+                                                           "and needs TLS (--tls-cert/--tls-key) or --insecure-bind."),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="The private key of --tls-cert (PEM)."),
+    tls_client_ca: Path | None = typer.Option(None, "--tls-client-ca", help="Mutual TLS: require a client "
+                                              "certificate issued by this CA (PEM) from agents and API clients."),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", envvar="RANKSIGHT_TLS_CA", help="CA (PEM) to verify agents' "
+                                       "https control endpoints against (default: the system's CAs)."),
+    tls_client_cert: Path | None = typer.Option(None, "--tls-client-cert", envvar="RANKSIGHT_TLS_CLIENT_CERT",
+                                                help="Mutual TLS: the head's certificate for agents' control endpoints."),
+    tls_client_key: Path | None = typer.Option(None, "--tls-client-key", envvar="RANKSIGHT_TLS_CLIENT_KEY",
+                                               help="The private key of --tls-client-cert."),
+    insecure_bind: bool = typer.Option(False, "--insecure-bind", help="Allow a non-loopback --bind without TLS (only "
+                                       "behind a TLS-terminating proxy or on a network you trust: the token and "
+                                       "all run data then travel in cleartext)."),
     flush_interval: float = typer.Option(1.0, "--flush-interval", help="Seconds between Parquet flushes."),
     analyze_interval: float = typer.Option(5.0, "--analyze-interval", help="Seconds between analyzer passes over the live window; 0 turns live analysis off."),
     window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for the API (and the analyzers, up to --analyze-window)."),
@@ -45,9 +59,24 @@ def head(
     from head.service import Head, tune_gc
     from ranksight.http_server import serve_in_thread, shutdown_server
     from ranksight.priority import PRIORITIES, set_priority
+    from ranksight.tls import ClientTls, ServerTls, TlsConfigError, is_loopback
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        server_tls = ServerTls.from_options(tls_cert, tls_key, tls_client_ca)
+        tls_context = server_tls.context() if server_tls else None
+        agent_tls = ClientTls.from_options(tls_ca, tls_client_cert, tls_client_key).context()
+    except TlsConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+    if server_tls is None and not insecure_bind and not is_loopback(bind):
+        raise typer.BadParameter(
+            f"refusing to listen on {bind} without TLS: agents' and clients' bearer token and all run data would "
+            f"cross the network in cleartext. Give --tls-cert and --tls-key (docs/security.md), or --insecure-bind "
+            f"if a TLS-terminating proxy or a network you trust stands in front of the head.", param_hint="--bind")
+    if server_tls is None and not is_loopback(bind):
+        print(f"ranksight head: WARNING: --insecure-bind: listening on {bind} without TLS; the token travels in "
+              f"cleartext", file=sys.stderr, flush=True)
     if priority not in PRIORITIES:
         raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
     set_priority(priority, who="ranksight head")  # before the head's threads start: they inherit it
@@ -68,11 +97,11 @@ def head(
     if evict not in MODES:
         raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
-             analyze_window=analyze_window, public_read=public_read)
+             analyze_window=analyze_window, public_read=public_read, agent_tls=agent_tls)
     h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
         min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:
-        srv = make_server(h, bind, port)
+        srv = make_server(h, bind, port, tls=tls_context)
     except OSError as e:
         h.close()
         raise typer.BadParameter(f"cannot listen on {bind}:{port}: {e}") from None
@@ -99,8 +128,10 @@ def head(
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     serve_in_thread(srv, "head-http")
-    print(f"ranksight head: listening on http://{srv.server_address[0]}:{srv.server_address[1]} "
-          f"store={os.path.abspath(store)} pid={os.getpid()} priority={priority}", flush=True)
+    tls_note = "" if server_tls is None else (" tls=mutual (client certificates required)" if server_tls.client_ca
+                                              else " tls=on")
+    print(f"ranksight head: listening on {srv.scheme}://{srv.server_address[0]}:{srv.server_address[1]} "
+          f"store={os.path.abspath(store)} pid={os.getpid()} priority={priority}{tls_note}", flush=True)
     stop.wait()
     shutdown_server(srv)
     srv.server_close()

@@ -12,6 +12,7 @@ loop. Shared state is guarded by the per-run locks in the store and the live win
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 
 from head.actions import ActionsBook
@@ -46,7 +47,8 @@ class Head:
     def __init__(self, store_dir, token: str, *, window: int = DEFAULT_WINDOW, flush_interval: float = 1.0,
                  analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
                  flush_rows: int = 50_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
-                 idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False):
+                 idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False,
+                 agent_tls: ssl.SSLContext | None = None):
         if not token:
             raise ValueError("the head needs a token")
         self.token = token
@@ -56,7 +58,7 @@ class Head:
                       "analysis_rounds": 0, "analysis_skipped": 0}
         self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync)
         self.live = LiveRuns(self.store, self.stats, window)
-        self.actions = ActionsBook(self.store, self.live, token)
+        self.actions = ActionsBook(self.store, self.live, token, agent_tls)  # agent_tls: for https control URLs
         self.ingest = Ingest(self.live, self.actions, self.stats)
         self.analysis = LiveAnalysis(self.live, self.store, self.stats,
                                      resolve_analyzers() if analyzer == "auto" else analyzer,  # type: ignore[arg-type]

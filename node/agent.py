@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -49,6 +50,7 @@ from node.state import StateFile
 from ranksight import wire
 from ranksight.http_server import serve_in_thread, shutdown_server
 from ranksight.layout import RunDir, atomic_write
+from ranksight.tls import ClientTls
 
 log = logging.getLogger("ranksight.agent")
 
@@ -80,8 +82,12 @@ class NodeAgent:
                  ship_interval: float = 1.0, metrics_port: int | None = None, bind: str = "127.0.0.1",
                  sim_gpu: str = "auto", dcgm_url: str | None = None, host: str | None = None,
                  outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True,
-                 drain_timeout_s: float = 0.0, rejected_bytes: int = 64 * 1024 * 1024):
+                 drain_timeout_s: float = 0.0, rejected_bytes: int = 64 * 1024 * 1024,
+                 tls_client: ClientTls | None = None, tls_server: ssl.SSLContext | None = None,
+                 advertise_url: str | None = None):
         self.rd = run_dir
+        self.tls_server = tls_server  # the control endpoint's (HTTPS); tls_client: the shipper's, to an https head
+        self.advertise_url = advertise_url  # the control URL the head is told (default: the bound one)
         self.drain_timeout_s = drain_timeout_s  # at stop: how long to keep trying to deliver the outbox
         self.node = node
         self.token = token
@@ -94,8 +100,10 @@ class NodeAgent:
         self.metrics = AgentMetrics()
         self.rejected = RejectedLog(run_dir.agent_rejected(node), rejected_bytes)
         self.shipper = Shipper(head_url, token, run_id=run_dir.run_id, node=node, host=self.host,
-                               agent_id=uuid.uuid4().hex[:8], timeout=ship_timeout, metrics=self.metrics)
-        self.otlp_metrics = OtlpMetrics(head_url, self.shipper.headers, ship_timeout, enabled=otlp_metrics)
+                               agent_id=uuid.uuid4().hex[:8], timeout=ship_timeout, metrics=self.metrics,
+                               tls=tls_client)
+        self.otlp_metrics = OtlpMetrics(head_url, self.shipper.headers, ship_timeout, enabled=otlp_metrics,
+                                        tls=tls_client)
         state = self.state_file.state  # each source owns one field of it
         self.spool = SpoolSource(run_dir, node, state, self.metrics, self.otlp_metrics)
         self.samples = SampleSource(run_dir, node, self.host, interval=gpu_interval, sim_gpu=sim_gpu,
@@ -235,7 +243,8 @@ class NodeAgent:
         if self.metrics_port is None:
             return
         self.server = ControlServer((self.bind, self.metrics_port), rd=self.rd, node=self.node, token=self.token,
-                                    metrics=self.metrics, local_ranks=lambda: self.spool.local_ranks)
+                                    metrics=self.metrics, local_ranks=lambda: self.spool.local_ranks,
+                                    tls=self.tls_server, advertise_url=self.advertise_url)
         self.url = self.shipper.agent_url = self.server.url
         serve_in_thread(self.server, "agent-http")
 

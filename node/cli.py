@@ -26,6 +26,22 @@ def agent(
     ship_interval: float = typer.Option(1.0, "--ship-interval", help="Seconds between shipments to the head."),
     metrics_port: int | None = typer.Option(None, "--metrics-port", help="Port for Prometheus /metrics and POST /control (0 = any free port)."),
     bind: str = typer.Option("127.0.0.1", "--bind", help="Address for /metrics and /control."),
+    advertise_url: str | None = typer.Option(None, "--advertise-url", help="URL the head uses to reach /control, "
+                                             "e.g. https://node3.example:9401 (a name --tls-cert holds, or a proxy in "
+                                             "front of the agent); default: from --bind (this machine's name for a "
+                                             "wildcard bind) and --metrics-port."),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="Serve /metrics and /control over HTTPS with this "
+                                         "PEM certificate (chain)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="The private key of --tls-cert (PEM)."),
+    tls_client_ca: Path | None = typer.Option(None, "--tls-client-ca", help="Mutual TLS on /metrics and /control: "
+                                              "require a client certificate issued by this CA (the head's, "
+                                              "Prometheus')."),
+    tls_ca: Path | None = typer.Option(None, "--tls-ca", envvar="RANKSIGHT_TLS_CA", help="CA (PEM) to verify an "
+                                       "https --head against (default: the system's CAs)."),
+    tls_client_cert: Path | None = typer.Option(None, "--tls-client-cert", envvar="RANKSIGHT_TLS_CLIENT_CERT",
+                                                help="Mutual TLS: this agent's certificate for the head."),
+    tls_client_key: Path | None = typer.Option(None, "--tls-client-key", envvar="RANKSIGHT_TLS_CLIENT_KEY",
+                                               help="The private key of --tls-client-cert."),
     sim_gpu: str = typer.Option("auto", "--sim-gpu", help="auto: real GPUs if present, else the simulated ones; on: always simulated; off: real only."),
     dcgm_url: str | None = typer.Option(None, "--dcgm-url", help="Read GPU data from a dcgm-exporter /metrics URL instead of NVML."),
     host: str | None = typer.Option(None, "--host", help="Host name to report (default: this machine's)."),
@@ -44,6 +60,7 @@ def agent(
     from node.agent import NodeAgent
     from ranksight.priority import AGENT_DEFAULT_PRIORITY, PRIORITIES, set_priority
     from ranksight.layout import RunDir
+    from ranksight.tls import ClientTls, ServerTls, TlsConfigError, is_loopback
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -54,6 +71,24 @@ def agent(
         raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
     if not token:
         raise typer.BadParameter("a token is required: --token or RANKSIGHT_TOKEN (the head prints one)")
+    try:
+        server_tls = ServerTls.from_options(tls_cert, tls_key, tls_client_ca)
+        tls_server = server_tls.context() if server_tls else None
+        tls_client = ClientTls.from_options(tls_ca, tls_client_cert, tls_client_key)
+        tls_client.context()  # a client certificate that does not load is said now, not at the first export
+    except TlsConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+    import urllib.parse
+
+    head_host = urllib.parse.urlsplit(head if "://" in head else "http://" + head).hostname or ""
+    if not head.startswith("https://") and not is_loopback(head_host):
+        print(f"ranksight agent: WARNING: shipping to {head} without TLS: the token travels in cleartext "
+              f"(an https head URL and --tls-ca fix that)", file=sys.stderr, flush=True)
+    if advertise_url and not advertise_url.startswith(("http://", "https://")):
+        raise typer.BadParameter("--advertise-url must start with http:// or https://")
+    if metrics_port is not None and tls_server is None and not is_loopback(bind):
+        print(f"ranksight agent: WARNING: /control on {bind} without TLS: the head's token reaches it in cleartext "
+              f"(--tls-cert/--tls-key fix that)", file=sys.stderr, flush=True)
     if run_dir is not None:
         rd = RunDir(run_dir.parent, run_id or run_dir.name)
         if rd.root.resolve() != run_dir.resolve():
@@ -63,7 +98,8 @@ def agent(
     else:
         raise typer.BadParameter("give --run-dir, or --store and --run-id")
     if drain:
-        a = NodeAgent(rd, node, head, token, host=host, outbox_bytes=outbox_mb * 1024 * 1024, otlp_metrics=False)
+        a = NodeAgent(rd, node, head, token, host=host, outbox_bytes=outbox_mb * 1024 * 1024, otlp_metrics=False,
+                      tls_client=tls_client)
         before = a.outbox.records()
         report = a.drain(drain_timeout)
         a.shipper.close()
@@ -74,7 +110,8 @@ def agent(
     set_priority(priority, who="ranksight agent")
     a = NodeAgent(rd, node, head, token, gpu_interval=gpu_interval, ship_interval=ship_interval,
                   metrics_port=metrics_port, bind=bind, sim_gpu=sim_gpu, dcgm_url=dcgm_url, host=host,
-                  outbox_bytes=outbox_mb * 1024 * 1024, drain_timeout_s=drain_timeout)
+                  outbox_bytes=outbox_mb * 1024 * 1024, drain_timeout_s=drain_timeout, tls_client=tls_client,
+                  tls_server=tls_server, advertise_url=advertise_url)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

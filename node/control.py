@@ -1,5 +1,6 @@
 """The node agent's HTTP endpoint (``--metrics-port``): ``GET /metrics`` (Prometheus text), ``GET /healthz``, and
-the token-protected ``POST /control`` through which the head asks for an action.
+the token-protected ``POST /control`` through which the head asks for an action. HTTPS with ``--tls-cert`` /
+``--tls-key`` (``ranksight.tls``; mutual TLS with ``--tls-client-ca``, which a Prometheus scraper then needs too).
 
 A control request is only written to ``<run>/control/requests/<id>.json`` (atomically): rank 0 of the trainer acts
 on it at a step boundary and writes an ack, which ``node.sources.control_acks`` ships back to the head.
@@ -11,6 +12,8 @@ import hmac
 import json
 import logging
 import re
+import socket
+import ssl
 from pathlib import Path
 from typing import Callable
 
@@ -35,8 +38,12 @@ class ControlServer(BoundedThreadingHTTPServer):
     max_handlers = 32  # a Prometheus scraper and the head's control requests: a handful at once
 
     def __init__(self, address: tuple[str, int], *, rd: RunDir, node: int, token: str, metrics: AgentMetrics,
-                 local_ranks: Callable[[], list[int]]):
-        super().__init__(address, ControlHandler)
+                 local_ranks: Callable[[], list[int]], tls: ssl.SSLContext | None = None,
+                 advertise_url: str | None = None):
+        super().__init__(address, ControlHandler, tls=tls)
+        # What the head is told to use instead of the bound address: a name the TLS certificate holds, or a proxy
+        # in front of this endpoint.
+        self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         self.rd = rd
         self.node = node
         self.token = token
@@ -45,8 +52,16 @@ class ControlServer(BoundedThreadingHTTPServer):
 
     @property
     def url(self) -> str:
+        """Where the head reaches this endpoint: ``advertise_url``, else the bound address; a wildcard bind
+        (0.0.0.0, ::) names no address another host could use, so this machine's name stands for it."""
+        if self.advertise_url:
+            return self.advertise_url
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{port}"
 
     def write_request(self, req: schema.ControlRequest) -> Path:
         """Hand a control request to the trainer: ``<run>/control/requests/<id>.json``."""

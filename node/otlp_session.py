@@ -115,7 +115,8 @@ def env_once_session():
     """A ``requests.Session`` for the OTLP exporters that resolves the environment's proxy and CA-bundle
     settings once per URL instead of on every request (``merge_environment_settings`` parses the proxy
     variables each time). The environment of a running agent does not
-    change, so the settings are the same."""
+    change, so the settings are the same. A CA file set on the session (``--tls-ca``) is not overridden by the
+    environment's CA bundle."""
     import requests
 
     class Session(requests.Session):
@@ -124,6 +125,11 @@ def env_once_session():
             self._env_cache: dict = {}
 
         def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            if verify is None and isinstance(self.verify, str):
+                # An explicit CA file (the exporter's certificate_file: --tls-ca) wins over REQUESTS_CA_BUNDLE /
+                # CURL_CA_BUNDLE: requests would otherwise let the environment replace the session's CA
+                # (psf/requests#3829), and a host that sets them would fail to verify the head.
+                verify = self.verify
             key = (url, tuple(sorted((proxies or {}).items())), stream, verify, cert, self.trust_env,
                    tuple(sorted(self.proxies.items())), self.verify, self.cert)
             got = self._env_cache.get(key)

@@ -24,6 +24,7 @@ from node.otlp_session import exporter_session
 from node.outbox import Item
 from node.prom import STEP_BUCKETS, AgentMetrics
 from ranksight import __version__, wire
+from ranksight.tls import ClientTls
 
 log = logging.getLogger("ranksight.agent")
 
@@ -61,14 +62,23 @@ class _KeepsResponse:
         setattr(self.inner, name, value)
 
 
+def exporter_tls_kwargs(tls: ClientTls) -> dict[str, str]:
+    """The OTLP exporters' TLS arguments (they apply to https endpoints): only those given, so that an absent one
+    still falls back to the SDK's ``OTEL_EXPORTER_OTLP_*_CERTIFICATE`` / ``_CLIENT_*`` variables, then the system's
+    CAs."""
+    kw = {"certificate_file": tls.ca, "client_certificate_file": tls.cert, "client_key_file": tls.key}
+    return {k: v for k, v in kw.items() if v}
+
+
 class Shipper:
     """One agent's OTLP log exporter, its resource and scope; ``errors`` counts failed exports.
 
     ``agent_url``: where the agent's control endpoint listens ("" until it does); part of the resource, so the
-    head knows where to send control requests."""
+    head knows where to send control requests. ``tls``: for an https head, the CA to verify it against (None: the
+    system's) and the agent's client certificate under mutual TLS."""
 
     def __init__(self, head_url: str, token: str, *, run_id: str, node: int, host: str, agent_id: str,
-                 timeout: float, metrics: AgentMetrics):
+                 timeout: float, metrics: AgentMetrics, tls: ClientTls | None = None):
         self.head_url = head_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"}
         self.timeout = timeout
@@ -79,11 +89,13 @@ class Shipper:
         self.agent_url = ""
         self.metrics = metrics
         self.errors = 0
+        self.tls = tls or ClientTls()
         # Deflate (zlib level 6), not the SDK's gzip at level 9: a third less CPU per export for a slightly
         # larger body; the head and the OpenTelemetry Collector both accept Content-Encoding: deflate.
         self.session = _KeepsResponse(exporter_session(self.head_url + "/v1/logs"))
         self.exporter = OTLPLogExporter(endpoint=self.head_url + "/v1/logs", headers=self.headers, timeout=timeout,
-                                        compression=Compression.Deflate, session=self.session)
+                                        compression=Compression.Deflate, session=self.session,
+                                        **exporter_tls_kwargs(self.tls))
         self.scope = InstrumentationScope("ranksight.agent", __version__)
         self._resource: tuple[tuple, Resource] | None = None
 
@@ -162,9 +174,11 @@ class OtlpMetrics:
     only). Off until ``start()``, and for good when ``enabled`` is False: the ``record_*`` / ``set_*`` calls then
     do nothing."""
 
-    def __init__(self, head_url: str, headers: dict[str, str], timeout: float, enabled: bool = True):
+    def __init__(self, head_url: str, headers: dict[str, str], timeout: float, enabled: bool = True,
+                 tls: ClientTls | None = None):
         self.head_url = head_url.rstrip("/")
         self.headers = headers
+        self.tls = tls or ClientTls()
         self.timeout = timeout
         self.enabled = enabled
         self.provider = None
@@ -183,7 +197,7 @@ class OtlpMetrics:
 
         url = self.head_url + "/v1/metrics"
         exp = OTLPMetricExporter(endpoint=url, headers=self.headers, timeout=self.timeout,
-                                 session=exporter_session(url))
+                                 session=exporter_session(url), **exporter_tls_kwargs(self.tls))
         reader = PeriodicExportingMetricReader(exp, export_interval_millis=OTLP_METRICS_INTERVAL_MS)
         view = View(instrument_name="ranksight.step.duration",
                     aggregation=ExplicitBucketHistogramAggregation([b for b in STEP_BUCKETS if b != float("inf")]))

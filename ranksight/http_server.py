@@ -1,13 +1,16 @@
-"""The HTTP server parts shared by the head's API and the node agent's endpoint: the handler base, and a
-server thread that does not wake up every fraction of a second."""
+"""The HTTP server parts shared by the head's API and the node agent's endpoint: the handler base, a server
+thread that does not wake up every fraction of a second, and TLS on the accepted connections (``ranksight.tls``)."""
 
 from __future__ import annotations
 
+import logging
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+log = logging.getLogger("ranksight.http")
 
 # A connection that sends nothing for this long is closed (a request's headers and body included): idle or
 # half-sent requests must not hold a handler thread for ever. Agents ship every second and clients poll every few,
@@ -26,12 +29,37 @@ class NoDelayHandler(BaseHTTPRequestHandler):
     wbufsize = -1
     timeout = REQUEST_TIMEOUT_S  # socketserver sets it on the connection: a stalled read raises, the handler ends
 
+    tls_failed = False
+
     def setup(self):
-        super().setup()
+        super().setup()  # sets the read timeout on the connection: a stalled TLS handshake ends too
         try:
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        if isinstance(self.connection, ssl.SSLSocket):
+            # The handshake runs here, in the connection's own thread, not in the accept loop: a client that
+            # stalls or fails it holds nothing but its own handler slot.
+            try:
+                self.connection.do_handshake()
+            except OSError as e:  # ssl.SSLError included
+                self.tls_failed = True
+                if isinstance(e, ssl.SSLError) and not isinstance(e, ssl.SSLEOFError):
+                    # a refusal: the client does not trust us, sent no certificate under mutual TLS, spoke http
+                    self.server.count_tls_refused()
+                    log.info("TLS handshake with %s refused: %s", self.client_address[0], e)
+                else:  # closed before a handshake (shutdown_server's wake-up, a port probe): no refusal
+                    log.debug("TLS connection from %s closed before its handshake: %s", self.client_address[0], e)
+
+    def handle(self):
+        if not self.tls_failed:
+            super().handle()
+
+    def finish(self):
+        try:
+            super().finish()
+        except (ssl.SSLError, OSError):
+            pass  # the peer went away mid-TLS: nothing left to flush to it
 
 
 # socketserver's serve_forever wakes every poll_interval to look for a shutdown request (the stdlib default 0.5 s,
@@ -65,25 +93,52 @@ def shutdown_server(server) -> None:
 class BoundedThreadingHTTPServer(ThreadingHTTPServer):
     """A thread per connection, at most ``max_handlers`` at once: a connection beyond that is answered 503 at once
     and closed, instead of costing a thread (thousands of idle half-sent requests once held thousands of them).
-    ``refused_busy`` counts those."""
+    ``refused_busy`` counts those.
+
+    ``tls``: an ``ssl.SSLContext`` (server side) to speak HTTPS on every accepted connection (``ranksight.tls``);
+    None for plain http. ``tls_refused`` counts the handshakes that failed (no client certificate under mutual TLS,
+    a client that does not trust ours, plain http sent to the TLS port)."""
 
     daemon_threads = True
     allow_reuse_address = True
     max_handlers = 512
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, tls: ssl.SSLContext | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(self.max_handlers)
         self.refused_busy = 0
+        self.tls = tls
+        self.tls_refused = 0
+        self._tls_lock = threading.Lock()  # handler threads count refusals concurrently
+
+    def count_tls_refused(self) -> None:
+        with self._tls_lock:
+            self.tls_refused += 1
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self.tls is not None:
+            # No I/O here (the handshake waits for the handler thread), so the accept loop never blocks on a peer.
+            try:
+                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except OSError:
+                sock.close()
+                raise
+        return sock, addr
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
             self.refused_busy += 1
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
-                                b"Connection: close\r\n\r\n")
-            except OSError:
-                pass
+            if not isinstance(request, ssl.SSLSocket):  # under TLS a 503 would need a handshake first: just close
+                try:
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                                    b"Connection: close\r\n\r\n")
+                except OSError:
+                    pass
             self.shutdown_request(request)
             return
         try:

@@ -29,6 +29,7 @@ from typing import Any, Callable, TypeVar
 import msgspec
 
 from ranksight import schema
+from ranksight.tls import ClientTls, client_tls_from_env
 
 DEFAULT_HEAD = "http://127.0.0.1:4318"
 T = TypeVar("T")
@@ -287,12 +288,18 @@ _parse_action = _struct(schema.Action, ("ranks",))
 
 
 class HeadClient:
-    def __init__(self, base_url: str = DEFAULT_HEAD, token: str | None = None, timeout: float = 3.0):
+    """``tls``: for an https head, the CA to verify it against and the client certificate under mutual TLS (default:
+    ``RANKSIGHT_TLS_CA`` / ``RANKSIGHT_TLS_CLIENT_CERT`` / ``RANKSIGHT_TLS_CLIENT_KEY``, else the system's CAs)."""
+
+    def __init__(self, base_url: str = DEFAULT_HEAD, token: str | None = None, timeout: float = 3.0,
+                 tls: ClientTls | None = None):
         if "://" not in base_url:
             base_url = "http://" + base_url
         self.base_url = base_url.rstrip("/")
         self.token = token if token is not None else os.environ.get("RANKSIGHT_TOKEN", "")
         self.timeout = timeout
+        # Built once: an SSLContext loads the CA bundle, too costly for every poll. Plain http never uses it.
+        self.ssl_context = (tls or client_tls_from_env()).context() if self.base_url.startswith("https://") else None
 
     # -- transport ----------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None, auth: bool = False) -> Any:
@@ -306,7 +313,7 @@ class HeadClient:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl_context) as r:
                 raw = r.read()
         except urllib.error.HTTPError as e:
             try:
