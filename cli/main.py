@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("node.cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
     "head": ("head.cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),
     "runs": ("cli.runs:runs_command", "List the runs in a store."),
+    "action": ("cli.action:action_command", "Ask the head to checkpoint, profile or evict a node of a run."),
     "dashboards": ("dashboards.cli:dashboards_command", "Build Grafana dashboards and push them to a Grafana."),
     "tui": ("tui.cli:tui_command", "Live terminal view of a run (talks to the head)."),
 }

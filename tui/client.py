@@ -394,10 +394,17 @@ class HeadClient:
                               skipped)
 
     def request_action(self, run_id: str, action: str, node: int | None = None, steps: int | None = None,
-                       ranks: list[int] | None = None, reason: str = "", dry_run: bool = False) -> schema.Action:
+                       ranks: list[int] | None = None, reason: str = "", dry_run: bool = False,
+                       force: bool = False, by: str = "") -> schema.Action:
+        """POST an action; a refused evict (the policy's limits) raises ``HeadError(409, why)``. ``force`` (with a
+        ``reason``) overrides those limits, audited with ``by`` in the actions table."""
         if not self.token:
             raise ClientError("no token: pass --token or set RANKSIGHT_TOKEN to request actions")
         body: dict[str, Any] = {"action": action, "reason": reason, "dry_run": dry_run}
+        if force:
+            body["force"] = True
+        if by:
+            body["by"] = by
         if node is not None:
             body["node"] = node
         if steps is not None:
