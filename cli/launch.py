@@ -290,16 +290,22 @@ def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float =
         if data_path is not None:
             # Agents first: each drains its spools and ships the last records before the head flushes.
             undelivered = {n: r for n, r in data_path.stop().items()
-                           if r.get("missing") or r.get("undelivered_records") or r.get("dropped_records")}
+                           if r.get("missing") or r.get("undelivered_records") or r.get("dropped_records")
+                           or r.get("rejected_records")}
         signal.signal(signal.SIGTERM, previous)
     for n, r in sorted(undelivered.items()):
         if r.get("missing"):
             console.print(f"[yellow]agent of node {n} left no exit report[/]: it may not have delivered its last "
                           f"records (see {run.root / 'logs' / f'agent-node{n}.log'})")
-        else:
+            continue
+        if r.get("undelivered_records") or r.get("dropped_records"):
             console.print(f"[yellow]agent of node {n}: {r['undelivered_records']} record(s) not delivered[/] (in "
                           f"{r['outbox']}; deliver later with `ranksight agent --drain --store {run.store} --run-id "
                           f"{run.run_id} --node {n} --head URL`); {r['dropped_records']} dropped for good")
+        if r.get("rejected_records"):
+            console.print(f"[yellow]agent of node {n}: the head refused {r['rejected_records']} record(s)[/] (kept "
+                          f"in {r.get('rejected_file')}, {r.get('rejected_not_kept', 0)} not kept): each with the "
+                          f"head's reason")
 
     codes = cluster.exit_codes()
     evicted = cluster.evicted_nodes()
