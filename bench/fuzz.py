@@ -3,7 +3,8 @@ examples than the suite's short seeded ones.
 
     .venv/bin/python bench/fuzz.py [--scale 50] [--tests PATTERN]
 
-Every test module that fuzzes (tests/test_fuzz_parsers.py, tests/test_logs_*.py, tests/test_traces_*.py) takes its
+Every test module that fuzzes (tests/test_fuzz_parsers.py, tests/test_logs_*.py, tests/test_traces_*.py,
+tests/test_probe_*_contract.py) takes its
 hypothesis settings from tests/fuzz_settings.py; here they run with RANKSIGHT_FUZZ_SCALE times as many examples and
 random (not seeded) data, each test under a wall-clock limit (a hang is a failure) and the whole run under a memory
 limit (RLIMIT_AS: unbounded memory is a failure). Prints, per test, passed or the failing example hypothesis shrank
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FUZZ_FILES = ["tests/test_fuzz_parsers.py", "tests/test_logs_*.py", "tests/test_traces_*.py"]
+FUZZ_FILES = ["tests/test_fuzz_parsers.py", "tests/test_logs_*.py", "tests/test_traces_*.py", "tests/test_probe_*_contract.py"]
 
 
 def main() -> int:

@@ -80,6 +80,20 @@ def _diskstats(whole: dict[str, bool]) -> tuple[int, int] | None:
     return rd * 512, wr * 512
 
 
+def _implausible(value) -> str:
+    """Why a read value cannot be true ("" when it can): byte counters and memory sizes are never negative, and a
+    machine never has more memory available than it has."""
+    if isinstance(value, tuple):
+        return "negative counter read" if any(isinstance(v, (int, float)) and v < 0 for v in value) else ""
+    total, avail = getattr(value, "total", None), getattr(value, "available", None)
+    if isinstance(total, (int, float)) and isinstance(avail, (int, float)):
+        if total < 0 or avail < 0:
+            return f"negative memory size read (total {total}, available {avail})"
+        if avail > total:
+            return f"more memory available ({avail}) than there is ({total})"
+    return ""
+
+
 def _busy_idle(ct) -> tuple[float, float]:
     idle = ct.idle + getattr(ct, "iowait", 0.0)
     total = sum(ct)  # psutil's fields partition the CPU time (guest is already inside user on Linux)
@@ -126,6 +140,10 @@ class HostProbe:
             return default
         if value is None:
             self.gaps[field] = "not available on this machine"
+            return default
+        bad = _implausible(value)
+        if bad:  # a garbled /proc or a library bug: a named gap, never a negative counter downstream
+            self.gaps[field] = bad
             return default
         self.gaps.pop(field, None)
         return value
