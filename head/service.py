@@ -17,6 +17,7 @@ import threading
 from head.actions import ActionsBook
 from head.analysis import DEFAULT_ANALYZE_WINDOW, IDLE_RECHECK_S, AnalyzerFn, LiveAnalysis, resolve_analyzers
 from head.ingest import Ingest
+from head.metrics import HeadMetrics
 from head.live import DEFAULT_WINDOW
 from head.runs import LiveRuns
 from head.store import Store
@@ -58,8 +59,9 @@ class Head:
         self.live = LiveRuns(self.store, self.stats, window)
         self.actions = ActionsBook(self.store, self.live, token)
         self.ingest = Ingest(self.live, self.actions, self.stats)
+        self.metrics = HeadMetrics(self)  # GET /metrics; reads the parts at scrape time, times the analyzers
         self.analysis = LiveAnalysis(self.live, self.store, self.stats,
-                                     resolve_analyzers() if analyzer == "auto" else analyzer,  # type: ignore[arg-type]
+                                     self.metrics.timed(resolve_analyzers() if analyzer == "auto" else analyzer),  # type: ignore[arg-type]
                                      analyze_window, idle_recheck)
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
