@@ -40,18 +40,18 @@ DS = dm.DataSourceRef(type_val="prometheus", uid="${%s}" % DS_VAR)
 
 # Label selectors shared by the panels (Grafana substitutes the variables; "All" is ".*").
 RANK_SEL = 'run_id=~"$run", node=~"$node", rank=~"$rank"'
+NODE_SEL = 'run_id=~"$run", node=~"$node"'  # the node agent's per-node training series (no rank label)
 GPU_SEL = 'Hostname=~"$host", simulated=~"$simulated"'
 AGENT_SEL = 'node=~"$node"'
 GPU_LEGEND = "{{Hostname}} GPU{{gpu}} simulated={{simulated}}"
 
-# Harmful NVML clocksThrottleReasons bits (ranksight.simgpu.THROTTLE_HARMFUL); idle/app-clock bits are benign.
-HARMFUL_THROTTLE_BITS = (
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-)
+# The throttle signal from dcgm-exporter's default counters (etc/default-counters.csv has no throttle-reason field):
+# each GPU's SM clock over the highest SM clock any GPU of the same model reached in the last hour. A busy GPU far
+# below its model's clock is slowed down (thermal, power cap or power brake alike).
+def sm_clock_ratio(sel: str) -> str:
+    return ("DCGM_FI_DEV_SM_CLOCK{%s} / on (modelName) group_left () "
+            "(max by (modelName) (max_over_time(DCGM_FI_DEV_SM_CLOCK{%s}[1h])) > 0)" % (sel, sel))
+
 
 SIMULATED_NOTE = (
     "**Simulated GPU data is labelled.** On machines without a GPU, ranksight's node agent reports a "
@@ -60,13 +60,6 @@ SIMULATED_NOTE = (
     "(`false` or no label, e.g. a real dcgm-exporter) or only simulated GPUs. Never read a simulated "
     "temperature, clock or XID as hardware evidence."
 )
-
-
-def bit_expr(metric_sel: str, bit: int) -> str:
-    """PromQL has no bitwise operators: bit ``b`` (a power of two) of ``x`` is ``floor(x / b) % 2``."""
-    if bit <= 0 or bit & (bit - 1):
-        raise ValueError(f"bit must be a power of two, got {bit}")
-    return f"floor({metric_sel} / {bit}) % 2"
 
 
 class _Grid:
@@ -128,7 +121,7 @@ def _variables(d: db.Dashboard) -> db.Dashboard:
     return (d.with_variable(db.DatasourceVariable(DS_VAR).label("Prometheus").type("prometheus"))
             .with_variable(qvar("run", "run", "label_values(ranksight_steps_total, run_id)"))
             .with_variable(qvar("node", "node", 'label_values(ranksight_steps_total{run_id=~"$run"}, node)'))
-            .with_variable(qvar("rank", "rank", 'label_values(ranksight_steps_total{run_id=~"$run", node=~"$node"}, rank)'))
+            .with_variable(qvar("rank", "rank", 'label_values(ranksight_last_step{run_id=~"$run", node=~"$node"}, rank)'))
             .with_variable(qvar("host", "GPU host", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)"))
             .with_variable(db.CustomVariable("simulated").label("GPU data")
                            .values("all : .*,real only : false|,simulated only : true")
@@ -144,23 +137,24 @@ def job_overview() -> db.Dashboard:
     d = _variables(d)
 
     # -- Training -------------------------------------------------------------------
-    d = d.with_row(db.Row("Training (per rank)").grid_pos(g.row()))
-    step = "ranksight_step_duration_seconds_bucket{%s}" % RANK_SEL
+    d = d.with_row(db.Row("Training (per node and per rank)").grid_pos(g.row()))
+    step = "ranksight_step_duration_seconds_bucket{%s}" % NODE_SEL
     d = d.with_panel(_ts(
-        "Step time p50 / p95 per rank", "s",
-        "histogram_quantile over ranksight_step_duration_seconds. In synchronous training all ranks show about the "
-        "same step time (fast ranks wait in the collective); look at compute time to find the slow rank.",
-        [_q(f"histogram_quantile(0.5, sum by (le, run_id, rank) (rate({step}[$__rate_interval])))", "rank {{rank}} p50", "A"),
-         _q(f"histogram_quantile(0.95, sum by (le, run_id, rank) (rate({step}[$__rate_interval])))", "rank {{rank}} p95", "B")],
+        "Step time p50 / p95 per node", "s",
+        "histogram_quantile over ranksight_step_duration_seconds, one histogram per node (all its ranks; the "
+        "buckets' exemplars name the rank and step). In synchronous training all ranks show about the same step "
+        "time (fast ranks wait in the collective); look at compute time to find the slow rank.",
+        [_q(f"histogram_quantile(0.5, sum by (le, run_id, node) (rate({step}[$__rate_interval])))", "node {{node}} p50", "A"),
+         _q(f"histogram_quantile(0.95, sum by (le, run_id, node) (rate({step}[$__rate_interval])))", "node {{node}} p95", "B")],
     ).grid_pos(g.place(12, 8)))
     d = d.with_panel(_ts(
-        "Tokens/s", "suffix: tok/s", "Tokens processed per second: the job total and each rank.",
-        [_q("sum by (run_id) (rate(ranksight_tokens_total{%s}[$__rate_interval]))" % RANK_SEL, "{{run_id}} total", "A"),
-         _q("sum by (run_id, rank) (rate(ranksight_tokens_total{%s}[$__rate_interval]))" % RANK_SEL, "rank {{rank}}", "B")],
+        "Tokens/s", "suffix: tok/s", "Tokens processed per second: the job total and each node.",
+        [_q("sum by (run_id) (rate(ranksight_tokens_total{%s}[$__rate_interval]))" % NODE_SEL, "{{run_id}} total", "A"),
+         _q("sum by (run_id, node) (rate(ranksight_tokens_total{%s}[$__rate_interval]))" % NODE_SEL, "node {{node}}", "B")],
     ).grid_pos(g.place(12, 8)))
     d = d.with_panel(_ts(
-        "Loss per rank", "none", "Last step's loss on each rank (gaps: non-finite loss).",
-        [_q("ranksight_loss{%s}" % RANK_SEL, "rank {{rank}}", "A")],
+        "Loss per node", "none", "The last loss a rank of each node recorded (gaps: non-finite loss).",
+        [_q("ranksight_loss{%s}" % NODE_SEL, "node {{node}}", "A")],
     ).grid_pos(g.place(8, 8)))
     d = d.with_panel(_stat(
         "Last step per rank", "none", "The last step each rank recorded. A rank behind the others, or not moving, is stuck.",
@@ -173,12 +167,13 @@ def job_overview() -> db.Dashboard:
     ).grid_pos(g.place(8, 8)))
     d = d.with_panel(_ts(
         "Compute vs communication per rank", "s",
-        "Last step split: the rank's own compute, time blocked in collectives, data-loader wait and pipeline wait. "
-        "A straggler has more compute and less blocked communication than its peers.",
+        "Last step split: the rank's own compute and time blocked in collectives; the longest data-loader wait and "
+        "pipeline wait among each node's ranks. A straggler has more compute and less blocked communication than "
+        "its peers.",
         [_q("ranksight_step_compute_seconds{%s}" % RANK_SEL, "rank {{rank}} compute", "A"),
          _q("ranksight_step_comm_seconds{%s}" % RANK_SEL, "rank {{rank}} comm (blocked)", "B"),
-         _q("ranksight_step_data_wait_seconds{%s}" % RANK_SEL, "rank {{rank}} data wait", "C"),
-         _q("ranksight_step_pipeline_wait_seconds{%s}" % RANK_SEL, "rank {{rank}} pipeline wait", "D")],
+         _q("ranksight_step_data_wait_seconds{%s}" % NODE_SEL, "node {{node}} data wait (max)", "C"),
+         _q("ranksight_step_pipeline_wait_seconds{%s}" % NODE_SEL, "node {{node}} pipeline wait (max)", "D")],
     ).grid_pos(g.place(12, 8)))
     d = d.with_panel(_ts(
         "Compute time ÷ job median", "suffix: ×",
@@ -209,13 +204,19 @@ def job_overview() -> db.Dashboard:
                          [_q("DCGM_FI_DEV_GPU_TEMP{%s}" % GPU_SEL, GPU_LEGEND, "A")]).grid_pos(g.place(12, 8)))
     d = d.with_panel(_ts("GPU power", "watt", "DCGM_FI_DEV_POWER_USAGE per GPU." + gpu_desc,
                          [_q("DCGM_FI_DEV_POWER_USAGE{%s}" % GPU_SEL, GPU_LEGEND, "A")]).grid_pos(g.place(12, 8)))
-    thr = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{%s}" % GPU_SEL
     d = d.with_panel(_ts(
-        "Harmful throttle reasons (1 = active)", "bool_on_off",
-        "Bits of DCGM_FI_DEV_CLOCK_THROTTLE_REASONS that slow a busy GPU down (idle and application-clock bits "
-        "are left out), each as 0/1 via floor(mask / bit) % 2." + gpu_desc,
-        [_q(bit_expr(thr, bit), GPU_LEGEND + " " + name, chr(ord("A") + i))
-         for i, (bit, name) in enumerate(HARMFUL_THROTTLE_BITS)],
+        "SM clock ÷ the model's highest (1 h)", "percentunit",
+        "Each GPU's DCGM_FI_DEV_SM_CLOCK over the highest SM clock any GPU of the same model reached in the last "
+        "hour (dcgm-exporter's default counters carry no throttle reasons). Under 0.85 while the GPU is busy "
+        "fires RanksightGpuClockThrottled." + gpu_desc,
+        [_q(sm_clock_ratio(GPU_SEL), GPU_LEGEND, "A")],
+    ).grid_pos(g.place(12, 8)))
+    d = d.with_panel(_ts(
+        "GPU utilization per rank", "percent",
+        "dcgm-exporter's DCGM_FI_DEV_GPU_UTIL put on ranks by the agent's ranksight_rank_gpu_info (join on UUID): "
+        "the agent never re-exports dcgm-exporter's series, it says which rank runs on which GPU." + gpu_desc,
+        [_q("DCGM_FI_DEV_GPU_UTIL{%s} * on (UUID) group_right (simulated) ranksight_rank_gpu_info{%s}"
+            % (GPU_SEL, RANK_SEL), "rank {{rank}} " + GPU_LEGEND, "A")],
     ).grid_pos(g.place(12, 8)))
     d = d.with_panel(_ts(
         "XID errors", "none",

@@ -4,6 +4,7 @@
     POST /v1/metrics                    OTLP metrics                     token
     GET  /api/health                    liveness only ({"ok": true})                    no token
     GET  /api/stats                     the head's counters                               token
+    GET  /metrics                       the head's Prometheus metrics (head/metrics.py)   token
     GET  /api/runs                      runs in the store and live                        token (every GET below too)
     GET  /api/runs/<id>/ranks           latest step / state / last-seen per rank
     GET  /api/runs/<id>/agents          node agents of the run, last heartbeat
@@ -29,6 +30,8 @@ import logging
 import math
 import time
 from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client.exposition import choose_encoder
 
 from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
@@ -249,6 +252,10 @@ class HeadHandler(NoDelayHandler):
         if path == "/api/stats":
             self._json(200, {"stats": head.stats, "runs": len(head.live.runs),
                               "tls_refused": self.server.tls_refused})  # failed handshakes: wrong CA, no cert
+            return
+        if path == "/metrics":  # the head's own Prometheus metrics (head/metrics.py), token like the API
+            encode, ctype = choose_encoder(self.headers.get("Accept") or "")
+            self._send(200, encode(head.metrics.registry), ctype)
             return
         if path == "/api/runs":
             self._json(200, head.live.summary())

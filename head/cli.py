@@ -46,6 +46,11 @@ def head(
                                        help="Steps per rank each live analysis round looks at (its cost grows with it); at most --window."),
     fsync: bool = typer.Option(False, "--fsync/--no-fsync", help="fsync the write-ahead log before acknowledging (survives power loss, slower)."),
     log_level: str = typer.Option("INFO", "--log-level"),
+    alertmanager_url: str = typer.Option("", "--alertmanager-url", envvar="RANKSIGHT_ALERTMANAGER_URL",
+                                         help="Push findings to this Alertmanager (POST /api/v2/alerts): one alert per "
+                                              "finding episode, re-sent while open, resolved when it closes."),
+    alertmanager_interval: float = typer.Option(60.0, "--alertmanager-interval", min=1.0,
+                                                help="Seconds between re-sends of the open findings to Alertmanager."),
     evict: str = typer.Option("dry-run", "--evict", help="Checkpoint-and-evict policy: off | dry-run (record what it would do) | on."),
     min_nodes: int = typer.Option(1, "--min-nodes", help="The policy never evicts below this many nodes."),
     confirm_rounds: int = typer.Option(3, "--confirm-rounds", help="Analysis rounds a finding must persist before an eviction."),
@@ -119,6 +124,14 @@ def head(
     if sender is not None:
         h.analysis.finding_listeners.append(sender.send_findings)
         print(f"ranksight head: findings go to {len(sender.targets)} webhook target(s)", flush=True)
+    if alertmanager_url:
+        try:
+            h.push_to_alertmanager(alertmanager_url, alertmanager_interval)
+        except ValueError as e:
+            h.close()
+            srv.server_close()
+            raise typer.BadParameter(str(e)) from None
+        print(f"ranksight head: findings go to Alertmanager {alertmanager_url}", flush=True)
     h.start_background()
     stop = threading.Event()
 

@@ -18,6 +18,7 @@ import threading
 from head.actions import ActionsBook
 from head.analysis import DEFAULT_ANALYZE_WINDOW, IDLE_RECHECK_S, AnalyzerFn, LiveAnalysis, resolve_analyzers
 from head.ingest import Ingest
+from head.metrics import HeadMetrics
 from head.live import DEFAULT_WINDOW
 from head.runs import LiveRuns
 from head.store import Store
@@ -60,13 +61,15 @@ class Head:
         self.live = LiveRuns(self.store, self.stats, window)
         self.actions = ActionsBook(self.store, self.live, token, agent_tls)  # agent_tls: for https control URLs
         self.ingest = Ingest(self.live, self.actions, self.stats)
+        self.metrics = HeadMetrics(self)  # GET /metrics; reads the parts at scrape time, times the analyzers
         self.analysis = LiveAnalysis(self.live, self.store, self.stats,
-                                     resolve_analyzers() if analyzer == "auto" else analyzer,  # type: ignore[arg-type]
+                                     self.metrics.timed(resolve_analyzers() if analyzer == "auto" else analyzer),  # type: ignore[arg-type]
                                      analyze_window, idle_recheck)
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.alertmanager = None  # push_to_alertmanager
         self.store.open_existing()
         if self.analysis.analyzer is None:
             log.info("head: no analyzers wired (analyzers.run_all not found); live analysis is off")
@@ -79,6 +82,14 @@ class Head:
             except Exception:
                 log.exception("head: flush failed (rows stay in the WAL and are retried)")
 
+    def push_to_alertmanager(self, url: str, interval: float | None = None):
+        """Findings to Alertmanager's ``/api/v2/alerts`` (head/alertmanager.py), from ``start_background`` on."""
+        from head.alertmanager import DEFAULT_INTERVAL_S, AlertmanagerPusher
+
+        self.alertmanager = AlertmanagerPusher(url, self.analysis, interval=interval or DEFAULT_INTERVAL_S)
+        self.analysis.finding_listeners.append(self.alertmanager.notify)
+        return self.alertmanager
+
     def start_background(self) -> None:
         """Start the flusher and (``analyzer_interval`` > 0) the analysis loop."""
         threads = [("flush", self._flush_loop, ())]
@@ -88,6 +99,8 @@ class Head:
             t = threading.Thread(target=fn, args=args, name=f"head-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        if self.alertmanager is not None:
+            self._threads.append(self.alertmanager.start(self._stop))
 
     def close(self) -> None:
         """Stop the threads, then flush every run to Parquet."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import msgspec
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from node.prom import AgentMetrics
 from ranksight import schema
@@ -94,7 +94,9 @@ class ControlHandler(NoDelayHandler):
     def do_GET(self):
         path = self.path.split("?")[0]
         if path == "/metrics":
-            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+            # OpenMetrics to a scraper that asks for it (Prometheus does): the only format with exemplars
+            encode, ctype = choose_encoder(self.headers.get("Accept") or "")
+            self._send(200, encode(self.server.metrics.registry), ctype)
         elif path == "/healthz":
             self._send(200, json.dumps({"ok": True, "node": self.server.node,
                                         "ranks": self.server.local_ranks()}).encode())

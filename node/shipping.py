@@ -204,14 +204,23 @@ class OtlpMetrics:
         self.provider = MeterProvider(resource=resource, metric_readers=[reader], views=[view])
         m = self.provider.get_meter("ranksight.agent")
         self._step = m.create_histogram("ranksight.step.duration", unit="s", description="Training step wall time")
+        # OpenTelemetry semantic conventions (hardware metrics, opentelemetry-semantic-conventions 0.66b2): ratios in
+        # unit "1", hw.type="gpu" and hw.id (the GPU's UUID) on the generic hw.* names; no convention exists for
+        # the SM clock or throttle reasons, which keep a ranksight.* name (docs/otlp-mapping.md: the table old -> new)
         self._gpu = {
-            "util_pct": m.create_gauge("gpu.utilization", unit="%"),
-            "temp_c": m.create_gauge("gpu.temperature", unit="Cel"),
-            "power_w": m.create_gauge("gpu.power", unit="W"),
-            "sm_clock_mhz": m.create_gauge("gpu.clock.sm", unit="MHz"),
-            "throttle_reasons": m.create_gauge("gpu.throttle_reasons", unit="1"),
+            "util_pct": (m.create_gauge("hw.gpu.utilization", unit="1", description="GPU busy ratio"), 0.01),
+            "temp_c": (m.create_gauge("hw.temperature", unit="Cel", description="GPU temperature"), 1.0),
+            "power_w": (m.create_gauge("hw.power", unit="W", description="GPU power draw"), 1.0),
+            "sm_clock_mhz": (m.create_gauge("ranksight.gpu.clock.sm", unit="Hz", description="GPU SM clock"), 1e6),
+            "throttle_reasons": (m.create_gauge("ranksight.gpu.throttle_reasons", unit="1",
+                                                description="NVML clocks-throttle-reasons bitmask"), 1),
         }
-        self._host_cpu = m.create_gauge("host.cpu.utilization", unit="%")
+        # hw.gpu.memory.usage / .limit are UpDownCounters in the conventions: the agent adds the change since its
+        # last sample of that GPU
+        self._gpu_mem = {"mem_used_bytes": m.create_up_down_counter("hw.gpu.memory.usage", unit="By"),
+                         "mem_total_bytes": m.create_up_down_counter("hw.gpu.memory.limit", unit="By")}
+        self._gpu_mem_last: dict[tuple, int] = {}
+        self._host_cpu = m.create_gauge("system.cpu.utilization", unit="1", description="Host CPU busy ratio")
 
     def record_steps(self, steps) -> None:
         if self.provider is None:
@@ -222,15 +231,22 @@ class OtlpMetrics:
     def set_gpu(self, s, node: int) -> None:
         if self.provider is None:
             return
-        attrs = {"gpu": s.gpu, "simulated": s.simulated, "node": node}
-        for field, gauge in self._gpu.items():
+        attrs = {"hw.type": "gpu", "hw.id": s.uuid or f"{s.host}/gpu{s.gpu}", "gpu": s.gpu, "simulated": s.simulated,
+                 "node": node}
+        for field, (gauge, scale) in self._gpu.items():
             v = getattr(s, field)
             if v is not None:
-                gauge.set(v, attrs)
+                gauge.set(v * scale, attrs)
+        for field, counter in self._gpu_mem.items():
+            v = getattr(s, field)
+            if v is not None:
+                key = (field, attrs["hw.id"])
+                counter.add(int(v) - self._gpu_mem_last.get(key, 0), attrs)
+                self._gpu_mem_last[key] = int(v)
 
     def set_host(self, h, node: int) -> None:
         if self.provider is not None:
-            self._host_cpu.set(h.cpu_pct, {"node": node})
+            self._host_cpu.set(h.cpu_pct / 100.0, {"node": node})
 
     def shutdown(self) -> None:
         if self.provider is not None:

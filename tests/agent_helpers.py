@@ -227,7 +227,7 @@ def stored_key_list(store: Path, run_id: str) -> list[tuple[int, int, int]]:
 class Prometheus:
     """A real Prometheus (Debian package) on 127.0.0.1 from a temp dir, scraping every second."""
 
-    def __init__(self, workdir: Path, targets: list[str], procs: Procs, port: int):
+    def __init__(self, workdir: Path, targets: list[str], procs: Procs, port: int, flags: tuple[str, ...] = ()):
         import shutil
 
         self.binary = shutil.which("prometheus")
@@ -243,11 +243,12 @@ class Prometheus:
             "  - job_name: ranksight_agent\n"
             f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n")
         self.procs = procs
+        self.flags = list(flags)
 
     def start(self) -> "Prometheus":
         self.procs.start("prometheus", [self.binary, f"--config.file={self.dir / 'prometheus.yml'}",
                                         f"--storage.tsdb.path={self.dir / 'data'}",
-                                        f"--web.listen-address=127.0.0.1:{self.port}"])
+                                        f"--web.listen-address=127.0.0.1:{self.port}", *self.flags])
         return self
 
     def query(self, q: str) -> list:

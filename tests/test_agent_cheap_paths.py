@@ -72,8 +72,8 @@ def test_prometheus_series_are_created_on_first_use(tmp_path):
     a.metrics.observe_steps([schema.StepRecord(run_id="r1", rank=1, step=4, node=0, host="h", world_size=2, t_start=1.2,
                                                t_end=1.4, step_ms=200.0, tokens=10, loss=1.5, overflow=True)])
     text = generate_latest(a.metrics.registry).decode()
-    lab = 'node="0",rank="1",run_id="r1"'
-    assert f"ranksight_steps_total{{{lab}}} 2.0" in text and f"ranksight_tokens_total{{{lab}}} 20.0" in text
-    assert f"ranksight_loss{{{lab}}} 1.5" in text and f"ranksight_last_step{{{lab}}} 4.0" in text
-    assert f"ranksight_overflow_steps_total{{{lab}}} 1.0" in text
+    lab, node_lab = 'node="0",rank="1",run_id="r1"', 'node="0",run_id="r1"'
+    assert f"ranksight_steps_total{{{node_lab}}} 2.0" in text and f"ranksight_tokens_total{{{node_lab}}} 20.0" in text
+    assert f"ranksight_loss{{{node_lab}}} 1.5" in text and f"ranksight_last_step{{{lab}}} 4.0" in text
+    assert f"ranksight_overflow_steps_total{{{node_lab}}} 1.0" in text
     assert "ranksight_loss_scale{" not in text and "ranksight_grad_norm{" not in text  # never reported: no series

@@ -14,8 +14,8 @@ from dashboards.cli import (ALERTMANAGER_EXAMPLE, RULES_FILE, RULES_TEST_FILE, R
                             render_rules)
 
 REPO = Path(__file__).resolve().parent.parent
-ALERTS = ("RanksightStragglingRank", "RanksightRankStalled", "RanksightGpuXid", "RanksightGpuThermalThrottling",
-          "RanksightGpuPowerThrottling", "RanksightAgentDown", "RanksightAgentDroppingRecords", "RanksightAgentLagHigh")
+ALERTS = ("RanksightStragglingRank", "RanksightRankStalled", "RanksightGpuXid", "RanksightGpuClockThrottled",
+          "RanksightAgentDown", "RanksightAgentDroppingRecords", "RanksightAgentLagHigh")
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (make debs)")
 needs_amtool = pytest.mark.skipif(shutil.which("amtool") is None, reason="needs amtool (make debs)")
@@ -143,8 +143,8 @@ def test_rule_severities_route_somewhere_specific():
     rules = RULES_FILE.read_text()
     sev = dict(re.findall(r"- alert: (\w+)\n(?:.*\n)*?\s+severity: (\w+)", rules))
     assert sev == {"RanksightStragglingRank": "warning", "RanksightRankStalled": "critical",
-                   "RanksightGpuXid": "critical", "RanksightGpuThermalThrottling": "warning",
-                   "RanksightGpuPowerThrottling": "warning", "RanksightAgentDown": "warning",
+                   "RanksightGpuXid": "critical", "RanksightGpuClockThrottled": "warning",
+                   "RanksightAgentDown": "warning",
                    "RanksightAgentDroppingRecords": "warning", "RanksightAgentLagHigh": "warning"}
 
 
@@ -177,3 +177,32 @@ def test_agent_exports_run_finished_from_the_manifest(tmp_path):
     m.finished = time.time()
     rd.manifest.write_bytes(schema.encode(m))
     assert finished_value(a) == "1.0"
+
+
+# The fields dcgm-exporter collects out of the box: the uncommented lines of etc/default-counters.csv in
+# github.com/NVIDIA/dcgm-exporter (read at commit d5e5f510a1b6, May 2026). Copied as names only. Not in it:
+# DCGM_FI_DEV_CLOCK_THROTTLE_REASONS / DCGM_FI_DEV_CLOCKS_EVENT_REASONS, DCGM_FI_DEV_MAX_SM_CLOCK, the ECC
+# counters, the *_VIOLATION counters, DCGM_EXP_XID_ERRORS_COUNT.
+DCGM_EXPORTER_DEFAULT_FIELDS = frozenset("""
+DCGM_FI_DEV_SM_CLOCK DCGM_FI_DEV_MEM_CLOCK DCGM_FI_DEV_MEMORY_TEMP DCGM_FI_DEV_GPU_TEMP DCGM_FI_DEV_POWER_USAGE
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION DCGM_FI_DEV_PCIE_REPLAY_COUNTER DCGM_FI_DEV_GPU_UTIL DCGM_FI_DEV_MEM_COPY_UTIL
+DCGM_FI_DEV_ENC_UTIL DCGM_FI_DEV_DEC_UTIL DCGM_FI_DEV_XID_ERRORS DCGM_FI_DEV_FB_FREE DCGM_FI_DEV_FB_USED
+DCGM_FI_DEV_FB_RESERVED DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL DCGM_FI_DEV_VGPU_LICENSE_STATUS
+DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS DCGM_FI_DEV_ROW_REMAP_FAILURE
+DCGM_FI_DRIVER_VERSION DCGM_FI_PROF_GR_ENGINE_ACTIVE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE DCGM_FI_PROF_DRAM_ACTIVE
+DCGM_FI_PROF_PCIE_TX_BYTES DCGM_FI_PROF_PCIE_RX_BYTES
+""".split())
+
+
+def test_rules_and_dashboards_use_only_dcgm_exporter_default_fields():
+    """A stock dcgm-exporter must feed every GPU rule and panel: a rule on an opt-in field never fires."""
+    from dashboards.build import build_all
+    from dashboards.lint import panel_queries
+
+    rule_lines = [ln for ln in RULES_FILE.read_text().splitlines() if not ln.lstrip().startswith("#")]  # not comments
+    used = {"rules": set(re.findall(r"DCGM_(?:FI|EXP)_\w+", "\n".join(rule_lines)))}
+    used["dashboards"] = {f for model in build_all().values() for _, _, expr in panel_queries(model)
+                          for f in re.findall(r"DCGM_(?:FI|EXP)_\w+", expr)}
+    for where, fields in used.items():
+        assert fields and fields <= DCGM_EXPORTER_DEFAULT_FIELDS, (where, sorted(fields - DCGM_EXPORTER_DEFAULT_FIELDS))
+    assert "DCGM_FI_DEV_SM_CLOCK" in used["rules"]  # the throttle rule rests on a default field

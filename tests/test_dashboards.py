@@ -13,7 +13,7 @@ from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 from werkzeug import Request, Response
 
-from dashboards.build import HARMFUL_THROTTLE_BITS, JSON_DIR, bit_expr, build_all, load_dir, to_dict, write_all
+from dashboards.build import JSON_DIR, build_all, load_dir, to_dict, write_all
 from dashboards.lint import lint_dashboard, panel_queries, promql_for_prometheus, variables_in
 from dashboards.provision import ProvisionError, push
 
@@ -57,18 +57,22 @@ def test_round_trip_through_foundation_sdk(models):
 
 def test_job_dashboard_content(job):
     titles = {p["title"] for p in job["panels"]}
-    for needed in ("Step time p50 / p95 per rank", "Tokens/s", "Loss per rank", "Last step per rank",
+    for needed in ("Step time p50 / p95 per node", "Tokens/s", "Loss per node", "Last step per rank",
                    "Compute vs communication per rank", "GPU utilization", "SM clock", "GPU temperature", "GPU power",
-                   "Harmful throttle reasons (1 = active)", "XID errors", "Records shipped to the head", "Agent lag",
+                   "SM clock ÷ the model's highest (1 h)", "GPU utilization per rank", "XID errors", "Records shipped to the head", "Agent lag",
                    "Disk outbox", "Dropped records and failed exports", "About simulated GPU data"):
         assert needed in titles, needed
     variables = {v["name"]: v for v in job["templating"]["list"]}
     assert {"datasource", "run", "node", "rank", "host", "simulated"} <= set(variables)
     assert variables["datasource"]["type"] == "datasource"
-    step = _panel(job, "Step time p50 / p95 per rank")
+    step = _panel(job, "Step time p50 / p95 per node")
     exprs = [t["expr"] for t in step["targets"]]
     assert exprs[0].startswith("histogram_quantile(0.5, ") and exprs[1].startswith("histogram_quantile(0.95, ")
-    assert all("ranksight_step_duration_seconds_bucket" in e and 'rank=~"$rank"' in e for e in exprs)
+    # the histogram is per node (bounded series): no rank label to select on
+    assert all("ranksight_step_duration_seconds_bucket" in e and 'node=~"$node"' in e and "rank=" not in e for e in exprs)
+    # GPU series put on ranks by the agent's join series, never by a copy of dcgm-exporter's gauges
+    joined = _panel(job, "GPU utilization per rank")["targets"][0]["expr"]
+    assert "DCGM_FI_DEV_GPU_UTIL" in joined and "on (UUID)" in joined and "ranksight_rank_gpu_info" in joined
     # Every GPU panel uses dcgm-exporter names, filters on $simulated and shows it in the legend.
     for p in job["panels"]:
         for t in p.get("targets") or []:
@@ -78,18 +82,6 @@ def test_job_dashboard_content(job):
     note = _panel(job, "About simulated GPU data")
     assert note["type"] == "text" and 'simulated="true"' in note["options"]["content"]
     assert {t["expr"].split("{")[0] for t in _panel(job, "GPU utilization")["targets"]} == {"DCGM_FI_DEV_GPU_UTIL"}
-
-
-def test_bit_expr_matches_python_bitmask():
-    # floor(x / b) % 2 is the PromQL stand-in for x & b; check the arithmetic on every 12-bit mask.
-    import math
-
-    for mask in range(0, 4096):
-        for bit, _ in HARMFUL_THROTTLE_BITS:
-            assert math.floor(mask / bit) % 2 == (1 if mask & bit else 0)
-    assert bit_expr("X", 32) == "floor(X / 32) % 2"
-    with pytest.raises(ValueError):
-        bit_expr("X", 48)
 
 
 def _clean_dash():

@@ -6,8 +6,7 @@ routing by severity to the reference webhook receiver.
   evaluated by Prometheus: status success, and data where the setup produces it;
 - an XID injected into the node's simulated GPU fires RanksightGpuXid through the real
   chain (agent -> Prometheus rule -> Alertmanager critical route -> receiver), and the
-  thermal-throttle bits set on the other GPU fire RanksightGpuThermalThrottling through
-  the warning route.
+  low SM clock of the other (busy) GPU fires RanksightGpuClockThrottled through the warning route.
 
 One stack for the module; every process is killed (by pid) at the end.
 """
@@ -153,7 +152,7 @@ def _am_config(receiver_port: int, token_file: Path) -> str:
 def _fast_rules() -> str:
     """The shipped rules with every `for:` set to 0s, so a test sees them fire within seconds."""
     text, n = re.subn(r"^(\s+)for: \d+[sm]$", r"\1for: 0s", RULES_FILE.read_text(), flags=re.M)
-    assert n >= 8, n
+    assert n >= 7, n
     return text
 
 
@@ -214,7 +213,8 @@ def stack(tmp_path_factory):
         # Both simulated GPUs exported with XID 0, and steps flowing for every rank.
         _wait(lambda: len(_query(st.prom, 'DCGM_FI_DEV_XID_ERRORS{simulated="true"} == 0')) == 2, 15,
               "both simulated GPUs scraped with XID 0")
-        _wait(lambda: len(_query(st.prom, "rate(ranksight_steps_total[5s]) > 0")) == RANKS, 15, "steps from all ranks")
+        _wait(lambda: len(_query(st.prom, "ranksight_last_step")) == RANKS and
+              _query(st.prom, "rate(ranksight_steps_total[5s]) > 0"), 15, "steps from all ranks")
         yield st
     except Exception:
         print(st.tail_logs())
@@ -246,7 +246,7 @@ def test_alert_chain_delivers_xid_and_throttle_by_severity(stack):
 
     try:
         _wait(lambda: alerts_named("RanksightGpuXid"), 25, "RanksightGpuXid at the webhook receiver")
-        _wait(lambda: alerts_named("RanksightGpuThermalThrottling"), 10, "RanksightGpuThermalThrottling at the receiver")
+        _wait(lambda: alerts_named("RanksightGpuClockThrottled"), 10, "RanksightGpuClockThrottled at the receiver")
     except AssertionError:
         print(stack.tail_logs())
         raise
@@ -256,14 +256,15 @@ def test_alert_chain_delivers_xid_and_throttle_by_severity(stack):
     assert a["labels"]["gpu"] == "1" and a["labels"]["simulated"] == "true" and a["labels"]["Hostname"] == "node0"
     assert a["labels"]["severity"] == "critical"
     assert a["annotations"]["summary"] == "XID 79 on GPU 1 of node0 [SIMULATED GPU]"
+    assert "Ranks on it: 1 (run dash-live)." in a["annotations"]["description"]
     assert a["annotations"]["runbook_url"].endswith("#ranksightgpuxid")
-    thermal = alerts_named("RanksightGpuThermalThrottling")
-    reasons = {a["labels"]["reason"] for _, a in thermal}
-    assert reasons == {"sw_thermal_slowdown", "hw_thermal_slowdown"}, reasons
+    thermal = alerts_named("RanksightGpuClockThrottled")
     for d, a in thermal:
         assert d["path"] == "/alertmanager/warning" and d["payload"]["receiver"] == "ranksight-warning"
         assert a["labels"]["gpu"] == "0"
         assert "SM clock now 1100 MHz, temperature 92 C" in a["annotations"]["description"]
+        # the ranks on GPU 0 (local ranks 0 of the manifest: gpu = local_rank), from ranksight_rank_gpu_info
+        assert "Ranks on it: 0 (run dash-live)." in a["annotations"]["description"], a["annotations"]
     # GPU 1 is not throttled, GPU 0 had no XID
     assert all(a["labels"]["gpu"] == "0" for _, a in thermal)
     assert all(a["labels"]["gpu"] == "1" for _, a in alerts_named("RanksightGpuXid"))
@@ -282,6 +283,7 @@ def test_every_dashboard_query_runs_on_real_prometheus(stack):
     # no real GPU): they must still parse and evaluate.
     may_be_empty = {("Dropped records and failed exports", "A"), ("Dropped records and failed exports", "B"),
                     ("GPUs reporting, by source", "B")}
+    _wait(lambda: _query(stack.prom, "ranksight_rank_gpu_info"), 20, "the agent's rank-to-GPU join series")
     n = 0
     for uid, model in build_all().items():
         for title, ref, expr in panel_queries(model):
@@ -291,11 +293,17 @@ def test_every_dashboard_query_runs_on_real_prometheus(stack):
             n += 1
             if (title, ref) not in may_be_empty:
                 assert data["result"], f"{uid} / {title} / {ref}: no data for {q}"
-    assert n >= 25
-    # Spot-check values: the p50 step time is about 60 ms for every rank; rank 3 is the straggler.
-    p50 = {s["metric"]["rank"]: float(s["value"][1]) for s in _query(stack.prom, promql_for_prometheus(
-        'histogram_quantile(0.5, sum by (le, run_id, rank) (rate(ranksight_step_duration_seconds_bucket[$__rate_interval])))'))}
-    assert set(p50) == {str(r) for r in range(RANKS)} and all(0.05 < v < 0.07 for v in p50.values()), p50
+    assert n >= 22
+    # Spot-check values: the p50 step time is about 60 ms on the node (one histogram for its ranks); rank 3 is the
+    # straggler.
+    p50 = {s["metric"]["node"]: float(s["value"][1]) for s in _query(stack.prom, promql_for_prometheus(
+        'histogram_quantile(0.5, sum by (le, run_id, node) (rate(ranksight_step_duration_seconds_bucket[$__rate_interval])))'))}
+    assert set(p50) == {"0"} and all(0.05 < v < 0.07 for v in p50.values()), p50
+    # The join puts the simulated GPUs on the ranks placed on them (local ranks 0 and 1 of the manifest)
+    per_rank = _query(stack.prom, promql_for_prometheus(
+        next(e for t, r, e in panel_queries(build_all()["ranksight-job"]) if t == "GPU utilization per rank")))
+    assert {(s["metric"]["rank"], s["metric"]["gpu"], float(s["value"][1])) for s in per_rank} == \
+        {("0", "0", 97.0), ("1", "1", 95.0)}, per_rank
     ratio = {s["metric"]["rank"]: float(s["value"][1]) for s in _query(stack.prom, promql_for_prometheus(
         next(e for t, r, e in panel_queries(build_all()["ranksight-job"]) if t == "Compute time ÷ job median")))}
     assert ratio[str(SLOW_RANK)] == pytest.approx(1.3, rel=0.02), ratio
@@ -327,4 +335,4 @@ def test_cli_lint_against_prometheus(stack, tmp_path):
     m["panels"][1]["targets"][0]["expr"] = "rate(ranksight_steps_total[$__rate_interval]"
     (tmp_path / "ranksight-job.json").write_text(_json.dumps(m))
     r = CliRunner().invoke(main, ["dashboards", "lint", "--dir", str(tmp_path), "--prometheus", stack.prom])
-    assert r.exit_code == 2 and "HTTP 400" in r.output and "Step time p50 / p95 per rank / A" in r.output, r.output
+    assert r.exit_code == 2 and "HTTP 400" in r.output and "Step time p50 / p95 per node / A" in r.output, r.output

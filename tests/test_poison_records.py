@@ -34,8 +34,8 @@ def test_a_negative_count_does_not_stop_the_exporter():
     m = AgentMetrics()
     m.observe_steps([_step(1, tokens=100, flops=1e12), _step(2, tokens=-5, flops=-1.0), _step(3, tokens=50)])
     text = generate_latest(m.registry).decode()
-    assert 'ranksight_tokens_total{node="0",rank="0",run_id="r"} 150.0' in text
-    assert 'ranksight_steps_total{node="0",rank="0",run_id="r"} 3.0' in text
+    assert 'ranksight_tokens_total{node="0",run_id="r"} 150.0' in text
+    assert 'ranksight_steps_total{node="0",run_id="r"} 3.0' in text
 
 
 def test_a_trace_with_malformed_utf8_is_marked_done_not_retried(tmp_path):

@@ -9,7 +9,7 @@ the GPU state (throttle, XID) can be set exactly.
 import statistics
 import time
 
-from agent_helpers import Procs, Prometheus, FakeRanks, head_ready, stored_steps, wait_for
+from agent_helpers import Procs, Prometheus, FakeRanks, head_ready, http_json, stored_steps, wait_for
 from conftest import free_port
 from ranksight.simgpu import THROTTLE_HW_THERMAL, SimGpuState, write_state
 from ranksight.layout import RunDir
@@ -20,7 +20,8 @@ def test_prometheus_scrapes_dcgm_names_xids_self_metrics_and_step_histogram(tmp_
     rd = RunDir(store, "p1")
     procs = Procs(tmp_path / "logs")
     hp, mp = free_port(), free_port()
-    prom = Prometheus(tmp_path / "prom", [f"127.0.0.1:{mp}"], procs, free_port())
+    prom = Prometheus(tmp_path / "prom", [f"127.0.0.1:{mp}"], procs, free_port(),
+                      flags=("--enable-feature=exemplar-storage",))
     node_dir = rd.simgpu_node_dir(0)
     write_state(node_dir, 0, SimGpuState(util_gpu=91, throttle_reasons=THROTTLE_HW_THERMAL, temp_c=92))
     write_state(node_dir, 1, SimGpuState(util_gpu=88, uuid="GPU-00000000-sim0-0000-0000-000000000001"))
@@ -61,6 +62,16 @@ def test_prometheus_scrapes_dcgm_names_xids_self_metrics_and_step_histogram(tmp_
         res = prom.query("histogram_quantile(0.5, sum by (le) (increase(ranksight_step_duration_seconds_bucket[5m])))")
         got = float(res[0]["value"][1])
         assert abs(got - true_median) / true_median < 0.10, (got, true_median)
+        # one histogram per node, not per rank; its buckets' exemplars name the rank and step (OpenMetrics scrape)
+        assert {tuple(sorted(s["metric"])) for s in prom.query("ranksight_step_duration_seconds_count")} == \
+            {("__name__", "instance", "job", "node", "run_id")}
+        assert len(prom.query("ranksight_step_compute_seconds")) == 2  # the per-rank gauges: one per rank
+        from urllib.parse import quote
+        _, body = http_json(f"{prom.url}/api/v1/query_exemplars?query={quote('ranksight_step_duration_seconds_bucket')}"
+                            f"&start={time.time() - 600}&end={time.time() + 60}")
+        ex = [e for series in body["data"] for e in series["exemplars"]]
+        assert ex and {e["labels"]["rank"] for e in ex} <= {"0", "1"}
+        assert all(0 <= int(e["labels"]["step"]) < 70 for e in ex)
     finally:
         fr.stop()
         procs.stop_all()
