@@ -142,12 +142,13 @@ class IntervalUnion:
     """Union of [start, end) intervals, streamed. Merges on the fly while events arrive in
     order (the usual case per category) and keeps the rest in compact float arrays."""
 
-    __slots__ = ("cs", "ce", "starts", "ends")
+    __slots__ = ("cs", "ce", "starts", "ends", "limit")
 
     def __init__(self) -> None:
         self.cs = self.ce = None
         self.starts = array("d")
         self.ends = array("d")
+        self.limit = _COMPACT_AT
 
     def add(self, s: float, e: float) -> None:
         cs = self.cs
@@ -158,13 +159,21 @@ class IntervalUnion:
         if cs is not None:
             self.starts.append(cs)
             self.ends.append(self.ce)
-            if len(self.starts) >= _COMPACT_AT:
+            if len(self.starts) >= self.limit:
                 self._compact()
         self.cs, self.ce = s, e
 
+    def compact_if_large(self) -> None:
+        """Merge in place once many intervals are held (callers may append to ``starts``/``ends`` directly, in any
+        order: the union does not depend on it)."""
+        if len(self.starts) >= self.limit:
+            self._compact()
+
     def _compact(self) -> None:
         st, en = _merge(self.starts, self.ends)
-        self.starts, self.ends = array("d", st.tolist()), array("d", en.tolist())
+        self.starts, self.ends = array("d", st.tobytes()), array("d", en.tobytes())
+        # disjoint intervals do not shrink: the next merge waits until they have doubled (no merge per append)
+        self.limit = max(_COMPACT_AT, 2 * len(self.starts))
 
     def intervals(self):
         """Sorted, disjoint intervals as two numpy arrays."""
@@ -317,6 +326,13 @@ def summarize_trace(
 
     def handle(evs: list) -> None:
         nonlocal n_coll, n_gpu_coll
+        # the intervals of a chunk are appended as they come (a union does not depend on the order) and merged in
+        # numpy once many are held
+        gm_s, gm_e = gpu_comm.starts.append, gpu_comm.ends.append
+        gc_s, gc_e = gpu_compute.starts.append, gpu_compute.ends.append
+        gy_s, gy_e = gpu_copy.starts.append, gpu_copy.ends.append
+        cm_s, cm_e = cpu_comm.starts.append, cpu_comm.ends.append
+        cc_s, cc_e = cpu_compute.starts.append, cpu_compute.ends.append
         for ev in evs:
             ph = ev.ph
             if ph != "X":
@@ -348,7 +364,8 @@ def summarize_trace(
                     k[0] += dur
                     k[1] += 1
                 if name.startswith(("ncclKernel", "ncclDevKernel")):
-                    gpu_comm.add(ts, end)
+                    gm_s(ts)
+                    gm_e(end)
                     n_gpu_coll += 1
                     if len(gpu_collectives) < max_collectives:
                         a = ev.args
@@ -357,14 +374,16 @@ def summarize_trace(
                                                 "kind": "exec", "stream": ev.tid if stream is _NO_STREAM else stream,
                                                 "device": "gpu"})
                 else:
-                    gpu_compute.add(ts, end)
+                    gc_s(ts)
+                    gc_e(end)
                 continue
             if cat == "gpu_memcpy" or cat == "gpu_memset":
                 if ts < gpu_span[0]:
                     gpu_span[0] = ts
                 if end > gpu_span[1]:
                     gpu_span[1] = end
-                gpu_copy.add(ts, end)
+                gy_s(ts)
+                gy_e(end)
                 continue
             if ts < cpu_span[0]:
                 cpu_span[0] = ts
@@ -378,7 +397,8 @@ def summarize_trace(
                     k[0] += dur
                     k[1] += 1
                 if _is_comm_cpu_op(name):
-                    cpu_comm.add(ts, end)
+                    cm_s(ts)
+                    cm_e(end)
                     n_coll += 1
                     if len(collectives) < max_collectives:
                         collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(ev.args),
@@ -391,9 +411,11 @@ def summarize_trace(
                     u = held.get(key)
                     if u is None:
                         u = held[key] = IntervalUnion()
-                    u.add(ts, end)
+                    u.starts.append(ts)
+                    u.ends.append(end)
                 else:
-                    cpu_compute.add(ts, end)
+                    cc_s(ts)
+                    cc_e(end)
                 continue
             if cat == "user_annotation" or cat == "":
                 if name.startswith("ProfilerStep#"):
@@ -402,7 +424,8 @@ def summarize_trace(
                         steps[int(m.group(1))] = (ts, end)
                     continue
                 if name.startswith(("gloo:", "nccl:")):
-                    cpu_comm.add(ts, end)
+                    cm_s(ts)
+                    cm_e(end)
                     n_coll += 1
                     if len(collectives) < max_collectives:
                         collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(ev.args),
@@ -421,6 +444,8 @@ def summarize_trace(
                     typed.append(ev)
             evs = typed
         handle(evs)
+        for u in (gpu_compute, gpu_comm, gpu_copy, cpu_compute, cpu_comm, *held.values()):
+            u.compact_if_large()
     truncated = reader.truncated
     notes.extend(reader.notes)
     if n_malformed:
@@ -436,8 +461,8 @@ def summarize_trace(
         if key in gloo_tids:
             continue
         hs, he = u.intervals()
-        for s, e in zip(hs.tolist(), he.tolist()):
-            cpu_compute.add(s, e)
+        cpu_compute.starts.frombytes(hs.tobytes())
+        cpu_compute.ends.frombytes(he.tobytes())
 
     if rank is None or distributed.get("rank") is not None:
         r = distributed.get("rank")

@@ -118,13 +118,19 @@ class TraceEvents:
         eof = False
         while True:
             if not eof and len(buf) - base < self.chunk + min(READ, self.chunk):
-                block = next(blocks, None)
-                if block is None:
-                    eof = True
-                else:
-                    buf = buf[base:] + block
-                    search_from = max(0, search_from - base)
-                    base = 0
+                # read up to a chunk and a bit more at once: one copy of the bytes left, not one per block
+                parts = [buf[base:]]
+                size = len(parts[0])
+                while size < self.chunk + min(READ, self.chunk):
+                    block = next(blocks, None)
+                    if block is None:
+                        eof = True
+                        break
+                    parts.append(block)
+                    size += len(block)
+                buf = b"".join(parts)
+                search_from = max(0, search_from - base)
+                base = 0
                 continue
             if eof:
                 yield from self._last(buf[base:], decode, blocks)
@@ -141,7 +147,7 @@ class TraceEvents:
                     search_from = max(0, search_from - base)
                     base = 0
                 continue
-            doc = b"[" + buf[base: m.start() + 1] + b"]"
+            doc = b"".join((b"[", memoryview(buf)[base: m.start() + 1], b"]"))
             try:
                 evs = decode(doc)
             except (msgspec.DecodeError, UnicodeDecodeError) as e:
