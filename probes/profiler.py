@@ -1,11 +1,11 @@
 """Summarize a PyTorch profiler (Kineto / Chrome trace JSON) trace per rank, streaming.
 
-Traces reach hundreds of MB, so the file is never loaded whole: ijson walks ``traceEvents`` one event at a time (C backend
-``yajl2_c`` when present, the fastest ijson has), and each event is reduced on the spot to
-interval unions and per-name totals. ``.json.gz`` is read through gzip, also streaming.
-A bare array of events (the trace format's other form, closing ``]`` optional) is read too.
-A truncated trace (a crashed job, a copy in progress) is summarized as far as it goes and
-marked ``truncated=True`` with a note.
+Traces reach hundreds of MB, so the file is never loaded whole: ``probes.trace_events`` hands the events over in
+chunks of a few MB (plain or gzip, object or bare-array form), each decoded by a typed msgspec decoder of only the
+fields used here (other fields are skipped in C), and each chunk is reduced on the spot to interval unions and
+per-name totals. Events whose fields have other types (a list ``pid``, a numeric name, non-object args, invalid
+UTF-8) are decoded one by one, loosely: coerced as before or counted and skipped. A truncated trace (a crashed
+job, a copy in progress) is summarized as far as it goes and marked ``truncated=True`` with a note.
 
 Definitions (all in milliseconds, within the *window*):
 
@@ -36,23 +36,21 @@ Definitions (all in milliseconds, within the *window*):
   and tid (CPU) or stream (GPU).
 
 Public API: :func:`summarize_trace` (one file -> :class:`~ranksight.schema.TraceSummary`),
-:func:`summarize_traces`, :func:`ijson_backend`.
+:func:`summarize_traces`.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import zlib
 from array import array
-from typing import Any, BinaryIO, Iterable
+from typing import Any, Iterable
 
-import ijson
+import msgspec
 
+from probes.trace_events import CHUNK, RAW_LIST, TraceEvents, distributed_info
 from ranksight.schema import TraceSummary
 
-_CHUNK = 1 << 20
 _COMPACT_AT = 1 << 20  # intervals kept before an in-place sort+merge (bounds memory)
 
 # Element sizes for the byte counts, keyed by the dtype names Kineto writes
@@ -72,33 +70,85 @@ class TraceError(ValueError):
     """The file is not a readable trace at all (no events could be read)."""
 
 
-def ijson_backend() -> str:
-    """Name of the ijson backend in use (``yajl2_c`` is the fast C one)."""
-    return _IJSON.backend_name if hasattr(_IJSON, "backend_name") else str(_IJSON)
+_NO_STREAM = object()  # args without a "stream" key (a null one is kept as None)
 
 
-def _pick_backend():
-    for name in ("yajl2_c", "yajl2_cffi", "yajl2", "python"):
-        try:
-            return ijson.get_backend(name)
-        except Exception:  # noqa: BLE001 - a missing native lib raises various errors
-            continue
-    return ijson
+class _Args(msgspec.Struct, gc=False):
+    """The args keys read here; the rest of an event's args is skipped by the decoder."""
+
+    stream: Any = _NO_STREAM
+    dtype: Any = None
+    nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    types: Any = msgspec.field(default=None, name="Input type")
+    name: Any = ""  # thread_name metadata: the thread's name
 
 
-_IJSON = _pick_backend()
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    name: str | None = None
+    cat: str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: _Args | None = None
+
+
+_DECODE = msgspec.json.Decoder(list[_Event])
+_DECODE_ONE = msgspec.json.Decoder()
+
+
+def _decode_chunk(doc: bytes) -> tuple[list, bool]:
+    """(events, loose): typed events, or, when some field has another type, the raw events to decode one by one.
+    Raises msgspec.DecodeError when ``doc`` is not a JSON array (the reader then tries another cut point)."""
+    try:
+        return _DECODE.decode(doc), False
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        return RAW_LIST.decode(doc), True
+
+
+def _float(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _loose(raw: msgspec.Raw) -> _Event | None | bool:
+    """One event decoded loosely and coerced as the summary reads it: an _Event, None (not an object: not an event
+    the summary reads), or False (fields of the wrong type, or not decodable: counted and skipped)."""
+    try:
+        ev = _DECODE_ONE.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return False
+    if not isinstance(ev, dict):
+        return None
+    name, cat, args = ev.get("name") or "", ev.get("cat") or "", ev.get("args")
+    if not isinstance(name, str) or not isinstance(cat, str) or not (args is None or isinstance(args, dict)):
+        return False
+    a = None
+    if args:
+        a = _Args(stream=args.get("stream", _NO_STREAM), dtype=args.get("dtype"), nelems=args.get("In msg nelems"),
+                  dims=args.get("Input Dims"), types=args.get("Input type"), name=args.get("name", ""))
+    ph = ev.get("ph")
+    return _Event(ph=ph if isinstance(ph, str) else None, name=name, cat=cat, ts=_float(ev.get("ts")),
+                  dur=_float(ev.get("dur")), pid=_key_part(ev.get("pid")), tid=_key_part(ev.get("tid")), args=a)
 
 
 class IntervalUnion:
     """Union of [start, end) intervals, streamed. Merges on the fly while events arrive in
     order (the usual case per category) and keeps the rest in compact float arrays."""
 
-    __slots__ = ("cs", "ce", "starts", "ends")
+    __slots__ = ("cs", "ce", "starts", "ends", "limit")
 
     def __init__(self) -> None:
         self.cs = self.ce = None
         self.starts = array("d")
         self.ends = array("d")
+        self.limit = _COMPACT_AT
 
     def add(self, s: float, e: float) -> None:
         cs = self.cs
@@ -109,13 +159,21 @@ class IntervalUnion:
         if cs is not None:
             self.starts.append(cs)
             self.ends.append(self.ce)
-            if len(self.starts) >= _COMPACT_AT:
+            if len(self.starts) >= self.limit:
                 self._compact()
         self.cs, self.ce = s, e
 
+    def compact_if_large(self) -> None:
+        """Merge in place once many intervals are held (callers may append to ``starts``/``ends`` directly, in any
+        order: the union does not depend on it)."""
+        if len(self.starts) >= self.limit:
+            self._compact()
+
     def _compact(self) -> None:
         st, en = _merge(self.starts, self.ends)
-        self.starts, self.ends = array("d", st.tolist()), array("d", en.tolist())
+        self.starts, self.ends = array("d", st.tobytes()), array("d", en.tobytes())
+        # disjoint intervals do not shrink: the next merge waits until they have doubled (no merge per append)
+        self.limit = max(_COMPACT_AT, 2 * len(self.starts))
 
     def intervals(self):
         """Sorted, disjoint intervals as two numpy arrays."""
@@ -179,19 +237,19 @@ def _intersection(a_s, a_e, b_s, b_e) -> float:
     return total
 
 
-def _nbytes(args: dict[str, Any]) -> int | None:
-    if not isinstance(args, dict):
+def _nbytes(a: _Args | None) -> int | None:
+    if a is None:
         return None
-    dt = args.get("dtype")
-    n = args.get("In msg nelems")
+    dt = a.dtype
+    n = a.nelems
     if n is not None and dt is not None:
         size = _DTYPE_SIZE.get(str(dt).lower())
         try:
             return int(n) * size if size else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return None
-    dims = args.get("Input Dims")
-    types = args.get("Input type")
+    dims = a.dims
+    types = a.types
     if isinstance(dims, list) and isinstance(types, list):
         total = 0
         found = False
@@ -206,22 +264,12 @@ def _nbytes(args: dict[str, Any]) -> int | None:
                     k = 1
                     for x in shp:
                         k *= int(x)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     continue
                 total += k * size
                 found = True
         return total if found else None
     return None
-
-
-def open_trace(path: str) -> BinaryIO:
-    """A trace file for reading, plain or gzip (by its magic bytes, whatever its name)."""
-    f = open(path, "rb")
-    magic = f.read(2)
-    f.seek(0)
-    if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
-    return f
 
 
 def _key_part(x: Any) -> Any:
@@ -274,205 +322,154 @@ def summarize_trace(
     # event is seen, which may come after them: such cpu_ops are held per thread until then.
     held: dict[tuple[Any, Any], IntervalUnion] = {}
 
-    f = open_trace(path)
-    # read1: a gzip member cut short raises EOFError only after handing out what it could
-    # decompress (read() would drop the last partial block).
-    read = getattr(f, "read1", f.read)
-    # The Chrome trace format has two forms: an object with "traceEvents" (what Kineto writes) and a bare
-    # array of events (other tools, hand-trimmed traces), whose closing "]" is optional by the format's spec.
-    try:
-        first = read(_CHUNK)
-    except (EOFError, zlib.error, OSError) as e:
-        f.close()
-        raise TraceError(f"{path}: cannot read the trace: {type(e).__name__}: {e}") from e
-    bare_array = first.lstrip()[:1] == b"["
-    events = ijson.sendable_list()
-    ev_coro = _IJSON.items_coro(events, "item" if bare_array else "traceEvents.item", use_float=True)
-    dist = ijson.sendable_list()
-    dist_coro = _IJSON.items_coro(dist, "distributedInfo", use_float=True)
-    # distributedInfo comes before traceEvents in Kineto's output, so this second parser is
-    # dropped after the first chunk or so; a trace without it pays for a second (C-only) parse.
-    side = [] if bare_array else [dist_coro]
+    reader = TraceEvents(path, CHUNK)
 
-    def handle(ev: dict[str, Any]) -> None:
-        nonlocal n_coll, n_gpu_coll, n_malformed
-        # a user's trace may hold anything: an event whose fields have the wrong types is counted and skipped
-        name, cat, args = ev.get("name") or "", ev.get("cat") or "", ev.get("args")
-        if not isinstance(name, str) or not isinstance(cat, str) or not (args is None or isinstance(args, dict)):
-            n_malformed += 1
-            return
-        ev = {**ev, "pid": _key_part(ev.get("pid")), "tid": _key_part(ev.get("tid"))}
-        ph = ev.get("ph")
-        if ph != "X":
-            if ph == "M" and ev.get("name") == "thread_name":
-                args = ev.get("args") or {}
-                tname = str(args.get("name", ""))
-                key = (ev.get("pid"), ev.get("tid"))
-                thread_names[key] = tname
-                if "gloo" in tname:
-                    gloo_tids.add(key)
-                    held.pop(key, None)
-            return
-        ts = ev.get("ts")
-        dur = ev.get("dur")
-        if ts is None or dur is None:
-            return
-        try:
-            ts = float(ts)
-            dur = float(dur)
-        except (TypeError, ValueError):
-            return
-        if dur < 0:
-            return
-        end = ts + dur
-        cat = ev.get("cat") or ""
-        name = ev.get("name") or ""
-        if cat == "kernel":
-            if ts < gpu_span[0]:
-                gpu_span[0] = ts
-            if end > gpu_span[1]:
-                gpu_span[1] = end
-            k = kernels.get(name)
-            if k is None:
-                kernels[name] = [dur, 1]
-            else:
-                k[0] += dur
-                k[1] += 1
-            if name.startswith(("ncclKernel", "ncclDevKernel")):
-                gpu_comm.add(ts, end)
-                n_gpu_coll += 1
-                if len(gpu_collectives) < max_collectives:
-                    args = ev.get("args") or {}
-                    gpu_collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(args),
-                                            "kind": "exec", "stream": args.get("stream", ev.get("tid")),
-                                            "device": "gpu"})
-            else:
-                gpu_compute.add(ts, end)
-            return
-        if cat in ("gpu_memcpy", "gpu_memset"):
-            if ts < gpu_span[0]:
-                gpu_span[0] = ts
-            if end > gpu_span[1]:
-                gpu_span[1] = end
-            gpu_copy.add(ts, end)
-            return
-        if ts < cpu_span[0]:
-            cpu_span[0] = ts
-        if end > cpu_span[1]:
-            cpu_span[1] = end
-        if cat == "cpu_op":
-            k = cpu_ops.get(name)
-            if k is None:
-                cpu_ops[name] = [dur, 1]
-            else:
-                k[0] += dur
-                k[1] += 1
-            if _is_comm_cpu_op(name):
-                cpu_comm.add(ts, end)
-                n_coll += 1
-                if len(collectives) < max_collectives:
-                    collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0,
-                                        "bytes": _nbytes(ev.get("args") or {}), "kind": "issue", "tid": ev.get("tid"),
-                                        "device": "cpu"})
-                return
-            key = (ev.get("pid"), ev.get("tid"))
-            if key in gloo_tids:
-                return
-            if key not in thread_names:
-                u = held.get(key)
-                if u is None:
-                    u = held[key] = IntervalUnion()
-                u.add(ts, end)
-            else:
-                cpu_compute.add(ts, end)
-            return
-        if cat == "user_annotation" or cat == "":
-            if name.startswith("ProfilerStep#"):
-                m = _STEP_RE.match(name)
-                if m:
-                    steps[int(m.group(1))] = (ts, end)
-                return
-            if name.startswith(("gloo:", "nccl:")):
-                cpu_comm.add(ts, end)
-                n_coll += 1
-                if len(collectives) < max_collectives:
-                    collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0,
-                                        "bytes": _nbytes(ev.get("args") or {}),
-                                        "kind": "exec" if name.startswith("gloo:") else "issue",
-                                        "tid": ev.get("tid"), "device": "cpu"})
-
-    last_byte = b""  # the stream's last non-blank byte: tells an unclosed event array from a cut-off event
-    try:
-        while True:
-            try:
-                chunk = first if first is not None else read(_CHUNK)
-                first = None
-            except (EOFError, zlib.error, OSError) as e:  # truncated/corrupt gzip member
-                truncated = True
-                notes.append(f"stopped reading: {type(e).__name__}: {e}")
-                break
-            if not chunk:
-                break
-            last_byte = chunk.rstrip()[-1:] or last_byte
-            try:
-                ev_coro.send(chunk)
-            except (ijson.common.JSONError, UnicodeDecodeError) as e:  # malformed UTF-8 inside a string too
-                truncated = True
-                notes.append(f"stopped at invalid JSON: {type(e).__name__}: {e}")
-                break
-            for c in list(side):
-                try:
-                    c.send(chunk)
-                except (ijson.common.JSONError, UnicodeDecodeError):
-                    side.remove(c)
-            if dist and dist_coro in side:
-                side.remove(dist_coro)  # found: stop paying for a second parse
-            for ev in events:
-                if isinstance(ev, dict):
-                    handle(ev)
-            n_events += len(events)
-            del events[:]
-        if not truncated:
-            try:
-                ev_coro.close()
-            except ijson.common.IncompleteJSONError as e:
-                if bare_array and last_byte in (b"}", b","):
-                    notes.append("bare event array without its closing ']' (allowed by the trace format)")
+    def handle(evs: list) -> None:
+        nonlocal n_coll, n_gpu_coll
+        # the intervals of a chunk are appended as they come (a union does not depend on the order) and merged in
+        # numpy once many are held
+        gm_s, gm_e = gpu_comm.starts.append, gpu_comm.ends.append
+        gc_s, gc_e = gpu_compute.starts.append, gpu_compute.ends.append
+        gy_s, gy_e = gpu_copy.starts.append, gpu_copy.ends.append
+        cm_s, cm_e = cpu_comm.starts.append, cpu_comm.ends.append
+        cc_s, cc_e = cpu_compute.starts.append, cpu_compute.ends.append
+        for ev in evs:
+            ph = ev.ph
+            if ph != "X":
+                if ph == "M" and ev.name == "thread_name":
+                    a = ev.args
+                    tname = str(a.name) if a is not None else ""
+                    key = (ev.pid, ev.tid)
+                    thread_names[key] = tname
+                    if "gloo" in tname:
+                        gloo_tids.add(key)
+                        held.pop(key, None)
+                continue
+            ts = ev.ts
+            dur = ev.dur
+            if ts is None or dur is None or dur < 0:
+                continue
+            end = ts + dur
+            cat = ev.cat or ""
+            name = ev.name or ""
+            if cat == "kernel":
+                if ts < gpu_span[0]:
+                    gpu_span[0] = ts
+                if end > gpu_span[1]:
+                    gpu_span[1] = end
+                k = kernels.get(name)
+                if k is None:
+                    kernels[name] = [dur, 1]
                 else:
-                    truncated = True
-                    notes.append(f"trace ends early (truncated JSON): {e}")
-            except (ijson.common.JSONError, UnicodeDecodeError) as e:
-                truncated = True
-                notes.append(f"invalid JSON at the end: {type(e).__name__}: {e}")
-            for ev in events:
-                if isinstance(ev, dict):
-                    handle(ev)
-            n_events += len(events)
-            del events[:]
-    finally:
-        f.close()
+                    k[0] += dur
+                    k[1] += 1
+                if name.startswith(("ncclKernel", "ncclDevKernel")):
+                    gm_s(ts)
+                    gm_e(end)
+                    n_gpu_coll += 1
+                    if len(gpu_collectives) < max_collectives:
+                        a = ev.args
+                        stream = a.stream if a is not None else _NO_STREAM
+                        gpu_collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(a),
+                                                "kind": "exec", "stream": ev.tid if stream is _NO_STREAM else stream,
+                                                "device": "gpu"})
+                else:
+                    gc_s(ts)
+                    gc_e(end)
+                continue
+            if cat == "gpu_memcpy" or cat == "gpu_memset":
+                if ts < gpu_span[0]:
+                    gpu_span[0] = ts
+                if end > gpu_span[1]:
+                    gpu_span[1] = end
+                gy_s(ts)
+                gy_e(end)
+                continue
+            if ts < cpu_span[0]:
+                cpu_span[0] = ts
+            if end > cpu_span[1]:
+                cpu_span[1] = end
+            if cat == "cpu_op":
+                k = cpu_ops.get(name)
+                if k is None:
+                    cpu_ops[name] = [dur, 1]
+                else:
+                    k[0] += dur
+                    k[1] += 1
+                if _is_comm_cpu_op(name):
+                    cm_s(ts)
+                    cm_e(end)
+                    n_coll += 1
+                    if len(collectives) < max_collectives:
+                        collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(ev.args),
+                                            "kind": "issue", "tid": ev.tid, "device": "cpu"})
+                    continue
+                key = (ev.pid, ev.tid)
+                if key in gloo_tids:
+                    continue
+                if key not in thread_names:
+                    u = held.get(key)
+                    if u is None:
+                        u = held[key] = IntervalUnion()
+                    u.starts.append(ts)
+                    u.ends.append(end)
+                else:
+                    cc_s(ts)
+                    cc_e(end)
+                continue
+            if cat == "user_annotation" or cat == "":
+                if name.startswith("ProfilerStep#"):
+                    m = _STEP_RE.match(name)
+                    if m:
+                        steps[int(m.group(1))] = (ts, end)
+                    continue
+                if name.startswith(("gloo:", "nccl:")):
+                    cm_s(ts)
+                    cm_e(end)
+                    n_coll += 1
+                    if len(collectives) < max_collectives:
+                        collectives.append({"name": name, "ts": ts, "dur_ms": dur / 1000.0, "bytes": _nbytes(ev.args),
+                                            "kind": "exec" if name.startswith("gloo:") else "issue",
+                                            "tid": ev.tid, "device": "cpu"})
+
+    for evs, loose in reader.chunks(_decode_chunk):
+        n_events += len(evs)
+        if loose:
+            typed = []
+            for raw in evs:
+                ev = _loose(raw)
+                if ev is False:
+                    n_malformed += 1
+                elif ev is not None:
+                    typed.append(ev)
+            evs = typed
+        handle(evs)
+        for u in (gpu_compute, gpu_comm, gpu_copy, cpu_compute, cpu_comm, *held.values()):
+            u.compact_if_large()
+    truncated = reader.truncated
+    notes.extend(reader.notes)
     if n_malformed:
         notes.append(f"{n_malformed} event(s) with fields of the wrong type (a non-string name, non-object args) skipped")
     if n_events == 0:
         raise TraceError(f"{path}: no trace events could be read" + (f" ({notes[-1]})" if notes else ""))
     if truncated:
         notes.insert(0, f"truncated: summarized the {n_events} events read before the trace ended")
+    distributed = distributed_info(reader.header, reader.trailer)
 
     # cpu_ops of threads never named: they are compute (no gloo runloop name was ever given).
     for key, u in held.items():
         if key in gloo_tids:
             continue
         hs, he = u.intervals()
-        for s, e in zip(hs.tolist(), he.tolist()):
-            cpu_compute.add(s, e)
+        cpu_compute.starts.frombytes(hs.tobytes())
+        cpu_compute.ends.frombytes(he.tobytes())
 
-    distributed = dist[0] if dist and isinstance(dist[0], dict) else {}
     if rank is None or distributed.get("rank") is not None:
         r = distributed.get("rank")
         if r is not None:
             try:
                 rank = int(r)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 rank = None
         if rank is None:
             m = _RANK_IN_NAME_RE.search(os.path.basename(path))
@@ -552,4 +549,4 @@ def summarize_traces(paths: Iterable[str], **kw: Any) -> tuple[list[TraceSummary
     return out, errors
 
 
-__all__ = ["summarize_trace", "summarize_traces", "ijson_backend", "TraceError", "IntervalUnion"]
+__all__ = ["summarize_trace", "summarize_traces", "TraceError", "IntervalUnion"]

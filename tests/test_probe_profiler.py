@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.profiler import IntervalUnion, TraceError, ijson_backend, summarize_trace, summarize_traces
+from probes.profiler import IntervalUnion, TraceError, summarize_trace, summarize_traces
 from conftest import free_port
 
 FIX = Path(__file__).parent / "fixtures" / "traces"
@@ -205,14 +205,24 @@ def test_bad_inputs_raise_clear_errors_not_crashes(tmp_path: Path):
     assert set(errors) == {str(garbage), str(tmp_path / "missing.json")}
 
 
-def test_ijson_uses_the_fastest_backend_available():
-    import ijson
-
-    try:
-        ijson.get_backend("yajl2_c")
-        assert ijson_backend() == "yajl2_c"
-    except Exception:  # noqa: BLE001
-        assert ijson_backend() in ("yajl2_cffi", "yajl2", "python")
+def test_loosely_typed_events_are_coerced_or_skipped_and_the_rest_is_read(tmp_path):
+    """Events whose fields have other types than Kineto writes are decoded one by one: a string ts or a list pid
+    is coerced as before, a numeric name or non-object args is counted and skipped, and an event with invalid
+    UTF-8 is skipped too, not the end of the trace (the ijson loop stopped there and lost the events after it)."""
+    good = [_x("ProfilerStep#1", "user_annotation", 1, 0, 1000), _x("aten::mm", "cpu_op", 1, 100, 200),
+            _x("aten::mm", "cpu_op", 1, 600, 100)]
+    odd = [_x("aten::add", "cpu_op", 1, "300", 50), _x("aten::add", "cpu_op", 1, 400, 50, pid=[1, 2]),
+           _x(7, "cpu_op", 1, 0, 900), _x("aten::bad", "cpu_op", 1, 0, 900, args=[1])]
+    body = ",".join(json.dumps(e) for e in good[:2] + odd).encode()
+    bad_utf8 = b'{"ph": "X", "cat": "cpu_op", "name": "a\xc0\xafb", "pid": 100, "tid": 1, "ts": 0, "dur": 900}'
+    p = tmp_path / "rank-0.json"
+    p.write_bytes(b'{"traceEvents": [' + body + b"," + bad_utf8 + b"," + json.dumps(good[2]).encode() + b"]}")
+    s = summarize_trace(str(p))
+    assert not s.truncated
+    # compute: mm [100,300] + add [300,350] + add [400,450] (its pid a list) + mm [600,700] = 400 us
+    assert s.compute_ms == pytest.approx(0.4) and s.wall_ms == pytest.approx(1.0)
+    assert {o["name"]: o["count"] for o in s.top_ops} == {"aten::mm": 2, "aten::add": 2}
+    assert any(n.startswith("3 event(s) with fields of the wrong type") for n in s.notes), s.notes
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Read a Kineto trace file (plain or ``.gz``, possibly truncated) into a ``model.RankTrace``.
 
-How: the ``traceEvents`` array is cut into chunks of about ``CHUNK`` bytes at event boundaries (a ``}`` ``,``
-``{`` between two events) and each chunk is decoded by ``msgspec`` into small typed Structs that name only the
-fields the analyses use (unknown fields are skipped at C speed). Each chunk becomes numpy columns and is dropped,
-so memory holds one chunk of events plus the columns. A chunk whose types do not match the typed Structs (a
-string ``ts``, say) is decoded again loosely and coerced, event by event.
+How: ``probes.trace_events`` (the reader the agent's summarizer shares) cuts the events array into chunks of about
+``CHUNK`` bytes at event boundaries and each chunk is decoded by ``msgspec`` into small typed Structs that name only
+the fields the analyses use (unknown fields are skipped at C speed). Each chunk becomes numpy columns and is
+dropped, so memory holds one chunk of events plus the columns. A chunk whose types do not match the typed Structs
+(a string ``ts``, say) is decoded again loosely and coerced, event by event; an event that cannot be is dropped.
 
 A truncated file (a crashed job, a copy in progress, a gzip member cut short) is read up to its last complete
-event, with a note. Rank: ``distributedInfo.rank``, else ``rank-3`` / ``rank3`` / ``rank_3`` in the file name,
+event, with a note; a bare event array may leave out its closing ``]`` (the format allows it). Rank: ``distributedInfo.rank``, else ``rank-3`` / ``rank3`` / ``rank_3`` in the file name,
 else the order the files were given in (each with a note).
 """
 
@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-import zlib
 from array import array
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Union
 
 import msgspec
 import numpy as np
 
-from probes.profiler import open_trace
+from probes.trace_events import RAW_LIST, TraceEvents, json_object_after
 
 from traces.model import (DTYPE_SIZE, KIND_COMM, KIND_COMPUTE, KIND_MEMCPY, KIND_MEMSET, Collectives, GpuOps,
                           RankTrace, Steps, is_nccl_kernel)
@@ -77,68 +76,8 @@ class DistInfo(msgspec.Struct):
 
 
 _dec = msgspec.json.Decoder(list[Event])
-_loose_dec = msgspec.json.Decoder(list[LooseEvent])
+_loose_dec = msgspec.json.Decoder(LooseEvent)
 _dist_dec = msgspec.json.Decoder(DistInfo)
-
-
-def _read_chunks(path: str, notes: list[str]) -> Iterator[bytes]:
-    f = open_trace(path)
-    read = getattr(f, "read1", f.read)  # read1: a cut gzip member still yields what it decompressed
-    try:
-        while True:
-            try:
-                b = read(CHUNK)
-            except (EOFError, zlib.error, OSError) as e:
-                notes.append(f"stopped reading: {type(e).__name__}: {e}")
-                yield b""
-                return
-            if not b:
-                return
-            yield b
-    finally:
-        f.close()
-
-
-def _boundaries_before(buf: bytes, pos: int) -> Iterator[int]:
-    """Positions of ``,`` between two events (``}`` before, ``{`` after, whitespace aside), right to left."""
-    while True:
-        i = buf.rfind(b",", 0, pos)
-        if i < 0:
-            return
-        if buf[max(0, i - 32):i].rstrip().endswith(b"}") and buf[i + 1:i + 33].lstrip().startswith(b"{"):
-            yield i
-        pos = i
-
-
-def _find_object(text: bytes, key: bytes) -> bytes | None:
-    """The JSON object that follows ``"key":`` in ``text`` (braces counted outside strings), or None."""
-    i = text.find(b'"' + key + b'"')
-    if i < 0:
-        return None
-    j = text.find(b"{", i)
-    if j < 0 or text[i + len(key) + 2:j].strip() not in (b":",):
-        return None
-    depth = 0
-    in_str = False
-    esc = False
-    for k in range(j, min(len(text), j + (1 << 20))):
-        c = text[k]
-        if in_str:
-            if esc:
-                esc = False
-            elif c == 92:  # backslash
-                esc = True
-            elif c == 34:
-                in_str = False
-        elif c == 34:
-            in_str = True
-        elif c == 123:
-            depth += 1
-        elif c == 125:
-            depth -= 1
-            if depth == 0:
-                return text[j:k + 1]
-    return None
 
 
 _I64 = 2**63 - 1
@@ -260,116 +199,41 @@ def _str(x: Any) -> str | None:
     return x if isinstance(x, str) else (None if x is None else str(x))
 
 
-def _decode(piece: bytes, cols: _Columns) -> bool:
-    """Decode ``[piece]`` into cols; False when it is not a JSON array of events (a wrong cut)."""
-    doc = b"[" + piece + b"]"
+def _decode(doc: bytes) -> list:
+    """A JSON array of events -> typed events (loosely decoded and coerced when some field has another type).
+    Raises msgspec.DecodeError when ``doc`` is not a JSON array (the reader then tries another cut point)."""
     try:
-        evs = _dec.decode(doc)
-    except msgspec.ValidationError:
-        try:
-            evs = _coerce(_loose_dec.decode(doc))
-        except msgspec.DecodeError:
-            return False
-    except msgspec.DecodeError:
-        return False
-    cols.add(evs)
-    return True
-
-
-def _decode_tail(frag: bytes, cols: _Columns, notes: list[str]) -> tuple[bool, bytes]:
-    """The last fragment: events then ``]`` and the rest of the document. Returns (closed, trailer)."""
-    s = frag.strip()
-    if not s:
-        return False, b""
-    # The array closes at some "]" whose prefix decodes as events; try them left to right (few, frag is small).
-    start = 0
-    tries = 0
-    while tries < 4096:
-        j = frag.find(b"]", start)
-        if j < 0:
-            break
-        tries += 1
-        head = frag[:j]
-        if not head.strip():
-            return True, frag[j + 1:]
-        if head.rstrip().endswith(b"}") and _decode(head, cols):
-            return True, frag[j + 1:]
-        start = j + 1
-    # No closing bracket: truncated. Keep the longest prefix that ends at a complete event.
-    pos = len(frag)
-    while tries < 8192:
-        k = frag.rfind(b"}", 0, pos)
-        if k < 0:
-            break
-        tries += 1
-        if _decode(frag[:k + 1], cols):
-            return False, b""
-        pos = k
-    return False, b""
+        return _dec.decode(doc)
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        loose = []
+        for raw in RAW_LIST.decode(doc):
+            try:
+                loose.append(_loose_dec.decode(raw))
+            except (msgspec.DecodeError, UnicodeDecodeError):
+                continue  # not an event object, or not decodable: dropped
+        return _coerce(loose)
 
 
 def load_trace(path: str, *, order: int = 0) -> RankTrace:
     """Read one rank's trace. Raises OSError when the file cannot be opened, TraceError when no event is read."""
     notes: list[str] = []
     cols = _Columns()
-    header = b""
-    trailer = b""
-    buf = b""
-    started = False
-    closed = False
-    read_error = False
-    for chunk in _read_chunks(path, notes):
-        if not chunk:
-            read_error = True
-            break
-        if not started:
-            header += chunk
-            s = header.lstrip()
-            if s[:1] == b"[":  # the bare-array form of the Chrome trace format
-                buf = s[1:]
-                header = b""
-                started = True
-            else:
-                i = header.find(b'"traceEvents"')
-                if i < 0:
-                    if len(header) > (64 << 20):
-                        break
-                    continue
-                j = header.find(b"[", i)
-                if j < 0:
-                    continue
-                buf = header[j + 1:]
-                header = header[:i]
-                started = True
-        else:
-            buf += chunk
-        if len(buf) >= CHUNK:
-            for b in _boundaries_before(buf, len(buf)):
-                if _decode(buf[:b], cols):
-                    buf = buf[b + 1:]
-                    break
-    if started:
-        # The rest: decode up to the last boundary, then the final fragment.
-        for b in _boundaries_before(buf, len(buf)):
-            if _decode(buf[:b], cols):
-                buf = buf[b + 1:]
-                break
-        closed, trailer = _decode_tail(buf, cols, notes)
-    truncated = started and not closed
-    if not closed and started and buf.strip() and not read_error:
-        notes.append("the trace ends inside an event: read up to the last complete event")
+    reader = TraceEvents(path, CHUNK)
+    for evs in reader.chunks(_decode):
+        cols.add(evs)
+    notes.extend(reader.notes)
     if cols.n_events == 0:
         raise TraceError(f"{path}: no trace events could be read" + (f" ({notes[-1]})" if notes else ""))
-    if truncated:
+    if reader.truncated:
         notes.insert(0, f"truncated: read the {cols.n_events} events before the trace ended")
-    return _build(path, order, cols, header, trailer, truncated, notes)
+    return _build(path, order, cols, reader.header, reader.trailer, reader.truncated, notes)
 
 
 def _build(path: str, order: int, cols: _Columns, header: bytes, trailer: bytes, truncated: bool,
            notes: list[str]) -> RankTrace:
     dist = None
     for text in (header, trailer):
-        obj = _find_object(text, b"distributedInfo") if text else None
+        obj = json_object_after(text, b"distributedInfo") if text else None
         if obj is not None:
             try:
                 dist = _dist_dec.decode(obj)
