@@ -31,6 +31,7 @@ from ranksight.spool import read_spool
 from ranksight.schema import (
     SCHEMA_VERSION,
     CollectiveRecord,
+    CommunicatorRecord,
     EventRecord,
     GpuSample,
     HostSample,
@@ -177,6 +178,25 @@ def _group_keys_by_row(groups: list, members: list, attempts: list) -> list[str]
     return out
 
 
+def with_members(co: pd.DataFrame, communicators: pd.DataFrame) -> pd.Series:
+    """The collectives' ``group_ranks``, each record that names its group by ``comm_id`` (and carries no member list)
+    given its communicator's members: one shared sorted int64 array per communicator, so the analyzers see every
+    record's members as before, at the cost of one dictionary lookup per record. A record whose communicator was
+    never stored (its writer's node lost) keeps an empty list: the checks then take the group's members from the
+    ranks that have records of it."""
+    if co.empty or communicators.empty or "comm_id" not in co.columns:
+        return co["group_ranks"]
+    members = {str(cid): np.asarray(sorted(int(x) for x in rk), dtype=np.int64)
+               for cid, rk in zip(communicators["comm_id"], communicators["ranks"])
+               if isinstance(rk, (list, tuple, np.ndarray)) and len(rk)}
+    mapped = co["comm_id"].map(members)
+    want = mapped.notna().to_numpy() & (member_counts(co["group_ranks"]).to_numpy() == 0)
+    if not want.any():
+        return co["group_ranks"]
+    return pd.Series(np.where(want, mapped.to_numpy(dtype=object), co["group_ranks"].to_numpy(dtype=object)),
+                     index=co.index, dtype=object)
+
+
 def member_counts(members: pd.Series) -> pd.Series:
     """The number of members of each collective record's ``group_ranks`` (0 when it is not a list)."""
     values = members.tolist()
@@ -195,6 +215,7 @@ class RunData:
     manifest: Manifest | None = None
     steps: pd.DataFrame = field(default_factory=lambda: empty_frame(StepRecord))
     collectives: pd.DataFrame = field(default_factory=lambda: empty_frame(CollectiveRecord))
+    communicators: pd.DataFrame = field(default_factory=lambda: empty_frame(CommunicatorRecord))
     events: pd.DataFrame = field(default_factory=lambda: empty_frame(EventRecord))
     gpu: pd.DataFrame = field(default_factory=lambda: empty_frame(GpuSample))
     host: pd.DataFrame = field(default_factory=lambda: empty_frame(HostSample))
@@ -261,6 +282,7 @@ class RunData:
             co["nbytes"] = pd.to_numeric(co["nbytes"], errors="coerce").fillna(0).astype(float)
             need = co["duration_ms"].isna() & co["t_done"].notna()
             co.loc[need, "duration_ms"] = (co.loc[need, "t_done"] - co.loc[need, "t_arrive"]) * 1000.0
+            co["group_ranks"] = with_members(co, self.communicators)
             # A collective may be written at arrival and again when done: keep the completed one.
             # one communicator = group name + its member ranks (dp groups of different tp/pp coordinates share the name)
             co["gkey"] = group_keys(co["group"].tolist(), co["group_ranks"].tolist(), co["attempt"].tolist())
@@ -365,6 +387,7 @@ class RunData:
 
         return RunData(
             run_id=self.run_id, manifest=self.manifest, steps=steps, collectives=cut(self.collectives),
+            communicators=self.communicators,
             events=cut(self.events), gpu=cut_t(self.gpu), host=cut_t(self.host), nccl_events=self.nccl_events,
             trace_summaries=cut(self.trace_summaries, "step_start"), xid=cut_t(self.xid), nccl_tests=self.nccl_tests,
             actions=self.actions, source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, damaged_parts=self.damaged_parts, now=self.now,
@@ -547,7 +570,8 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
                 records.extend(got.records)
                 truncated += got.truncated
                 bad += got.bad
-            for name, cls in (("steps", StepRecord), ("collectives", CollectiveRecord), ("events", EventRecord)):
+            for name, cls in (("steps", StepRecord), ("collectives", CollectiveRecord), ("events", EventRecord),
+                              ("communicators", CommunicatorRecord)):
                 recs = [r for r in records if isinstance(r, cls)]
                 if recs:
                     frames[name] = frame_from_records(recs, cls)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ranksight.live")
 
 DEFAULT_WINDOW = 512  # steps per rank kept in memory
+MAX_COMMUNICATORS = 1 << 20  # process groups kept (a 16,384-rank job with its pipeline links has ~50,000)
 TRACES_KEPT = 8192  # trace summaries kept: the last few captures of a large job
 _MAX_RANK = 1 << 22  # ranks above this are kept in the windows but get no per-rank state
 
@@ -160,6 +161,8 @@ class RunLive:
         # profiler trace summaries (a few per rank: captures are periodic or on demand, not per step); the kernel-time
         # check (analyzers/checks/kernel_time.py) compares ranks over the same capture window
         self.traces: deque = deque(maxlen=TRACES_KEPT)
+        # each process group's members, once (collective records name their group by comm_id)
+        self.comms: dict[str, schema.CommunicatorRecord] = {}
         self.manifest: schema.Manifest | None = None
         self.last_seen = 0.0
         self.sync: Callable[[], None] | None = None  # set by the head: process queued batches first
@@ -203,6 +206,10 @@ class RunLive:
                 self.xid.extend(rows)
             elif table == "trace_summaries":
                 self.traces.extend(rows)
+            elif table == "communicators":
+                for r in rows:
+                    if len(self.comms) < MAX_COMMUNICATORS or r.comm_id in self.comms:
+                        self.comms[r.comm_id] = r
 
     def add_new(self, table: str, t: pa.Table | None, rows: list | None, now: float | None = None) -> None:
         """New rows from the store's processing: as Arrow (always, when any), and as structs when
@@ -413,6 +420,7 @@ class RunLive:
             steps, colls = list(self._steps), list(self._colls)
             gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
             traces = list(self.traces)
+            comms = list(self.comms.values())
             manifest = self.manifest
             # each rank's clock offset: its node agent's (ranks of one node share its clock)
             node_off = {n: a.clock_offset for n, a in self.agents.items() if math.isfinite(a.clock_offset)}
@@ -441,7 +449,8 @@ class RunLive:
             # the collectives of the same steps (at most 4x as many rows as steps)
             collectives=columnar("collectives", colls, 4 * k, k if k < self.window else None),
             events=records("events", events), gpu=records("gpu", gpu), host=records("host", host),
-            xid=records("xid", xid), trace_summaries=records("trace_summaries", traces), source="live",
+            xid=records("xid", xid), trace_summaries=records("trace_summaries", traces),
+            communicators=records("communicators", comms), source="live",
             now=time.time() if now is None else now,
             clock_offset_s=offsets)
 

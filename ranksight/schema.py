@@ -20,6 +20,7 @@ Conventions
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Literal, Union
 
@@ -70,6 +71,7 @@ FINDING_KINDS = (
 STORE_TABLES = (
     "steps",
     "collectives",
+    "communicators",
     "events",
     "gpu",
     "xid",
@@ -144,12 +146,34 @@ class CollectiveRecord(Record, tag="collective", kw_only=True):
     seq: int  # per-rank, per-group sequence number
     op: str  # all_reduce, reduce_scatter, all_gather, send, recv, ...
     group: str  # dp, tp, pp, world
+    # The group's members: named by ``comm_id`` (its ``CommunicatorRecord``, stored once per group) by what
+    # ranksight.instrument writes; a list here is the older form (and what other writers may still send).
     group_ranks: list[int] = []
     nbytes: int = 0
     t_arrive: float  # wall time the rank entered the collective
     t_done: float | None = None  # None: never completed (hang)
     duration_ms: float | None = None
     attempt: int = 0  # torchrun restart count: a re-formed job's process groups (and seq numbers) are new ones
+    comm_id: str = ""  # the group's CommunicatorRecord (``communicator_id``); "" in the older form
+
+
+class CommunicatorRecord(Record, tag="communicator", kw_only=True):
+    """One process group's members, written once per group (by its lowest rank) so that collective records carry
+    only its id: the members of the world group are not repeated in every record of every rank."""
+
+    run_id: str
+    comm_id: str  # communicator_id(group, ranks, attempt): the same on every member
+    group: str  # dp, tp, pp, world, pp:<src>><dst>
+    ranks: list[int]
+    attempt: int = 0
+    rank: int  # who wrote it
+    step: int = 0  # the step of its first collective
+
+
+def communicator_id(group: str, ranks: list[int], attempt: int = 0) -> str:
+    """A process group's id, the same on every member: a hash of the attempt, the group's name and its members."""
+    h = hashlib.blake2b(f"{attempt}|{group}|{','.join(map(str, sorted(ranks)))}".encode(), digest_size=8)
+    return h.hexdigest()
 
 
 class EventRecord(Record, tag="event", kw_only=True):
@@ -163,7 +187,7 @@ class EventRecord(Record, tag="event", kw_only=True):
     detail: dict[str, Any] = {}
 
 
-SpoolRecord = Union[StepRecord, CollectiveRecord, EventRecord]
+SpoolRecord = Union[StepRecord, CollectiveRecord, EventRecord, CommunicatorRecord]
 
 # --------------------------------------------------------------------------
 # Written by probes in the node agent

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 TABLE_TYPES: dict[str, type] = {
     "steps": schema.StepRecord,
     "collectives": schema.CollectiveRecord,
+    "communicators": schema.CommunicatorRecord,
     "events": schema.EventRecord,
     "gpu": schema.GpuSample,
     "host": schema.HostSample,
@@ -53,6 +54,7 @@ RUN_ID_COLUMN = "run_id"
 KEYS: dict[str, tuple[str, ...]] = {
     "steps": ("rank", "step", "attempt"),
     "collectives": ("rank", "attempt", "step", "group", "seq"),
+    "communicators": ("comm_id",),
     "events": ("rank", "step", "event", "t", "detail"),
     "gpu": ("node", "gpu", "t"),
     "host": ("node", "t"),

@@ -60,6 +60,7 @@ R_RUN = "ranksight.run_id"
 BATCH_KINDS: dict[str, tuple[Any, str | None]] = {
     "step": (schema.StepRecord, "steps"),
     "collective": (schema.CollectiveRecord, "collectives"),
+    "communicator": (schema.CommunicatorRecord, "communicators"),
     "event": (schema.EventRecord, "events"),
     "gpu": (schema.GpuSample, "gpu"),
     "host": (schema.HostSample, "host"),
@@ -123,7 +124,10 @@ def _field_codes(typ) -> dict[str, tuple[str | None, Any]]:
             code = "S"
         else:
             code = None
-        out[f.name] = (code, f.default)
+        default = f.default
+        if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
+            default = f.default_factory()  # e.g. an empty member list
+        out[f.name] = (code, default)
     return out
 
 
@@ -167,18 +171,23 @@ class PackedLayout:
 
 
 def _default_layout(kind: str) -> str | None:
+    """Every packable field of ``kind``; a field that cannot be packed (a list) is left out when it has a default,
+    and then only records holding that default are packed (``pack_records``)."""
     parts = []
-    for name, (code, _) in _field_codes(BATCH_KINDS[kind][0]).items():
+    for name, (code, default) in _field_codes(BATCH_KINDS[kind][0]).items():
         if name == "run_id":
             continue
         if code is None:
-            return None
+            if default is msgspec.NODEFAULT:
+                return None
+            continue
         parts.append(f"{name}:S{PACKED_STR_BYTES}" if code == "S" else f"{name}:{code}")
     return ",".join(parts)
 
 
-# What an agent packs: the kinds whose every field packs (step records: the volume signal).
-PACKED_LAYOUTS: dict[str, str] = {k: lay for k in ("step",) if (lay := _default_layout(k))}
+# What an agent packs: the volume kinds. Step records; and collective records that name their group by comm_id
+# (their member list, left out of the layout, empty: the communicators table holds it).
+PACKED_LAYOUTS: dict[str, str] = {k: lay for k in ("step", "collective") if (lay := _default_layout(k))}
 _layouts: dict[tuple[str, str], PackedLayout] = {}
 
 
@@ -212,12 +221,14 @@ def _pack_plan(kind: str, lay: PackedLayout) -> tuple | None:
     plan = _pack_plans.get(kind, False)
     if plan is False:
         names = [f.name for f in msgspec.structs.fields(BATCH_KINDS[kind][0])]
-        keep = [i for i, n in enumerate(names) if n != "run_id"]
+        keep = [i for i, n in enumerate(names) if n != "run_id" and n in lay.codes]
+        # fields the layout leaves out: each packed record must hold the field's default
+        left_out = [(i, lay.defaults[n]) for i, n in enumerate(names) if n != "run_id" and n not in lay.codes]
         plan = None
         if [names[i] for i in keep] == list(lay.dtype.names):
             plan = (names.index("run_id"), keep,
                     [j for j, i in enumerate(keep) if lay.codes[names[i]].startswith("S")],
-                    [j for j, i in enumerate(keep) if lay.codes[names[i]] == "f8"])
+                    [j for j, i in enumerate(keep) if lay.codes[names[i]] == "f8"], left_out)
         _pack_plans[kind] = plan
     return plan
 
@@ -234,7 +245,7 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
     plan = _pack_plan(kind, lay)
     if plan is None:
         return None
-    run_idx, keep, str_pos, f8_pos = plan
+    run_idx, keep, str_pos, f8_pos, left_out = plan
     rows = []
     width = [8] * len(str_pos)
     nan = float("nan")
@@ -244,6 +255,9 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
             t = astuple(r)
             if t[run_idx] != run_id:
                 return None
+            for i, d in left_out:
+                if t[i] != d:  # e.g. a collective record that carries its member list: JSON
+                    return None
             row = [t[i] for i in keep]
             for k, j in enumerate(str_pos):
                 v = row[j].encode()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ranksight.layout import RunDir
 from cli.local_cluster import kill_tree
-from ranksight.schema import CollectiveRecord, EventRecord, StepRecord, decode_spool_line
+from ranksight.schema import CollectiveRecord, CommunicatorRecord, EventRecord, StepRecord, decode_spool_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--seq-len", "16", "--batch-size", "4",
@@ -74,6 +74,18 @@ def events(recs: list, name: str | None = None) -> list[EventRecord]:
 
 def collectives(recs: list) -> list[CollectiveRecord]:
     return [r for r in recs if isinstance(r, CollectiveRecord)]
+
+
+def members(sp: dict[int, list]) -> dict[str, list[int]]:
+    """Every process group's members from the communicator records of all ranks' spools (each written once, by the
+    group's lowest rank: a second copy fails here)."""
+    out: dict[str, list[int]] = {}
+    for rank, recs in sp.items():
+        for r in recs:
+            if isinstance(r, CommunicatorRecord):
+                assert r.comm_id not in out and r.rank == rank == min(r.ranks), r
+                out[r.comm_id] = r.ranks
+    return out
 
 
 def manifest(store: Path, run_id: str) -> dict:

@@ -55,7 +55,13 @@ def packed_to_table(table: str, run_id: str, arr: np.ndarray, layout: wire.Packe
             arrays.append(_const_string(run_id, n))
         else:  # a field the sender's layout does not carry: its default, or null
             d = layout.defaults.get(name)
-            arrays.append(pa.nulls(n, at) if d is None else pa.array(np.full(n, d), type=at))
+            if d is None:
+                arrays.append(pa.nulls(n, at))
+            elif isinstance(d, list):  # an empty list per row: offsets only
+                arrays.append(pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)),
+                                                       pa.array([], at.value_type)).cast(at))
+            else:
+                arrays.append(pa.array(np.full(n, d), type=at))
     return pa.Table.from_arrays(arrays, schema=spec.schema)
 
 

@@ -11,6 +11,7 @@ numbers per (rank, attempt)), and the check is vectorized: a whole flush of rows
 hi+2, ... of its group) extends ``hi`` without any Python per row. Anything irregular takes a
 per-group Python path that merges intervals exactly; nothing is ever approximated.
 
+Collectives are ordered the same way (``CollectiveIndex``: per rank, attempt and group, their sequence numbers).
 Other tables (lower volume, keys without such an order: GPU sample times, NCCL lines, ...)
 keep an exact set of key tuples (``SetIndex``).
 
@@ -250,6 +251,63 @@ class SetIndex:
         self.keys.update(self.spec.keys_from_table(table))
 
 
+class CollectiveIndex(SeqIndex):
+    """Seen collective keys. A collective is one (rank, attempt, group, seq) (its step follows from them), and the
+    sequence numbers of one (rank, attempt, group) come in order, as steps do: the same intervals, with the group's
+    name mapped to a number kept for the index's life and folded into the group key (attempt << 15 | name's number;
+    beyond those bits, the exact set of ``SeqIndex.other``). Bounded by ranks x groups, not by records."""
+
+    _NAME_BITS = 15
+
+    def __init__(self):
+        super().__init__(("rank", "attempt"), "seq")
+        self.names: dict[bytes, int] = {}
+
+    def _b(self, attempt: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        uniq, inv = np.unique(groups, return_inverse=True)
+        ids = np.array([self.names.setdefault(g.encode() if isinstance(g, str) else bytes(g), len(self.names))
+                        for g in uniq.tolist()], np.int64)
+        return (attempt.astype(np.int64) << self._NAME_BITS) | ids[inv.ravel()]
+
+    def new_rows(self, rows: list) -> list:
+        if not rows:
+            return []
+        try:
+            a = np.fromiter((r.rank for r in rows), np.int64, len(rows))
+            att = np.fromiter((r.attempt for r in rows), np.int64, len(rows))
+            s = np.fromiter((r.seq for r in rows), np.int64, len(rows))
+        except (OverflowError, TypeError, ValueError):  # beyond int64: exact set (Parquet drops them later)
+            out = []
+            for r in rows:
+                k = (r.rank, r.attempt, r.group, r.seq)
+                if k not in self.other:
+                    self.other.add(k)
+                    out.append(r)
+            return out
+        b = self._b(att, np.array([r.group for r in rows], dtype=object))
+        mask = self.new_mask(a, b, s)
+        return [r for r, m in zip(rows, mask.tolist()) if m]
+
+    def new_packed(self, arr: np.ndarray, layout: wire.PackedLayout) -> np.ndarray:
+        n = len(arr)
+
+        def col(c):
+            return arr[c].astype(np.int64) if c in layout.codes else np.full(n, layout.defaults.get(c) or 0, np.int64)
+        return self.new_mask(col("rank"), self._b(col("attempt"), arr["group"]), col("seq"))
+
+    def add_table(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+
+        def col(c):
+            return table.column(c).to_numpy(zero_copy_only=False)
+        self.new_mask(col("rank").astype(np.int64), self._b(col("attempt"), col("group").astype(object)),
+                      col("seq").astype(np.int64))
+
+
 def make_index(table: str) -> SeqIndex | SetIndex:
-    """The dedupe index of a store table: intervals for ``steps``, an exact key set for the others."""
-    return SeqIndex() if table == "steps" else SetIndex(SPECS[table])
+    """The dedupe index of a store table: intervals for ``steps`` and ``collectives``, an exact key set for the
+    others."""
+    if table == "steps":
+        return SeqIndex()
+    return CollectiveIndex() if table == "collectives" else SetIndex(SPECS[table])

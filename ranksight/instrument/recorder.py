@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ranksight.instrument.device_time import DeviceClock, StepMarks
-from ranksight.schema import CollectiveRecord, EventRecord
+from ranksight.schema import CollectiveRecord, CommunicatorRecord, EventRecord, communicator_id
 from ranksight.spool import NullSpool, SpoolWriter
 
 
@@ -116,6 +116,7 @@ class Recorder:
         self.t = StepTimes()
         self.tp_pending: dict[int, OpenCollective] = {}  # functional all-reduces issued, not yet waited
         self.tp_is_sync = False  # set when dp == 1 and tp > 1 (see tensor_parallel.install_tp_timing)
+        self._comm_ids: dict[str, tuple[list[int], str]] = {}  # group name -> (its members list, its comm_id)
 
     # -- steps ---------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -209,10 +210,27 @@ class Recorder:
         self.t = StepTimes()
         return t
 
+    def comm_id(self, group: str, members: list[int], step: int) -> str:
+        """The id of the process group ``group`` with ``members`` (``ranksight.schema.communicator_id``). The first
+        time a group is seen, its lowest member writes its ``CommunicatorRecord`` (before any record that names it),
+        so the members of a group are stored once per job, not in every collective record of every rank. The
+        members list is compared by identity (the session's lists are shared, and replaced, never mutated, when a
+        group changes) and, when small (a pipeline link), by value."""
+        hit = self._comm_ids.get(group)
+        if hit is not None and (hit[0] is members or (len(members) <= 64 and hit[0] == members)):
+            return hit[1]
+        cid = communicator_id(group, members, self.attempt)
+        self._comm_ids[group] = (members, cid)
+        if members and self.rank == min(members):
+            self.spool.add(CommunicatorRecord(run_id=self.run_id, comm_id=cid, group=group, ranks=sorted(members),
+                                              attempt=self.attempt, rank=self.rank, step=step))
+        return cid
+
     def collective_record(self, c: OpenCollective, step: int) -> CollectiveRecord:
         return CollectiveRecord(
             run_id=self.run_id, rank=self.rank, step=step, seq=c.seq, op=c.op, group=c.group,
-            group_ranks=c.group_ranks, nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
+            comm_id=self.comm_id(c.group, c.group_ranks, step) if c.group_ranks else "",
+            nbytes=c.nbytes, t_arrive=c.t_arrive, t_done=c.t_done,
             duration_ms=None if c.t_done is None else (c.t_done - c.t_arrive) * 1000.0, attempt=self.attempt)
 
     def flush_unfinished(self, reason: str) -> None:
