@@ -101,9 +101,11 @@ def test_real_run_exactly_once_through_agent_kills_and_head_outage(tmp_path):
         prom_median = float(res[0]["value"][1])
         print(f"median step time: prometheus {prom_median:.4f}s, store {true_median:.4f}s")
         assert abs(prom_median - true_median) / true_median < 0.10, (prom_median, true_median)
-        # per-rank series exist too
-        per_rank = prom.query('histogram_quantile(0.5, sum by (le, rank) '
+        # the histogram is per node (bounded series); per rank, a few gauges
+        per_node = prom.query('histogram_quantile(0.5, sum by (le, node) '
                               '(increase(ranksight_step_duration_seconds_bucket[10m])))')
+        assert sorted(r["metric"]["node"] for r in per_node) == ["0"]
+        per_rank = prom.query('ranksight_last_step{job="ranksight_agent"}')
         assert sorted(r["metric"]["rank"] for r in per_rank) == ["0", "1"]
         # simulated GPUs under dcgm-exporter names, labelled as simulated
         util = prom.query('DCGM_FI_DEV_GPU_UTIL{simulated="true"}')
