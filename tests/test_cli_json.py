@@ -199,12 +199,12 @@ def test_fit_table_drops_in_order_and_wraps_when_it_must():
 
 
 def test_nccl_log_tables_fit_80_columns():
-    from probes.nccl_log.cli import _render
+    from probes.nccl_log.cli import render_tables
     from probes.nccl_log.summary import summarize
 
     s = summarize([str(NCCL_LOG), str(FIXTURES / "logs" / "nccl_tests" / "per_node" / "nodea.log")])
     con = Console(width=80, file=StringIO(), record=True)
-    _render(s, con)
+    render_tables(s, con)
     text = con.export_text()
     hosts = sorted({p["host"] for p in s["processes"] if p["host"]})
     assert_fits(text, hosts + ["0-15", "NET/IB/0/GDRDMA"])

@@ -64,7 +64,7 @@ class FittedTable:
             yield dropped_note(fitted.dropped, options.max_width)
 
 
-def _render(s: dict[str, Any], con=None) -> None:
+def render_tables(s: dict[str, Any], con=None) -> None:
     from rich.console import Console
 
     if con is None:
@@ -155,6 +155,6 @@ def nccl_log(
         error = None if s["files"] else f"none of the {len(files)} file(s) could be read"
         typer.echo(json.dumps({"error": error, **s}, default=str))
     else:
-        _render(s)
+        render_tables(s)
     if not s["files"]:
         raise typer.Exit(1)
