@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 import urllib.request
 from datetime import datetime, timezone
@@ -118,10 +119,15 @@ class FindingsFeed:
         return text
 
 
+# The live table's columns, the first to go when the terminal is narrow.
+PROGRESS_DROP_ORDER = ("tokens/s", "compute ms", "node")
+
+
 def progress_table(run: RunDir, cluster: LocalCluster, steps: int) -> Table:
-    table = Table(title=f"run {run.run_id}: live progress (from the ranks' spool files)", expand=False)
-    for col in ("rank", "node", "step", "loss", "step ms", "compute ms", "comm ms", "tokens/s"):
-        table.add_column(col, justify="right")
+    from ranksight.fit_table import Col, dropped_note, fit_table
+
+    cols = [Col(c, "right") for c in ("rank", "node", "step", "loss", "step ms", "compute ms", "comm ms", "tokens/s")]
+    rows = []
     spools = sorted(run.spool_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
     now = time.time()
     for spool in spools:
@@ -131,16 +137,19 @@ def progress_table(run: RunDir, cluster: LocalCluster, steps: int) -> Table:
         stale = now - rec.t_end > 30
         loss = "nan/inf" if rec.loss_nonfinite else (f"{rec.loss:.4f}" if rec.loss is not None else "-")
         tps = rec.tokens / (rec.step_ms / 1000) if rec.step_ms > 0 else 0.0
-        table.add_row(
+        rows.append([
             str(rec.rank), str(rec.node), f"{rec.step}/{steps}" + (" (stale)" if stale else ""), loss,
             f"{rec.step_ms:.0f}", f"{rec.compute_ms:.0f}", f"{rec.comm_ms:.0f}", f"{tps:,.0f}",
-        )
+        ])
     states = []
     for n in cluster.nodes:
         code = n.proc.poll()
         states.append(f"node{n.node}: " + ("evicted" if n.evicted else "running" if code is None else f"exit {code}"))
-    table.caption = " | ".join(states)
-    return table
+    fitted = fit_table(console, cols, rows, PROGRESS_DROP_ORDER,
+                       title=f"run {run.run_id}: live progress (from the ranks' spool files)")
+    fitted.table.caption = " | ".join(states) + ("\n" + dropped_note(fitted.dropped, console.width)
+                                                 if fitted.dropped else "")
+    return fitted.table
 
 
 @launch_command.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -172,10 +181,13 @@ def launch(
                                          help="Each node in a network namespace of its own, joined by a bridge (a "
                                               "slow_link rate_mbit then limits that node's link). Default: when run as "
                                               "root and namespaces work here; else every node on 127.0.0.1."),
+    as_json: bool = typer.Option(False, "--json", help="At the end print one JSON object on stdout: how each node "
+                                                       "ended, the head's findings, what the agents left undelivered "
+                                                       "(docs/cli.md). The live view stays on stderr."),
 ) -> None:
     """Start a local multi-node run on this host (one torchrun per node) and wait for it."""
     world = nnodes * nproc_per_node
-    faults = validate_inject(inject, world, nnodes, pp)
+    faults = validate_inject(inject, world, nnodes, pp, as_json=as_json)
     dp = dp or world // (tp * pp)
     if dp * tp * pp != world:
         raise typer.BadParameter(f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but nnodes*nproc_per_node = {world}")
@@ -185,6 +197,7 @@ def launch(
         netns = use_netns(netns)
     except NetnsError as e:
         console.print(f"ranksight launch: error: --netns: {e}", markup=False, highlight=False)
+        _json_error(as_json, f"--netns: {e}", 2)
         raise typer.Exit(2) from None
     if not netns and any(f.kind == "slow_link" and f.rate_mbit for f in faults):
         console.print("note: no network namespace per node, so slow_link's rate_mbit has no link of its own to limit: "
@@ -220,11 +233,20 @@ def launch(
         data_path = DataPath(store, run.run_id, nnodes, head_url=head_url or None,
                              head_args=["--evict", evict, "--analyze-interval", str(analyze_interval),
                                         "--min-nodes", str(min_nodes)])
-    rc = run_cluster(cluster, run, steps, timeout=timeout, live=live, data_path=data_path)
+    summary: dict = {}
+    rc = run_cluster(cluster, run, steps, timeout=timeout, live=live, data_path=data_path, summary=summary)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
     raise typer.Exit(rc)
 
 
-def validate_inject(inject: list[str], world: int, nnodes: int, pp: int) -> list[schema.FaultSpec]:
+def _json_error(as_json: bool, message: str, code: int) -> None:
+    """Under --json, a launch that ends before it starts says why in the one JSON object too."""
+    if as_json:
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code, "run_id": None}) + "\n")
+
+
+def validate_inject(inject: list[str], world: int, nnodes: int, pp: int, as_json: bool = False) -> list[schema.FaultSpec]:
     """The ``--inject`` specs, parsed as the trainer will parse them, with targets inside the job; a bad one ends the
     command here, before anything starts: one line on stderr, exit code 2 (a usage error)."""
     try:
@@ -238,13 +260,15 @@ def validate_inject(inject: list[str], world: int, nnodes: int, pp: int) -> list
                 raise FaultSpecError(f"--inject {text!r}: node={f.node} is not a node of this {nnodes}-node job")
     except FaultSpecError as e:
         console.print(f"ranksight launch: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        _json_error(as_json, str(e), 2)
         raise typer.Exit(2) from None
     return faults
 
 
 def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float = 0, live: bool = True,
-                data_path=None) -> int:
-    """Start the cluster (and the data path), show progress until every non-evicted node has exited."""
+                data_path=None, summary: dict | None = None) -> int:
+    """Start the cluster (and the data path), show progress until every non-evicted node has exited. ``summary``,
+    when given, is filled with the end summary ``launch --json`` prints (its keys: docs/cli.md)."""
     start = time.monotonic()
     interrupted = False
     feed = None
@@ -287,9 +311,11 @@ def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float =
     finally:
         cluster.stop()
         undelivered: dict[int, dict] = {}
+        agent_reports: dict[int, dict] = {}
         if data_path is not None:
             # Agents first: each drains its spools and ships the last records before the head flushes.
-            undelivered = {n: r for n, r in data_path.stop().items()
+            agent_reports = data_path.stop()
+            undelivered = {n: r for n, r in agent_reports.items()
                            if r.get("missing") or r.get("undelivered_records") or r.get("dropped_records")
                            or r.get("rejected_records")}
         signal.signal(signal.SIGTERM, previous)
@@ -313,9 +339,28 @@ def run_cluster(cluster: LocalCluster, run: RunDir, steps: int, timeout: float =
     for n, c in sorted(codes.items()):
         what = "evicted (left the job on request)" if n in evicted else f"exit code {c}"
         console.print(f"  node{n}: {what}; log {run.root / 'logs' / f'node-{n}.log'}")
-    if interrupted or failed:
+    rc = 1 if interrupted or failed else 0
+    if summary is not None:
+        last = {}
+        for spool in run.spool_dir.glob("rank-*.jsonl"):
+            rec = last_step_record(spool)
+            if rec is not None:
+                last[rec.rank] = rec.step
+        summary.update({
+            "run_id": run.run_id, "run_dir": str(run.root), "finished": rc == 0, "exit_code": rc,
+            "error": None if rc == 0 else ("interrupted" if interrupted else
+                                            f"node(s) {', '.join(map(str, sorted(failed)))} failed"),
+            "interrupted": interrupted, "steps": steps,
+            "last_step": max(last.values()) if last else None,
+            "nodes": [{"node": n, "exit_code": c, "evicted": n in evicted,
+                       "log": str(run.root / "logs" / f"node-{n}.log")} for n, c in sorted(codes.items())],
+            "findings": feed.findings if feed is not None else [],
+            "findings_error": (feed.error or None) if feed is not None else None,
+            "agents": [{"node": n, **r} for n, r in sorted(agent_reports.items())],
+        })
+    if rc:
         console.print(f"[red]run {run.run_id} did not finish cleanly[/]")
-        return 1
+        return rc
     console.print(f"[green]run {run.run_id} finished[/]; its files are in {run.root}")
     return 0
 

@@ -9,6 +9,7 @@ single command; the module owns its options.
 from __future__ import annotations
 
 import importlib
+import json
 
 import typer
 import typer.core
@@ -49,6 +50,24 @@ class LazyGroup(typer.core.TyperGroup):
         cmd.name = name
         cmd.help = cmd.help or help_text
         return cmd
+
+    def parse_args(self, ctx, args):
+        ctx.meta["ranksight.json"] = "--json" in args  # seen before the subcommand parses (and may refuse) them
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx):
+        # Under --json a usage error (a bad option, a missing argument, a BadParameter raised by a command) is one
+        # JSON object on stdout too, so a script that parses the output never gets text instead; exit code 2 as
+        # click gives it.
+        try:
+            return super().invoke(ctx)
+        except typer.TyperException as e:
+            # typer vendors click and exports no UsageError: a usage error is the click exception that exits 2
+            if getattr(e, "exit_code", None) != 2 or not ctx.meta.get("ranksight.json"):
+                raise
+            e.show()  # the usual text, on stderr, for a person reading along
+            typer.echo(json.dumps({"error": e.format_message(), "usage_error": True, "exit_code": e.exit_code}))
+            raise typer.Exit(e.exit_code) from None
 
     def format_commands(self, ctx, formatter) -> None:
         # Listing must not import every subcommand: use the help kept in COMMANDS.

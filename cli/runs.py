@@ -96,38 +96,63 @@ def list_runs(store: Path) -> list[dict[str, Any]]:
             "last_step": last,
             "source": source,
             "status": status,
-            "problem": problem,
+            "problem": problem,  # why a run is "damaged" ("" otherwise)
         })
     return out
+
+
+# Columns of the table, the least useful first to go when the terminal is narrow (--json always has them all).
+RUNS_DROP_ORDER = ("nodes", "layout", "world", "started (UTC)")
+
+
+def runs_table(store: Path, rows: list[dict[str, Any]], console) -> tuple[Any, list[str]]:
+    """The rich table of ``rows`` fitted to ``console``'s width, and the columns it had to leave out."""
+    from ranksight.fit_table import Col, fit_table
+
+    cols = [Col("run id"), Col("started (UTC)"), Col("layout"), Col("world", "right"),
+            Col("nodes", "right"), Col("steps", "right"), Col("last step", "right"), Col("status")]
+    body = []
+    for r in rows:
+        started = (datetime.fromtimestamp(r["start_time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+                   if r["start_time"] else "-")
+        steps = "-" if r["steps_recorded"] is None else f"{r['steps_recorded']}" + (" (spool)" if r["source"] == "spool" else "")
+        body.append([r["run_id"], started, r["layout"], str(r["world_size"] or "-"), str(r["nodes"] or "-"), steps,
+                     "-" if r["last_step"] is None else str(r["last_step"]), r["status"]])
+    fitted = fit_table(console, cols, body, RUNS_DROP_ORDER, title=f"runs in {store}")
+    return fitted.table, fitted.dropped
 
 
 @runs_command.command()
 def runs(
     store: Path = typer.Option(Path("./runs"), "--store", help="Run store directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: bool = typer.Option(False, "--json", help='Print one JSON object, {"store", "runs": [...]}, instead of '
+                                                       'a table.'),
 ) -> None:
-    """List the runs in a store: id, start, layout, world size, steps recorded, last step, status."""
+    """List the runs in a store: id, start, layout, world size, steps recorded, last step, status. Exit 1 when there
+    is no store at --store (with --json: {"error": ..., "runs": []})."""
     from rich.console import Console
-    from rich.table import Table
+
+    from ranksight.fit_table import dropped_note
 
     if not store.is_dir():
-        typer.echo(f"no store at {store} (use --store DIR)", err=True)
+        if as_json:
+            typer.echo(json.dumps({"store": str(store), "error": f"no store at {store} (use --store DIR)", "runs": []}))
+        else:
+            typer.echo(f"no store at {store} (use --store DIR)", err=True)
         raise typer.Exit(1)
     rows = list_runs(store)
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps({"store": str(store), "runs": rows}, indent=2))
         return
-    table = Table(title=f"runs in {store}")
-    for col in ("run id", "started (UTC)", "layout", "world", "nodes", "steps recorded", "last step", "status"):
-        table.add_column(col, justify="right" if col in ("world", "nodes", "steps recorded", "last step") else "left")
-    for r in rows:
-        started = (datetime.fromtimestamp(r["start_time"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-                   if r["start_time"] else "-")
-        steps = "-" if r["steps_recorded"] is None else f"{r['steps_recorded']}" + (" (spool)" if r["source"] == "spool" else "")
-        status = r["status"] + (f": {r['problem']}" if r["problem"] else "")
-        table.add_row(r["run_id"], started, r["layout"], str(r["world_size"] or "-"), str(r["nodes"] or "-"), steps,
-                      "-" if r["last_step"] is None else str(r["last_step"]), status)
     if not rows:
         typer.echo(f"no runs in {store}")
         return
-    Console().print(table)
+    console = Console()
+    table, dropped = runs_table(store, rows, console)
+    console.print(table)
+    # a damaged run's reason, whole, under the table rather than squeezed into its status cell
+    for r in rows:
+        if r["problem"]:
+            console.print(f"{r['run_id']}: {r['problem']}", markup=False, highlight=False)
+    if dropped:
+        console.print(dropped_note(dropped, console.width), markup=False, highlight=False)

@@ -8,6 +8,7 @@ all_reduce_perf -b 8 -e 1M -f 2``). Without torchrun it runs as a world of one p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -40,13 +41,39 @@ def _is_rank0() -> bool:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors once (rank 0), not once per rank."""
+    """argparse that reports errors once (rank 0), not once per rank; under a bare --json also as the JSON object."""
+
+    json_errors = False
 
     def error(self, message: str):  # noqa: D401
         if _is_rank0():
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr)
+            if self.json_errors:
+                sys.stdout.write(json.dumps({"tool": "ranksight nccl_tests", "error": message, "usage_error": True,
+                                             "exit_code": 2}) + "\n")
+                sys.stdout.flush()
         raise SystemExit(2)
+
+
+def _is_op(text: str) -> bool:
+    try:
+        canonical_op(text)
+        return True
+    except ValueError:
+        return False
+
+
+def wants_json_stdout(argv: list[str]) -> bool:
+    """A bare ``--json``/``-J`` (last, or before another flag or an operation's name) or ``--json -``."""
+    for i, a in enumerate(argv):
+        if a in ("-J", "--json"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or nxt == "-" or (nxt.startswith("-") and len(nxt) > 1) or _is_op(nxt):
+                return True
+        elif a in ("--json=-", "-J-"):
+            return True
+    return False
 
 
 def _size(text: str) -> int:
@@ -126,7 +153,9 @@ def build_parser(prog: str = "python -m nccl_tests") -> argparse.ArgumentParser:
                    help="accepted for compatibility; only 1 (one process per device, launch more with torchrun)")
     p.add_argument("-g", "--ngpus", type=_int_in(1, 1, "devices per process (-g)"), default=1,
                    help="accepted for compatibility; only 1 (one process per device, launch more with torchrun)")
-    p.add_argument("-J", "--json", metavar="FILE", default=None, help="also write the results as JSON to FILE (rank 0)")
+    p.add_argument("-J", "--json", metavar="FILE", nargs="?", const="-", default=None,
+                   help="also write the results as JSON to FILE (rank 0); a bare --json (or --json -) prints them as "
+                        "one JSON object on stdout instead, the report going to stderr (docs/cli.md)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="process-group backend (default: nccl with GPUs, else gloo)")
     p.add_argument("--check", "--health", dest="health", action="store_true",
                    help="health check: pairwise sendrecv bandwidth matrix and per-node groups; exit 1 when a rank, node or link is slow")
@@ -146,7 +175,11 @@ def build_parser(prog: str = "python -m nccl_tests") -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str], prog: str = "python -m nccl_tests") -> argparse.Namespace:
     p = build_parser(prog)
+    p.json_errors = wants_json_stdout(argv)
     args = p.parse_args(argv)
+    if args.json not in (None, "-") and args.op is None and _is_op(args.json) and not os.path.exists(args.json):
+        # `--json all_reduce_perf ...`: argparse gave the operation to the bare --json
+        args.op, args.json = canonical_op(args.json), "-"
     if args.health:
         if args.op not in (None, "sendrecv"):
             p.error(f"--check runs the pairwise sendrecv health check; drop the operation {args.op!r} or run it separately")
@@ -170,7 +203,7 @@ def parse_args(argv: list[str], prog: str = "python -m nccl_tests") -> argparse.
             RunDir(args.store, args.run_id)
         except ValueError as exc:
             p.error(str(exc))
-    if args.json:
+    if args.json and args.json != "-":
         parent = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(parent):
             p.error(f"--json: directory {parent} does not exist")
@@ -179,6 +212,11 @@ def parse_args(argv: list[str], prog: str = "python -m nccl_tests") -> argparse.
 
 def main(argv: list[str] | None = None, prog: str = "python -m nccl_tests") -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv), prog)
+    from nccl_tests.json_out import to_stdout, write_error
+
+    if to_stdout(args):
+        # stdout carries the one JSON object (rank 0): the report, the progress bar and "# wrote" lines go to stderr
+        args.json_stream, sys.stdout = sys.stdout, sys.stderr
     # heavy imports only after the flags are known to be good
     from nccl_tests import runtime
 
@@ -188,6 +226,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m nccl_tests") -> i
         if args.root >= me.world and OPS[args.op].rooted and not args.health:
             if me.rank == 0:
                 print(f"{prog}: error: root {args.root} is not a rank of this world of {me.world}", file=sys.stderr)
+                write_error(args, f"root {args.root} is not a rank of this world of {me.world}", 2)
             code = 2
         elif args.health:
             from nccl_tests import health
@@ -206,8 +245,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m nccl_tests") -> i
 
         traceback.print_exc()
         print(f"nccl_tests: rank {me.rank} failed: {exc}", file=sys.stderr)
+        if me.rank == 0:
+            write_error(args, f"rank 0 failed: {exc}", 1)
         sys.stderr.flush()
         os._exit(1)
+    if me.rank == 0 and code != 0:
+        write_error(args, f"no result (exit code {code}; the reason is on stderr)", code)
     runtime.finish(code)
     return code  # not reached: finish() exits
 

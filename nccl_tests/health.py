@@ -146,6 +146,9 @@ def run(args, me: Identity, backend: str) -> int:
     if n < 2:
         if rank0:
             print("nccl_tests: the health check needs at least 2 ranks (launch with torchrun --nproc-per-node N)", file=sys.stderr)
+            from nccl_tests.json_out import write_error
+
+            write_error(args, "the health check needs at least 2 ranks (launch with torchrun --nproc-per-node N)", 2)
         return 2
 
     progress = tick = None
@@ -203,11 +206,9 @@ def run(args, me: Identity, backend: str) -> int:
 
 
 def _write_json(args, rep, pair_bw, pair_s, group_bw, idents, backend) -> None:
-    import json
     from dataclasses import asdict
-    from pathlib import Path
 
-    from ranksight.layout import atomic_write
+    from nccl_tests.json_out import write_result
 
     doc = {
         "tool": "ranksight nccl_tests health check",
@@ -223,4 +224,4 @@ def _write_json(args, rep, pair_bw, pair_s, group_bw, idents, backend) -> None:
         "entities": [asdict(e) for e in rep.entities()],
         "flagged": [asdict(e) for e in rep.flagged()],
     }
-    atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
+    write_result(args, doc)

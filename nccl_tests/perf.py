@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -104,6 +103,9 @@ def run(args, me: Identity, backend: str) -> int:
         if rank0:
             print("\n".join(lines), flush=True)
             print(f"nccl_tests: no size in {args.minbytes}..{args.maxbytes} B holds a whole element per rank; raise -e", file=sys.stderr)
+            from nccl_tests.json_out import write_error
+
+            write_error(args, f"no size in {args.minbytes}..{args.maxbytes} B holds a whole element per rank", 2)
         return 2
     lines += output.table_header()
 
@@ -175,9 +177,7 @@ def _all_identities(me: Identity) -> list[Identity]:
 
 
 def _write_json(args, rows, idents, backend, coll, hooks) -> None:
-    from pathlib import Path
-
-    from ranksight.layout import atomic_write
+    from nccl_tests.json_out import write_result
 
     n = len(idents)
     doc = {
@@ -207,4 +207,4 @@ def _write_json(args, rows, idents, backend, coll, hooks) -> None:
         "out_of_bounds_values": output.total_wrong(rows),
         "avg_bus_bandwidth": output.avg_busbw(rows),
     }
-    atomic_write(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
+    write_result(args, doc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -54,6 +55,8 @@ def agent(
                                         "named in <run>/agent/node-<N>.exit.json."),
     drain: bool = typer.Option(False, "--drain", help="Only deliver a stopped agent's leftover outbox (retrying for "
                                                       "--drain-timeout seconds), then exit: 0 when all of it was delivered."),
+    as_json: bool = typer.Option(False, "--json", help="With --drain: print its report as one JSON object "
+                                                       "(docs/cli.md); the log stays on stderr."),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read, and report what could not be."""
@@ -69,6 +72,8 @@ def agent(
     priority = priority or AGENT_DEFAULT_PRIORITY
     if priority not in PRIORITIES:
         raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
+    if as_json and not drain:
+        raise typer.BadParameter("--json goes with --drain (a running agent reports on /metrics and its log)")
     if not token:
         raise typer.BadParameter("a token is required: --token or RANKSIGHT_TOKEN (the head prints one)")
     try:
@@ -103,6 +108,15 @@ def agent(
         before = a.outbox.records()
         report = a.drain(drain_timeout)
         a.shipper.close()
+        if as_json:
+            import msgspec
+
+            left = report.undelivered_records
+            doc = {"error": f"{left} record(s) not delivered" if left else None, "run_id": rd.run_id,
+                   "records_before": before,
+                   "delivered_records": before - report.undelivered_records, **msgspec.to_builtins(report)}
+            print(json.dumps(doc), flush=True)
+            raise typer.Exit(0 if report.undelivered_records == 0 else 1)
         print(f"ranksight agent --drain: node {node} run {rd.run_id}: delivered {before - report.undelivered_records} "
               f"of {before} record(s); {report.undelivered_records} left in {report.outbox}", flush=True)
         raise typer.Exit(0 if report.undelivered_records == 0 else 1)

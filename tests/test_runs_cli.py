@@ -33,7 +33,7 @@ def test_runs_lists_store_and_spool_runs(tmp_path):
     (store / "gamma" / "run.json").write_text("{broken")
     out = run_cli("--store", str(store), "--json")
     assert out.returncode == 0, out.output
-    rows = {r["run_id"]: r for r in json.loads(out.stdout)}
+    rows = {r["run_id"]: r for r in json.loads(out.stdout)["runs"]}
     assert (rows["alpha"]["steps_recorded"], rows["alpha"]["last_step"], rows["alpha"]["status"],
             rows["alpha"]["world_size"], rows["alpha"]["source"]) == (10, 4, "finished", 2, "store")
     assert (rows["beta"]["steps_recorded"], rows["beta"]["source"]) == (3, "spool")
