@@ -44,12 +44,16 @@ def to_svg(fig: plt.Figure, plot_id: str, tight: bool = False) -> str:
     """The figure as one ``<svg>`` element (no XML prolog, no DOCTYPE), every id prefixed with ``plot_id``. Time plots
     keep the fixed margins of ``_fig`` (not ``tight``) so their step axes line up one above the other on the page."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight" if tight else None)
+    with plt.rc_context(RC):  # svg.fonttype is read when saving
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight" if tight else None)
     plt.close(fig)
     svg = buf.getvalue()
     svg = svg[svg.index("<svg"):]
     # inline in HTML the parser knows the xlink prefix; the declaration would be the page's only other URL
     svg = svg.replace(' xmlns:xlink="http://www.w3.org/1999/xlink"', "")
+    # matplotlib's <style>*{stroke-linejoin...}</style>: inline in HTML a style element applies to the whole page;
+    # the page's CSS gives the plots the same rule, scoped (.plot-svg *)
+    svg = re.sub(r"\s*<style[^>]*>.*?</style>", "", svg, flags=re.S)
     svg = re.sub(r"\s*<metadata>.*?</metadata>", "", svg, count=1, flags=re.S)  # RDF boilerplate with namespace URLs
     # every plotted value lies inside its axes (autoscaled, or the run's step range), so the clip paths are dropped:
     # the page then holds no url(...) at all, the simplest proof that it loads nothing
@@ -89,11 +93,11 @@ def _step_axis(ax: Axes, label: bool, steps: tuple[int, int] | None = None) -> N
 def _name_grid(fig: plt.Figure, axes: list[Axes]) -> None:
     """Name the gridlines (after a draw fixes the ticks) so the page and its tests can tell them apart."""
     fig.canvas.draw()
-    for ax in axes:
+    for a, ax in enumerate(axes):
         for i, ln in enumerate(ax.get_xgridlines()):
-            ln.set_gid(f"gridx-{i}")
+            ln.set_gid(f"gridx-{a}-{i}")
         for i, ln in enumerate(ax.get_ygridlines()):
-            ln.set_gid(f"gridy-{i}")
+            ln.set_gid(f"gridy-{a}-{i}")
 
 
 def event_numbers(events: list[Event]) -> dict[int, int]:

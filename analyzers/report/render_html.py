@@ -45,7 +45,7 @@ table.t{border-collapse:collapse;margin:.4em 0} table.t td,table.t th{border:1px
 text-align:left;vertical-align:top} table.t th{background:var(--card)}
 figure{margin:1em 0;break-inside:avoid;page-break-inside:avoid}
 .plot-svg{display:block;width:100%;height:auto;max-width:1100px;background:var(--plotbg);border-radius:6px;padding:4px}
-.heat text{fill:currentColor}
+.plot-svg *{stroke-linejoin:round;stroke-linecap:butt} .heat text{fill:currentColor}
 ol.next li{margin:.3em 0} ol.events{columns:2;font-size:90%} .missing{color:var(--muted);font-style:italic}
 .ev-fault{color:#d32f2f} .ev-finding{color:#ef6c00} .ev-evict,.ev-restart{color:#8e24aa} .ev-checkpoint,.ev-profile,.ev-action{color:#607d8b}
 .sim{color:#8e24aa;font-weight:600} .found{color:var(--ok)} .missed{color:#c62828;font-weight:700}
