@@ -19,7 +19,7 @@ from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
-from analyzers.report.series import PlotData, plot_data
+from analyzers.report.series import Event, PlotData, plot_data
 from analyzers.score import detection_step, matches
 from analyzers.trace_windows import grouped, trace_windows
 from ranksight.exit_codes import (EXIT, EXIT_CODES_HELP, EXIT_CRITICAL, EXIT_HEALTHY,  # noqa: F401 (re-exported)
@@ -108,7 +108,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     w = worst_severity(findings)
     m = data.manifest
     hist = history(data)
-    plots = plot_data(data, findings, hist)
+    plots = plot_data(data, findings, hist, fault_events(data))
     what_happened = history_line(hist)
     summary: Summary = {
         "run_id": data.run_id,
@@ -215,6 +215,15 @@ def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:
                          finding=best.summary if best is not None else None,
                          latency_steps=(ds - fault.start) if ds is not None else None))
     return rows
+
+
+def fault_events(data: RunData) -> list[Event]:
+    """Each injected fault of the manifest as a mark on the report's time axes, labelled as ground truth."""
+    out = []
+    for f in data.manifest.faults if data.manifest is not None else []:
+        where = fault_target(msgspec.to_builtins(f))
+        out.append(Event(int(f.start), "fault", f"fault injected (ground truth): {f.kind.replace('_', ' ')} on {where}"))
+    return out
 
 
 def history(data: RunData) -> dict[str, Any]:

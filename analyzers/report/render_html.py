@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import math
 
-from analyzers.report import plots as P
 from analyzers.report.model import (TRACE_COLUMNS, DiagnoseReport, fault_magnitude, fault_target, history_rows,
                                     layout_words, next_steps, trace_rows, trace_title)
 from analyzers.report.sentences import evidence_sentences, plain_items
@@ -119,6 +118,8 @@ def _finding(f: dict, training_fig: str) -> str:
 
 def _plots(report: DiagnoseReport) -> tuple[str, str]:
     """(the plots section, the training-curves figure: drawn beside an fp16 finding when there is one)."""
+    from analyzers.report import plots as P  # matplotlib: only when a page is drawn, not for the text or JSON report
+
     pdata, s = report.plots, report.summary
     ev = pdata.events
     steps = (int(s["steps"][0]), int(s["steps"][1]))

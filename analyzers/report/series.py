@@ -61,9 +61,10 @@ class PlotData:
     missing: dict[str, str] = field(default_factory=dict)  # plot id -> why it is left out
 
 
-def plot_data(data: RunData, findings: list[Finding], hist: dict[str, Any]) -> PlotData:
-    """Every plot's series for ``data`` (``findings`` and the job's history ``hist`` give the event marks)."""
-    pd_ = PlotData(events=events(data, findings, hist))
+def plot_data(data: RunData, findings: list[Finding], hist: dict[str, Any], injected: list[Event] | None = None) -> PlotData:
+    """Every plot's series for ``data``; ``findings``, the job's history ``hist`` and the ``injected`` faults' marks
+    (``model.fault_events``: only the report's fault table code reads the fault spec) give the event marks."""
+    pd_ = PlotData(events=events(findings, hist, injected or []))
     _stacked(data, pd_)
     _arrival(data, pd_)
     _gpu(data, pd_)
@@ -73,13 +74,11 @@ def plot_data(data: RunData, findings: list[Finding], hist: dict[str, Any]) -> P
     return pd_
 
 
-def events(data: RunData, findings: list[Finding], hist: dict[str, Any]) -> list[Event]:
-    """The marks of the time axes, in step order: injected faults (the manifest's ground truth), each warning-or-worse
-    finding's onset (symptoms of another finding left out), and what happened to the job (actions, restarts)."""
-    out: list[Event] = []
-    for f in data.manifest.faults if data.manifest is not None else []:
-        where = (f"rank {f.rank}" if f.rank is not None else f"node {f.node}" if f.node is not None else "every rank")
-        out.append(Event(int(f.start), "fault", f"fault injected (ground truth): {f.kind.replace('_', ' ')} on {where}"))
+def events(findings: list[Finding], hist: dict[str, Any], injected: list[Event]) -> list[Event]:
+    """The marks of the time axes, in step order: the ``injected`` faults (the manifest's ground truth), each
+    warning-or-worse finding's onset (symptoms of another finding left out), and what happened to the job (actions,
+    restarts)."""
+    out: list[Event] = list(injected)
     seen = set()
     for f in findings:
         if SEVERITY_ORDER[f.severity] < 1 or f.evidence.get("symptom_of"):
