@@ -13,7 +13,7 @@ SIMNVML_SRC := probes/simnvml/simnvml.c
 SIMNVML_LIB := probes/simnvml/libnvidia-ml.so.1
 DEBS   := prometheus prometheus-alertmanager
 
-.PHONY: setup venv debs simnvml test demo clean
+.PHONY: setup venv debs simnvml test demo clean report-shots
 
 setup: $(STAMP) debs simnvml
 
@@ -57,6 +57,23 @@ test: setup
 
 demo: setup
 	$(PY) -m cli.demo
+
+# The README's screenshot of the diagnose report: the newest demo run's HTML page (make demo first), rendered by
+# headless Chromium at 1280 px into docs/img/report.png and checked not blank. REPORT_RUN=runs/<id> picks another run.
+REPORT_RUN ?= $(lastword $(sort $(wildcard runs/demo-*)))
+REPORT_PNG ?= docs/img/report.png
+report-shots: setup
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian package: chromium"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; \
+	  else echo "report-shots: needs Chromium (Debian package chromium); not root, so not installed"; exit 2; fi; }
+	@test -n "$(REPORT_RUN)" || { echo "report-shots: no demo run under runs/: run 'make demo' first"; exit 1; }
+	@mkdir -p build
+	@# diagnose exits 0/10/20/30 by what it found; 40 is a run it could not read
+	$(PY) -m cli.diagnose $(notdir $(REPORT_RUN)) --store $(patsubst %/,%,$(dir $(REPORT_RUN))) --html build/report.html >/dev/null; \
+	  rc=$$?; [ $$rc -lt 40 ] || { echo "report-shots: diagnose could not read $(REPORT_RUN) (exit $$rc)"; exit 1; }
+	$(PY) -m analyzers.report.screenshot build/report.html $(REPORT_PNG) --width 1280 --height 2200
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(SIMNVML_LIB) runs/demo-*

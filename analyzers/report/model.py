@@ -9,7 +9,7 @@ The renderers (``render_text``, ``render_json``, ``render_html``) only lay it ou
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import msgspec
@@ -19,6 +19,7 @@ from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
+from analyzers.report.series import Event, PlotData, plot_data
 from analyzers.score import detection_step, matches
 from analyzers.trace_windows import grouped, trace_windows
 from ranksight.exit_codes import (EXIT, EXIT_CODES_HELP, EXIT_CRITICAL, EXIT_HEALTHY,  # noqa: F401 (re-exported)
@@ -62,6 +63,8 @@ class Summary(TypedDict):
     bad_lines: int
     damaged_parts: int  # store part files that failed to read (page checksum, torn): their rows are missing
     analyzer_errors: list[str]
+    # the marks of the report's time axes: {step, kind (fault | finding | evict | restart | checkpoint | profile), label}
+    events: list[dict[str, Any]]
 
 
 @dataclass
@@ -73,6 +76,8 @@ class DiagnoseReport:
     compute_label: str  # what ``compute`` measures, as the heat map's title says it
     compute: pd.DataFrame  # rank x step: each rank's compute signal per step
     over_time: pd.DataFrame  # per step: step_ms, tflops, mfu (analyzers.checks.mfu.series)
+    plots: PlotData = field(default_factory=PlotData)  # the other plots' series and the events (analyzers.report.series)
+    rank_node: dict[int, int] = field(default_factory=dict)  # each rank's node (the placement), for "rank 3 (node 1)"
 
     def heat_map(self, max_cols: int) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
         """Rank x step-bucket matrix of each rank's median compute signal (at most ``max_cols`` buckets), and each
@@ -103,6 +108,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     w = worst_severity(findings)
     m = data.manifest
     hist = history(data)
+    plots = plot_data(data, findings, hist, fault_events(data))
     what_happened = history_line(hist)
     summary: Summary = {
         "run_id": data.run_id,
@@ -132,13 +138,14 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "bad_lines": data.bad_lines,
         "damaged_parts": data.damaged_parts,
         "analyzer_errors": errors or [],
+        "events": [dict(step=e.step, kind=e.kind, label=e.label) for e in plots.events],
     }
     signal = data.compute_signal()
     compute = data.steps.pivot_table(index="rank", columns="step", values=signal, aggfunc="last").sort_index(axis=1)
     return DiagnoseReport(
         summary=summary, platform=f"{m.backend}/{m.device}" if m is not None else None,
         compute_label=data.device_time_label() if signal == "device_ms" else "compute time",
-        compute=compute, over_time=ser)
+        compute=compute, over_time=ser, plots=plots, rank_node=dict(Placement(data).rank_node))
 
 
 def _builtin(x: Any) -> Any:
@@ -208,6 +215,15 @@ def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:
                          finding=best.summary if best is not None else None,
                          latency_steps=(ds - fault.start) if ds is not None else None))
     return rows
+
+
+def fault_events(data: RunData) -> list[Event]:
+    """Each injected fault of the manifest as a mark on the report's time axes, labelled as ground truth."""
+    out = []
+    for f in data.manifest.faults if data.manifest is not None else []:
+        where = fault_target(msgspec.to_builtins(f))
+        out.append(Event(int(f.start), "fault", f"fault injected (ground truth): {f.kind.replace('_', ' ')} on {where}"))
+    return out
 
 
 def history(data: RunData) -> dict[str, Any]:
@@ -283,6 +299,62 @@ def trace_rows(w: dict[str, Any]) -> list[tuple[str, ...]]:
              ms(r["exposed_comm_ms" + per]), ms(r["copy_ms" + per]),
              "-" if r["idle_share"] is None else f"{100 * r['idle_share']:.1f}",
              r["trace_file"] + (" (cut short)" if r["truncated"] else "")) for r in w["ranks"]]
+
+
+def layout_words(s: Summary) -> str:
+    """The run's shape in words: "dp 2 × tp 2 × pp 1, 4 ranks on 2 nodes" (and the pipeline's schedule when pp > 1)."""
+    lay = s["layout"] or {}
+    dims = [f"{k} {lay[k]}" for k in ("dp", "tp", "pp") if lay.get(k) is not None]
+    n_ranks, n_nodes = s["world_size"] or len(s["ranks"]), len(s["nodes"])
+    shape = f"{n_ranks} rank{'s' if n_ranks != 1 else ''} on {n_nodes} node{'s' if n_nodes != 1 else ''}"
+    out = (" × ".join(dims) + ", " if dims else "") + shape
+    if int(lay.get("pp") or 1) > 1:
+        out += f"; {lay.get('pp_schedule') or 'unknown'} schedule, {lay.get('microbatches') or '?'} micro-batches"
+        if int(lay.get("virtual_stages") or 1) > 1:
+            out += f", {lay['virtual_stages']} virtual stages"
+    if lay.get("dp_mode"):
+        out += f"; data parallel by {str(lay['dp_mode']).upper()}"
+    if lay.get("precision"):
+        out += f"; {lay['precision']}"
+    return out
+
+
+def fault_target(fault: dict[str, Any], rank_node: dict[int, int] | None = None) -> str:
+    """Where an injected fault acts, in words: "rank 3 (node 1)", "node 1", or "every rank" (never "node None")."""
+    if fault.get("rank") is not None:
+        node = (rank_node or {}).get(int(fault["rank"]))
+        return f"rank {fault['rank']}" + (f" (node {node})" if node is not None else "")
+    if fault.get("node") is not None:
+        return f"node {fault['node']}"
+    return "every rank"
+
+
+def fault_magnitude(fault: dict[str, Any]) -> str:
+    """How strong an injected fault is, in words ("1.5x slower", "+50 ms", "XID 79"); "" when the spec says nothing."""
+    if fault.get("factor") is not None:
+        return f"{fault['factor']:g}x slower"
+    if fault.get("delay_ms") is not None:
+        return f"+{fault['delay_ms']:g} ms"
+    if fault.get("rate_mbit") is not None:
+        return f"limited to {fault['rate_mbit']:g} Mbit/s"
+    if fault.get("code") is not None:
+        return f"code {fault['code']}"
+    return ""
+
+
+def next_steps(s: Summary) -> list[str]:
+    """What to do next: the warning-or-worse findings' recommendations, most severe first, each once; then what the
+    checks that could not run need."""
+    recs: list[str] = []
+    ranked = sorted(s["findings"], key=lambda f: -SEVERITY_ORDER[f["severity"]])
+    for f in ranked:
+        r = (f["recommendation"] or "").strip()
+        if f["severity"] != "info" and r and r not in recs:
+            recs.append(r)
+    if s["checks_not_run"]:
+        recs.append(f"Give the checks that could not run ({', '.join(s['checks_not_run'])}) the fields they need "
+                    "(see 'checks that could not run'), then diagnose the next run.")
+    return recs
 
 
 def _first_layout(m: Any) -> dict[str, Any]:
