@@ -42,20 +42,40 @@ def main() -> int:
 
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", a.tests,
-                        f"--timeout={a.timeout}", "-rA", *files], cwd=ROOT, env=env, capture_output=True, text=True,
-                       preexec_fn=cap)
+                        f"--timeout={a.timeout}", "-rA", "--hypothesis-show-statistics", *files], cwd=ROOT, env=env,
+                       capture_output=True, text=True, preexec_fn=cap)
     out = r.stdout + r.stderr
+    inputs = examples_per_test(out)
     passed = len(re.findall(r"^PASSED ", out, re.M))
     failed = re.findall(r"^FAILED (\S+)", out, re.M)
     hangs = [f for f in failed if "Timeout" in out.split(f, 1)[-1][:400]]
     for line in out.splitlines():
         if line.startswith(("PASSED ", "FAILED ", "ERROR ")):
-            print(line)
-    print(f"\n{passed} fuzz test(s) passed, {len(failed)} failed ({len(hangs)} hang(s)); scale {a.scale:g}x the suite's "
-          f"examples, random data, {a.mem_gb:g} GiB memory limit; {time.monotonic() - t0:.0f} s")
+            test = line.split()[1]
+            print(f"{line}  ({inputs.get(test, '?')} inputs)")
+    n = sorted(inputs.values())
+    print(f"\n{passed} fuzz test(s) passed, {len(failed)} failed ({len(hangs)} hang(s)); {sum(n)} inputs in all, "
+          f"{n[0] if n else 0} to {n[-1] if n else 0} per test; scale {a.scale:g}x the suite's examples, random data, "
+          f"{a.mem_gb:g} GiB memory limit; {time.monotonic() - t0:.0f} s")
     if failed:
         print(out[-6000:])
     return 1 if failed else 0
+
+
+def examples_per_test(out: str) -> dict[str, int]:
+    """Inputs each test ran, from hypothesis' statistics (``--hypothesis-show-statistics``): the passing and failing
+    examples of its phases, summed (invalid ones, which the test's strategy rejected before running, not counted)."""
+    counts: dict[str, int] = {}
+    test = None
+    for line in out.splitlines():
+        m = re.match(r"^(tests/\S+::\S+):\s*$", line.strip())
+        if m:
+            test = m.group(1)
+            continue
+        m = re.search(r"(\d+) passing, (\d+) failing", line)
+        if m and test:
+            counts[test] = counts.get(test, 0) + int(m.group(1)) + int(m.group(2))
+    return counts
 
 
 if __name__ == "__main__":
