@@ -34,6 +34,11 @@ from ranksight import wire
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_INFLIGHT_DECOMPRESSED_BYTES = 1024 * 1024 * 1024  # all requests together
+# OTLP/JSON is decoded into Python objects before json_format fills the message: up to ~24 bytes of objects per byte
+# of a body of tiny values (`[{},{},...]`), so a JSON body is capped lower and its decoding reserves that much more of
+# the in-flight budget while it runs. Volume senders use protobuf (the agent always does).
+MAX_JSON_BYTES = 32 * 1024 * 1024
+JSON_EXPANSION = 16
 
 
 class HttpError(Exception):
@@ -250,6 +255,19 @@ def parse_json(kind: str, payload: bytes):
     step body's ``bytesValue``) as base64, and ignores unknown fields, as the spec asks of receivers. Any failure is
     a 400 that says what was wrong, never a 500.
     """
+    if len(payload) > MAX_JSON_BYTES:
+        raise HttpError(413, f"OTLP/JSON body of {len(payload)} bytes exceeds {MAX_JSON_BYTES}: send smaller batches "
+                             "or protobuf")
+    objects = JSON_EXPANSION * len(payload)  # the Python objects of the decoded document, while they live
+    if not INFLIGHT.take(objects):
+        raise HttpError(503, "too much decompressed data in flight: retry shortly")
+    try:
+        return _parse_json(kind, payload)
+    finally:
+        INFLIGHT.give(objects)
+
+
+def _parse_json(kind: str, payload: bytes):
     try:
         doc = msgspec.json.decode(payload)
     except (msgspec.MsgspecError, ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError

@@ -326,6 +326,20 @@ def test_json_bodies_keep_the_size_and_decompression_bounds(heads, monkeypatch):
     monkeypatch.setattr(rx, "MAX_BODY_BYTES", 64)
     monkeypatch.setattr(rx.read_body, "__defaults__", (64,))
     assert post(h, "/v1/logs", b'{"resourceLogs": []' + b" " * 100 + b"}", JS)[0] == 413
+    # past the JSON cap (decoded JSON is Python objects, many times its bytes): 413 before any decoding
+    monkeypatch.setattr(rx, "MAX_BODY_BYTES", 32 * 1024 * 1024)
+    monkeypatch.setattr(rx.read_body, "__defaults__", (32 * 1024 * 1024,))
+    monkeypatch.setattr(rx, "MAX_JSON_BYTES", 1000)
+    st_, _, out = post(h, "/v1/logs", b'{"resourceLogs": []' + b" " * 1000 + b"}", JS)
+    assert st_ == 413 and b"protobuf" in out
+    big_pb = ExportLogsServiceRequest()
+    big_pb.resource_logs.add().scope_logs.add().log_records.add().body.string_value = "x" * 2000
+    assert post(h, "/v1/logs", big_pb.SerializeToString(), PB)[0] == 200  # the JSON cap is JSON's only
+    # the decoded document's objects are reserved from the in-flight budget: 503 (retry) when it is spent
+    monkeypatch.setattr(rx, "MAX_JSON_BYTES", 1024 * 1024)
+    monkeypatch.setattr(rx.INFLIGHT, "total", rx.JSON_EXPANSION * 500)
+    assert post(h, "/v1/logs", b'{"resourceLogs": []' + b" " * 600 + b"}", JS)[0] == 503
+    assert post(h, "/v1/logs", b'{"resourceLogs": []' + b" " * 400 + b"}", JS)[0] == 200
     assert rx.INFLIGHT.used == 0  # every reservation given back
 
 
