@@ -1,7 +1,7 @@
 """The head's HTTP surface: OTLP/HTTP receiver + JSON API, on one stdlib threading server.
 
-    POST /v1/logs                       OTLP logs (protobuf, gzip ok)   token
-    POST /v1/metrics                    OTLP metrics                     token
+    POST /v1/logs                       OTLP logs (protobuf or JSON, gzip ok)             token
+    POST /v1/metrics                    OTLP metrics (protobuf or JSON)                   token
     GET  /api/health                    liveness only ({"ok": true})                    no token
     GET  /api/stats                     the head's counters                               token
     GET  /metrics                       the head's Prometheus metrics (head/metrics.py)   token
@@ -205,18 +205,19 @@ class HeadHandler(NoDelayHandler):
             rx.check_token(self.headers, self.head.token)
             body = rx.read_body(self.rfile, self.headers)
             kind = "logs" if path == "/v1/logs" else "metrics"
+            as_json = rx.is_json(self.headers.get("Content-Type"))  # OTLP/JSON in, OTLP/JSON out
             with rx.inflated(body, self.headers.get("Content-Encoding")) as payload:
                 req = rx.parse(kind, payload, self.headers.get("Content-Type"))
                 try:
                     if kind == "logs":
                         _, rejected, refused = self.head.ingest.logs(req)
-                        out = rx.logs_response(rejected, wire.rejections_message(refused))
+                        out = rx.logs_response(rejected, wire.rejections_message(refused), as_json=as_json)
                     else:
                         self.head.ingest.metrics(req)
-                        out = rx.metrics_response()
+                        out = rx.metrics_response(as_json=as_json)
                 except WalFull as e:  # not kept, so not acknowledged: the agent keeps the batch and sends it again
                     raise HttpError(503, str(e)) from None
-            self._send(200, out, "application/x-protobuf")
+            self._send(200, out, "application/json" if as_json else "application/x-protobuf")
             return
         parts = path.split("/")
         if len(parts) == 5 and parts[1] == "api" and parts[2] == "runs" and parts[4] == "actions":

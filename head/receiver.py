@@ -1,18 +1,21 @@
-"""OTLP/HTTP request decoding for the head (protobuf, optionally gzip).
+"""OTLP/HTTP request decoding for the head (protobuf or OTLP/JSON, optionally gzip/deflate).
 
 Only the transport concerns live here: authentication, size limits, gzip,
-protobuf parsing and the OTLP response. Every failure is an ``HttpError``
+protobuf / JSON parsing and the OTLP response (in the request's encoding). Every failure is an ``HttpError``
 with a 4xx status and a short reason; the caller logs it and answers, and the
 head keeps running.
 """
 
 from __future__ import annotations
 
+import binascii
 import hmac
 import threading
 import zlib
 from contextlib import contextmanager
 
+import msgspec
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsPartialSuccess,
@@ -31,6 +34,11 @@ from ranksight import wire
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_INFLIGHT_DECOMPRESSED_BYTES = 1024 * 1024 * 1024  # all requests together
+# OTLP/JSON is decoded into Python objects before json_format fills the message: up to ~24 bytes of objects per byte
+# of a body of tiny values (`[{},{},...]`), so a JSON body is capped lower and its decoding reserves that much more of
+# the in-flight budget while it runs. Volume senders use protobuf (the agent always does).
+MAX_JSON_BYTES = 32 * 1024 * 1024
+JSON_EXPANSION = 16
 
 
 class HttpError(Exception):
@@ -155,13 +163,27 @@ def decompress(body: bytes, encoding: str | None, limit: int = MAX_DECOMPRESSED_
     return b"".join(parts)
 
 
+JSON_TYPES = ("application/json",)
+PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf", "")
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether the request is OTLP/JSON (then the response is JSON too, as the OTLP/HTTP spec asks)."""
+    return _media_type(content_type) in JSON_TYPES
+
+
 def parse(kind: str, payload: bytes, content_type: str | None):
-    """Parse an OTLP request for ``kind`` ('logs' | 'metrics')."""
-    ctype = (content_type or "").split(";")[0].strip().lower()
-    if ctype == "application/json":
-        raise HttpError(415, "OTLP/JSON is not supported: send application/x-protobuf")
-    if ctype not in ("application/x-protobuf", "application/protobuf", ""):
-        raise HttpError(415, f"unsupported Content-Type {content_type!r}")
+    """Parse an OTLP request for ``kind`` ('logs' | 'metrics'): protobuf, or OTLP/JSON into the same message."""
+    ctype = _media_type(content_type)
+    if ctype in JSON_TYPES:
+        return parse_json(kind, payload)
+    if ctype not in PROTOBUF_TYPES:
+        raise HttpError(415, f"unsupported Content-Type {content_type!r}: send application/x-protobuf or "
+                             "application/json")
     req = ExportLogsServiceRequest() if kind == "logs" else ExportMetricsServiceRequest()
     try:
         req.ParseFromString(payload)
@@ -170,15 +192,113 @@ def parse(kind: str, payload: bytes, content_type: str | None):
     return req
 
 
-def logs_response(rejected: int = 0, message: str = "") -> bytes:
+# Where OTLP/JSON puts trace and span ids (bytes fields that OTLP encodes as hex, where proto3's JSON mapping, and so
+# json_format, expects base64): log records, and metric exemplars. Both spellings of each key, because json_format
+# accepts the proto field names too and would read a hex id under them as base64 (a wrong id, silently).
+_ID_KEYS = {("traceId", "trace_id"): 16, ("spanId", "span_id"): 8}
+_POINT_KINDS = ("gauge", "sum", "histogram", "exponentialHistogram", "exponential_histogram", "summary")
+
+
+def _items(obj, *keys) -> list:
+    """``obj[key]`` for the first of ``keys`` present, when it is a list (anything else is left to json_format,
+    which reports the wrong type)."""
+    if isinstance(obj, dict):
+        for k in keys:
+            v = obj.get(k)
+            if isinstance(v, list):
+                return v
+    return []
+
+
+def _hex_ids_to_base64(obj, where: str) -> None:
+    if not isinstance(obj, dict):
+        return
+    for keys, size in _ID_KEYS.items():
+        for k in keys:
+            v = obj.get(k)
+            if v is None or v == "":
+                continue
+            try:
+                raw = bytes.fromhex(v) if isinstance(v, str) else None
+            except ValueError:
+                raw = None
+            if raw is None or len(raw) != size:
+                raise HttpError(400, f"malformed OTLP/JSON: {where}.{k} must be {2 * size} hex digits, "
+                                     f"got {str(v)[:80]!r}")
+            obj[k] = binascii.b2a_base64(raw, newline=False).decode()
+
+
+def _fix_ids(kind: str, doc) -> None:
+    """OTLP/JSON's hex trace/span ids turned into the base64 that ``json_format`` decodes, in place."""
+    if kind == "logs":
+        for i, rl in enumerate(_items(doc, "resourceLogs", "resource_logs")):
+            for j, sl in enumerate(_items(rl, "scopeLogs", "scope_logs")):
+                for n, lr in enumerate(_items(sl, "logRecords", "log_records")):
+                    _hex_ids_to_base64(lr, f"resourceLogs[{i}].scopeLogs[{j}].logRecords[{n}]")
+        return
+    for i, rm in enumerate(_items(doc, "resourceMetrics", "resource_metrics")):
+        for j, sm in enumerate(_items(rm, "scopeMetrics", "scope_metrics")):
+            for n, m in enumerate(_items(sm, "metrics")):
+                for pk in _POINT_KINDS:
+                    data = m.get(pk) if isinstance(m, dict) else None
+                    for p, dp in enumerate(_items(data, "dataPoints", "data_points")):
+                        for e, ex in enumerate(_items(dp, "exemplars")):
+                            _hex_ids_to_base64(ex, f"resourceMetrics[{i}].scopeMetrics[{j}].metrics[{n}].{pk}"
+                                                   f".dataPoints[{p}].exemplars[{e}]")
+
+
+def parse_json(kind: str, payload: bytes):
+    """An OTLP/JSON request (the OTLP/HTTP spec's JSON encoding) into the same message the protobuf path parses.
+
+    ``json_format`` does proto3's JSON mapping, which OTLP/JSON follows except for trace/span ids (hex, converted
+    first: ``_fix_ids``); it also takes int64 as strings or numbers, enums as integers or names, bytes (a packed
+    step body's ``bytesValue``) as base64, and ignores unknown fields, as the spec asks of receivers. Any failure is
+    a 400 that says what was wrong, never a 500.
+    """
+    if len(payload) > MAX_JSON_BYTES:
+        raise HttpError(413, f"OTLP/JSON body of {len(payload)} bytes exceeds {MAX_JSON_BYTES}: send smaller batches "
+                             "or protobuf")
+    objects = JSON_EXPANSION * len(payload)  # the Python objects of the decoded document, while they live
+    if not INFLIGHT.take(objects):
+        raise HttpError(503, "too much decompressed data in flight: retry shortly")
+    try:
+        return _parse_json(kind, payload)
+    finally:
+        INFLIGHT.give(objects)
+
+
+def _parse_json(kind: str, payload: bytes):
+    try:
+        doc = msgspec.json.decode(payload)
+    except (msgspec.MsgspecError, ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise HttpError(400, f"malformed OTLP/JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise HttpError(400, f"malformed OTLP/JSON: the body must be a JSON object, not {type(doc).__name__}")
+    _fix_ids(kind, doc)
+    req = ExportLogsServiceRequest() if kind == "logs" else ExportMetricsServiceRequest()
+    try:
+        json_format.ParseDict(doc, req, ignore_unknown_fields=True)
+    except json_format.ParseError as e:
+        raise HttpError(400, f"malformed OTLP/JSON: {str(e)[:500]}") from None
+    except Exception as e:  # a shape ParseDict did not expect (its own Parse wraps every exception the same way)
+        raise HttpError(400, f"malformed OTLP/JSON: {type(e).__name__}: {str(e)[:500]}") from None
+    return req
+
+
+def logs_response(rejected: int = 0, message: str = "", as_json: bool = False) -> bytes:
     """The OTLP logs response; with ``rejected`` log records, a partial success whose ``error_message`` says which
-    and why (``ranksight.wire.rejections_message``: JSON, bounded in size)."""
+    and why (``ranksight.wire.rejections_message``: JSON, bounded in size). ``as_json``: OTLP/JSON, for a JSON
+    request."""
     resp = ExportLogsServiceResponse()
     if rejected:
         resp.partial_success.CopyFrom(ExportLogsPartialSuccess(rejected_log_records=rejected,
                                                                error_message=message[:wire.MAX_REJECTION_MESSAGE]))
-    return resp.SerializeToString()
+    return _serialize(resp, as_json)
 
 
-def metrics_response() -> bytes:
-    return ExportMetricsServiceResponse().SerializeToString()
+def metrics_response(as_json: bool = False) -> bytes:
+    return _serialize(ExportMetricsServiceResponse(), as_json)
+
+
+def _serialize(msg, as_json: bool) -> bytes:
+    return json_format.MessageToJson(msg, indent=None).encode() if as_json else msg.SerializeToString()
