@@ -3,9 +3,8 @@ examples than the suite's short seeded ones.
 
     .venv/bin/python bench/fuzz.py [--scale 50] [--tests PATTERN]
 
-Every test module that fuzzes (tests/test_fuzz_parsers.py, tests/test_logs_*.py, tests/test_traces_*.py,
-tests/test_probe_*_contract.py) takes its
-hypothesis settings from tests/fuzz_settings.py; here they run with RANKSIGHT_FUZZ_SCALE times as many examples and
+Every test module that fuzzes (the parsers, the log readers, the trace readers, the host probe, the OTLP receiver
+in both encodings) takes its hypothesis settings from tests/fuzz_settings.py, which is how they are found; here they run with RANKSIGHT_FUZZ_SCALE times as many examples and
 random (not seeded) data, each test under a wall-clock limit (a hang is a failure) and the whole run under a memory
 limit (RLIMIT_AS: unbounded memory is a failure). Prints, per test, passed or the failing example hypothesis shrank
 to, and the totals: inputs tried, escapes (failures), hangs (timeouts).
@@ -23,7 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FUZZ_FILES = ["tests/test_fuzz_parsers.py", "tests/test_logs_*.py", "tests/test_traces_*.py", "tests/test_probe_*_contract.py"]
+def fuzz_files() -> list[str]:
+    """Every test module whose hypothesis settings come from tests/fuzz_settings.py."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                  if "fuzz_settings" in p.read_text(encoding="utf-8", errors="replace"))
 
 
 def main() -> int:
@@ -33,7 +35,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per test before it counts as a hang")
     ap.add_argument("--mem-gb", type=float, default=4.0, help="address-space limit of the test process")
     a = ap.parse_args()
-    files = sorted(str(p.relative_to(ROOT)) for pat in FUZZ_FILES for p in ROOT.glob(pat))
+    files = fuzz_files()
     env = {**os.environ, "RANKSIGHT_FUZZ_SCALE": str(a.scale), "RANKSIGHT_FUZZ_RANDOM": "1"}
     limit = int(a.mem_gb * 2**30)
 
