@@ -4,8 +4,8 @@ examples than the suite's short seeded ones.
     .venv/bin/python bench/fuzz.py [--scale 50] [--tests PATTERN]
 
 Every test module that fuzzes (the parsers, the log readers, the trace readers, the host probe, the OTLP receiver
-in both encodings) takes its hypothesis settings from tests/fuzz_settings.py, which is how they are found; here they run with RANKSIGHT_FUZZ_SCALE times as many examples and
-random (not seeded) data, each test under a wall-clock limit (a hang is a failure) and the whole run under a memory
+in both encodings) takes its hypothesis settings from tests/fuzz_settings.py, which is how they are found; here
+they run with RANKSIGHT_FUZZ_SCALE times as many examples and random (not seeded) data, each test under a wall-clock limit (a hang is a failure) and the whole run under a memory
 limit (RLIMIT_AS: unbounded memory is a failure). Prints, per test, passed or the failing example hypothesis shrank
 to, and the totals: inputs tried, escapes (failures), hangs (timeouts).
 """
