@@ -70,7 +70,7 @@ def stop_all(rig: Rig) -> dict:
     reports = rig.stop_agents()
     rig.kill_head(signal.SIGTERM)
     undelivered = sum(r.get("undelivered_records", 0) for r in reports.values())
-    return {"exit_undelivered": undelivered}
+    return {"exit_undelivered": undelivered, "exit_reports_missing": sum(1 for r in reports.values() if r.get("missing"))}
 
 
 def s_agent_kill9_mid(rig: Rig) -> dict:
@@ -168,7 +168,7 @@ def s_disk_full(rig: Rig) -> dict:
     rig.say("space freed, head started again on the same store")
     rig.wait_training()
     out = stop_all(rig)
-    out["wal_full"] = log_count(rig.logs / "head.log", "WalFull") + log_count(rig.logs / "head.log", "disk full")
+    out["wal_full"] = log_count(rig.logs, "head", "WalFull") + log_count(rig.logs, "head", "No space left")
     return out
 
 
@@ -312,7 +312,7 @@ def count(rig: Rig, notes: dict) -> dict:
         "http_503": rig.proxy.statuses.get("/v1/logs 503", 0), "per_table": per_table, **notes,
     }
     if notes.get("poison") == "trace":
-        row["traces_set_aside"] = sum(log_count(p, "not summarized") for p in rig.logs.glob("agent-node*.log"))
+        row["traces_set_aside"] = log_count(rig.logs, "agent-node", "not summarized")
     if notes.get("poison") == "negative":
         st = rig.stored("steps")
         row["stored_negative_tokens"] = int((st["tokens"] < 0).sum()) if not st.empty else 0
@@ -390,7 +390,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=list(SCENARIOS), help="run this scenario (repeatable)")
-    ap.add_argument("--steps", type=int, default=40, help="training steps per run")
+    ap.add_argument("--steps", type=int, default=50, help="training steps per run")
     ap.add_argument("--results", default=str(RESULTS), help="JSON file for the rows ('' for none)")
     ap.add_argument("--keep", action="store_true", help="keep each scenario's directory (logs, stores)")
     args = ap.parse_args(argv)

@@ -38,9 +38,9 @@ from ranksight.layout import RunDir  # noqa: E402
 from ranksight.spool import read_spool  # noqa: E402
 from ranksight.tables import KEYS, SPECS, read_table  # noqa: E402
 
-# small enough that a 4-rank run takes a few seconds of training on 2 busy cores, large enough that steps are not
-# all start-up
-MODEL = ["--d-model", "64", "--n-layers", "2", "--n-heads", "4", "--seq-len", "32", "--batch-size", "8"]
+# bench/detect.py's model: a few hundred ms a step on 2 shared cores, so a run of a few dozen steps lasts long enough
+# for faults "mid-run" and several of the head's analysis rounds
+MODEL = ["--d-model", "128", "--n-layers", "4", "--n-heads", "4", "--seq-len", "48", "--batch-size", "16"]
 TOKEN = "fault-injection-bench-token"
 
 
@@ -160,18 +160,26 @@ class Rig:
         self.cluster: LocalCluster | None = None
         self.head_stats: list[dict] = []  # /api/stats of each head incarnation, read before it was stopped
         self.live_findings: dict[str, dict] = {}  # by id, from the head's API
-        self.events: list[str] = []  # what the scenario did, with times
+        self.events: list[str] = []  # what the scenario did
+        self.t_start = time.time()
 
     def say(self, what: str) -> None:
         self.events.append(what)
 
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")
+        """The command, its output in ``logs/<name>.log`` (``<name>.2.log``, ... for a restarted one)."""
+        path, k = self.logs / f"{name}.log", 1
+        while path.exists():
+            k += 1
+            path = self.logs / f"{name}.{k}.log"
+        log = open(path, "ab")
         try:
-            return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, start_new_session=True)
+            p = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, start_new_session=True)
         finally:
             log.close()
+        p.log_path = path
+        return p
 
     # -- head ----------------------------------------------------------------------------------------------------
     def start_head(self, timeout: float = 60.0) -> None:
@@ -222,6 +230,11 @@ class Rig:
             "agent", "--store", str(self.data_store), "--run-id", self.run_id, "--node", str(node),
             "--head", self.proxy.url, "--metrics-port", "0", "--sim-gpu", "on",
             "--drain-timeout", str(drain_timeout)], env)
+        # until it has its signal handlers (it prints its pid line then): a SIGTERM during its imports would end it
+        # before it ships anything, which is not what a scenario means by stopping it
+        p, deadline = self.agents[node], time.monotonic() + 90
+        while time.monotonic() < deadline and p.poll() is None and "pid" not in log_text(p.log_path):
+            time.sleep(0.2)
 
     def kill_agent(self, node: int, sig: int = signal.SIGKILL) -> None:
         _signal_group(self.agents[node], sig)
@@ -239,8 +252,11 @@ class Rig:
                 p.wait(10)
         out = {}
         for n in self.agents:
+            path = self.rd.agent_exit_report(n)
             try:
-                out[n] = json.loads(self.rd.agent_exit_report(n).read_bytes())
+                out[n] = json.loads(path.read_bytes())
+                if path.stat().st_mtime < self.t_start:
+                    out[n] = {"missing": True}  # a report left by an earlier run in this directory
             except (OSError, ValueError):
                 out[n] = {"missing": True}
         return out
@@ -330,8 +346,13 @@ def _signal_group(p: subprocess.Popen | None, sig: int) -> None:
         pass
 
 
-def log_count(path: Path, needle: str) -> int:
+def log_text(path: Path) -> str:
     try:
-        return path.read_text(errors="replace").count(needle)
+        return path.read_text(errors="replace")
     except OSError:
-        return 0
+        return ""
+
+
+def log_count(logs: Path, prefix: str, needle: str) -> int:
+    """Occurrences of ``needle`` in the logs of every incarnation of ``prefix`` (``head``, ``agent-node0``, ...)."""
+    return sum(log_text(p).count(needle) for p in logs.glob(f"{prefix}*.log"))
