@@ -300,7 +300,7 @@ def count(rig: Rig, notes: dict) -> dict:
     evicts = actions[actions["action"] == "evict"] if not actions.empty else actions
     events = rig.stored("events")
     gaps = int((events["event"] == "spool_gap").sum()) if not events.empty else 0
-    stats = {k: sum(s.get(k, 0) for s in rig.head_stats) for k in ("rejected", "records_new", "duplicates")}
+    stats = {k: sum(s.get(k, 0) for s in rig.head_stats.values()) for k in ("rejected", "records_new", "duplicates")}
     row = {
         "acked": acked_unique, "acked_missing": acked_missing, "stored_dup": stored_dup, "acked_again": resent,
         "steps_written": len(written), "steps_stored": len(stored_steps),

@@ -158,7 +158,7 @@ class Rig:
         self.head: subprocess.Popen | None = None
         self.agents: dict[int, subprocess.Popen] = {}
         self.cluster: LocalCluster | None = None
-        self.head_stats: list[dict] = []  # /api/stats of each head incarnation, read before it was stopped
+        self.head_stats: dict[int, dict] = {}  # by pid: /api/stats of each head incarnation, last read
         self.live_findings: dict[str, dict] = {}  # by id, from the head's API
         self.events: list[str] = []  # what the scenario did
         self.t_start = time.time()
@@ -208,7 +208,7 @@ class Rig:
     def read_head(self) -> None:
         """Keep the head's counters and live findings (lost with the process when it is killed or stopped)."""
         try:
-            self.head_stats.append(self.api("/api/stats").get("stats", {}))
+            self.head_stats[self.head.pid] = self.api("/api/stats").get("stats", {})
             body = self.api(f"/api/runs/{self.run_id}/findings")
             items = body.get("findings", body) if isinstance(body, dict) else body
             for f in items:

@@ -3,6 +3,7 @@ the node is not "silent" for the difference; the skew itself is one finding nami
 
 from __future__ import annotations
 
+import msgspec
 from agent_helpers import TOKEN
 from analyzers import run_all
 from head.service import Head
@@ -58,5 +59,30 @@ def test_a_backlog_delivered_late_is_not_clock_skew(tmp_path):
             live.heartbeat(wire.Heartbeat(node=node, host=f"h{node}", t=t0 + 300.0), now=t0 + 300.2)
         found = run_all(live.run_data(now=t0 + 301.0))
         assert not [f for f in found if f.kind == "clock_skew"], [f.summary for f in found]
+    finally:
+        h.close()
+
+
+def test_a_skewed_nodes_arrival_times_are_not_compared_with_other_nodes(tmp_path):
+    """Arrival at the gradient sync is a wall-clock time: node 1 at -120 s "arrived 120 s early yet its peers waited
+    for it", a slow link the evict policy acted on (bench/fault_injection.py). The live window leaves its arrivals out."""
+    h = Head(tmp_path / "store", TOKEN, analyzer=None)
+    try:
+        rs, live = h.store.run("r"), h.live.run("r")
+        t0 = 1_800_000_000.0
+        for s in range(1, 31):
+            head_now = t0 + s * 0.5
+            for node in range(2):
+                node_now = head_now + (SKEW_S if node == 1 else 0.0)
+                recs = [schema.StepRecord(**{**msgspec.structs.asdict(_step(rank, s, node_now)),
+                                             "sync_arrival": node_now - 0.1})
+                        for rank in (2 * node, 2 * node + 1)]
+                live.add("steps", rs.add("steps", recs), now=head_now + 0.3)
+                live.heartbeat(wire.Heartbeat(node=node, host=f"h{node}", t=node_now), now=head_now + 0.3)
+        data = live.run_data(now=t0 + 30 * 0.5 + 1.0)
+        by_rank = data.steps.groupby("rank")["sync_arrival"].apply(lambda c: c.notna().all())
+        assert by_rank.to_dict() == {0: True, 1: True, 2: False, 3: False}
+        found = run_all(data)
+        assert [f.kind for f in found if f.severity != "info"] == ["clock_skew"], [f.summary for f in found]
     finally:
         h.close()
