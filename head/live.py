@@ -423,29 +423,12 @@ class RunLive:
             return to_pandas_shared_lists(t, "group_ranks") if table == "collectives" else t.to_pandas()
 
         return RunData(
-            run_id=self.run_id, manifest=manifest, steps=without_skewed_arrivals(columnar("steps", steps, k), offsets),
+            run_id=self.run_id, manifest=manifest, steps=columnar("steps", steps, k),
             # the collectives of the same steps (at most 4x as many rows as steps)
             collectives=columnar("collectives", colls, 4 * k, k if k < self.window else None),
             events=records("events", events), gpu=records("gpu", gpu), host=records("host", host),
             xid=records("xid", xid), source="live", now=time.time() if now is None else now,
             clock_offset_s=offsets)
-
-
-# A node whose clock is off from the head's by more than this is reported (analyzers.checks.hang's clock_skew, same
-# threshold), and its ranks' arrival times are not compared with other nodes'.
-CLOCK_SKEW_S = 5.0
-
-
-def without_skewed_arrivals(steps: pd.DataFrame, offsets: dict[int, float]) -> pd.DataFrame:
-    """The step rows with ``sync_arrival`` blanked for ranks whose clock is off by more than CLOCK_SKEW_S: arrival
-    order across nodes compares their wall clocks, and node 1 at -120 s "arrived 120 s early yet its peers waited",
-    a slow link the evict policy acted on (bench/fault_injection.py). Their checks that need arrival then judge
-    without it, as for a run that does not record it."""
-    skewed = [r for r, off in offsets.items() if abs(off) > CLOCK_SKEW_S]
-    if skewed and "sync_arrival" in steps.columns and not steps.empty:
-        steps = steps.copy()
-        steps.loc[steps["rank"].isin(skewed), "sync_arrival"] = np.nan
-    return steps
 
 
 def _empty_frame(table: str) -> pd.DataFrame:
