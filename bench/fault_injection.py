@@ -69,6 +69,7 @@ def start_all(rig: Rig, agent_env: dict | None = None, train_env: dict | None = 
 def stop_all(rig: Rig) -> dict:
     reports = rig.stop_agents()
     rig.kill_head(signal.SIGTERM)
+    rig.say("agents and head stopped (SIGTERM)")
     undelivered = sum(r.get("undelivered_records", 0) for r in reports.values())
     return {"exit_undelivered": undelivered, "exit_reports_missing": sum(1 for r in reports.values() if r.get("missing"))}
 
@@ -334,6 +335,30 @@ def poison_counted(row: dict) -> str:
     return "-"
 
 
+def fault_seen(row: dict) -> str:
+    """What shows that the fault took effect (and what the data path did about it)."""
+    out = []
+    if row.get("acked_again"):
+        out.append(f"{row['acked_again']} record key(s) acknowledged twice, stored once")
+    if row.get("http_503"):
+        out.append(f"{row['http_503']} requests answered 503")
+    if row.get("wal_full"):
+        out.append(f"{row['wal_full']} disk-full errors in the head's log, head kill -9 while full")
+    if row.get("exit_undelivered"):
+        out.append(f"{row['exit_undelivered']} undelivered at agent stop, then `--drain` exit codes "
+                   f"{sorted(row.get('drain_codes', {}).values())}" if "drain_codes" in row else
+                   f"{row['exit_undelivered']} undelivered at agent stop")
+    if row.get("exit_reports_missing"):
+        out.append(f"{row['exit_reports_missing']} agent(s) without exit report")
+    if row.get("skew_s_ranks") is not None:
+        out.append(f"node 1's ranks {row['skew_s_ranks']:+.0f} s (measured), {row['clock_skew_findings']} clock_skew finding")
+    if row.get("evict_reasons"):
+        out.append("evict: " + "; ".join(row["evict_reasons"]))
+    if "kill -9" in " ".join(row.get("timeline", [])) and not out:
+        out.append(next(e for e in row["timeline"] if "kill -9" in e))
+    return "; ".join(out) or "-"
+
+
 def run_scenario(name: str, steps: int, keep: bool = False) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"rsfi-{name.replace('+', 'p')}-"))
     head_store = None
@@ -375,15 +400,15 @@ def ok(row: dict) -> bool:
 
 def table(rows: list[dict]) -> str:
     head = ("| scenario | acked | acked missing | stored twice | steps written / stored | hang (live / diagnose) "
-            "| evictions | poison counted | wall s |\n|---|---|---|---|---|---|---|---|---|")
+            "| evictions | poison counted | the fault, seen | wall s |\n|---|---|---|---|---|---|---|---|---|---|")
     out = [head]
     for r in rows:
         if "skipped" in r or "error" in r:
-            out.append(f"| {r['scenario']} | {r.get('skipped') or 'ERROR ' + r['error']} | | | | | | | {r.get('wall_s', '')} |")
+            out.append(f"| {r['scenario']} | {r.get('skipped') or 'ERROR ' + r['error']} | | | | | | | | {r.get('wall_s', '')} |")
             continue
         out.append(f"| {r['scenario']} | {r['acked']} | {r['acked_missing']} | {r['stored_dup']} | "
                    f"{r['steps_written']} / {r['steps_stored']} | {r['hang_live']} / {r['hang_diagnose']} | "
-                   f"{r['evictions']} | {poison_counted(r)} | {r['wall_s']} |")
+                   f"{r['evictions']} | {poison_counted(r)} | {fault_seen(r)} | {r['wall_s']} |")
     return "\n".join(out)
 
 

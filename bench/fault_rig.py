@@ -222,7 +222,6 @@ class Rig:
             self.read_head()
         _signal_group(self.head, sig)
         self.head.wait(60)
-        self.say(f"head {'kill -9' if sig == signal.SIGKILL else 'stopped'}")
 
     # -- agents --------------------------------------------------------------------------------------------------
     def start_agent(self, node: int, env: dict | None = None, drain_timeout: float = 15.0) -> None:
