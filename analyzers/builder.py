@@ -12,6 +12,7 @@ What the frame hands out is shared by every check of the round: read it, never m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable
@@ -417,6 +418,57 @@ class AnalysisFrame:
         return self._collectives_of[prefixes]
 
 
+# A node whose clock is off from the others' (live: from the head's) by more than this has its clock reported
+# (checks.hang's clock_skew) and its ranks' arrival times left out of every comparison across nodes.
+CLOCK_SKEW_S = 5.0
+
+
+def skewed_ranks(data: RunData) -> set[int]:
+    """Ranks whose wall clock is off by more than CLOCK_SKEW_S. Live: from the head's measured offsets
+    (``RunData.clock_offset_s``). Post-mortem: from the steps themselves, since the ranks of one step end within about
+    a step time of each other: each node's median step-end offset from node 0's; nodes are grouped where those
+    offsets lie within max(CLOCK_SKEW_S, two step times) of each other, and the ranks outside the group holding the
+    most ranks (ties: the group of the lowest node) are skewed."""
+    if data.clock_offset_s:
+        return {int(r) for r, off in data.clock_offset_s.items() if abs(off) > CLOCK_SKEW_S}
+    st = data.steps
+    if st.empty or st["node"].nunique() < 2 or st["t_end"].isna().all():
+        return set()
+    ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
+    first = ends.columns[0]
+    off = {n: float((ends[n] - ends[first]).median()) for n in ends.columns}
+    off = {n: o for n, o in off.items() if np.isfinite(o)}
+    tol = max(CLOCK_SKEW_S, 2.0 * float(st["step_ms"].median()) / 1000.0)
+    groups: list[list] = []
+    for n in sorted(off, key=lambda n: off[n]):
+        if groups and off[n] - off[groups[-1][-1]] <= tol:
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    if len(groups) < 2:
+        return set()
+    ranks_of = st.groupby("node")["rank"].unique()
+    size = {i: sum(len(ranks_of.get(n, [])) for n in g) for i, g in enumerate(groups)}
+    keep = max(size, key=lambda i: (size[i], -min(groups[i])))
+    return {int(r) for i, g in enumerate(groups) if i != keep for n in g for r in ranks_of.get(n, [])}
+
+
+def without_skewed_arrivals(data: RunData) -> RunData:
+    """``data`` with ``sync_arrival`` blanked for ``skewed_ranks``: arrival order across nodes compares their wall
+    clocks, and node 1 at -120 s "arrived 120 s early yet its peers waited" (a slow link, which the evict policy acted
+    on; bench/fault_injection.py). Checks that need arrival then judge those ranks without it."""
+    st = data.steps
+    if st.empty or "sync_arrival" not in st.columns or st["sync_arrival"].isna().all():
+        return data
+    skewed = skewed_ranks(data)
+    if not skewed:
+        return data
+    st = st.copy()
+    st.loc[st["rank"].isin(list(skewed)), "sync_arrival"] = np.nan
+    return dataclasses.replace(data, steps=st)
+
+
 def build_frame(data: RunData) -> AnalysisFrame:
     """The builder stage: the frame of one analysis round over ``data``."""
+    data = without_skewed_arrivals(data)
     return AnalysisFrame(data=data, placement=Placement(data), compute_signal=data.compute_signal())

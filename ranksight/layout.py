@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 
 DEFAULT_STORE = Path("./runs")
@@ -106,7 +107,9 @@ def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
     an fsync per step is milliseconds on the training hot path.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    # the temporary name is the writer's own (process and thread): two threads of the head once wrote the same
+    # manifest at once through one name, and the second rename found nothing to rename
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
         if durable:

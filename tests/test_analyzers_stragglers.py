@@ -317,3 +317,16 @@ def test_unconfirmed_device_time_needs_a_long_or_large_episode():
     assert long.severity == "warning" and long.evidence["detected_at_step"] >= long.step_start + 11
     (large,) = run(1.3, 10, 16)
     assert large.severity == "warning" and large.evidence["detected_at_step"] >= large.step_start + 5
+
+
+def test_a_node_slow_on_the_host_only_is_info_not_an_eviction_candidate():
+    # every rank of node 1 has its wall-clock compute stretched 1.4x (CPU contention) while the device's own busy time
+    # stays normal: one node finding, info (a warning made the evict policy pick a healthy node in
+    # bench/fault_injection.py); the same slow-down in device time stays a warning
+    host = build(world=4, nodes=2, steps=30, device_time=True, host_factor=lambda r, s: 1.4 if (r >= 2 and s >= 10) else 1.0)
+    (f,) = stragglers.analyze(build_frame(host))
+    assert f.evidence["scope"] == "node" and f.nodes == [1] and f.ranks == [2, 3]
+    assert f.severity == "info" and f.evidence["signal"] == "compute_ms" and "the slowness is on the host" in f.summary
+    device = build(world=4, nodes=2, steps=30, device_time=True, compute_factor=lambda r, s: 1.4 if (r >= 2 and s >= 10) else 1.0)
+    (g,) = stragglers.analyze(build_frame(device))
+    assert g.evidence["scope"] == "node" and g.severity == "warning" and g.evidence["signal"] == "device_ms"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage
+from analyzers.builder import CLOCK_SKEW_S, AnalysisFrame, Coverage
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.loader import RunData
 from ranksight.schema import Finding
@@ -43,7 +43,7 @@ class HangConfig:
     # live: a node's clock this far from the head's (its ranks' median offset) is reported. The offset measured is
     # the clock difference plus the quickest delivery of a step batch (about a ship interval); NTP keeps clocks
     # within milliseconds, so seconds of offset is a clock that is not synchronised
-    skew_s: float = 5.0
+    skew_s: float = CLOCK_SKEW_S
 
 
 def _fmt_t(t: float | None) -> str:

@@ -370,15 +370,23 @@ def _node_findings(frame: AnalysisFrame, cfg: StragglerConfig, cands: list[dict]
             onset = min(c["onset"] for c in cs)
             end = max(c["end"] for c in cs)
             ratio = float(np.median([c["ratio"] for c in cs]))
+            # host-only: every rank's episode is in wall-clock compute while the run's device time stayed normal (CPU
+            # contention on a shared host): info, as for one rank; a warning here once had the policy evict a healthy
+            # node (bench/fault_injection.py)
+            host_only = frame.compute_signal == "device_ms" and all(c["signal"] != "device_ms" for c in cs)
             ev = dict(scope="node", node=node, ranks=sorted(members), onset_step=onset, detected_at_step=max(c["confirmed_at"] for c in cs),
+                      signal="compute_ms" if host_only else frame.compute_signal,
                       node_median_compute_ms=fnum(np.median([c["own_ms"] for c in cs]), 1),
                       peers_median_compute_ms=fnum(np.median([c["peers_ms"] for c in cs]), 1),
                       ratio=fnum(ratio, 3), steps_affected=int(max(c["flagged"] for c in cs)),
                       threshold_ratio=fnum(cs[0]["threshold"], 3))
             findings.append(Finding(
-                analyzer=NAME, kind="straggler", severity=_severity(ratio, cfg), ranks=sorted(members), nodes=[node],
-                step_start=onset, step_end=end, evidence=ev, confidence=0.85,
-                summary=f"node {node} is slow: all its ranks ({fmt_ranks(members)}) compute {ratio:.2f}x their peers since step {onset}",
+                analyzer=NAME, kind="straggler", severity="info" if host_only else _severity(ratio, cfg),
+                ranks=sorted(members), nodes=[node], step_start=onset, step_end=end, evidence=ev,
+                confidence=0.35 if host_only else 0.85,
+                summary=f"node {node} is slow: all its ranks ({fmt_ranks(members)}) compute {ratio:.2f}x their peers since step {onset}"
+                        + ("; their device time is normal: the slowness is on the host (CPU contention, launch or Python "
+                           "overhead)" if host_only else ""),
                 recommendation=(f"Check node {node} (GPU clocks/thermals, CPU contention, other jobs); if it persists, "
                                 f"{frame.placement.evict_advice(node)}."),
             ))
