@@ -62,7 +62,9 @@ def record_keys(run_id: str, body: bytes, encoding: str | None, content_type: st
         keys = out.setdefault(table, [])
         if isinstance(batch.items, wire.PackedBatch):
             arr = np.frombuffer(batch.items.payload, dtype=batch.items.layout.dtype)
-            cols = [arr[k].tolist() for k in KEYS[table]]
+            # string fields are fixed-width bytes in a packed body: as the store keeps them, text
+            cols = [[v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in arr[k].tolist()]
+                    for k in KEYS[table]]
             keys.extend(zip(*cols))
         else:
             keys.extend(SPECS[table].key_of(r) for r in batch.items if getattr(r, "run_id", run_id) == run_id)
