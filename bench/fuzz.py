@@ -59,8 +59,10 @@ def main() -> int:
     print(f"\n{passed} fuzz test(s) passed, {len(failed)} failed ({len(hangs)} hang(s)); {sum(n)} inputs in all, "
           f"{n[0] if n else 0} to {n[-1] if n else 0} per test; scale {a.scale:g}x the suite's examples, random data, "
           f"{a.mem_gb:g} GiB memory limit; {time.monotonic() - t0:.0f} s")
-    if failed:
-        print(out[-6000:])
+    if failed:  # the falsifying examples hypothesis shrank to (the statistics come after them)
+        start = out.find("= FAILURES =")
+        end = out.find("= Hypothesis Statistics =", start) if start >= 0 else -1
+        print(out[start:end][-12000:] if start >= 0 else out[-6000:])
     return 1 if failed else 0
 
 

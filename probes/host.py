@@ -81,14 +81,14 @@ def _diskstats(whole: dict[str, bool]) -> tuple[int, int] | None:
 
 
 def _implausible(value) -> str:
-    """Why a read value cannot be true ("" when it can): byte counters and memory sizes are never negative, and a
-    machine never has more memory available than it has."""
+    """Why a read value cannot be true ("" when it can): byte counters and memory sizes are never negative, a
+    machine has some memory, and never more memory available than it has."""
     if isinstance(value, tuple):
         return "negative counter read" if any(isinstance(v, (int, float)) and v < 0 for v in value) else ""
     total, avail = getattr(value, "total", None), getattr(value, "available", None)
     if isinstance(total, (int, float)) and isinstance(avail, (int, float)):
-        if total < 0 or avail < 0:
-            return f"negative memory size read (total {total}, available {avail})"
+        if total <= 0 or avail < 0:
+            return f"no or negative memory size read (total {total}, available {avail})"
         if avail > total:
             return f"more memory available ({avail}) than there is ({total})"
     return ""

@@ -69,6 +69,6 @@ def test_fuzz_host_probe_never_raises_and_reports_no_negative_counter(monkeypatc
               "disk_write_bytes"):
         assert getattr(s, f) >= 0, (f, s, probe.gaps)
     assert 0.0 <= s.cpu_pct <= 100.0
-    if s.mem_total_bytes == 0 and vm != 0:
+    if s.mem_total_bytes == 0:
         assert "memory" in probe.gaps  # not read: said, not a made-up 0 of 0
     assert s.mem_used_bytes <= s.mem_total_bytes
