@@ -81,15 +81,17 @@ def summary_text(gpus: list[GpuState] | None) -> Text:
     if not gpus:
         t.append("no GPU samples from the agents yet", style="dim")
         return t
-    if any(g.simulated for g in gpus):
-        t.append(SIM_BADGE, style=SIM_STYLE)
-        t.append(" no GPU on these hosts: each rank's GPU is simulated (activity and injected faults)  ", style="magenta")
+    # the counts first: on a narrow terminal the line is cut at its end
     n_xid = sum(1 for g in gpus if gpu_alert(g) == "xid")
     n_thr = sum(1 for g in gpus if g.throttled)
     t.append(f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}  ")
     t.append(f"{n_thr} throttled", style=THROTTLE_STYLE if n_thr else "dim")
     t.append("  ")
     t.append(f"{n_xid} with XID/ECC errors", style=XID_STYLE if n_xid else "dim")
+    if any(g.simulated for g in gpus):
+        t.append("  ")
+        t.append(SIM_BADGE, style=SIM_STYLE)
+        t.append(" no GPU on these hosts: each rank's GPU is simulated (activity and injected faults)", style="magenta")
     return t
 
 
