@@ -131,7 +131,8 @@ class FindingsTable(DataTable):
     @staticmethod
     def _key(i: int, f: schema.Finding) -> str:
         # a live episode keeps its id while its span, severity and status move: all of them are in the key
-        return f"{f.id or f.analyzer}/{f.kind}/{f.ranks}/{f.nodes}/{f.step_start}/{f.step_end}/{f.severity}/{f.status}/{i}"
+        return (f"{f.id or f.analyzer}/{f.kind}/{f.ranks}/{f.nodes}/{f.step_start}/{f.step_end}/{f.severity}/{f.status}/"
+                f"{i}/{hash(f.summary)}")
 
     def selected(self) -> schema.Finding | None:
         if not self.findings or self.cursor_row is None or not 0 <= self.cursor_row < len(self.findings):

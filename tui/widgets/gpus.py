@@ -26,6 +26,7 @@ THROTTLE_STYLE = "bold yellow"
 SIM_BADGE = " SIMULATED "
 SIM_STYLE = "bold black on magenta"
 GiB = float(1 << 30)
+MAX_ROWS = 256  # a 4,096-GPU job: the problem GPUs and the first of the rest (a rank's own: its drill-down, d)
 
 
 def gpu_alert(g: GpuState) -> str:
@@ -88,6 +89,8 @@ def summary_text(gpus: list[GpuState] | None) -> Text:
     t.append(f"{n_thr} throttled", style=THROTTLE_STYLE if n_thr else "dim")
     t.append("  ")
     t.append(f"{n_xid} with XID/ECC errors", style=XID_STYLE if n_xid else "dim")
+    if len(gpus) > MAX_ROWS:
+        t.append(f"  (rows: the first {MAX_ROWS}, problems first)", style="dim")
     if any(g.simulated for g in gpus):
         t.append("  ")
         t.append(SIM_BADGE, style=SIM_STYLE)
@@ -112,10 +115,10 @@ class GpuTable(DataTable):
     def show_gpus(self, gpus: list[GpuState]) -> None:
         keep = self.cursor_row
         self.clear()
-        for g in sorted(gpus, key=order):
+        for g in sorted(gpus, key=order)[:MAX_ROWS]:
             self.add_row(*gpu_cells(g), key=f"{g.node}/{g.gpu}")
         if gpus:
-            self.move_cursor(row=min(keep, len(gpus) - 1))
+            self.move_cursor(row=min(keep, min(len(gpus), MAX_ROWS) - 1))
 
 
 class GpuPanel(Vertical):

@@ -127,7 +127,9 @@ class RankTable(DataTable):
                              if self.stale_since is not None else f"{what}{culprits} — ms of the last step")
 
     def _fill(self, keys: list[str], cells: list[list[Text]], columns: tuple) -> None:
-        if keys == [k.value for k in self.rows]:
+        # the same rows: update the cells in place (the cursor and scroll stay put). Each update_cell re-measures its
+        # column over every row, so on hundreds of rows a rebuild is the cheaper way (the cursor is restored below).
+        if len(keys) <= 64 and keys == [k.value for k in self.rows]:
             for key, row in zip(keys, cells):
                 for (_, col), cell in zip(columns, row):
                     self.update_cell(key, col, cell, update_width=True)
