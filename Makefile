@@ -11,9 +11,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ranksight-installed
 SIMNVML_SRC := probes/simnvml/simnvml.c
 SIMNVML_LIB := probes/simnvml/libnvidia-ml.so.1
-DEBS   := prometheus prometheus-alertmanager
+DEBS   := prometheus prometheus-alertmanager tmux
 
-.PHONY: setup venv debs simnvml test demo clean
+.PHONY: setup venv debs simnvml test demo tui-shot clean
 
 setup: $(STAMP) debs simnvml
 
@@ -33,6 +33,7 @@ debs:
 	@missing=""; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -57,6 +58,12 @@ test: setup
 
 demo: setup
 	$(PY) -m cli.demo
+
+# docs/img/tui.svg: the TUI's screen (Textual's screenshot) of a run. With RANKSIGHT_HEAD (and RANKSIGHT_TOKEN) set, a
+# running head (e.g. during `make demo`: the live view); without, a head started on the store (RANKSIGHT_STORE or
+# ./runs) for the picture. TUI_RUN picks the run (default: the one seen last), TUI_SIZE the terminal (160x48).
+tui-shot: setup
+	$(PY) -m tui.shot --out docs/img/tui.svg --size $(or $(TUI_SIZE),160x48) $(if $(TUI_RUN),--run $(TUI_RUN))
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(SIMNVML_LIB) runs/demo-*

@@ -222,6 +222,10 @@ async def test_an_ended_user_run_shows_finished_and_its_ranks_done():
             data["runs"][0]["status"] = "stopped"
             await loaded(app, pilot)
             assert "[stopped no record since" in plain(app.query_one(RunHeader).render())
+            # a rank the head holds no record of (a head restarted on the store) is not "waiting" in an ended run
+            data["ranks"][0].update(state="waiting", step=None, age_s=None, exit_reason=None)
+            await loaded(app, pilot)
+            assert cell(t, 0, "state") == "ended"
             await pilot.press("q")
     finally:
         fh.stop()
@@ -293,10 +297,11 @@ def capture(sock: str) -> str:
                           text=True).stdout
 
 
-def wait_screen(sock: str, want: str, timeout: float = 30) -> str:
+def wait_screen(sock: str, *want: str, timeout: float = 30) -> str:
+    """The pane once every ``want`` is on it (a capture can catch a frame half drawn), or as it is at the timeout."""
     screen = ""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and want not in screen:
+    while time.monotonic() < deadline and not all(w in screen for w in want):
         time.sleep(0.3)
         screen = capture(sock)
     return screen
@@ -311,7 +316,7 @@ def test_tmux_80x24_shows_the_key_elements(small, tmp_path):
            f"--token {TOKEN} --run {RUN} --interval 30; echo exited-$? > {tmp_path}/rc; sleep 5")
     subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", "t", "-x", "80", "-y", "24", cmd], check=True)
     try:
-        screen = wait_screen(sock, "straggler")
+        screen = wait_screen(sock, "straggler", "q Quit", "1 throttled")
         lines = screen.splitlines()
         assert len(lines) <= 24 and max(len(x) for x in lines) <= 80, screen
         assert "run run-a  [running]  dp4×tp1×pp1  world 4  nodes 2  step 39" in screen, screen
@@ -338,3 +343,15 @@ def test_tmux_80x24_shows_the_key_elements(small, tmp_path):
         assert rc.read_text().strip() == "exited-0"
     finally:
         subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True)
+
+
+# -- make tui-shot ------------------------------------------------------------------------------
+
+
+def test_tui_shot_writes_the_screen_as_svg(small, tmp_path):
+    from tui.shot import main
+
+    out = tmp_path / "img" / "tui.svg"
+    assert main(["--head", small.url, "--token", TOKEN, "--out", str(out), "--size", "120x40"]) == 0
+    svg = out.read_text()
+    assert svg.startswith("<svg") and "run-a" in svg and "straggler" in svg and "ranksight" in svg

@@ -8,7 +8,7 @@ Rank state (the table's last column):
 - ``done``: the rank (or run) finished normally (a run a user instrumented, without ``ranksight launch``, ends
   this way too: each rank's ``exit`` event);
 - ``stale``: the head reports the rank ``stalled`` (no record for much longer than its own step time);
-- ``waiting``: in the manifest, no record yet;
+- ``waiting``: in the manifest, no record yet; ``ended`` instead when the run is over;
 - ``slow``: its median compute time over the window is ``SLOW_RATIO``x the median of all ranks,
   or it is a culprit;
 - ``ok``: otherwise.
@@ -153,7 +153,9 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
         elif head_state == "stalled":
             state = "stale"
         elif head_state == "waiting":
-            state = "waiting"
+            # an ended run's rank the head holds no record of (a head restarted on the store keeps no live window):
+            # not "waiting" for anything
+            state = "ended" if run is not None and run.status in ENDED_STATUS else "waiting"
         elif r in culprits or (overall and med_compute[r] is not None and med_compute[r] > SLOW_RATIO * overall):
             state = "slow"
         else:

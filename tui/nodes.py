@@ -14,7 +14,7 @@ from tui.model import RankRow, RunView
 
 AGGREGATE_ABOVE = 64  # ranks; more than this (on more than one node) and the main view shows nodes
 # Worst first: the state a node row shows is the worst of its ranks' (with how many ranks are in it).
-STATE_ORDER = ("failed", "evicted", "stale", "slow", "waiting", "ok", "done")
+STATE_ORDER = ("failed", "evicted", "stale", "slow", "waiting", "ok", "done", "ended")
 
 
 @dataclass(frozen=True)

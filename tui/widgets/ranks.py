@@ -24,7 +24,7 @@ NODE_COLUMNS = (("", "mark"), ("node", "node"), ("ranks", "ranks"), ("step", "st
                 ("step ms", "step_ms"), ("compute", "compute_ms"), ("comm", "comm_ms"), ("data", "data_ms"),
                 ("seen", "seen"), ("state", "state"))
 STATE_STYLE = {"ok": "green", "slow": "bold yellow", "stale": "bold magenta", "evicted": "bold red",
-               "failed": "bold red", "done": "dim", "waiting": "dim", "unknown": "dim"}
+               "failed": "bold red", "done": "dim", "waiting": "dim", "ended": "dim", "unknown": "dim"}
 CULPRIT_STYLE = "bold red"
 CULPRIT_MARK = "▶"
 
