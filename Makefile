@@ -11,9 +11,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ranksight-installed
 SIMNVML_SRC := probes/simnvml/simnvml.c
 SIMNVML_LIB := probes/simnvml/libnvidia-ml.so.1
-DEBS   := prometheus prometheus-alertmanager
+DEBS   := prometheus prometheus-alertmanager tmux
 
-.PHONY: setup venv debs simnvml test demo clean report-shots
+.PHONY: setup venv debs simnvml test demo clean report-shots tui-shot
 
 setup: $(STAMP) debs simnvml
 
@@ -33,6 +33,7 @@ debs:
 	@missing=""; \
 	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing Debian packages:$$missing"; \
@@ -74,6 +75,12 @@ report-shots: setup
 	$(PY) -m cli.diagnose $(notdir $(REPORT_RUN)) --store $(patsubst %/,%,$(dir $(REPORT_RUN))) --html build/report.html >/dev/null; \
 	  rc=$$?; [ $$rc -lt 40 ] || { echo "report-shots: diagnose could not read $(REPORT_RUN) (exit $$rc)"; exit 1; }
 	$(PY) -m analyzers.report.screenshot build/report.html $(REPORT_PNG) --width 1280 --height 2200
+
+# docs/img/tui.svg: the TUI's screen (Textual's screenshot) of a run. With RANKSIGHT_HEAD (and RANKSIGHT_TOKEN) set, a
+# running head (e.g. during `make demo`: the live view); without, a head started on the store (RANKSIGHT_STORE or
+# ./runs) for the picture. TUI_RUN picks the run (default: the one seen last), TUI_SIZE the terminal (160x48).
+tui-shot: setup
+	$(PY) -m tui.shot --out docs/img/tui.svg --size $(or $(TUI_SIZE),160x48) $(if $(TUI_RUN),--run $(TUI_RUN))
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(SIMNVML_LIB) runs/demo-*

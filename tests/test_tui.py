@@ -390,7 +390,8 @@ def test_snapshot(fake, snap_compare, monkeypatch):
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_tmux_smoke(fake, tmp_path):
     sock = f"rs-tui-{os.getpid()}"
-    cmd = (f"cd {REPO} && TERM=xterm-256color {sys.executable} -m cli.main tui --head {fake.url} "
+    # the pause: tmux sizes a detached session's pane just after it starts the command
+    cmd = (f"sleep 1; cd {REPO} && TERM=xterm-256color {sys.executable} -m cli.main tui --head {fake.url} "
            f"--run {RUN} --interval 0.5; echo exited-$? > {tmp_path}/rc; sleep 5")
     subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", "t", "-x", "150", "-y", "45", cmd], check=True)
     try:
@@ -403,7 +404,7 @@ def test_tmux_smoke(fake, tmp_path):
         assert "run-a" in screen and "dp4×tp1×pp2" in screen and "straggler" in screen, screen
         subprocess.run(["tmux", "-L", sock, "send-keys", "-t", "t", "q"], check=True)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (tmp_path / "rc").exists():
+        while time.monotonic() < deadline and not ((tmp_path / "rc").exists() and (tmp_path / "rc").read_text().strip()):
             time.sleep(0.2)
         assert (tmp_path / "rc").read_text().strip() == "exited-0"
     finally:
@@ -511,12 +512,15 @@ async def test_findings_table_follows_a_live_episode_and_dims_it_when_closed():
         ft = app.query_one(FindingsTable)
         ft.show_findings([f])
         await pilot.pause()
-        assert plain(ft.get_row_at(0)[4]) == "12–20"
+
+        def cell(col):
+            return ft.get_cell(ft.coordinate_to_cell_key((0, 0)).row_key, col)
+
+        assert plain(cell("steps")) == "12–20"
         # the same episode, grown: the row follows it (same id, new span)
         ft.show_findings([msgspec.structs.replace(f, step_end=31, severity="critical")])
         await pilot.pause()
-        assert plain(ft.get_row_at(0)[4]) == "12–31" and plain(ft.get_row_at(0)[0]).strip() == "critical"
+        assert plain(cell("steps")) == "12–31" and plain(cell("sev")).strip() == "critical"
         ft.show_findings([msgspec.structs.replace(f, step_end=31, severity="critical", status="closed")])
         await pilot.pause()
-        cells = ft.get_row_at(0)
-        assert plain(cells[4]) == "12–31 closed" and "dim" in str(cells[5].style)
+        assert plain(cell("steps")) == "12–31 closed" and "dim" in str(cell("summary").style)

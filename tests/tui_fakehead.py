@@ -1,7 +1,8 @@
 """A fake head for the TUI tests: a stdlib HTTP server on 127.0.0.1 answering the head's API shapes.
 
 The data is deterministic (fixed clock T0): run ``run-a``, 8 ranks on 2 nodes, dp4×tp1×pp2, 40 steps;
-rank 5 (node 1) computes 1.8x its peers from step 20 on, and a straggler finding says so. Profiler summaries of
+rank 5 (node 1) computes 1.8x its peers from step 20 on, and a straggler finding says so. ``job_data`` makes other
+shapes of the same story (a 4-rank job, a 4,096-rank job, a run that ended). Profiler summaries of
 one capture (steps 30..34, cuda) say the same in kernel time; ``/traces`` serves them through the head's own
 ``analyzers.trace_windows`` (the same rows and bounds as the real endpoint).
 POSTs to /api/runs/<id>/actions are recorded (headers and body) and answered like the real head.
@@ -19,18 +20,18 @@ RUN = "run-a"
 TOKEN = "tui-test-token"
 
 
-def step_record(rank: int, step: int) -> dict:
-    node = rank // 4
+def step_record(rank: int, step: int, per_node: int = 4, world: int = 8, slow: int = 5) -> dict:
+    node = rank // per_node
     stage = rank % 2
-    compute = 100.0 + rank + (80.0 if rank == 5 and step >= 20 else 0.0)
+    compute = 100.0 + rank % 8 + (80.0 if rank == slow and step >= 20 else 0.0)
     step_ms = 220.0 if step >= 20 else 140.0
     comm = step_ms - compute - 10.0
     return {"kind": "step", "run_id": RUN, "rank": rank, "step": step, "node": node, "host": f"node{node}",
-            "attempt": 0, "world_size": 8, "pp_stage": stage, "dp_rank": rank // 2, "tp_rank": 0,
+            "attempt": 0, "world_size": world, "pp_stage": stage, "dp_rank": rank // 2, "tp_rank": 0,
             "t_start": T0 + step * 0.2, "t_end": T0 + step * 0.2 + step_ms / 1000, "step_ms": step_ms,
             "data_ms": 10.0, "forward_ms": compute / 3, "backward_ms": compute * 2 / 3, "optimizer_ms": 1.0,
             "comm_ms": comm, "pipeline_wait_ms": 0.0, "compute_ms": compute, "sync_arrival": None,
-            "sync_wait_ms": None, "tokens": 4096, "loss": (4.0 - step * 0.02) if stage == 1 else None,
+            "sync_wait_ms": comm - 5.0, "tokens": 4096, "loss": (4.0 - step * 0.02) if stage == 1 else None,
             "loss_nonfinite": False, "grad_norm": 1.0, "loss_scale": None, "overflow": False, "skipped": False,
             "lr": 1e-3, "mem_bytes": 1 << 30, "flops": 2.0e12, "profiling": False, "microbatches": 4}
 
@@ -77,13 +78,7 @@ def default_data() -> dict:
                   "last_seen": T0 - 1000, "ranks_live": 0, "steps_stored": 400}],
         "ranks": ranks,
         "steps": steps,
-        "findings": [
-            {"analyzer": "stragglers", "kind": "straggler", "severity": "warning", "ranks": [5], "nodes": [1],
-             "step_start": 20, "step_end": 39,
-             "evidence": {"own_compute_ms": 185.0, "peers_compute_ms": 103.5, "ratio": 1.787, "onset_step": 20},
-             "recommendation": "Inspect rank 5 on node 1: GPU clocks/throttling; if it persists, checkpoint and evict node 1.",
-             "confidence": 0.9, "summary": "rank 5 (node 1) is the straggler since step 20: compute 185.0 ms vs peers 103.5 ms (1.79x)",
-             "run_id": RUN, "t": T0 + 5.0, "simulated": False},
+        "findings": [straggler_finding(5, 1),
             {"analyzer": "pipeline", "kind": "pipeline_bubble", "severity": "info", "ranks": [], "nodes": [],
              "step_start": 0, "step_end": 39, "evidence": {"bubble_share": 0.21, "theory_share": 0.2},
              "recommendation": "Nothing to do.", "confidence": 0.7, "summary": "bubble 21% vs 20% theory",
@@ -102,6 +97,43 @@ def default_data() -> dict:
             gpu_state(1, 1, temp_c=92.0, sm_clock_mhz=1215.0, sm_clock_frac=1215 / 1980, throttle_reasons=0x60,
                       throttle_names=["sw_thermal_slowdown", "hw_thermal_slowdown"], throttled=True),
             gpu_state(1, 3, util_pct=0.0, power_w=90.0, xid_total=1, xid_count=1, last_xid=79, age_s=3.0)],
+    }
+
+
+def straggler_finding(rank: int, node: int) -> dict:
+    return {"analyzer": "stragglers", "kind": "straggler", "severity": "warning", "ranks": [rank], "nodes": [node],
+            "step_start": 20, "step_end": 39,
+            "evidence": {"own_compute_ms": 185.0, "peers_compute_ms": 103.5, "ratio": 1.787, "onset_step": 20},
+            "recommendation": f"Inspect rank {rank} on node {node}: GPU clocks/throttling; if it persists, checkpoint "
+                              f"and evict node {node}.",
+            "confidence": 0.9, "summary": f"rank {rank} (node {node}) is the straggler since step 20: compute 185.0 ms "
+                                          "vs peers 103.5 ms (1.79x)",
+            "run_id": RUN, "t": T0 + 5.0, "simulated": False}
+
+
+def job_data(world: int, per_node: int, slow: int, steps: int = 40, ended: bool = False) -> dict:
+    """A job of ``world`` ranks, ``per_node`` per node (dp only), rank ``slow`` computing 1.8x from step 20 on, the
+    last ``steps`` steps of 40 held by the head (a large job keeps the test's payload small). ``ended``: a run a user
+    instrumented (no manifest) that finished: the head's status ``finished`` and every rank ``finished`` (its
+    ``exit`` event says so)."""
+    nodes = (world + per_node - 1) // per_node
+    recs = [step_record(r, s, per_node, world, slow) for s in range(40 - steps, 40) for r in range(world)]
+    state, age = ("finished", 95.0) if ended else ("running", 0.5)
+    ranks = [{"rank": r, "node": r // per_node, "host": f"node{r // per_node}", "step": 39, "attempt": 0,
+              "t_end": T0 + 8.0, "step_ms": 220.0, "last_seen": T0 + 8.0, "age_s": age, "state": state,
+              "exit_reason": "finished" if ended else None} for r in range(world)]
+    gpus = [gpu_state(r // per_node, r % per_node, ranks=[r]) for r in range(world)]
+    slow_gpu = gpus[slow]
+    slow_gpu.update(temp_c=92.0, sm_clock_mhz=1215.0, throttle_reasons=0x20, throttle_names=["sw_thermal_slowdown"],
+                    throttled=True)
+    return {
+        "runs": [{"run_id": RUN, "status": "finished" if ended else "running", "start_time": T0, "world_size": world,
+                  "layout": {} if ended else {"dp": world, "tp": 1, "pp": 1, "world": world}, "nodes": nodes,
+                  "last_step": 39, "last_seen": T0 + 8.0, "ranks_live": 0 if ended else world,
+                  "steps_stored": world * 40, "peak_flops": 1.0e14, "peak_source": "measured fp32 matmul on this CPU",
+                  "peak_simulated": True}],
+        "ranks": ranks, "steps": recs, "findings": [straggler_finding(slow, slow // per_node)], "actions": [],
+        "health": {"ok": True, "stats": {}, "runs": 1}, "traces": [], "gpus": gpus,
     }
 
 

@@ -15,11 +15,15 @@ from typing import Callable
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Container, Vertical
+from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
 from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary, StepWindow, TraceRow
 from tui.model import RunView, build_view
+from tui.help import HelpScreen
+from tui.nodes import aggregated
+from tui.rank_screen import RankScreen
 from tui.screens import ActionModal, ActionRequest, RunPicker
 from tui.trace_model import build_trace_view
 from tui.trace_screen import TraceScreen
@@ -41,25 +45,38 @@ class RanksightApp(App):
     TITLE = "ranksight"
     BINDINGS = [
         Binding("p", "toggle_pause", "Pause"),
-        Binding("r", "refresh_now", "Refresh"),
+        # show=False: not in the footer (80 columns hold the rest); ? lists every key
+        Binding("r", "refresh_now", "Refresh", show=False),
         Binding("f", "focus_findings", "Findings"),
+        Binding("d", "drill", "Rank", show=False),
+        Binding("z", "zoom", "Zoom", show=False),
+        Binding("escape", "unzoom", "All nodes", show=False),
         Binding("a", "request_action", "Action"),
         Binding("g", "pick_run", "Runs"),
         Binding("t", "show_traces", "Traces"),
+        Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
+    # The screen gets -narrow below 120 columns (panels stack and the body scrolls) and -short below 40 rows.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
+
+    # The state the panels show, bound to them (``data_bind``): setting one re-renders what depends on it.
+    view: reactive[RunView | None] = reactive(None, always_update=True)
+    run_id: reactive[str | None] = reactive(None)
+    zoom_node: reactive[int | None] = reactive(None)  # the node zoomed into on a large job
+    stale_since: reactive[float | None] = reactive(None)  # the head unreachable since (the panels say STALE)
 
     def __init__(self, client: HeadClient, run_id: str | None = None, interval: float = 1.0, window: int = 60,
                  clock_fn: Callable[[], float] = time.time, head_label: str | None = None):
         super().__init__()
         self.client = client
         self.head_label = head_label  # how the status line names the head (default: its URL)
-        self.run_id = run_id
+        self.set_reactive(RanksightApp.run_id, run_id)
         self.interval = interval
         self.window = window
         self.now = clock_fn
         self.paused = False
-        self.view: RunView | None = None
         self.runs: list[RunSummary] = []
         self.last_ok: float | None = None
         self.unreachable_since: float | None = None
@@ -73,33 +90,34 @@ class RanksightApp(App):
         self.traces_missing = False  # the head has no traces endpoint
         self.traces_ok_at: float | None = None
         self._traces: TraceScreen | None = None
+        self._rank_screen: RankScreen | None = None
         self.timer = None
 
     # -- layout ---------------------------------------------------------------------
     def compose(self) -> ComposeResult:
+        cls = RanksightApp
         yield StatusBar(id="status")
-        yield RunHeader(id="header")
-        with Horizontal(id="body"):
+        yield RunHeader(id="header").data_bind(cls.view, cls.run_id)
+        # A grid when wide (ranks and heat map over the trends, left; findings, detail and actions, right), one
+        # scrolled column when narrow: ranks, heat map, findings, detail, actions, trends (the CSS decides).
+        with Container(id="body"):
             with Vertical(id="left"):
-                yield RankTable(id="ranks")
-                yield HeatMap(id="heatmap")
+                yield RankTable(id="ranks").data_bind(cls.view, cls.zoom_node, cls.stale_since)
+                yield HeatMap(id="heatmap").data_bind(cls.view, cls.zoom_node)
             with Vertical(id="right"):
-                yield Trends(id="trends")
                 yield FindingsTable(id="findings")
                 yield FindingDetail(id="detail")
                 yield ActionsTable(id="actions")
+            yield Trends(id="trends").data_bind(cls.view)
         yield GpuPanel(id="gpus")
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#ranks").border_title = "ranks"
-        self.query_one("#heatmap").border_title = "compute ms heat map (rank × step)"
         self.query_one("#trends").border_title = "trends"
         self.query_one("#findings").border_title = "findings"
         self.query_one("#detail").border_title = "finding detail"
         self.query_one("#actions").border_title = "actions"
         self.query_one("#gpus").border_title = "GPUs"
-        self.query_one(RunHeader).show_view(None, self.run_id)
         self._show_status()
         self.timer = self.set_interval(self.interval, self._tick, name="refresh")
         if self.run_id is None:
@@ -164,16 +182,11 @@ class RanksightApp(App):
         v = self.view
         if v is None or v.run_id != self.run_id:
             return
-        self.query_one(RunHeader).show_view(v)
-        ranks = self.query_one(RankTable)
-        ranks.show_rows(v.rows)
+        if self._rank_screen is not None:
+            self._rank_screen.view = v
         stale = self.unreachable_since is not None
-        ranks.border_title = (f"ranks — STALE: head unreachable since {clock(self.unreachable_since)}" if stale
-                              else f"ranks ({len(v.rows)}, {len(v.culprits)} culprit) — ms of the last step"
-                              if v.culprits else f"ranks ({len(v.rows)}) — ms of the last step")
+        self.stale_since = self.unreachable_since
         self.query_one("#body").set_class(stale, "stale")
-        self.query_one(HeatMap).show_view(v)
-        self.query_one(Trends).show_series(v.step_ms_series, v.loss_series)
         ft = self.query_one(FindingsTable)
         ft.show_findings(v.findings)
         ft.border_title = f"findings ({len(v.findings)})"
@@ -205,6 +218,8 @@ class RanksightApp(App):
             self._picker.show_status(t)
         if self._traces_open():
             self._traces.show_status(t)
+        if self._rank_screen is not None:
+            self._rank_screen.show_status(t)
 
     # -- events -------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -215,11 +230,13 @@ class RanksightApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Over the run picker or the action dialog only quit, pause and refresh apply.
         # Over the traces screen, also the action dialog (its empty state says "press a").
-        if action == "request_action" and isinstance(self.screen, TraceScreen):
+        if action in ("request_action", "help") and isinstance(self.screen, (TraceScreen, RankScreen)):
             return True
-        if action in ("request_action", "focus_findings", "pick_run", "show_traces") and \
-                self.screen is not self.screen_stack[0]:
+        if action in ("request_action", "focus_findings", "pick_run", "show_traces", "drill", "zoom", "unzoom",
+                      "help") and self.screen is not self.screen_stack[0]:
             return False
+        if action == "unzoom":
+            return self.zoom_node is not None
         return True
 
     def action_toggle_pause(self) -> None:
@@ -255,18 +272,65 @@ class RanksightApp(App):
     def _traces_closed(self, _result: None) -> None:
         self._traces = None
 
+    def action_drill(self, rank: int | None = None) -> None:
+        """The drill-down screen of the selected rank (a node row: the rank it stands for)."""
+        if rank is None:
+            rank = self.query_one(RankTable).selected_rank()
+        if self.view is None or rank is None:
+            self.notify("no rank selected", severity="warning")
+            return
+        self._rank_screen = RankScreen(rank, self.view)
+        self.push_screen(self._rank_screen, self._rank_closed)
+        self._show_status()
+
+    def _rank_closed(self, _result: None) -> None:
+        self._rank_screen = None
+
+    def action_zoom(self) -> None:
+        """Into the selected node's ranks (a large job's node rows); zoomed already: back out."""
+        if self.zoom_node is not None:
+            self.action_unzoom()
+            return
+        row = self.query_one(RankTable).selected_node_row()
+        if row is None:
+            self.notify("zoom applies to node rows: this job is shown rank by rank" if not aggregated(self.view)
+                        else "no node selected", severity="warning")
+            return
+        self.zoom_node = row.node
+
+    def action_unzoom(self) -> None:
+        self.zoom_node = None
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if isinstance(event.data_table, RankTable):  # Enter: a node row zooms, a rank row drills down
+            event.stop()
+            if event.data_table.selected_node_row() is not None:
+                self.action_zoom()
+            else:
+                self.action_drill()
+
+    def action_help(self) -> None:
+        screen = self.screen
+        sections = [("this screen", list(type(screen).BINDINGS))] if screen is not self.screen_stack[0] else []
+        sections.append(("main view", list(self.BINDINGS)))
+        sections += [(name, list(cls.BINDINGS)) for name, cls in
+                     (("rank drill-down (d / Enter)", RankScreen), ("traces screen (t)", TraceScreen),
+                      ("run picker (g)", RunPicker), ("action dialog (a)", ActionModal))
+                     if cls is not type(screen)]
+        self.push_screen(HelpScreen(sections))
+
     def _picked(self, run_id: str | None) -> None:
         self._picker = None
         if run_id and run_id != self.run_id:
             self.run_id = run_id
             self.view = None
+            self.zoom_node = None
             self.trace_rows, self.traces_missing, self.traces_ok_at = None, False, None
-            self.query_one(RunHeader).show_view(None, run_id)
         self._tick()
 
     def action_request_action(self) -> None:
         v = self.view
-        rank = self.screen.selected_rank() if isinstance(self.screen, TraceScreen) else None
+        rank = self.screen.selected_rank() if isinstance(self.screen, (TraceScreen, RankScreen)) else None
         if rank is None:
             rank = self.query_one(RankTable).selected_rank()
         if v is None or rank is None:

@@ -85,6 +85,7 @@ class RankState:
     last_seen: float | None = None
     age_s: float | None = None
     state: str = "unknown"  # the head's: waiting | running | stalled | finished
+    exit_reason: str | None = None  # a finished rank's ``exit`` event reason ("finished", "evicted", an error)
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,8 @@ def _parse_rank(d: Any) -> RankState:
     return RankState(rank=_num(d["rank"], int, "rank"), node=_num(d.get("node"), int, "node"), host=str(d.get("host") or ""),
                      step=_num(d.get("step"), int, "step"), attempt=_num(d.get("attempt"), int, "attempt") or 0,
                      step_ms=_num(d.get("step_ms"), float, "step_ms"), last_seen=_num(d.get("last_seen"), float, "last_seen"),
-                     age_s=_num(d.get("age_s"), float, "age_s"), state=str(d.get("state") or "unknown"))
+                     age_s=_num(d.get("age_s"), float, "age_s"), state=str(d.get("state") or "unknown"),
+                     exit_reason=None if d.get("exit_reason") is None else str(d["exit_reason"]))
 
 
 def _parse_gpu(d: Any) -> GpuState:

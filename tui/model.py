@@ -2,10 +2,13 @@
 
 Rank state (the table's last column):
 
-- ``evicted``: the head says the rank finished and an applied, non-dry-run evict action named its node;
-- ``done``: the rank (or run) finished normally;
+- ``evicted``: the head says the rank finished, and its ``exit`` event says evicted or an applied, non-dry-run evict
+  action named its node;
+- ``failed``: the head says the rank finished, and its ``exit`` event gives an error as the reason;
+- ``done``: the rank (or run) finished normally (a run a user instrumented, without ``ranksight launch``, ends
+  this way too: each rank's ``exit`` event);
 - ``stale``: the head reports the rank ``stalled`` (no record for much longer than its own step time);
-- ``waiting``: in the manifest, no record yet;
+- ``waiting``: in the manifest, no record yet; ``ended`` instead when the run is over;
 - ``slow``: its median compute time over the window is ``SLOW_RATIO``x the median of all ranks,
   or it is a culprit;
 - ``ok``: otherwise.
@@ -24,6 +27,15 @@ from ranksight import schema
 from tui.client import Fetched, GpuState, RankState, RunSummary
 
 SLOW_RATIO = 1.25
+# Exit reasons that mean "ended as planned": the head's rule (analyzers.checks.hang.clean_exit), which the TUI may
+# not import (it talks to the head over HTTP only).
+CLEAN_EXIT = ("finished", "evicted", "stop_after")
+# Run statuses of a run that is over (head/runs.py run_status): the header says so, not "running".
+ENDED_STATUS = ("finished", "failed", "stopped")
+
+
+def clean_exit(reason: str | None) -> bool:
+    return reason is None or reason in CLEAN_EXIT or reason.startswith("finished")
 
 
 @dataclass
@@ -40,6 +52,7 @@ class RankRow:
     age_s: float | None
     state: str
     culprit: bool = False
+    exit_reason: str | None = None
 
 
 @dataclass
@@ -64,6 +77,12 @@ class RunView:
     skipped: dict[str, int] = field(default_factory=dict)
     dry_run_head: bool | None = None
     gpus: list[GpuState] | None = None  # None: the head has no GPU endpoint
+    history: dict[int, list[schema.StepRecord]] = field(default_factory=dict)  # rank -> its records in the window
+
+    @property
+    def ended(self) -> bool:
+        """The head says the run is over (finished, failed, or no records for a while)."""
+        return self.run is not None and self.run.status in ENDED_STATUS
 
 
 def _median(xs: list[float]) -> float | None:
@@ -128,11 +147,15 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
         head_state = st.state if st else "running"
         node = rank_nodes[r]
         if head_state == "finished":
-            state = "evicted" if node in evicted else "done"
+            reason = st.exit_reason if st else None
+            state = ("evicted" if node in evicted or reason == "evicted" else "done" if clean_exit(reason)
+                     else "failed")
         elif head_state == "stalled":
             state = "stale"
         elif head_state == "waiting":
-            state = "waiting"
+            # an ended run's rank the head holds no record of (a head restarted on the store keeps no live window):
+            # not "waiting" for anything
+            state = "ended" if run is not None and run.status in ENDED_STATUS else "waiting"
         elif r in culprits or (overall and med_compute[r] is not None and med_compute[r] > SLOW_RATIO * overall):
             state = "slow"
         else:
@@ -144,13 +167,15 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
             step_ms=last.step_ms if last else (st.step_ms if st else None),
             compute_ms=last.compute_ms if last else None, comm_ms=last.comm_ms if last else None,
             data_ms=last.data_ms if last else None, age_s=st.age_s if st else None, state=state,
-            culprit=r in culprits))
+            culprit=r in culprits, exit_reason=st.exit_reason if st else None))
 
     # Per step, over the window: step time (max over ranks: the job waits for the slowest), loss (mean).
     per_step: dict[int, list[schema.StepRecord]] = {}
     for s in steps:
         per_step.setdefault(s.step, []).append(s)
     steps_sorted = sorted(per_step)[-window:]
+    first = steps_sorted[0] if steps_sorted else 0
+    history = {r: [s for s in recs if s.step >= first] for r, recs in by_rank.items()}
     step_ms_series = [max(s.step_ms for s in per_step[k]) for k in steps_sorted]
     loss_series = []
     for k in steps_sorted:
@@ -204,7 +229,8 @@ def build_view(run_id: str, data: Fetched, window: int = 60) -> RunView:
                    findings=sorted(data.findings, key=lambda f: (-schema.SEVERITY_ORDER.get(f.severity, 0), -f.t)),
                    actions=sorted(data.actions, key=lambda a: -a.t), culprits=culprits, skipped=dict(data.skipped),
                    dry_run_head=None if dry is None else bool(dry),
-                   gpus=None if data.gpus is None else sorted(data.gpus, key=lambda g: (g.node, g.gpu)))
+                   gpus=None if data.gpus is None else sorted(data.gpus, key=lambda g: (g.node, g.gpu)),
+                   history=history)
 
 
 def fmt_ms(v: float | None) -> str:

@@ -26,6 +26,7 @@ THROTTLE_STYLE = "bold yellow"
 SIM_BADGE = " SIMULATED "
 SIM_STYLE = "bold black on magenta"
 GiB = float(1 << 30)
+MAX_ROWS = 256  # a 4,096-GPU job: the problem GPUs and the first of the rest (a rank's own: its drill-down, d)
 
 
 def gpu_alert(g: GpuState) -> str:
@@ -81,15 +82,19 @@ def summary_text(gpus: list[GpuState] | None) -> Text:
     if not gpus:
         t.append("no GPU samples from the agents yet", style="dim")
         return t
-    if any(g.simulated for g in gpus):
-        t.append(SIM_BADGE, style=SIM_STYLE)
-        t.append(" no GPU on these hosts: each rank's GPU is simulated (activity and injected faults)  ", style="magenta")
+    # the counts first: on a narrow terminal the line is cut at its end
     n_xid = sum(1 for g in gpus if gpu_alert(g) == "xid")
     n_thr = sum(1 for g in gpus if g.throttled)
     t.append(f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}  ")
     t.append(f"{n_thr} throttled", style=THROTTLE_STYLE if n_thr else "dim")
     t.append("  ")
     t.append(f"{n_xid} with XID/ECC errors", style=XID_STYLE if n_xid else "dim")
+    if len(gpus) > MAX_ROWS:
+        t.append(f"  (rows: the first {MAX_ROWS}, problems first)", style="dim")
+    if any(g.simulated for g in gpus):
+        t.append("  ")
+        t.append(SIM_BADGE, style=SIM_STYLE)
+        t.append(" no GPU on these hosts: each rank's GPU is simulated (activity and injected faults)", style="magenta")
     return t
 
 
@@ -110,10 +115,10 @@ class GpuTable(DataTable):
     def show_gpus(self, gpus: list[GpuState]) -> None:
         keep = self.cursor_row
         self.clear()
-        for g in sorted(gpus, key=order):
+        for g in sorted(gpus, key=order)[:MAX_ROWS]:
             self.add_row(*gpu_cells(g), key=f"{g.node}/{g.gpu}")
         if gpus:
-            self.move_cursor(row=min(keep, len(gpus) - 1))
+            self.move_cursor(row=min(keep, min(len(gpus), MAX_ROWS) - 1))
 
 
 class GpuPanel(Vertical):

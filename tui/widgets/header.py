@@ -5,9 +5,15 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
+from textual.reactive import reactive
 from textual.widgets import Static
 
 from tui.model import RunView, fmt_flops, fmt_rate
+
+
+# The run's lifecycle as the head tells it (head/runs.py run_status): running, then finished / failed / stopped.
+STATUS_STYLE = {"running": "bold green", "finished": "bold cyan", "failed": "bold red", "stopped": "bold yellow"}
+ENDED_WORD = {"finished": "at", "failed": "at", "stopped": "no record since"}
 
 
 def clock(t: float) -> str:
@@ -53,11 +59,14 @@ def header_text(v: RunView) -> Text:
     line1.append("run ", style="dim")
     line1.append(v.run_id, style="bold")
     if r:
-        line1.append(f"  [{r.status}]", style="green" if r.status == "running" else "yellow")
+        line1.append(f"  [{r.status}", style=STATUS_STYLE.get(r.status, "yellow"))
+        if v.ended and r.last_seen:  # the run is over: say since when (the head's last record of it)
+            line1.append(f" {ENDED_WORD.get(r.status, 'ended')} {clock(r.last_seen)}", style=STATUS_STYLE.get(r.status, "yellow"))
+        line1.append("]", style=STATUS_STYLE.get(r.status, "yellow"))
     else:
         line1.append("  [not in the head's run list]", style="bold yellow")
     if lay:
-        line1.append(f"  layout dp{lay.get('dp', '?')}×tp{lay.get('tp', '?')}×pp{lay.get('pp', '?')}")
+        line1.append(f"  dp{lay.get('dp', '?')}×tp{lay.get('tp', '?')}×pp{lay.get('pp', '?')}")
     world = (r.world_size if r and r.world_size else None) or len(v.rows)
     line1.append(f"  world {world}")
     line1.append(f"  nodes {r.nodes if r and r.nodes is not None else len({x.node for x in v.rows})}")
@@ -78,8 +87,20 @@ def header_text(v: RunView) -> Text:
 
 
 class RunHeader(Static):
-    def show_view(self, v: RunView | None, run_id: str | None = None) -> None:
-        if v is None:
-            self.update(Text(f"run {run_id or '—'}: no data yet", style="dim"))
+    """Bound to the app's ``view`` and ``run_id`` (``data_bind``): re-rendered on every change."""
+
+    view: reactive[RunView | None] = reactive(None, always_update=True)
+    run_id: reactive[str | None] = reactive(None)
+
+    def watch_view(self) -> None:
+        self._redraw()
+
+    def watch_run_id(self) -> None:
+        self._redraw()
+
+    def _redraw(self) -> None:
+        v = self.view
+        if v is None or v.run_id != self.run_id:
+            self.update(Text(f"run {self.run_id or '—'}: no data yet", style="dim"))
             return
         self.update(header_text(v))

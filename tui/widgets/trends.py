@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.reactive import reactive
 from textual.widgets import Label, Sparkline
+
+from tui.model import RunView
 
 
 def _label(name: str, series: list[float], unit: str) -> str:
@@ -14,6 +17,12 @@ def _label(name: str, series: list[float], unit: str) -> str:
 
 
 class Trends(Vertical):
+    view: reactive[RunView | None] = reactive(None, always_update=True)  # bound to the app's
+
+    def watch_view(self, v: RunView | None) -> None:
+        if v is not None and self.query("#step-spark"):  # composed
+            self.show_series(v.step_ms_series, v.loss_series)
+
     def compose(self) -> ComposeResult:
         yield Label("step time: no data", id="step-label")
         yield Sparkline([], id="step-spark")
