@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Iterable
 
@@ -28,11 +27,3 @@ def fmt_ranks(ranks: Iterable[int]) -> str:
     if not ranks:
         return "-"
     return ",".join(str(r) for r in ranks)
-
-
-def short_value(v: Any) -> str:
-    """An evidence value in a line of the report: floats to 4 significant digits, anything else cut at 80 chars."""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    s = json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
-    return s if len(s) <= 80 else s[:77] + "..."

@@ -200,3 +200,21 @@ def test_headless_chromium_screenshot_is_not_blank(straggler, tmp_path):
     blank.write_text("<!doctype html><html><body></body></html>")
     take(blank, tmp_path / "blank.png", width=1280, height=400)
     assert "differ from the background" in blank_reason(tmp_path / "blank.png", 1280)
+
+
+def test_the_terminal_report_says_the_evidence_in_sentences_too():
+    """Issue 17: evidence as readable sentences, not a key=value dump, in the terminal report as on the page."""
+    import io
+
+    from rich.console import Console
+
+    from analyzers import run_all
+    from analyzers.report.model import build_report
+    from analyzers.report.render_text import render_text
+
+    data = build(world=4, steps=30, compute_factor=lambda r, s: 1.5 if r == 3 and s >= 10 else 1.0)
+    buf = io.StringIO()
+    render_text(build_report(data, run_all(data)), Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "Rank 3 " in text and "against its peers'" in text, text[:3000]
+    assert "cusum_threshold=" not in text and "evidence: " not in text

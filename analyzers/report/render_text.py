@@ -11,8 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from analyzers.evidence import short_value
 from analyzers.report.model import TRACE_COLUMNS, DiagnoseReport, history_rows, trace_rows, trace_title
+from analyzers.report.sentences import evidence_sentences, plain_items
 
 SPARK = "▁▂▃▄▅▆▇█"
 SEV_STYLE = {"critical": "bold white on red", "warning": "bold black on yellow", "info": "bold white on blue"}
@@ -71,8 +71,13 @@ def _findings(fs: list[dict[str, Any]], console: Any) -> None:
                  f"  steps {f['step_start'] if f['step_start'] is not None else '?'}-"
                  f"{f['step_end'] if f['step_end'] is not None else '?'}  confidence {f['confidence']:.2f}")
         console.print(Text(where, style="dim"))
-        ev = ", ".join(f"{k}={short_value(v)}" for k, v in f["evidence"].items())
-        console.print(Text(f"    evidence: {ev}", style="cyan"), overflow="fold")
+        # the evidence as the HTML page says it: sentences with the numbers, then what they do not mention, plainly
+        sentences, rest = evidence_sentences(f)
+        for sentence in sentences:
+            console.print(Text(f"    {sentence}", style="cyan"), overflow="fold")
+        if rest:
+            measured = "; ".join(f"{k} {v}" for k, v in plain_items(rest))
+            console.print(Text(f"    measured: {measured}", style="dim cyan"), overflow="fold")
         console.print(Text(f"    -> {f['recommendation']}", style="green"))
 
 
