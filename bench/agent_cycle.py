@@ -64,13 +64,17 @@ def write_spool(rd: RunDir, rank: int, steps) -> None:
 def per_record_observe(m: AgentMetrics, recs, cache: dict) -> None:
     """The Prometheus updates as the agent made them before ``observe_steps`` (agent/prom.py ``observe_step`` and
     ``_child`` at commit bba5a14^): every step record touches each of its ~15 series once, through a cache of
-    labelled children keyed by (metric, run_id, rank, node)."""
+    labelled children keyed by (metric, run_id, rank, node); with today's label sets (node/prom.py: a few gauges per
+    rank, the rest per node)."""
+
+    per_rank = {id(x) for x in (m.step_compute, m.step_comm, m.last_step, m.last_step_time)}  # the rest: per node
 
     def c(metric, rec):
         key = (id(metric), rec.run_id, rec.rank, rec.node)
         ch = cache.get(key)
         if ch is None:
-            ch = cache[key] = metric.labels(rec.run_id, str(rec.rank), str(rec.node))
+            ch = cache[key] = (metric.labels(rec.run_id, str(rec.rank), str(rec.node)) if id(metric) in per_rank
+                               else metric.labels(rec.run_id, str(rec.node)))
         return ch
 
     for rec in recs:

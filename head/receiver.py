@@ -99,6 +99,7 @@ class InflightBudget:
 
 
 INFLIGHT = InflightBudget(MAX_INFLIGHT_DECOMPRESSED_BYTES)
+_NO_BUDGET = InflightBudget(1 << 62)  # decompress() outside a request: bounded by its limit alone
 _INFLATE_CHUNK = 4 * 1024 * 1024
 
 
@@ -110,16 +111,20 @@ def inflated(body: bytes, encoding: str | None):
     if enc in ("identity", ""):
         yield body
         return
-    out = decompress(body, encoding)  # its bytes are now reserved in INFLIGHT
+    out = decompress(body, encoding, budget=INFLIGHT)  # its bytes are now reserved in INFLIGHT
     try:
         yield out
     finally:
         INFLIGHT.give(len(out))
 
 
-def decompress(body: bytes, encoding: str | None, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
-    """The body decompressed, at most ``limit`` bytes. Its output is reserved from ``INFLIGHT`` chunk by chunk as it
-    grows (and given back here on error); a caller other than ``inflated`` gives it back itself."""
+def decompress(body: bytes, encoding: str | None, limit: int | None = None,
+               budget: InflightBudget | None = None) -> bytes:
+    """The body decompressed, at most ``limit`` bytes (default ``MAX_DECOMPRESSED_BYTES``). With a ``budget`` (the server's ``INFLIGHT``, through
+    ``inflated``), its output is reserved from it chunk by chunk as it grows (given back here on error, by the caller
+    after use); without, nothing is reserved (a benchmark or a tool decompressing a body it holds)."""
+    limit = MAX_DECOMPRESSED_BYTES if limit is None else limit  # read at call time (a test may lower it)
+    budget = budget if budget is not None else _NO_BUDGET
     enc = (encoding or "identity").strip().lower()
     if enc in ("identity", ""):
         return body
@@ -133,11 +138,11 @@ def decompress(body: bytes, encoding: str | None, limit: int = MAX_DECOMPRESSED_
         buf = body
         while True:
             want = min(_INFLATE_CHUNK, limit + 1 - reserved)
-            if not INFLIGHT.take(want):
+            if not budget.take(want):
                 raise HttpError(503, "too much decompressed data in flight: retry shortly")
             reserved += want
             chunk = d.decompress(buf, want)
-            INFLIGHT.give(want - len(chunk))
+            budget.give(want - len(chunk))
             reserved -= want - len(chunk)
             parts.append(chunk)
             if reserved > limit:
@@ -147,18 +152,18 @@ def decompress(body: bytes, encoding: str | None, limit: int = MAX_DECOMPRESSED_
                 break
         tail = d.flush()
         if tail:
-            if not INFLIGHT.take(len(tail)):
+            if not budget.take(len(tail)):
                 raise HttpError(503, "too much decompressed data in flight: retry shortly")
             reserved += len(tail)
             parts.append(tail)
     except zlib.error as e:
-        INFLIGHT.give(reserved)
+        budget.give(reserved)
         raise HttpError(400, f"bad {enc} data: {e}") from None
     except HttpError:
-        INFLIGHT.give(reserved)
+        budget.give(reserved)
         raise
     if not d.eof:
-        INFLIGHT.give(reserved)
+        budget.give(reserved)
         raise HttpError(400, f"truncated {enc} data")
     return b"".join(parts)
 
