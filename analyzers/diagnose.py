@@ -44,7 +44,9 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
     err = Console(stderr=True)
     store = store if store is not None else os.environ.get("RANKSIGHT_STORE", str(DEFAULT_STORE))
     try:
-        data = load_run(store, run_id, since=since, until=until, progress=False if as_json else progress)
+        # the bar goes to stderr; with --json only when asked (a pipeline reading stdout wants no noise around it)
+        data = load_run(store, run_id, since=since, until=until,
+                        progress=(False if progress is None else progress) if as_json else progress)
     except LoadError as e:
         if as_json:
             sys.stdout.write(load_error_json(run_id, str(e)))

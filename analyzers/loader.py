@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from analyzers import columnar
 from ranksight import tables
 from ranksight.layout import RunDir
 from ranksight.peaks import gpu_peak
@@ -235,6 +236,9 @@ class RunData:
     clock_offset_s: dict[int, float] = field(default_factory=dict)
     since: int | None = None
     until: int | None = None
+    # tables the store's columnar reader (analyzers/columnar.py) already normalized: ``normalize`` leaves them as
+    # they are (the columns it skips stay out, instead of being filled with a None per row)
+    prepared: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.normalize()
@@ -244,6 +248,8 @@ class RunData:
         """Give every table its full column set, drop duplicates, derive compute_ms when absent."""
         for name, cls in TABLE_TYPES.items():
             df = getattr(self, name)
+            if name in self.prepared and df is not None:
+                continue
             if df is None:
                 df = empty_frame(cls)
             for c in columns_of(cls):
@@ -251,7 +257,7 @@ class RunData:
                     df[c] = None
             setattr(self, name, df)
         st = self.steps
-        if not st.empty:
+        if not st.empty and "steps" not in self.prepared:
             st = st.copy()
             for c in ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
                       "pipeline_wait_ms", "compute_ms", "flops"):
@@ -273,7 +279,7 @@ class RunData:
             st = st.sort_values(["rank", "step", "attempt", "t_end"]).drop_duplicates(["rank", "step"], keep="last")
             self.steps = st.reset_index(drop=True)
         co = self.collectives
-        if not co.empty:
+        if not co.empty and "collectives" not in self.prepared:
             co = co.copy()
             for c in ("t_arrive", "t_done", "duration_ms"):
                 co[c] = pd.to_numeric(co[c], errors="coerce").astype(float)
@@ -292,7 +298,7 @@ class RunData:
             self.collectives = co.drop(columns="_done").reset_index(drop=True)
         for name in ("gpu", "host", "xid"):
             df = getattr(self, name)
-            if not df.empty:
+            if not df.empty and name not in self.prepared:
                 df = df.copy()
                 df["t"] = pd.to_numeric(df["t"], errors="coerce").astype(float)
                 setattr(self, name, df.sort_values("t").reset_index(drop=True))
@@ -391,7 +397,7 @@ class RunData:
             events=cut(self.events), gpu=cut_t(self.gpu), host=cut_t(self.host), nccl_events=self.nccl_events,
             trace_summaries=cut(self.trace_summaries, "step_start"), xid=cut_t(self.xid), nccl_tests=self.nccl_tests,
             actions=self.actions, source=self.source, truncated_lines=self.truncated_lines, bad_lines=self.bad_lines, damaged_parts=self.damaged_parts, now=self.now,
-            clock_offset_s=self.clock_offset_s, since=since, until=until,
+            clock_offset_s=self.clock_offset_s, since=since, until=until, prepared=self.prepared,
         )
 
     @classmethod
@@ -483,16 +489,18 @@ class _Progress:
 
     def __init__(self, total_bytes: int, show: bool | None):
         self.bar = None
-        if show is None:
-            import sys
+        import sys
 
-            show = total_bytes >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+        tty = sys.stderr.isatty()
+        if show is None:
+            show = total_bytes >= PROGRESS_MIN_BYTES and tty
         if show:
             from rich.console import Console
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+            # on a terminal the bar goes away when done; asked for elsewhere (a log), its last state stays
             self.bar = Progress(TextColumn("loading {task.description}"), BarColumn(), DownloadColumn(),
-                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+                                TimeRemainingColumn(), console=Console(stderr=True), transient=tty)
             self.task = self.bar.add_task("run", total=total_bytes)
             self.bar.start()
 
@@ -503,6 +511,10 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _size(files: list[Path]) -> int:
+    return sum(f.stat().st_size for f in files if f.exists())
 
 
 def _read_table(files: list[Path], progress: _Progress, name: str) -> tuple[pd.DataFrame, int]:
@@ -554,14 +566,28 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
     total = sum(f.stat().st_size for f in (all_files if use_store else spools + all_files))
     bar = _Progress(total, progress)
     frames: dict[str, pd.DataFrame] = {}
+    prepared: set[str] = set()
     truncated = bad = damaged = 0
+
+    def read_columnar(names: tuple[str, ...]) -> int:
+        """The big tables through ``analyzers.columnar`` (normalized there); returns the damaged part files."""
+        comms = frames.get("communicators", pd.DataFrame())
+        got, nbad = columnar.read_tables({n: table_files[n] for n in names}, comms, group_key,
+                                         on_files=lambda name, fs: bar.advance(_size(fs), name))
+        frames.update(got)
+        prepared.update(got)
+        return nbad
+
     try:
         if use_store:
             for name, files in table_files.items():
+                if name in columnar.TABLES:
+                    continue
                 df, nbad = _read_table(files, bar, name)
                 damaged += nbad
                 if not df.empty:
                     frames[name] = df
+            damaged += read_columnar(columnar.TABLES)
         if not use_store or "steps" not in frames or frames["steps"].empty:
             records: list[msgspec.Struct] = []
             for sp in spools:
@@ -576,12 +602,13 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
                 if recs:
                     frames[name] = frame_from_records(recs, cls)
             # Telemetry written by agents, if any ran, still comes from the store tables.
-            for name in ("gpu", "host", "nccl_events", "trace_summaries", "xid"):
+            for name in ("nccl_events", "trace_summaries", "xid"):
                 if name not in frames and table_files[name]:
                     df, nbad = _read_table(table_files[name], bar, name)
                     damaged += nbad
                     if not df.empty:
                         frames[name] = df
+            damaged += read_columnar(tuple(n for n in ("gpu", "host") if n not in frames))
             src = "spool"
         else:
             src = "store"
@@ -605,7 +632,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
         )
 
     data = RunData(run_id=run_id, manifest=manifest, nccl_tests=nccl_tests, actions=actions, source=src,
-                   truncated_lines=truncated, bad_lines=bad, damaged_parts=damaged,
+                   truncated_lines=truncated, bad_lines=bad, damaged_parts=damaged, prepared=frozenset(prepared),
                    **{k: v for k, v in frames.items() if k in TABLE_TYPES})
     data = data.restrict(since, until)
     if data.steps.empty:

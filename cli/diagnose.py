@@ -37,9 +37,13 @@ def _diagnose_cli(
     since: Optional[int] = typer.Option(None, "--since", help="First step to analyse."),
     until: Optional[int] = typer.Option(None, "--until", help="Last step to analyse."),
     no_logs: bool = typer.Option(False, "--no-logs", help="Do not read the logs and traces stored with the run."),
+    progress: Optional[bool] = typer.Option(
+        None, "--progress/--no-progress",
+        help="A progress bar (on stderr) while the run loads. Default: shown for a run over 8 MB when stderr is a "
+             "terminal, never with --json unless asked; --json's stdout holds the JSON object alone either way."),
 ) -> None:
     code = diagnose(run_id, store=store, as_json=as_json, html_file=html_file, since=since, until=until,
-                    stored_logs=None if no_logs else stored_findings)
+                    progress=progress, stored_logs=None if no_logs else stored_findings)
     raise typer.Exit(code)
 
 
