@@ -6,22 +6,26 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
 
 - only the columns the analyzers read (``SKIPPED``: the ones no check or report reads are left out);
 - the part files read by pyarrow's dataset scanner on all cores, page checksums verified, a damaged or foreign
-  file skipped and counted as before (``read_arrow``); strings stay dictionary-encoded (pandas Categoricals with
+  file skipped and counted as before (``read_columns``); strings stay dictionary-encoded (pandas Categoricals with
   their categories in sorted order, so a sort by them is the sort by the string);
-- the sort and the duplicate drop on one integer key per row (``sorted_last``) instead of pandas' multi-column sort;
+- the sort and the duplicate drop on one integer key per row (``sorted_last``) instead of pandas' multi-column sort,
+  in the order the head writes rows (steps by (step, rank), collectives by (attempt, step, rank, group, seq)): each
+  rank's rows and each step's rows are in the order ``normalize`` gives them, and rows already in order (the head's
+  parts) are not moved;
 - each collective's members attached per communicator, not per row: the ``communicators`` table's members (one
   shared sorted array per communicator, joined by ``comm_id`` code) or the row's own member list (an older writer),
   and its communicator key ``gkey`` computed once per distinct (group, members, attempt) (``attach_members``).
 
-The frames equal ``RunData.normalize``'s up to dtypes (int32 placement columns, Categorical strings) and the
-skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures' runs and a generated store).
+The frames equal ``RunData.normalize``'s up to row order, dtypes (int32 placement and telemetry columns, float32
+telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures' runs and a generated store).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -65,7 +69,10 @@ CONVERT: dict[str, dict[str, tuple]] = {
     "host": {"t": _FN},
 }
 
-FILES_PER_SCAN = 256  # part files per dataset scan: the progress bar moves between scans
+# Columns whose record field may be None: integers among them are read as floats (NaN), as pandas reads them.
+NULLABLE: dict[str, frozenset[str]] = {
+    name: frozenset(f.name for f in msgspec.inspect.type_info(SPECS[name].type).fields
+                    if isinstance(f.type, msgspec.inspect.UnionType)) for name in TABLES}
 
 
 def wanted_columns(table: str) -> list[str]:
@@ -102,82 +109,187 @@ def _read_one(f: Path, schema: pa.Schema, dict_cols: list[str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def read_arrow(table: str, files: list[Path], on_files: Callable[[list[Path]], None] | None = None
-               ) -> tuple[pa.Table | None, int]:
-    """The part files of ``table`` as one Arrow table of ``wanted_columns`` (None when no row), and how many files
-    could not be read. Files are scanned in groups on all cores, in name order; a group with a damaged or foreign
-    file is read again file by file, skipping (and counting) the bad ones. ``on_files`` is called after each
-    group."""
+def _batches(table: str, files: list[Path], on_file: Callable[[Path], None] | None, bad: list[int] | None
+             ) -> tuple[int, Iterator[pa.RecordBatch]]:
+    """(rows, their record batches in file order) of the part files of ``table``, ``wanted_columns`` only: read on
+    all cores by one dataset scan (``bad`` None: a damaged or foreign file raises), or file by file, the bad ones
+    skipped and counted in ``bad[0]``. ``on_file`` is called as each file is read."""
     columns = wanted_columns(table)
     schema = _read_schema(table, columns)
     dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
-    fmt = _file_format(dict_cols)
-    parts, bad = [], 0
-    for i in range(0, len(files), FILES_PER_SCAN):
-        group = files[i:i + FILES_PER_SCAN]
+    if bad is None:
+        dataset = ds.dataset([str(f) for f in files], schema=schema, format=_file_format(dict_cols))
+        rows = dataset.count_rows()  # the footers: the columns are allocated once, at their full length
+    else:
+        return _one_by_one(files, schema, dict_cols, on_file, bad)
+
+    def scanned() -> Iterator[pa.RecordBatch]:
+        seen: set[str] = set()
+        last = None
+        for tagged in dataset.scanner(use_threads=True).scan_batches():
+            path = tagged.fragment.path
+            if path != last:
+                if last is not None and on_file is not None:
+                    on_file(Path(last))
+                seen.add(path)
+                last = path
+            yield tagged.record_batch
+        if last is not None and on_file is not None:
+            on_file(Path(last))
+        if on_file is not None:
+            for f in files:
+                if str(f) not in seen:  # a file without rows
+                    on_file(f)
+
+    return rows, scanned()
+
+
+def _one_by_one(files: list[Path], schema: pa.Schema, dict_cols: list[str], on_file, bad: list[int]
+                ) -> tuple[int, Iterator[pa.RecordBatch]]:
+    tables = []
+    for f in files:
         try:
-            parts.append(ds.dataset([str(f) for f in group], schema=schema, format=fmt).to_table(use_threads=True))
-        except (pa.ArrowException, OSError, ValueError, TypeError):
-            for f in group:
-                try:
-                    parts.append(_read_one(f, schema, dict_cols))
-                except Exception:  # noqa: BLE001 - a damaged or foreign file: skip it and count it
-                    bad += 1
-        if on_files is not None:
-            on_files(group)
-    parts = [p for p in parts if p.num_rows]
-    if not parts:
-        return None, bad
-    return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), bad
+            tables.append(_read_one(f, schema, dict_cols))
+        except Exception:  # noqa: BLE001 - a damaged or foreign file: skip it and count it
+            bad[0] += 1
+        if on_file is not None:
+            on_file(f)
+    return sum(t.num_rows for t in tables), (b for t in tables for b in t.to_batches())
 
 
-# --------------------------------------------------------------------------
-# Arrow columns to numpy / pandas
-# --------------------------------------------------------------------------
+class Numbers:
+    """A numeric column filled batch by batch into one array; nulls become ``fill`` (None: NaN)."""
+
+    def __init__(self, n: int, dtype, fill):
+        self.out = np.empty(n, dtype)
+        self.fill = fill
+
+    def put(self, arr: pa.Array, at: int) -> None:
+        if arr.null_count and self.fill is not None:
+            arr = pc.fill_null(arr, pa.scalar(self.fill, arr.type))
+        v = arr.to_numpy(zero_copy_only=False)
+        if v.dtype == object:  # booleans with nulls and no fill: False
+            v = np.array([bool(x) for x in v], dtype=np.bool_)
+        self.out[at:at + len(v)] = v
+
+    def done(self, n: int) -> np.ndarray:
+        return self.out[:n] if n < len(self.out) else self.out
 
 
-def to_numpy(col: pa.ChunkedArray, dtype, fill) -> np.ndarray:
-    """A column as one numpy array of ``dtype``; nulls become ``fill`` (None: NaN, for floats)."""
-    if fill is not None and col.null_count:
-        col = pc.fill_null(col, pa.scalar(fill, col.type) if not pa.types.is_null(col.type) else fill)
-    if pa.types.is_null(col.type):  # a column no part file has
-        return np.full(len(col), np.nan if fill is None else fill, dtype=dtype)
-    a = col.to_numpy()  # one copy out of the chunks
-    if a.dtype == object:  # bools with nulls and fill None: not wanted here
-        a = np.array([fill if v is None else v for v in a], dtype=dtype)
-    return a.astype(dtype, copy=False)
+class Strings:
+    """A string column as Categorical codes: each batch's dictionary mapped into one growing set of categories;
+    at the end the categories sorted (a sort by the Categorical is the sort by the string)."""
+
+    def __init__(self, n: int):
+        self.codes = np.empty(n, np.int32)
+        self.index: dict[str, int] = {}
+
+    def put(self, arr: pa.Array, at: int) -> None:
+        if not pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_encode()
+        idx = arr.indices
+        lut = np.array([self.index.setdefault(s, len(self.index)) if s is not None else -1
+                        for s in arr.dictionary.to_pylist()] + [-1], dtype=np.int32)  # the last slot: null
+        codes = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False) if idx.null_count else idx.to_numpy()
+        self.codes[at:at + len(arr)] = lut[codes]
+
+    def done(self, n: int) -> pd.Categorical:
+        cats = sorted(self.index)
+        width = np.int8 if len(cats) < 127 else np.int16 if len(cats) < 32767 else np.int32
+        lut = np.full(len(cats) + 1, -1, width)
+        for new, s in enumerate(cats):
+            lut[self.index[s]] = new
+        return pd.Categorical.from_codes(lut[self.codes[:n]], categories=pd.Index(cats, dtype=object),
+                                         validate=False)
 
 
-def to_categorical(col: pa.ChunkedArray) -> pd.Categorical:
-    """A dictionary-encoded string column as a Categorical whose categories are sorted (nulls: NaN)."""
-    if pa.types.is_null(col.type):
-        return pd.Categorical.from_codes(np.full(len(col), -1, np.int8), categories=pd.Index([], dtype=object))
-    cat = col.to_pandas()
-    cat = cat.array if isinstance(cat, pd.Series) else cat
-    if not isinstance(cat, pd.Categorical):
-        cat = pd.Categorical(cat)
-    cats = cat.categories
-    if len(cats) > 1 and not cats.is_monotonic_increasing:
-        cat = cat.reorder_categories(sorted(cats))
-    return cat
+class Lists:
+    """A list column (collectives' ``group_ranks``): each row's length; the lists themselves only where one is not
+    empty (records of an older writer that carry their member list)."""
+
+    def __init__(self, n: int):
+        self.lengths = np.empty(n, np.int32)
+        self.pieces: list[tuple[int, pa.Array]] = []
+
+    def put(self, arr: pa.Array, at: int) -> None:
+        ln = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+        self.lengths[at:at + len(arr)] = ln
+        if ln.any():
+            self.pieces.append((at, arr))
+
+    def done(self, n: int) -> "MemberLists":
+        return MemberLists(self.lengths[:n], self.pieces)
 
 
-def frame_of(table: str, t: pa.Table) -> pd.DataFrame:
-    """The Arrow table as a pandas frame, column by column (each freed from the Arrow table once converted)."""
-    convert = CONVERT.get(table, {})
-    cols: dict[str, object] = {}
-    for name in t.column_names:
-        col = t.column(name)
-        if name in convert:
-            cols[name] = to_numpy(col, *convert[name])
-        elif pa.types.is_dictionary(col.type) or pa.types.is_string(col.type):
-            cols[name] = to_categorical(col if pa.types.is_dictionary(col.type) else col.dictionary_encode())
-        elif pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            cols[name] = col  # handled by the caller (collectives' group_ranks)
-        else:
-            cols[name] = col.to_numpy() if not col.null_count or not pa.types.is_boolean(col.type) else \
-                col.to_pandas().to_numpy()
-    return cols  # type: ignore[return-value]
+class MemberLists:
+    """Rows' own member lists: their lengths, and (only where one is not empty) the arrays."""
+
+    def __init__(self, lengths: np.ndarray, pieces: list[tuple[int, pa.Array]]):
+        self.lengths = lengths
+        self.pieces = pieces
+        self._rows: np.ndarray | None = None  # the row each of ``lengths`` came from, after ``take``
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def take(self, idx: np.ndarray) -> "MemberLists":
+        out = MemberLists(self.lengths[idx], self.pieces)
+        out._rows = (self._rows[idx] if self._rows is not None else idx)
+        return out
+
+    def arrays(self, rows: np.ndarray) -> list[np.ndarray]:
+        """The member arrays of ``rows`` (positions in this column)."""
+        src = self._rows[rows] if self._rows is not None else rows
+        starts = np.array([s for s, _ in self.pieces], dtype=np.int64)
+        out = []
+        for r in src:
+            k = int(np.searchsorted(starts, r, side="right")) - 1
+            at, arr = self.pieces[k]
+            out.append(np.asarray(arr[int(r) - at].values.to_numpy(zero_copy_only=False)))
+        return out
+
+
+def _sink(table: str, field: pa.Field, n: int):
+    how = CONVERT.get(table, {}).get(field.name)
+    if how is not None:
+        return Numbers(n, *how)
+    t = field.type
+    if pa.types.is_dictionary(t) or pa.types.is_string(t):
+        return Strings(n)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return Lists(n)
+    if pa.types.is_boolean(t):
+        return Numbers(n, np.bool_, False)
+    small = table in ("gpu", "host")  # telemetry: percentages, clocks, watts, counters hold in 32 bits
+    if pa.types.is_floating(t) or field.name in NULLABLE.get(table, ()):
+        return Numbers(n, np.float32 if small else np.float64, None)
+    return Numbers(n, np.int32 if small and field.name in ("node", "gpu") else np.int64, 0)
+
+
+def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] | None = None
+                 ) -> tuple[dict[str, object] | None, int]:
+    """The part files of ``table`` as columns (numpy arrays, Categoricals, ``MemberLists``), None when no row, and
+    how many files could not be read. Each column is allocated once at its full length and filled batch by batch
+    as the files are decoded: the peak holds the columns and the batches in flight, not the table twice."""
+    try:
+        return _fill(table, *_batches(table, files, on_file, None)), 0
+    except (pa.ArrowException, OSError, ValueError, TypeError):  # a damaged or foreign file: one by one
+        bad = [0]
+        return _fill(table, *_batches(table, files, on_file, bad)), bad[0]
+
+
+def _fill(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, object] | None:
+    sinks = {f.name: _sink(table, f, n) for f in _read_schema(table, wanted_columns(table))} if n else {}
+    at = 0
+    for b in batches:  # (consumed even without rows: it calls the progress back)
+        if b.num_rows > n - at:
+            raise ValueError("more rows than the part files' footers said")  # read again, one by one
+        for name, sink in sinks.items():
+            sink.put(b.column(name), at)
+        at += b.num_rows
+    if not at:
+        return None
+    return {name: sink.done(at) for name, sink in sinks.items()}
 
 
 # --------------------------------------------------------------------------
@@ -198,17 +310,21 @@ def _composite(keys: list[np.ndarray]) -> tuple[np.ndarray, list[int]] | None:
             return None
         spans.append(span)
         los.append(lo)
-    code = np.zeros(len(keys[0]), np.int64)
-    for k, lo, span in zip(keys, los, spans):
+    code = keys[0].astype(np.int64)  # one array, the others added into it in place
+    if los[0]:
+        code -= los[0]
+    for k, lo, span in zip(keys[1:], los[1:], spans[1:]):
         code *= span
-        code += k.astype(np.int64, copy=False) - lo
+        code += k
+        if lo:
+            code -= lo
     return code, spans
 
 
 def sorted_last(keys: list[np.ndarray], n_unique: int, tiebreak: np.ndarray | None = None) -> np.ndarray:
     """Row indices sorted by ``keys`` (integer arrays) then ``tiebreak`` (floats, NaN last), stable, keeping the
     last row of each distinct ``keys[:n_unique]``: ``sort_values(keys + [tiebreak]).drop_duplicates(keys[:n_unique],
-    keep="last")``'s rows."""
+    keep="last")``'s rows. Rows already in that order (a store's parts in time order) are not sorted again."""
     comp = _composite(keys)
     if comp is None:
         order = np.lexsort(([tiebreak] if tiebreak is not None else []) + keys[::-1])
@@ -218,8 +334,11 @@ def sorted_last(keys: list[np.ndarray], n_unique: int, tiebreak: np.ndarray | No
             same &= k[1:] == k[:-1]
     else:
         code, spans = comp
-        order = np.argsort(code, kind="stable")
-        c = code[order]
+        if bool((code[1:] >= code[:-1]).all()):
+            order, c = np.arange(len(code)), code
+        else:
+            order = np.argsort(code, kind="stable")
+            c = code[order]
         if tiebreak is not None and len(c) > 1 and bool((c[1:] == c[:-1]).any()):
             order = np.lexsort((tiebreak, code))  # equal keys: the tiebreak decides which row is last
             c = code[order]
@@ -242,11 +361,15 @@ def dense_codes(code: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
     return dense, first
 
 
-def take(cols: dict[str, object], idx: np.ndarray) -> dict[str, object]:
-    out = {}
-    for name, v in cols.items():
-        out[name] = v.take(idx) if not isinstance(v, np.ndarray) else v[idx]
-    return out
+def take(cols: dict[str, object], idx: np.ndarray) -> None:
+    """In place: every column's rows ``idx`` (one column copied at a time). Nothing when ``idx`` is every row in
+    order."""
+    n = len(next(iter(cols.values())))
+    if len(idx) == n and bool((idx[1:] > idx[:-1]).all()):
+        return
+    for name in list(cols):
+        v = cols[name]
+        cols[name] = v[idx] if isinstance(v, np.ndarray) else v.take(idx)
 
 
 # --------------------------------------------------------------------------
@@ -270,9 +393,8 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     Categorical) of the collectives' columns, as ``RunData.normalize`` gives them (``with_members``, ``group_keys``):
     a record that names its group by ``comm_id`` (and carries no member list) gets its communicator's members."""
     n = len(cols["rank"])
-    own: pa.ChunkedArray | None = cols.pop("group_ranks", None)  # type: ignore[assignment]
-    own_len = (pc.fill_null(pc.list_value_length(own), 0).to_numpy().astype(np.int64) if own is not None
-               else np.zeros(n, np.int64))
+    own: MemberLists | None = cols.pop("group_ranks", None)  # type: ignore[assignment]
+    own_len = own.lengths if own is not None else np.zeros(n, np.int32)
     members: list[np.ndarray] = [np.zeros(0, np.int64)]  # 0: no members known
     mid = np.zeros(n, np.int64)
     comm = cols.get("comm_id")
@@ -289,8 +411,7 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     rows = np.flatnonzero(own_len > 0)
     if len(rows):  # records that carry their member list (an older writer): one array per distinct list
         seen: dict[bytes, int] = {}
-        for r, arr in zip(rows, own.take(pa.array(rows)).to_pandas()):
-            a = np.asarray(arr)
+        for r, a in zip(rows, own.arrays(rows)):
             k = a.astype(np.int64).tobytes()
             j = seen.get(k)
             if j is None:
@@ -324,8 +445,7 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
 # --------------------------------------------------------------------------
 
 
-def steps_frame(t: pa.Table) -> pd.DataFrame:
-    cols = frame_of("steps", t)
+def steps_frame(cols: dict[str, object]) -> pd.DataFrame:
     st = cols
     # compute_ms: the rank's own work; derive it where the writer left it out (as ``normalize``)
     comp = st["compute_ms"]
@@ -333,56 +453,56 @@ def steps_frame(t: pa.Table) -> pd.DataFrame:
     if missing.any():
         parts = st["forward_ms"] + st["backward_ms"] + st["optimizer_ms"]
         derived = np.clip(st["step_ms"] - st["data_ms"] - st["comm_ms"] - st["pipeline_wait_ms"], 0, None)
-        comp = comp.copy()
         comp[missing] = np.where(parts[missing] > 0, parts[missing], derived[missing])
-        st["compute_ms"] = comp
-    # a restarted rank re-runs steps: keep the newest attempt of each (rank, step)
-    keep = sorted_last([st["rank"], st["step"], st["attempt"]], 2, tiebreak=st["t_end"])
-    return pd.DataFrame(take(cols, keep), copy=False)
+    # a restarted rank re-runs steps: keep the newest attempt of each (rank, step). Rows in (step, rank) order:
+    # the order the head writes them in (no reordering to do), and each rank's rows in step order as before.
+    take(cols, sorted_last([st["step"], st["rank"], st["attempt"]], 2, tiebreak=st["t_end"]))
+    return pd.DataFrame(cols, copy=False)
 
 
-def collectives_frame(t: pa.Table, communicators: pd.DataFrame, group_key) -> pd.DataFrame:
-    cols = frame_of("collectives", t)
+def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, group_key) -> pd.DataFrame:
     dur, done = cols["duration_ms"], cols["t_done"]
     need = np.isnan(dur) & ~np.isnan(done)
     if need.any():
-        dur = dur.copy()
         dur[need] = (done[need] - cols["t_arrive"][need]) * 1000.0
-        cols["duration_ms"] = dur
     # a collective may be written at arrival and again when done: keep the completed one
     group: pd.Categorical = cols["group"]  # type: ignore[assignment]
     gcode = group.codes.astype(np.int64)
     gcode[gcode < 0] = len(group.categories)  # no group name sorts last, as NaN does
-    keep = sorted_last([cols["rank"], cols["attempt"], gcode, cols["seq"], (~np.isnan(done)).astype(np.int64)], 4)
-    if len(keep) < len(cols["rank"]) or not np.array_equal(keep, np.arange(len(keep))):
-        cols = take(cols, keep)
+    # Rows in (attempt, step, rank, group, seq) order, close to the order the head writes them in; each rank's and
+    # each communicator's rows in sequence order as before. (A duplicate is the same (attempt, step, rank, group,
+    # seq): the step is part of the key here, a copy that names another step is a different record.)
+    take(cols, sorted_last([cols["attempt"], cols["step"], cols["rank"], gcode, cols["seq"],
+                            (~np.isnan(done)).astype(np.int8)], 5))
+    del gcode
     attach_members(cols, communicators, group_key)
     return pd.DataFrame(cols, copy=False)
 
 
-def samples_frame(table: str, t: pa.Table) -> pd.DataFrame:
-    cols = frame_of(table, t)
-    order = np.argsort(cols["t"], kind="stable")
-    return pd.DataFrame(take(cols, order), copy=False)
+def samples_frame(cols: dict[str, object]) -> pd.DataFrame:
+    t = cols["t"]
+    if not bool((t[1:] >= t[:-1]).all()):  # NaN compares False: sorted (NaN last) by argsort
+        take(cols, np.argsort(t, kind="stable"))
+    return pd.DataFrame(cols, copy=False)
 
 
 def read_tables(table_files: dict[str, list[Path]], communicators: pd.DataFrame, group_key,
-                on_files: Callable[[str, list[Path]], None] | None = None) -> tuple[dict[str, pd.DataFrame], int]:
+                on_files: Callable[[str, Path], None] | None = None) -> tuple[dict[str, pd.DataFrame], int]:
     """The normalized frames of ``TABLES`` that have rows, and the number of part files that could not be read."""
     frames, bad = {}, 0
     for name in TABLES:
         files = table_files.get(name) or []
         if not files:
             continue
-        t, nbad = read_arrow(name, files, (lambda fs, name=name: on_files(name, fs)) if on_files else None)
+        cols, nbad = read_columns(name, files, (lambda f, name=name: on_files(name, f)) if on_files else None)
         bad += nbad
-        if t is None:
+        if cols is None:
             continue
         if name == "steps":
-            frames[name] = steps_frame(t)
+            frames[name] = steps_frame(cols)
         elif name == "collectives":
-            frames[name] = collectives_frame(t, communicators, group_key)
+            frames[name] = collectives_frame(cols, communicators, group_key)
         else:
-            frames[name] = samples_frame(name, t)
-        del t
+            frames[name] = samples_frame(cols)
+        del cols
     return frames, bad

@@ -573,7 +573,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
         """The big tables through ``analyzers.columnar`` (normalized there); returns the damaged part files."""
         comms = frames.get("communicators", pd.DataFrame())
         got, nbad = columnar.read_tables({n: table_files[n] for n in names}, comms, group_key,
-                                         on_files=lambda name, fs: bar.advance(_size(fs), name))
+                                         on_files=lambda name, f: bar.advance(_size([f]), name))
         frames.update(got)
         prepared.update(got)
         return nbad

@@ -31,6 +31,8 @@ from ranksight.spool import read_spool
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 STORE_TABLE_OF = {t: name for name, t in TABLE_TYPES.items()}
+ORDER = {"steps": ("rank", "step"), "collectives": ("rank", "attempt", "group", "seq"), "gpu": ("t", "node", "gpu"),
+         "host": ("t", "node")}
 
 
 def old_path(store: Path, run_id: str) -> RunData:
@@ -59,7 +61,7 @@ def plain(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def assert_same_frames(new: RunData, old: RunData, sort_samples: bool = True) -> None:
+def assert_same_frames(new: RunData, old: RunData) -> None:
     for name in columnar.TABLES:
         a, b = getattr(new, name), getattr(old, name)
         assert a.empty == b.empty, name
@@ -69,11 +71,15 @@ def assert_same_frames(new: RunData, old: RunData, sort_samples: bool = True) ->
         assert set(a.columns) == set(b.columns) - skipped, (name, set(a.columns) ^ (set(b.columns) - skipped))
         cols = [c for c in b.columns if c not in skipped]
         pa_, pb = plain(a, cols), plain(b, cols)
-        if name in ("gpu", "host") and sort_samples:  # ties in t: the old path's sort was not stable
-            key = [c for c in ("t", "node", "gpu") if c in cols]
-            pa_ = pa_.sort_values(key, kind="stable").reset_index(drop=True)
-            pb = pb.sort_values(key, kind="stable").reset_index(drop=True)
-        pd.testing.assert_frame_equal(pa_, pb, check_dtype=False, obj=name)
+        # the row order differs (the columnar frames keep the head's (step, rank) order; the old path sorted by rank)
+        key = [c for c in ORDER[name] if c in cols]
+        pa_ = pa_.sort_values(key, kind="stable").reset_index(drop=True)
+        pb = pb.sort_values(key, kind="stable").reset_index(drop=True)
+        pd.testing.assert_frame_equal(pa_, pb, check_dtype=False, obj=name, rtol=1e-6)
+    # each rank's steps in step order, each step's rows in rank order, as before
+    st = new.steps
+    assert (st.groupby("rank")["step"].diff().dropna() > 0).all()
+    assert (st.groupby("step")["rank"].diff().dropna() > 0).all()
 
 
 def spool_to_store(run_dir: Path, store: Path, run_id: str) -> None:

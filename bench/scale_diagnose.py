@@ -1,0 +1,248 @@
+"""``diagnose`` on generated run stores of R ranks x S steps: wall time, peak RSS, and where the time goes.
+
+    .venv/bin/python bench/scale_diagnose.py [--sizes 1024x10000,16384x1000] [--rounds 3]
+                                             [--baseline 7ccdc35] [--baseline-max 256x2000] [--profile]
+
+Each store is generated once by ``bench/scale_gen.py`` (the job: TP 8 x PP 4 x DP rest, two collectives per rank
+and step on communicators stored once, a GPU sample per GPU per second, a host sample per node per second, a
+manifest, rank 5 a 1.3x straggler from a third of the run on; written through the head's ``RunStore``, flushed
+every 5 simulated seconds) and cached under ``--cache`` (``/tmp/ranksight-scale``; ``df -h`` it).
+
+Per size, in ``--rounds`` interleaved rounds:
+
+- the real CLI, ``python -m cli.diagnose scale --store STORE --json > /dev/null``, in a subprocess: wall time and
+  peak RSS (``os.wait4``'s ``ru_maxrss`` of that process); a watchdog kills it above ``--max-rss-gb``;
+- the same for the baseline: a ``git worktree`` of ``--baseline`` (main as of this session's start), run the same
+  way, only at sizes up to ``--baseline-max`` ranks x steps (at the big sizes it takes minutes and tens of GB).
+
+Then once per tree, the time split in a subprocess that does what ``diagnose`` does, timed: load (store ->
+RunData), the builder's eager part (``build_frame``) and each check (the frame's matrices are built on first use,
+inside the first check that asks), the logs stored with the run, and the report (model + JSON). ``--profile`` runs
+the checks under cProfile and prints the top functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.scale_gen import RUN, Job, cached  # noqa: E402
+
+PHASES = r"""
+import cProfile, io, json, pstats, resource, sys, time
+from pathlib import Path
+t0 = time.perf_counter()
+import analyzers
+from analyzers.loader import load_run
+from analyzers.checks import CHECKS
+from analyzers.report.model import build_report
+from analyzers.report.render_json import render_json
+from cli.diagnose import stored_findings
+store, run, profile = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+out = {"import_s": time.perf_counter() - t0}
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+t = time.perf_counter(); data = load_run(store, run, progress=False); out["load_s"] = time.perf_counter() - t
+out["rss_after_load_gib"] = rss()
+out["rows"] = {n: len(getattr(data, n)) for n in ("steps", "collectives", "gpu", "host")}
+out["frames_gib"] = {n: getattr(data, n).memory_usage(deep=False).sum() / 2**30 for n in ("steps", "collectives", "gpu", "host")}
+checks = {}
+def timed(name, fn):
+    def run_timed(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            checks[name] = checks.get(name, 0.0) + time.perf_counter() - t
+    return run_timed
+for name, mod in CHECKS.items():
+    mod.analyze = timed(name, mod.analyze)
+analyzers.build_frame = timed("(build_frame)", analyzers.build_frame)
+errors, coverage = [], []
+prof = cProfile.Profile() if profile else None
+t = time.perf_counter()
+if prof: prof.enable()
+findings = analyzers.run_all(data, errors=errors, coverage=coverage)
+if prof: prof.disable()
+out["analysis_s"] = time.perf_counter() - t
+out["checks_s"] = checks
+out["rss_after_analysis_gib"] = rss()
+t = time.perf_counter()
+more, notes = stored_findings(Path(store) / run)
+findings = findings + more
+out["logs_s"] = time.perf_counter() - t
+t = time.perf_counter()
+text = render_json(build_report(data, findings, errors + notes, coverage))
+out["report_s"] = time.perf_counter() - t
+out["maxrss_gib"] = rss()
+out["findings"] = [[f.kind, f.severity, list(f.ranks)[:8], f.step_start] for f in findings if f.severity != "info"]
+out["errors"] = [e.splitlines()[0] for e in errors]
+if prof:
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(30)
+    out["profile"] = s.getvalue()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(20)
+    out["profile_tottime"] = s.getvalue()
+print("PHASES " + json.dumps(out))
+"""
+
+
+def parse_size(s: str) -> tuple[int, int]:
+    r, _, st = s.lower().partition("x")
+    return int(r), int(st)
+
+
+def baseline_tree(rev: str) -> Path:
+    """A worktree of ``rev`` under /tmp (made once)."""
+    path = Path(f"/tmp/ranksight-base-{rev}")
+    if not (path / "analyzers" / "loader.py").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev], check=True,
+                       capture_output=True)
+    return path
+
+
+def run_measured(cmd: list[str], cwd: Path, max_rss_gib: float, timeout_s: float, keep_stdout: bool = False) -> dict:
+    """Run ``cmd`` (stdout to /dev/null unless ``keep_stdout``): wall time, its own peak RSS, whether the watchdog
+    or the timeout killed it."""
+    import psutil
+
+    env = dict(os.environ, PYTHONPATH=str(cwd))
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE if keep_stdout else subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    killed: list[str] = []
+
+    def watch() -> None:
+        try:
+            proc = psutil.Process(p.pid)
+            while p.poll() is None:
+                if proc.memory_info().rss > max_rss_gib * 2**30:
+                    killed.append(f"over {max_rss_gib:g} GiB")
+                    p.kill()
+                    return
+                if time.perf_counter() - t0 > timeout_s:
+                    killed.append(f"over {timeout_s:g} s")
+                    p.kill()
+                    return
+                time.sleep(0.1)
+        except psutil.Error:
+            return
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    out_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: out_chunks.append(p.stdout.read() if p.stdout else b""), daemon=True)
+    reader.start()
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    reader.join()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return dict(wall_s=wall, maxrss_gib=ru.ru_maxrss / 2**20, rc=p.returncode, killed=killed[0] if killed else "",
+                stdout=b"".join(out_chunks).decode(errors="replace"), stderr=err.decode(errors="replace")[-2000:])
+
+
+def cli_cmd(store: Path) -> list[str]:
+    return [sys.executable, "-m", "cli.diagnose", RUN, "--store", str(store), "--json"]
+
+
+def fmt_s(xs: list[float]) -> str:
+    return f"{min(xs):7.1f} {statistics.median(xs):7.1f}" if xs else f"{'-':>7s} {'-':>7s}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1024x10000,16384x1000", help="RANKSxSTEPS, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default="7ccdc35", help="git revision of the baseline ('' for none)")
+    ap.add_argument("--baseline-max", default="256x2000",
+                    help="run the baseline only where ranks x steps is at most this (it needs minutes and GBs above)")
+    ap.add_argument("--cache", default="/tmp/ranksight-scale")
+    ap.add_argument("--max-rss-gb", type=float, default=14.0, help="kill a diagnose process above this RSS")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--profile", action="store_true", help="cProfile the checks (the analysis time then includes "
+                                                           "the profiler's overhead)")
+    ap.add_argument("--no-split", action="store_true", help="skip the time split")
+    a = ap.parse_args()
+    trees = {"now": ROOT}
+    if a.baseline:
+        trees["baseline"] = baseline_tree(a.baseline)
+    br, bs = parse_size(a.baseline_max)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores", flush=True)
+    rows = []
+    for size in a.sizes.split(","):
+        ranks, steps = parse_size(size)
+        job = Job(ranks=ranks, steps=steps)
+        store = cached(job, Path(a.cache))
+        use = [t for t in trees if t == "now" or ranks * steps <= br * bs]
+        print(f"\n== {ranks} ranks x {steps} steps (TP {job.tp} x PP {job.pp} x DP {job.dp}; straggler rank "
+              f"{job.straggler} x{job.factor} from step {job.start}); store {store} "
+              f"({sum(f.stat().st_size for f in store.rglob('*') if f.is_file()) / 2**30:.2f} GiB)", flush=True)
+        if len(use) < len(trees):
+            print(f"   baseline not run at this size (above --baseline-max {a.baseline_max})")
+        runs: dict[str, list[dict]] = {t: [] for t in use}
+        for i in range(a.rounds):
+            for t in use:
+                r = run_measured(cli_cmd(store), trees[t], a.max_rss_gb, a.timeout)
+                runs[t].append(r)
+                state = f"killed ({r['killed']})" if r["killed"] else f"exit {r['rc']}"
+                print(f"   round {i + 1} {t:8s} {r['wall_s']:7.1f} s  {r['maxrss_gib']:5.2f} GiB  {state}", flush=True)
+                if r["rc"] not in (0, 10, 20, 30):
+                    print("   " + r["stderr"].replace("\n", "\n   "))
+        split = {}
+        if not a.no_split:
+            for t in use:
+                r = run_measured([sys.executable, "-c", PHASES, str(store), RUN, "1" if a.profile else "0"],
+                                 trees[t], a.max_rss_gb, a.timeout, keep_stdout=True)
+                line = next((x for x in r["stdout"].splitlines() if x.startswith("PHASES ")), None)
+                if line is None:
+                    print(f"   split {t}: failed ({r['killed'] or r['rc']}): {r['stderr'][-600:]}")
+                    continue
+                split[t] = json.loads(line[7:])
+        for t in use:
+            ok = [r for r in runs[t] if not r["killed"] and r["rc"] in (0, 10, 20, 30)]
+            walls = [r["wall_s"] for r in ok]
+            rss = max((r["maxrss_gib"] for r in ok), default=float("nan"))
+            rows.append((f"{ranks}x{steps}", t, walls, rss, split.get(t)))
+        for t, sp in split.items():
+            chk = sorted(sp["checks_s"].items(), key=lambda kv: -kv[1])
+            print(f"   split {t}: load {sp['load_s']:.1f} s (RSS {sp['rss_after_load_gib']:.2f} GiB; frames "
+                  + ", ".join(f"{n} {v:.2f}" for n, v in sp["frames_gib"].items()) + " GiB)"
+                  f", analysis {sp['analysis_s']:.1f} s (RSS {sp['rss_after_analysis_gib']:.2f} GiB), logs "
+                  f"{sp['logs_s']:.1f} s, report {sp['report_s']:.1f} s, imports {sp['import_s']:.1f} s; peak "
+                  f"{sp['maxrss_gib']:.2f} GiB")
+            print("     analysis by check: " + ", ".join(f"{n} {v:.1f}" for n, v in chk if v >= 0.05))
+            print(f"     rows: {sp['rows']}")
+            found = [f for f in sp["findings"] if f[0] == "straggler"]
+            print(f"     warnings+: {sp['findings']}" + ("" if found else "  (the injected straggler NOT found)"))
+            if sp["errors"]:
+                print(f"     check errors: {sp['errors']}")
+            if sp.get("profile"):
+                print(sp["profile"])
+                print(sp["profile_tottime"])
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    print(f"\n{'size':>11s} {'tree':>8s} {'wall min':>8s} {'median':>7s} {'peak RSS':>9s} {'load':>6s} "
+          f"{'analysis':>8s} {'report':>6s}")
+    base = {size: r for size, t, *r in rows if t == "baseline"}
+    for size, t, walls, rss, sp in rows:
+        extra = ""
+        if t == "now" and size in base and walls and base[size][0]:
+            extra = (f"   baseline/now: {min(base[size][0]) / min(walls):.1f}x time, "
+                     f"{base[size][1] / rss:.1f}x RSS")
+        ph = (f"{sp['load_s']:6.1f} {sp['analysis_s']:8.1f} {sp['report_s'] + sp['logs_s']:6.1f}" if sp
+              else f"{'-':>6s} {'-':>8s} {'-':>6s}")
+        print(f"{size:>11s} {t:>8s} {fmt_s(walls)} {rss:8.2f}G {ph}{extra}")
+
+
+if __name__ == "__main__":
+    main()
