@@ -55,7 +55,9 @@ t = time.perf_counter(); data = load_run(store, run, progress=False); out["load_
 out["rss_after_load_gib"] = rss()
 out["rows"] = {n: len(getattr(data, n)) for n in ("steps", "collectives", "gpu", "host")}
 out["frames_gib"] = {n: getattr(data, n).memory_usage(deep=False).sum() / 2**30 for n in ("steps", "collectives", "gpu", "host")}
-checks = {}
+checks, checks_rss = {}, {}
+import psutil
+me = psutil.Process()
 def timed(name, fn):
     def run_timed(*a, **k):
         t = time.perf_counter()
@@ -63,6 +65,8 @@ def timed(name, fn):
             return fn(*a, **k)
         finally:
             checks[name] = checks.get(name, 0.0) + time.perf_counter() - t
+            checks_rss[name] = me.memory_info().rss / 2**30
+            print(f"   ... {name}: {checks[name]:.1f} s, RSS {checks_rss[name]:.2f} GiB", file=sys.stderr, flush=True)
     return run_timed
 for name, mod in CHECKS.items():
     mod.analyze = timed(name, mod.analyze)
@@ -75,6 +79,7 @@ findings = analyzers.run_all(data, errors=errors, coverage=coverage)
 if prof: prof.disable()
 out["analysis_s"] = time.perf_counter() - t
 out["checks_s"] = checks
+out["checks_rss_gib"] = checks_rss
 out["rss_after_analysis_gib"] = rss()
 t = time.perf_counter()
 more, notes = stored_findings(Path(store) / run)
@@ -206,7 +211,8 @@ def main() -> None:
                                  trees[t], a.max_rss_gb, a.timeout, keep_stdout=True)
                 line = next((x for x in r["stdout"].splitlines() if x.startswith("PHASES ")), None)
                 if line is None:
-                    print(f"   split {t}: failed ({r['killed'] or r['rc']}): {r['stderr'][-600:]}")
+                    print(f"   split {t}: failed ({r['killed'] or r['rc']}) after {r['wall_s']:.0f} s, peak "
+                          f"{r['maxrss_gib']:.2f} GiB:\n{r['stderr'][-1500:]}")
                     continue
                 split[t] = json.loads(line[7:])
         for t in use:
@@ -221,7 +227,8 @@ def main() -> None:
                   f", analysis {sp['analysis_s']:.1f} s (RSS {sp['rss_after_analysis_gib']:.2f} GiB), logs "
                   f"{sp['logs_s']:.1f} s, report {sp['report_s']:.1f} s, imports {sp['import_s']:.1f} s; peak "
                   f"{sp['maxrss_gib']:.2f} GiB")
-            print("     analysis by check: " + ", ".join(f"{n} {v:.1f}" for n, v in chk if v >= 0.05))
+            print("     analysis by check (s, RSS after it GiB): " + ", ".join(
+                f"{n} {v:.1f} ({sp['checks_rss_gib'].get(n, 0):.1f})" for n, v in chk if v >= 0.05))
             print(f"     rows: {sp['rows']}")
             found = [f for f in sp["findings"] if f[0] == "straggler"]
             print(f"     warnings+: {sp['findings']}" + ("" if found else "  (the injected straggler NOT found)"))
