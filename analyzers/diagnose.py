@@ -62,7 +62,7 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
         merge_corroborating(findings)  # a stored trace's straggler confirms the step records' one
         sort_findings(findings)
         errors.extend(notes)
-    report = build_report(data, findings, errors, coverage)
+    report = build_report(data, findings, errors, coverage, with_plots=bool(html_file))  # only the page draws plots
     if html_file:
         Path(html_file).write_text(render_html(report), encoding="utf-8")
     if as_json:

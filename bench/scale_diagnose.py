@@ -86,7 +86,11 @@ more, notes = stored_findings(Path(store) / run)
 findings = findings + more
 out["logs_s"] = time.perf_counter() - t
 t = time.perf_counter()
-text = render_json(build_report(data, findings, errors + notes, coverage))
+try:  # as diagnose --json does: without the HTML page's plot series
+    report = build_report(data, findings, errors + notes, coverage, with_plots=False)
+except TypeError:  # a tree before with_plots
+    report = build_report(data, findings, errors + notes, coverage)
+text = render_json(report)
 out["report_s"] = time.perf_counter() - t
 out["maxrss_gib"] = rss()
 out["findings"] = [[f.kind, f.severity, list(f.ranks)[:8], f.step_start] for f in findings if f.severity != "info"]

@@ -217,3 +217,18 @@ def test_diagnose_cli_names_the_injected_straggler(generated):
     accused = {r for f in obj["findings"] if f["severity"] != "info" for r in f["ranks"]}
     assert accused == {job.straggler}
     assert "loading" in r.stderr  # the bar, asked for, on stderr
+
+
+def test_json_report_does_not_need_the_plot_series(generated):
+    """diagnose --json (and the text report) skip the HTML page's plot series: the same JSON either way."""
+    from analyzers.report.model import build_report
+    from analyzers.report.render_json import render_json
+
+    store, _job = generated
+    data = load_run(store, scale_gen.RUN)
+    errors, coverage = [], []
+    findings = run_all(data, errors=errors, coverage=coverage)
+    lean = build_report(data, findings, errors, coverage, with_plots=False)
+    full = build_report(data, findings, errors, coverage)
+    assert lean.plots.gpu == {} and full.plots.gpu  # the series were left out ...
+    assert render_json(lean) == render_json(full)  # ... and the JSON does not miss them

@@ -19,7 +19,7 @@ from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
-from analyzers.report.series import Event, PlotData, plot_data
+from analyzers.report.series import Event, PlotData, events, plot_data
 from analyzers.score import detection_step, matches
 from analyzers.trace_windows import grouped, trace_windows
 from ranksight.exit_codes import (EXIT, EXIT_CODES_HELP, EXIT_CRITICAL, EXIT_HEALTHY,  # noqa: F401 (re-exported)
@@ -97,9 +97,11 @@ class DiagnoseReport:
 
 
 def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None,
-                 coverage: list[Coverage] | None = None) -> DiagnoseReport:
+                 coverage: list[Coverage] | None = None, with_plots: bool = True) -> DiagnoseReport:
     """The report of ``data`` with the checks' ``findings``, ``errors`` and ``coverage`` (``analyzers.run_all``'s;
-    without ``coverage``, it is judged here: ``analyzers.check_coverage``)."""
+    without ``coverage``, it is judged here: ``analyzers.check_coverage``). ``with_plots=False`` leaves the HTML
+    page's plot series out (``plots`` holds only the event marks; the text and JSON reports draw no plot, and on a big
+    run the series cost seconds)."""
     coverage = coverage if coverage is not None else check_coverage(data)
     not_run = [c.check for c in coverage if c.status in NOT_RUN]
     label, peak_sim = peak_label(data)
@@ -108,7 +110,8 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     w = worst_severity(findings)
     m = data.manifest
     hist = history(data)
-    plots = plot_data(data, findings, hist, fault_events(data))
+    plots = (plot_data(data, findings, hist, fault_events(data)) if with_plots else
+             PlotData(events=events(findings, hist, fault_events(data))))  # the marks only: the summary lists them
     what_happened = history_line(hist)
     summary: Summary = {
         "run_id": data.run_id,
