@@ -5,9 +5,11 @@ each collective's members and communicator key). On the store's tables (steps, c
 millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frames without a Python object per row:
 
 - only the columns the analyzers read (``SKIPPED``: the ones no check or report reads are left out);
-- the part files read by pyarrow's dataset scanner on all cores, page checksums verified, a damaged or foreign
-  file skipped and counted as before (``read_columns``); strings stay dictionary-encoded (pandas Categoricals with
-  their categories in sorted order, so a sort by them is the sort by the string);
+- the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
+  once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
+- strings dictionary-encoded (pandas Categoricals with their categories in sorted order, so a sort by them is the
+  sort by the string), but for the collectives' ``op`` and ``group``, which the checks handle as strings
+  (``AS_STRINGS``);
 - the sort and the duplicate drop on one integer key per row (``sorted_last``) instead of pandas' multi-column sort,
   in the order the head writes rows (steps by (step, rank), collectives by (attempt, step, rank, group, seq)): each
   rank's rows and each step's rows are in the order ``normalize`` gives them, and rows already in order (the head's
@@ -47,6 +49,13 @@ SKIPPED: dict[str, tuple[str, ...]] = {
             "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
     "host": ("cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
 }
+
+# String columns the checks treat as strings (``.astype(str)``, ``.str``, comparisons on every row): pandas' string
+# dtype, as read by pandas, instead of a Categorical (whose ``.astype(str)`` builds every row's string in Python).
+# The others stay Categoricals: ``gkey`` above all (a communicator's name and members, hundreds of characters, on
+# every collective).
+AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ("op", "group")}
+STR = pd.Series(["x"]).dtype
 
 # How each column becomes a numpy array, as ``RunData.normalize`` converts it: (dtype, value for nulls or None
 # to keep them as NaN). Columns not listed keep their stored type (numbers) or become Categoricals (strings).
@@ -203,6 +212,12 @@ class Strings:
                                          validate=False)
 
 
+def as_strings(cat: pd.Categorical) -> pd.Series:
+    """A Categorical as pandas' string column (Arrow strings, built in C from the categories and codes)."""
+    values = pa.array(list(cat.categories), pa.string()).take(pa.array(cat.codes, mask=cat.codes < 0))
+    return pd.Series(values, dtype=STR)
+
+
 class Lists:
     """A list column (collectives' ``group_ranks``): each row's length; the lists themselves only where one is not
     empty (records of an older writer that carry their member list)."""
@@ -334,31 +349,26 @@ def sorted_last(keys: list[np.ndarray], n_unique: int, tiebreak: np.ndarray | No
             same &= k[1:] == k[:-1]
     else:
         code, spans = comp
-        if bool((code[1:] >= code[:-1]).all()):
-            order, c = np.arange(len(code)), code
-        else:
+        order = None  # None: already in order (the head's parts), nothing moves
+        if not bool((code[1:] >= code[:-1]).all()):
             order = np.argsort(code, kind="stable")
-            c = code[order]
-        if tiebreak is not None and len(c) > 1 and bool((c[1:] == c[:-1]).any()):
-            order = np.lexsort((tiebreak, code))  # equal keys: the tiebreak decides which row is last
-            c = code[order]
+            code = code[order]
+        if tiebreak is not None and len(code) > 1 and bool((code[1:] == code[:-1]).any()):
+            base = comp[0]
+            order = np.lexsort((tiebreak, base))  # equal keys: the tiebreak decides which row is last
+            code = base[order]
         div = int(np.prod(spans[n_unique:], dtype=object)) if n_unique < len(keys) else 1
-        g = c // div if div > 1 else c
-        same = g[1:] == g[:-1]
+        if div > 1:
+            code = code // div
+        same = code[1:] == code[:-1]
+        del code, comp
+        if order is None:
+            keep = np.ones(len(same) + 1, np.bool_)
+            keep[:-1] = ~same
+            return np.flatnonzero(keep)
     keep = np.ones(len(order), np.bool_)
     keep[:-1] = ~same
     return order[keep]
-
-
-def dense_codes(code: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
-    """``code`` (ints in 0..span-1) renumbered 0..k-1 in increasing order, and the first row of each."""
-    present = np.zeros(span, np.bool_)
-    present[code] = True
-    lut = np.cumsum(present, dtype=np.int64) - 1
-    dense = lut[code]
-    first = np.empty(int(present.sum()), np.int64)
-    first[dense[::-1]] = np.arange(len(code) - 1, -1, -1)  # the last write wins: the first row of each
-    return dense, first
 
 
 def take(cols: dict[str, object], idx: np.ndarray) -> None:
@@ -427,17 +437,27 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     gcode = group.codes.astype(np.int64)
     att = cols["attempt"]
     combo = _composite([gcode, mid, att])
-    if combo is None or int(np.prod(combo[1], dtype=object)) > 4 * n + 1024:
+    span = int(np.prod(combo[1], dtype=object)) if combo is not None else 0
+    if combo is None or span > 4 * n + 1024:
         code, uniq = pd.factorize(pd.MultiIndex.from_arrays([gcode, mid, att]))
         firsts = [(int(a), int(b), int(c)) for a, b, c in uniq]
-    else:  # few combinations: a lookup table over the composite code, no hashing
-        code, first = dense_codes(combo[0], int(np.prod(combo[1], dtype=object)))
-        firsts = [(int(gcode[i]), int(mid[i]), int(att[i])) for i in first]
+    else:  # few combinations: a lookup table over the composite code (no hashing), decoded back into its parts
+        code = combo[0]
+        present = np.flatnonzero(np.bincount(code, minlength=span))
+        lut = np.zeros(span, np.int32)
+        lut[present] = np.arange(len(present), dtype=np.int32)
+        code = lut[code]
+        s_mid, s_att = combo[1][1], combo[1][2]
+        lo = (int(gcode.min()), int(mid.min()), int(att.min()))
+        firsts = [(int(v // (s_mid * s_att)) + lo[0], int(v // s_att % s_mid) + lo[1], int(v % s_att) + lo[2])
+                  for v in present]
     names = [group_key(group.categories[g] if g >= 0 else None, members[m], a) for g, m, a in firsts]
     cats = sorted(set(names))
     pos = {k: i for i, k in enumerate(cats)}
     remap = np.array([pos[k] for k in names], dtype=np.int32)
     cols["gkey"] = pd.Categorical.from_codes(remap[code], categories=pd.Index(cats, dtype=object))
+    for name in AS_STRINGS["collectives"]:
+        cols[name] = as_strings(cols[name])
 
 
 # --------------------------------------------------------------------------
