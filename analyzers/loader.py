@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from analyzers import columnar
+from analyzers.columnar import TABLES as COLUMNAR_TABLES, read_tables
 from ranksight import tables
 from ranksight.layout import RunDir
 from ranksight.peaks import gpu_peak
@@ -572,7 +572,7 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
     def read_columnar(names: tuple[str, ...]) -> int:
         """The big tables through ``analyzers.columnar`` (normalized there); returns the damaged part files."""
         comms = frames.get("communicators", pd.DataFrame())
-        got, nbad = columnar.read_tables({n: table_files[n] for n in names}, comms, group_key,
+        got, nbad = read_tables({n: table_files[n] for n in names}, comms, group_key,
                                          on_files=lambda name, f: bar.advance(_size([f]), name))
         frames.update(got)
         prepared.update(got)
@@ -581,13 +581,13 @@ def load_run(store: str | os.PathLike, run_id: str, since: int | None = None, un
     try:
         if use_store:
             for name, files in table_files.items():
-                if name in columnar.TABLES:
+                if name in COLUMNAR_TABLES:
                     continue
                 df, nbad = _read_table(files, bar, name)
                 damaged += nbad
                 if not df.empty:
                     frames[name] = df
-            damaged += read_columnar(columnar.TABLES)
+            damaged += read_columnar(COLUMNAR_TABLES)
         if not use_store or "steps" not in frames or frames["steps"].empty:
             records: list[msgspec.Struct] = []
             for sp in spools:

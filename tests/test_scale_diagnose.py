@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analyzers import columnar, run_all
-from analyzers.loader import TABLE_TYPES, RunData, _read_manifest, load_run
+from analyzers.loader import TABLE_TYPES, RunData, load_run
 from bench import scale_gen
 from head.store.run_store import RunStore
 from ranksight import schema, tables
@@ -43,7 +43,8 @@ def old_path(store: Path, run_id: str) -> RunData:
         df, _bad = tables.read_parts(tables.part_files(rd.table(name)))
         if not df.empty:
             frames[name] = df
-    return RunData(run_id=run_id, manifest=_read_manifest(rd), **frames)
+    manifest = msgspec.json.decode(rd.manifest.read_bytes(), type=schema.Manifest) if rd.manifest.exists() else None
+    return RunData(run_id=run_id, manifest=manifest, **frames)
 
 
 def plain(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
