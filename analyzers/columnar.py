@@ -18,8 +18,9 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
   shared sorted array per communicator, joined by ``comm_id`` code) or the row's own member list (an older writer),
   and its communicator key ``gkey`` computed once per distinct (group, members, attempt) (``attach_members``).
 
-The frames equal ``RunData.normalize``'s up to row order, dtypes (int32 placement and telemetry columns, float32
-telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures' runs and a generated store).
+The frames equal ``RunData.normalize``'s up to row order, dtypes (int32 placement columns, 32-bit GPU and host
+telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures'
+runs, on what odd writers leave, and on a generated store).
 """
 
 from __future__ import annotations

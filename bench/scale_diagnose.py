@@ -55,6 +55,8 @@ t = time.perf_counter(); data = load_run(store, run, progress=False); out["load_
 out["rss_after_load_gib"] = rss()
 out["rows"] = {n: len(getattr(data, n)) for n in ("steps", "collectives", "gpu", "host")}
 out["frames_gib"] = {n: getattr(data, n).memory_usage(deep=False).sum() / 2**30 for n in ("steps", "collectives", "gpu", "host")}
+print(f"   ... load: {out['load_s']:.1f} s, peak RSS {out['rss_after_load_gib']:.2f} GiB, rows {out['rows']}, frames "
+      + ", ".join(f"{n} {v:.2f}" for n, v in out["frames_gib"].items()) + " GiB", file=sys.stderr, flush=True)
 checks, checks_rss = {}, {}
 import psutil
 me = psutil.Process()
