@@ -168,39 +168,44 @@ def _one_by_one(files: list[Path], schema: pa.Schema, dict_cols: list[str], on_f
 
 
 class Numbers:
-    """A numeric column filled batch by batch into one array; nulls become ``fill`` (None: NaN)."""
+    """A numeric column filled chunk by chunk into one array; nulls become ``fill`` (None: NaN)."""
 
     def __init__(self, n: int, dtype, fill):
         self.out = np.empty(n, dtype)
         self.fill = fill
 
-    def put(self, arr: pa.Array, at: int) -> None:
-        if arr.null_count and self.fill is not None:
-            arr = pc.fill_null(arr, pa.scalar(self.fill, arr.type))
-        v = arr.to_numpy(zero_copy_only=False)
-        if v.dtype == object:  # booleans with nulls and no fill: False
-            v = np.array([bool(x) for x in v], dtype=np.bool_)
-        self.out[at:at + len(v)] = v
+    def put(self, arr: pa.ChunkedArray, at: int) -> None:
+        for chunk in arr.chunks:  # chunk by chunk: each one's numbers copied once, straight into the column
+            if chunk.null_count and self.fill is not None:
+                chunk = pc.fill_null(chunk, pa.scalar(self.fill, chunk.type))
+            v = chunk.to_numpy(zero_copy_only=False)
+            if v.dtype == object:  # booleans with nulls and no fill: False
+                v = np.array([bool(x) for x in v], dtype=np.bool_)
+            self.out[at:at + len(v)] = v
+            at += len(v)
 
     def done(self, n: int) -> np.ndarray:
         return self.out[:n] if n < len(self.out) else self.out
 
 
 class Strings:
-    """A string column as Categorical codes: each batch's dictionary mapped into one growing set of categories;
+    """A string column as Categorical codes: each chunk's dictionary mapped into one growing set of categories;
     at the end the categories sorted (a sort by the Categorical is the sort by the string)."""
 
     def __init__(self, n: int):
         self.codes = np.empty(n, np.int32)
         self.index: dict[str, int] = {}
 
-    def put(self, arr: pa.Array, at: int) -> None:
+    def put(self, arr: pa.ChunkedArray, at: int) -> None:
         if not pa.types.is_dictionary(arr.type):
             arr = arr.dictionary_encode()
-        idx = arr.indices
+        arr = arr.unify_dictionaries()  # the chunks' dictionaries as one
+        if not arr.num_chunks:
+            return
         lut = np.array([self.index.setdefault(s, len(self.index)) if s is not None else -1
-                        for s in arr.dictionary.to_pylist()] + [-1], dtype=np.int32)  # the last slot: null
-        codes = pc.fill_null(idx, -1).to_numpy(zero_copy_only=False) if idx.null_count else idx.to_numpy()
+                        for s in arr.chunk(0).dictionary.to_pylist()] + [-1], dtype=np.int32)  # the last slot: null
+        idx = pa.chunked_array([c.indices for c in arr.chunks], type=arr.type.index_type)
+        codes = pc.fill_null(idx, -1).to_numpy() if idx.null_count else idx.to_numpy()
         self.codes[at:at + len(arr)] = lut[codes]
 
     def done(self, n: int) -> pd.Categorical:
@@ -225,10 +230,10 @@ class Lists:
 
     def __init__(self, n: int):
         self.lengths = np.empty(n, np.int32)
-        self.pieces: list[tuple[int, pa.Array]] = []
+        self.pieces: list[tuple[int, pa.ChunkedArray]] = []
 
-    def put(self, arr: pa.Array, at: int) -> None:
-        ln = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+    def put(self, arr: pa.ChunkedArray, at: int) -> None:
+        ln = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
         self.lengths[at:at + len(arr)] = ln
         if ln.any():
             self.pieces.append((at, arr))
@@ -294,15 +299,33 @@ def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] 
         return _fill(table, *_batches(table, files, on_file, bad)), bad[0]
 
 
+CHUNK_ROWS = 1 << 18  # batches (a part file's each) gathered into this many rows before they are converted
+
+
 def _fill(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, object] | None:
     sinks = {f.name: _sink(table, f, n) for f in _read_schema(table, wanted_columns(table))} if n else {}
     at = 0
-    for b in batches:  # (consumed even without rows: it calls the progress back)
-        if b.num_rows > n - at:
+    buf: list[pa.RecordBatch] = []
+    rows = 0
+
+    def flush() -> None:
+        nonlocal at, rows
+        if rows > n - at:
             raise ValueError("more rows than the part files' footers said")  # read again, one by one
         for name, sink in sinks.items():
-            sink.put(b.column(name), at)
-        at += b.num_rows
+            sink.put(pa.chunked_array([b.column(name) for b in buf], type=buf[0].schema.field(name).type), at)
+        at += rows
+        buf.clear()
+        rows = 0
+
+    for b in batches:  # (consumed even without rows: it calls the progress back)
+        if b.num_rows:
+            buf.append(b)
+            rows += b.num_rows
+            if rows >= CHUNK_ROWS:  # one conversion per column for many small part files
+                flush()
+    if buf:
+        flush()
     if not at:
         return None
     return {name: sink.done(at) for name, sink in sinks.items()}
