@@ -2,7 +2,7 @@
 (ingest, store, live window) → live analysis; the head's CPU by part and its analysis round time.
 
     .venv/bin/python bench/scale.py [--ranks 16384] [--tp 8] [--pp 4] [--seconds 30] [--warmup 8]
-        [--agents-per-request 1] [--tp-ops 2] [--connections 8]
+        [--agents-per-request 1] [--tp-ops 2] [--connections 8] [--by-kind]
 
 The fleet (synthetic, every figure below is from this generated telemetry, not from a GPU job): ``--ranks`` ranks
 in TP × PP × DP (``--tp`` ranks of one tensor-parallel group per node: 8 ranks per node agent; ``--pp`` pipeline
@@ -156,6 +156,48 @@ def build_second(fleet: Fleet, step: int, per_request: int, resources: list) -> 
     return bodies, cpu
 
 
+KINDS = ("step", "collective", "gpu", "heartbeat")
+
+
+def ingest_by_kind(fleet: Fleet, seconds: int = 4) -> dict[str, float]:
+    """In this process, on one core, no HTTP: the head's ingest + store flush CPU for each kind of record alone and
+    for all together, as the share of one core one second of the fleet costs."""
+    import pyarrow as pa
+
+    from head import receiver
+    from head.service import Head
+
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    res = [Resource.create({"service.name": "ranksight-agent", wire.R_NODE: n}) for n in range(fleet.nodes)]
+
+    def bodies(step: int, kinds: tuple) -> list[bytes]:
+        return [zlib.compress(encode_logs([r for r in agent_log_records(fleet, n, step, res[n])
+                                           if r.log_record.attributes.get(wire.A_KIND) in kinds]).SerializeToString(), 6)
+                for n in range(fleet.nodes)]
+
+    out = {}
+    for kinds in [(k,) for k in KINDS] + [KINDS]:
+        payloads = [bodies(s, kinds) for s in range(1, seconds + 1)]
+        tmp = Path(tempfile.mkdtemp(prefix="ranksight-scale-kind-"))
+        head = Head(tmp, TOKEN, analyzer=None, flush_rows=10**9)
+        try:
+            for body in bodies(0, KINDS + ("communicator",)):  # the communicators, and a warm start
+                head.ingest.logs(receiver.parse("logs", receiver.decompress(body, "deflate"), "application/x-protobuf"))
+            head.store.flush_all()
+            t0 = time.process_time()
+            for sec in payloads:
+                for body in sec:
+                    head.ingest.logs(receiver.parse("logs", receiver.decompress(body, "deflate"),
+                                                    "application/x-protobuf"))
+                head.store.flush_all()
+            out["+".join(kinds) if len(kinds) > 1 else kinds[0]] = 100.0 * (time.process_time() - t0) / seconds
+        finally:
+            head.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -236,6 +278,8 @@ def main() -> None:
     ap.add_argument("--agents-per-request", type=int, default=1)
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--slow-from", type=int, default=10, help="the second from which rank 3 computes 1.3x")
+    ap.add_argument("--by-kind", action="store_true",
+                    help="first, in this process on one core without HTTP: the head's ingest CPU per kind of record")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     if a.warmup >= a.seconds:
@@ -259,6 +303,14 @@ def main() -> None:
     agent_ms = 1000.0 * sorted(agent_cpu[1:])[len(agent_cpu[1:]) // 2] / fleet.nodes
     print(f"agent stage (pack + OTLP + deflate, one node's second): {agent_ms:.2f} ms CPU = "
           f"{agent_ms / 10:.2f} % of one core per node", flush=True)
+
+    by_kind = {}
+    if a.by_kind:
+        by_kind = ingest_by_kind(fleet)
+        print("head ingest + store flush in-process, one core, no HTTP (share of one core per second of the fleet):")
+        for k, v in by_kind.items():
+            print(f"  {k:32s} {v:6.1f} %")
+        print(flush=True)
 
     tmp = Path(tempfile.mkdtemp(prefix="ranksight-scale-"))
     port = free_port()
@@ -320,7 +372,7 @@ def main() -> None:
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
     if a.json:
         a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request,
-                                          seconds=a.seconds, span_s=span, share_pct=share, client_cpu_s=client_cpu, rounds=rounds,
+                                          seconds=a.seconds, span_s=span, share_pct=share, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
                                           findings=named), indent=1))
 
