@@ -1,7 +1,13 @@
-"""CPU of one live analysis round on the head, before and after a change to the analysis code, 8 to 1024 ranks.
+"""CPU of one live analysis round on the head, before and after a change to the analysis code, 8 to 16,384 ranks.
 
-    .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 64d38ef]
-        [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64]
+    .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 7ccdc35]
+        [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64] [--layout flat|3d]
+    # a 3-D parallel job at scale (TP 8, PP 4, DP the rest: 512-rank DP groups at 16,384 ranks)
+    .venv/bin/python bench/head_analysis.py --layout 3d --ranks 1024,4096,16384 --before-max-ranks 1024
+
+``--layout 3d`` (``build_3d``) builds the window column-wise, as the head's store processing hands it Arrow
+batches, with the communicators of a 3-D parallel job named by ``comm_id`` (``CommunicatorRecord``), the form
+``ranksight.instrument`` writes; ``--layout flat`` (the default, the H1-H4 rows) is the run described below.
 
 The head (``head.service.Head``, its ``head.analysis.LiveAnalysis``) analyzes each run every
 ``--analyze-interval`` seconds (5 s): it turns the last ``--analyze-window`` steps per rank of its live window
@@ -278,12 +284,12 @@ def rounds_for(ranks: int, rounds: int) -> int:
     return rounds if ranks < 256 else max(1, min(rounds, 3 if ranks < 1024 else 2))
 
 
-def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int) -> dict:
+def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int, layout: str = "flat") -> dict:
     """One head over one synthetic run: CPU ms of each round, its findings, a skipped round's cost."""
     tune_gc()  # as ranksight head does
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-"))
     try:
-        data = build(ranks, window, group_size=group_size)
+        data = build_3d(ranks, window) if layout == "3d" else build(ranks, window, group_size=group_size)
         h = make_head(tmp / "head", data, window, analyze_window)
         analysis = getattr(h, "analysis", h)  # a head from before head/analysis.py analyzes itself
         del data
@@ -308,7 +314,8 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
 def run_worker(code: Path, args, ranks: int, rounds: int) -> dict:
     env = dict(os.environ, RS_BENCH_CODE=str(code), PYTHONPATH=str(code))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ranks", str(ranks), "--rounds", str(rounds),
-           "--window", str(args.window), "--analyze-window", str(args.analyze_window), "--group-size", str(args.group_size)]
+           "--window", str(args.window), "--analyze-window", str(args.analyze_window), "--group-size", str(args.group_size),
+           "--layout", args.layout]
     out = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"worker for {ranks} ranks at {code} failed:\n{out.stderr[-3000:]}")
@@ -321,13 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=512, help="the live window (ranksight head --window)")
     ap.add_argument("--analyze-window", type=int, default=256, help="ranksight head --analyze-window")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--group-size", type=int, default=64, help="ranks per communicator")
-    ap.add_argument("--before-rev", default="64d38ef", help="the code before (a git revision; '' for none)")
+    ap.add_argument("--group-size", type=int, default=64, help="ranks per communicator (--layout flat)")
+    ap.add_argument("--layout", choices=("flat", "3d"), default="flat",
+                    help="flat: one kind of communicator, --group-size consecutive ranks, member lists in every record "
+                         "(the H1-H4 rows); 3d: TP 8 x PP 4 x DP the rest, communicators named by comm_id (build_3d)")
+    ap.add_argument("--before-rev", default="7ccdc35", help="the code before (a git revision; '' for none)")
     ap.add_argument("--before-max-ranks", type=int, default=256)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(int(args.ranks), args.rounds, args.window, args.analyze_window, args.group_size)))
+        print(json.dumps(worker(int(args.ranks), args.rounds, args.window, args.analyze_window, args.group_size,
+                                args.layout)))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-rev-"))
     before = None
@@ -336,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, capture_output=True)
         before = tmp / "before"
     print(f"bench/head_analysis.py: live window {args.window}, analysis window {args.analyze_window} steps per rank, "
-          f"communicators of {args.group_size} ranks; before = {args.before_rev or '-'}; load average "
+          + (f"communicators of {args.group_size} ranks" if args.layout == "flat" else "TP 8 x PP 4 x DP (build_3d)")
+          + f"; before = {args.before_rev or '-'}; load average "
           f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print("| ranks | rounds | before: CPU ms per round, median [min, max] | now: CPU ms per round | before / now | "
           "findings of a fresh head (now) | same as before | a round skipped (nothing new), CPU ms |")

@@ -132,9 +132,12 @@ class _OpInstances:
         step = co["step"].to_numpy()
         if first_step is not None:
             keep &= step >= first_step
+        # the communicators, numbered in sorted order over the whole column (an Arrow string column factorizes in
+        # bulk; a code no kept row has is never used)
+        codes, uniq = pd.factorize(co["gkey"], sort=True)
+        keep &= codes >= 0
         self.rows = np.flatnonzero(keep)
-        gk = co["gkey"].to_numpy(dtype=object)[self.rows]
-        self.gcode, self.gkeys = pd.factorize(gk, sort=True)
+        self.gcode, self.gkeys = codes[self.rows], np.asarray(uniq, dtype=object)
         self.seq = co["seq"].to_numpy()[self.rows]
         self.rank = co["rank"].to_numpy()[self.rows]
         self.step = step[self.rows]
@@ -249,7 +252,8 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     done = ops.t_done[ok]
     lead = (group_loo_median(ops.inst[ok], done) - done) * 1000.0
     gcode = ops.gcode[ok]
-    return pd.DataFrame({"gkey": np.asarray(ops.gkeys, dtype=object)[gcode],
+    # gkey as Python strings (object): an Arrow string column of millions of rows costs seconds to build and to mask
+    return pd.DataFrame({"gkey": pd.Series(np.asarray(ops.gkeys, dtype=object)[gcode], dtype=object),
                          "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
                          "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode})[LEAD_COLUMNS + ["gcode"]]
 
@@ -452,7 +456,15 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         return []
     # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name
     rank = leads["rank"].to_numpy().astype(np.int64)
-    gkey_code, gkey_names = pd.factorize(leads["gkey"].astype(str).to_numpy(dtype=object), sort=True)
+    if "gcode" in leads.columns:  # completion_leads' communicator numbers (sorted gkey order): no strings to factorize
+        gkey_code = leads["gcode"].to_numpy().astype(np.int64)
+        first = np.unique(gkey_code, return_index=True)[1]
+        gkey_names = np.full(int(gkey_code.max()) + 1, None, dtype=object)
+        gkey_names[gkey_code[first]] = leads["gkey"].to_numpy(dtype=object)[first]
+    else:
+        gkey_code, gkey_names = pd.factorize(leads["gkey"].astype(str).to_numpy(dtype=object), sort=True)
+        gkey_names = np.asarray(gkey_names, dtype=object)
+    code_of = {str(k): i for i, k in enumerate(gkey_names) if k is not None}
     pair = rank * len(gkey_names) + gkey_code
     pairs = np.unique(pair)
     pair_rank, pair_key = pairs // len(gkey_names), pairs % len(gkey_names)
@@ -487,13 +499,13 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
             if compute.slow_computer(r, onset, s1):
                 continue
             keys = sorted(key_of(lab) for lab in slow)
-            peers = set(leads.loc[leads["gkey"].astype(str).isin(keys), "rank"].astype(int)) - {r}
+            of_keys = np.isin(gkey_code, [code_of[k] for k in keys])
+            peers = set(rank[of_keys].tolist()) - {r}
             if any(compute.slow_computer(m, onset, s1) for m in peers):
                 # a peer computes slowly: it arrives last, so it finishes last and this rank "leads" (the victim of
                 # a straggler, which the straggler check names), not a rank whose link is slow
                 continue
-            ops = leads[(leads["rank"] == r) & leads["gkey"].astype(str).isin(keys) & (leads["step"] >= onset)
-                        & (leads["step"] <= s1)]
+            ops = leads[(rank == r) & of_keys & (step >= onset) & (step <= s1)]
             out.append(dict(rank=int(r), onset=int(onset), end=int(s1), n=n, method="completion_lead", confirmed=confirmed,
                             own=float(ops["lead_ms"].median()), peers=float(ops["duration_ms"].median()),
                             ratio=float("nan"), comp_ratio=compute.compute_ratio(r, onset, s1),
