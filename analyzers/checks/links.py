@@ -145,9 +145,11 @@ class _OpInstances:
         self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
-        first_of_key = np.unique(self.gcode, return_index=True)[1] if n else np.zeros(0, np.int64)
-        size_of_key = member_counts(co["group_ranks"].iloc[self.rows[first_of_key]]).to_numpy() if n else np.zeros(0)
-        self.size = size_of_key[self.gcode] if n else np.zeros(0, np.int64)
+        key_codes, first_of_key = np.unique(self.gcode, return_index=True)
+        size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
+        if n:
+            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key]]).to_numpy()
+        self.size = size_of_key[self.gcode]
         # op instances: (communicator, seq), numbered in (gkey, seq) order
         seq0 = self.seq - (self.seq.min() if n else 0)
         inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
