@@ -211,6 +211,15 @@ def member_counts(members: pd.Series) -> pd.Series:
     return pd.Series(counts, index=members.index)
 
 
+def op_counts(co: pd.DataFrame) -> pd.Series:
+    """How many op instances each collective record stands for: its ``ops`` (more than 1 where a node agent folded
+    a step's ops into one record, ranksight/collective_fold.py; such a record reads as its mean op), 1 for records
+    without the column (older ones)."""
+    if "ops" not in co.columns:
+        return pd.Series(1, index=co.index, dtype=np.int64)
+    return pd.to_numeric(co["ops"], errors="coerce").fillna(1).clip(lower=1).astype(np.int64)
+
+
 @dataclass
 class RunData:
     """Everything the analyzers look at, for one run (or one live window of it)."""

@@ -131,9 +131,11 @@ def group_loo_median(code: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
-                     window: int, min_ops: int, q: float = 0.5) -> pd.DataFrame:
+                     window: int, min_ops: int, q: float = 0.5, weights: Iterable[float] | None = None) -> pd.DataFrame:
     """index x steps: for each row label and step s, the median (or the ``q`` quantile) of ``values`` of that label
     with a step in (s - window, s]; NaN with fewer than ``min_ops`` of them (labels not in ``index`` are left out).
+    ``weights``: how many ops each value stands for (a collective record a node agent folded per step is its ops'
+    mean, ranksight/collective_fold.py); they count toward ``min_ops``, and each value still counts once in the median.
 
     Every (label, step) cell at once: the values go into a dense label x step x k array (k: the most values one
     label has in one step; padding sorts last), each window is a view of ``window`` consecutive steps, and one sort
@@ -141,6 +143,13 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
     16,384 ranks). Where the steps are too sparse for a dense grid, the rows of a label sorted by step make each
     window one contiguous slice (``_windowed_medians_by_label``). Both give what ``np.median`` / ``np.quantile``
     (linear) give on each window's values."""
+    if weights is not None:
+        w = np.asarray(weights, dtype=float)
+        if len(w) and np.nanmax(w) > 1:
+            labels, step = np.asarray(labels), np.asarray(step)
+            med = windowed_medians(labels, step, values, index, steps, window, 1, q)
+            enough = windowed_sums(labels, step, w, index, steps, window) >= max(min_ops, 1)
+            return med.where(enough)
     labels, step, vals = np.asarray(labels), np.asarray(step), np.asarray(values, dtype=float)
     if labels.dtype.kind not in "iu":  # integer labels (a caller's codes) are looked up as they are
         labels = labels.astype(object)
@@ -193,6 +202,27 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
         has_nan = (nsum[:, col + window] - nsum[:, col]) > 0
         out[part] = _sorted_quantile(win, n, q, min_ops, has_nan)
     return pd.DataFrame(out, index=index, columns=steps)
+
+
+def windowed_sums(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
+                  window: int) -> np.ndarray:
+    """index x steps: for each row label and step s, the sum of ``values`` of that label with a step in
+    (s - window, s] (integer steps)."""
+    labels, step, vals = np.asarray(labels), np.asarray(step), np.asarray(values, dtype=float)
+    if labels.dtype.kind not in "iu":
+        labels = labels.astype(object)
+    out = np.zeros((len(index), len(steps)))
+    code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
+    s_arr = np.asarray(steps, dtype=np.int64)
+    if not len(code) or not len(s_arr):
+        return out
+    window = max(int(window), 1)
+    g0, g1 = int(s_arr.min()) - window + 1, int(s_arr.max())
+    keep = (code >= 0) & (step >= g0) & (step <= g1)
+    grid = np.zeros((len(index), g1 - g0 + 2))
+    np.add.at(grid, (code[keep], step[keep].astype(np.int64) - g0 + 1), np.nan_to_num(vals[keep]))
+    csum = np.cumsum(grid, axis=1)
+    return csum[:, s_arr - g0 + 1] - csum[:, s_arr - g0 + 1 - window]
 
 
 def _sorted_quantile(srt: np.ndarray, n: np.ndarray, q: float, min_ops: int, has_nan: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Collective records folded per step: what a node agent ships instead of every op.
 
-A rank's completed ops of one step, of one kind (``op``), on one communicator (e.g. the 128 tensor-parallel
-all-reduces of its step 12) become one ``CollectiveRecord`` standing for all of them (``ops``): their mean arrival,
+A rank's completed collectives of one step, of one kind (``op``), on one communicator (e.g. the 128
+tensor-parallel all-reduces of its step 12) become one ``CollectiveRecord`` standing for all of them (``ops``): their mean arrival,
 completion and duration, their total bytes, and the first op's ``seq``. So what the head receives per step grows
 with ranks × communicators, not with ranks × ops; the records of every op stay in the rank's spool file on the
 node's disk (``ranksight.spool``), where ``diagnose`` run on the node reads them.
@@ -11,6 +11,10 @@ the means is the mean of the per-op differences (who arrives later, who is done 
 A total is ``ops`` × the mean; analyzers that add times up multiply back (``analyzers.loader`` keeps ``ops``).
 
 Left as they are:
+- pipeline p2p ops (``send``, ``recv``): a transfer is judged from both ends' records of it (the receiver's
+  completion less the later of the two arrivals), and a mean over a step's transfers mixes those where the sender
+  was late with those where the receiver was, which blurs the slow-link signature. A stage boundary carries a few
+  transfers per micro-batch, not the hundreds of ops a TP or FSDP step makes;
 - an op without a completion (a hang, an op in flight when the rank died): the hang check needs each one, with
   its own ``seq``;
 - a record that already stands for several ops.
@@ -27,6 +31,8 @@ import msgspec
 
 from ranksight.schema import CollectiveRecord
 
+UNFOLDED_OPS = frozenset({"send", "recv"})  # pipeline p2p: see the module's docstring
+
 
 def _key(r: CollectiveRecord) -> tuple:
     # the communicator: its id, or (the older form) its name and member list
@@ -40,7 +46,7 @@ def fold_per_step(records: list[CollectiveRecord]) -> list[CollectiveRecord]:
     groups: dict[tuple, list[CollectiveRecord]] = {}
     order: list[tuple | CollectiveRecord] = []
     for r in records:
-        if r.t_done is None or r.duration_ms is None or r.ops != 1:
+        if r.t_done is None or r.duration_ms is None or r.ops != 1 or r.op in UNFOLDED_OPS:
             order.append(r)
             continue
         k = _key(r)

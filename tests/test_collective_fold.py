@@ -33,17 +33,20 @@ def test_fold_means_totals_and_what_stays_single():
             coll(0, 5, 13, op="all_gather", t=0.040),  # another op kind: its own record
             coll(0, 5, 0, group="dp", comm="c-dp", t=0.5, dur=30.0, nbytes=1 << 20),  # another communicator
             coll(0, 6, 14, t=0.010),  # another step
-            coll(0, 5, 15, t=0.050, done=False)]  # never completed: stays as it is, for the hang check
+            coll(0, 5, 15, t=0.050, done=False),  # never completed: stays as it is, for the hang check
+            coll(0, 5, 0, op="send", group="pp:0>1", comm="c-p2p", t=0.6),  # pipeline p2p: matched per transfer
+            coll(0, 5, 1, op="send", group="pp:0>1", comm="c-p2p", t=0.7)]
     out = fold_per_step(recs)
     assert [(r.op, r.group, r.step, r.seq, r.ops) for r in out] == [
         ("all_reduce", "tp", 5, 10, 3), ("all_gather", "tp", 5, 13, 1), ("all_reduce", "dp", 5, 0, 1),
-        ("all_reduce", "tp", 6, 14, 1), ("all_reduce", "tp", 5, 15, 1)]
+        ("all_reduce", "tp", 6, 14, 1), ("all_reduce", "tp", 5, 15, 1), ("send", "pp:0>1", 5, 0, 1),
+        ("send", "pp:0>1", 5, 1, 1)]
     tp = out[0]
     assert tp.t_arrive == pytest.approx(T0 + 5.020, abs=1e-7)  # the mean of the three arrivals
     assert tp.duration_ms == pytest.approx(4.0)  # the mean duration
     assert tp.t_done == pytest.approx(T0 + 5.020 + 0.004, abs=1e-7)
     assert tp.nbytes == 300  # the total
-    assert out[-1].t_done is None
+    assert out[4].t_done is None
     # the folded record is folded once: a second pass changes nothing
     assert fold_per_step(out) == out
     # the older form (a member list, no comm_id): groups told apart by their members

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.loader import member_counts
+from analyzers.loader import member_counts, op_counts
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import group_loo_median, leave_one_out_median, row_robust_sigmas, windowed_medians
 
@@ -143,6 +143,7 @@ class _OpInstances:
         self.step = step[self.rows]
         self.t_done, self.dur = t_done[self.rows], dur[self.rows]
         self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
+        self.weight = op_counts(co).to_numpy()[self.rows]  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
         key_codes, first_of_key = np.unique(self.gcode, return_index=True)
@@ -196,18 +197,18 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     pairing is wrong, so such ops are dropped. Rows in (gkey, seq) order; of ties, the first record."""
     cols = ["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]
     if co.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=cols + ["ops"])
     ops = op_instances(co, first_step)
     ok = ops.complete(match_tol_ms)
     if not len(ok):
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=cols + ["ops"])
     # per instance, the latest arrival; of equal ones the first record (groupby idxmax)
     t = ops.t_arrive[ok]
     order = np.lexsort((ok, -t, ops.inst[ok]))
     inst_sorted = ops.inst[ok][order]
     first = np.r_[True, inst_sorted[1:] != inst_sorted[:-1]]
     pick = ok[order[first]]
-    return co.iloc[ops.rows[pick]][cols].reset_index(drop=True)
+    return co.iloc[ops.rows[pick]][cols].reset_index(drop=True).assign(ops=ops.weight[pick])
 
 
 def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
@@ -227,7 +228,7 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
         return pd.DataFrame(columns=TRANSFER_COLUMNS)
     xfer = (j["t_done"] - np.maximum(j["t_arrive"], j["t_arrive_recv"])) * 1000.0
     return pd.DataFrame({"gkey": j["gkey"], "cls": P2P_CLASS, "seq": j["seq"], "rank": j["rank"], "step": j["step"],
-                         "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
+                         "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]], "ops": 1})
 
 
 LEAD_COLUMNS = ["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]
@@ -257,7 +258,8 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     # gkey as Python strings (object): an Arrow string column of millions of rows costs seconds to build and to mask
     return pd.DataFrame({"gkey": pd.Series(np.asarray(ops.gkeys, dtype=object)[gcode], dtype=object),
                          "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
-                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode})[LEAD_COLUMNS + ["gcode"]]
+                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
+                         "ops": ops.weight[ok]})[LEAD_COLUMNS + ["gcode", "ops"]]
 
 
 def sorted_members(members: pd.Series) -> list[tuple]:
@@ -289,7 +291,8 @@ def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: 
         parts.append(pd.DataFrame({
             "gkey": last["gkey"], "cls": last["group"].astype(str), "seq": last["seq"], "rank": last["rank"], "step": last["step"],
             "transfer_ms": last["duration_ms"].astype(float),
-            "suspects": sorted_members(last["group_ranks"])}))
+            "suspects": sorted_members(last["group_ranks"]),
+            "ops": last["ops"] if "ops" in last.columns else 1}))
     p2p = p2p_transfers(co, first_step)
     if not p2p.empty:
         parts.append(p2p)
@@ -302,7 +305,7 @@ def communicator_medians(tr: pd.DataFrame, steps: list[int], window: int, min_op
     """communicator x step: the median (or the ``q`` quantile) transfer of the communicator's ops (``op_transfers``
     rows) in steps (s - window, s], NaN with fewer than ``min_ops`` ops there."""
     return windowed_medians(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
-                            min_ops, q)
+                            min_ops, q, weights=tr["ops"] if "ops" in tr.columns else None)
 
 
 def level_quantile(cls: str, cfg) -> float:
@@ -474,7 +477,8 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
     step = leads["step"].to_numpy()
     lead_ms = leads["lead_ms"].to_numpy(dtype=float)
-    med = windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops)
+    med = windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops,
+                           weights=leads["ops"].to_numpy() if "ops" in leads.columns else None)
     if med.notna().sum(axis=0).max() < 2:
         return []
     thresholds = np.maximum(cfg.link_min_extra_ms, cfg.lead_k * reference_sigma(med, cfg.link_window))
