@@ -98,10 +98,10 @@ def _coverage(cov: list[dict[str, Any]], console: Any) -> None:
 
 
 def _heat_map(report: DiagnoseReport, console: Any) -> None:
-    heat, spans = report.heat_map(48)
+    hv = report.heat_view(max(8, min(48, console.width - 32)), max_rows=32)
+    heat, spans, med = hv.rows, hv.spans, hv.median
     if heat.empty:
         return
-    med = heat.median(axis=0)
     t = Table(title=f"{report.compute_label} per rank x step (colour: vs the step's median rank)", show_header=True,
               header_style="dim", box=None, pad_edge=False, padding=(0, 1))
     t.add_column("rank", justify="right")
@@ -114,8 +114,12 @@ def _heat_map(report: DiagnoseReport, console: Any) -> None:
             v = heat.loc[r, c]
             ratio = v / med[c] if med[c] and math.isfinite(v) else float("nan")
             cells.append("█", style=_heat_style(ratio))
-        t.add_row(str(r), cells, f"{float(np.nanmedian(heat.loc[r])):.1f}")
+        label = hv.labels[r].removeprefix("rank ")
+        t.add_row(label, cells, f"{float(np.nanmedian(heat.loc[r])):.1f}")
     console.print(t)
+    if hv.others:
+        console.print(Text(f"  {len(heat) - 3} ranks shown (named by findings, then most out of line); the others' rows: "
+                           f"p95, median and p5 of the other {hv.others} ranks per column", style="dim"))
     console.print(Text("  legend: ", style="dim") + Text("█<1.05x ", style="green") + Text("█<1.15x ", style="yellow")
                   + Text("█<1.5x ", style="dark_orange") + Text("█>=1.5x", style="red"))
 
