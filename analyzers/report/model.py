@@ -34,6 +34,7 @@ NOT_RUN = ("not_run", "error")
 HEAT_ROWS = 48  # heat map rows: more ranks than this and the rest are summarized (heat_view)
 HEAT_FOCUS = 12  # then this many ranks keep their own row
 TRACE_WINDOWS = 3  # profiler capture windows the report shows (the newest)
+TRACE_ROWS = 32  # a capture window's table: more ranks than this and the ones furthest above the median are shown
 TRACE_COLUMNS = ("rank", "node", "kernel ms/step", "vs median", "NCCL ms/step", "exposed comm ms/step",
                  "memcpy/set ms/step", "idle %", "trace")
 
@@ -320,17 +321,30 @@ def trace_title(w: dict[str, Any]) -> str:
     return f"profiler trace ({w['kind']}), {span} ({what})"
 
 
-def trace_rows(w: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The TRACE_COLUMNS cells of one capture window, one row per rank (per step; window totals without steps)."""
+def trace_rows(w: dict[str, Any], limit: int | None = None) -> list[tuple[str, ...]]:
+    """The TRACE_COLUMNS cells of one capture window, one row per rank (per step; window totals without steps). With
+    more ranks than ``limit``: the ``limit`` ranks with the most kernel time against the median, in rank order
+    (``trace_rows_note`` says so)."""
     def ms(x):
         return "-" if x is None else f"{x:.2f}"
 
     per = "" if w["steps"] is None else "_per_step"
+    ranks = w["ranks"]
+    if limit is not None and len(ranks) > limit:
+        keep = sorted(ranks, key=lambda r: -(r["kernel_vs_median"] if r["kernel_vs_median"] is not None else -1.0))
+        ranks = sorted(keep[:limit], key=lambda r: r["rank"])
     return [(str(r["rank"]), "-" if r["node"] is None else str(r["node"]), ms(r["kernel_ms" + per]),
              "-" if r["kernel_vs_median"] is None else f"{r['kernel_vs_median']:.2f}x", ms(r["nccl_ms" + per]),
              ms(r["exposed_comm_ms" + per]), ms(r["copy_ms" + per]),
              "-" if r["idle_share"] is None else f"{100 * r['idle_share']:.1f}",
-             r["trace_file"] + (" (cut short)" if r["truncated"] else "")) for r in w["ranks"]]
+             r["trace_file"] + (" (cut short)" if r["truncated"] else "")) for r in ranks]
+
+
+def trace_rows_note(w: dict[str, Any], limit: int) -> str:
+    """What a capture window's table leaves out at ``limit`` rows ("" when every rank has its row)."""
+    n = len(w["ranks"])
+    return (f"{limit} of {n} ranks shown: those with the most kernel time against the median (every rank: --json)"
+            if n > limit else "")
 
 
 def layout_words(s: Summary) -> str:

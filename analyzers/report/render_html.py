@@ -14,13 +14,14 @@ import html
 import math
 
 from analyzers.report.model import (TRACE_COLUMNS, DiagnoseReport, HeatView, fault_magnitude, fault_target, history_rows,
-                                    layout_words, next_steps, trace_rows, trace_title)
+                                    layout_words, next_steps, trace_rows, trace_rows_note, trace_title)
 from analyzers.report.sentences import evidence_sentences, plain_items
 
 HEAT_COLORS = [(1.05, "#2e7d32"), (1.15, "#f9a825"), (1.5, "#ef6c00"), (float("inf"), "#c62828")]
 SEV_COLOR = {"critical": "#c62828", "warning": "#e0a100", "info": "#1565c0"}
 EVENT_KIND_WORDS = {"fault": "injected fault (ground truth)", "finding": "a finding's onset", "evict": "eviction",
                     "restart": "restart", "checkpoint": "checkpoint", "profile": "profiler capture", "action": "action"}
+TRACE_PAGE_ROWS = 128  # a capture window's table on the page: more ranks than this, the ones furthest above the median
 e = html.escape
 
 CSS = """
@@ -250,7 +251,8 @@ def render_html(report: DiagnoseReport) -> str:
                      f"<th>detail</th></tr>{rows}</table>")
     traces = "".join(
         f"<h2>{e(trace_title(w))}</h2><table class='t'><tr>{''.join(f'<th>{e(c)}</th>' for c in TRACE_COLUMNS)}</tr>"
-        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in trace_rows(w)) + "</table>"
+        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in trace_rows(w, TRACE_PAGE_ROWS))
+        + "</table>" + (f"<p class='muted'>{e(trace_rows_note(w, TRACE_PAGE_ROWS))}</p>" if len(w["ranks"]) > TRACE_PAGE_ROWS else "")
         for w in s["traces"])
     sim = ('<p class="sim">Parts of this report rest on SIMULATED telemetry or a CPU-measured peak; they are marked '
            '(simulated).</p>' if s["simulated"] else "")
