@@ -143,7 +143,7 @@ def run(args, me: Identity, backend: str) -> int:
         for i in idents:
             print(f"#  Rank {i.rank:2d} Pid {i.pid:6d} on {i.host:>10s} node {i.node:>8s} device {i.device:>6s} [{i.device_name}]", flush=True)
         for note in hooks.notes():
-            print(f"# note: {note}", flush=True)
+            print("\n".join(comment(f"note: {note}")), flush=True)
     if n < 2:
         if rank0:
             print("nccl_tests: the health check needs at least 2 ranks (launch with torchrun --nproc-per-node N)", file=sys.stderr)

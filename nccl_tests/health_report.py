@@ -186,8 +186,12 @@ def format_report(rep: HealthReport, hosts: list[str], nodes: list[str], pair_bw
         for e in ents:
             status = "SLOW" if e.flagged else "ok"
             flag, name = "!" if e.flagged else " ", e.name
-            if len(name) > nw:  # a long name (two nodes' host names) on a line of its own, the numbers under it
-                lines.append(f"  {flag} {name}")
+            if len(name) > nw:  # a long name (two nodes' host names) on lines of its own, the numbers under it
+                a, sep, b = name.partition("<->")
+                if sep and len(name) + 4 > width:
+                    lines.extend([f"  {flag} {a}<->", f"      {b}"])
+                else:
+                    lines.append(f"  {flag} {name}")
                 name = ""
             line = f"  {flag} {name:<{nw}s} {e.bw:9.3f} {e.reference:9.3f} {e.ratio:6.2f}  {status}"
             why = f" (explained by {e.explained_by})" if e.explained_by else ""
