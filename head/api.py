@@ -321,7 +321,9 @@ def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> He
     """The head's server on ``bind:port``; ``tls``: a server ``ssl.SSLContext`` (``ranksight.tls.ServerTls``) for
     HTTPS, None for plain http."""
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
-    return HeadServer((bind, port), handler, tls=tls)
+    srv = HeadServer((bind, port), handler, tls=tls)
+    srv.thread_parts = head.cpu  # request handlers: the "http" part of the head's CPU
+    return srv
 
 
 def live_trace_windows(live, rank: int | None = None, windows: int = trace_windows.DEFAULT_WINDOWS) -> list[dict]:

@@ -1,7 +1,9 @@
 """The spools of this node's ranks (``RunDir.spool(rank)``): which ranks are local, and their new records.
 
 Discovery: a rank is local when the manifest's placement says ``node == N``; before the manifest lists it, when
-the first record of its spool names this node (``ranksight.spool.first_node``). Tailing is
+the first record of its spool names this node (``ranksight.spool.first_node``). Collective records are folded per
+step (``ranksight.collective_fold``: one record per rank, step, communicator and op kind) when the agent runs with
+``--collectives per-step``. Tailing is
 ``ranksight.spool.tail`` from the committed position; a spool gap (garbage lines, an oversized line, a truncated
 or replaced file) becomes a ``spool_gap`` / ``spool_reset`` event. Step records also feed the Prometheus step
 series and the OTLP step histogram.
@@ -17,6 +19,7 @@ from node.prom import AgentMetrics
 from node.shipping import OtlpMetrics
 from node.state import AgentState
 from ranksight import schema, wire
+from ranksight.collective_fold import fold_per_step
 from ranksight.layout import RunDir
 from ranksight.spool import SpoolGap, TailPosition, first_node, spool_ranks, tail
 
@@ -32,8 +35,12 @@ class SpoolSource:
     travel packed (``wire.pack_records``), every other kind as the spool's JSON lines. ``backlog`` is True after
     a ``collect()`` that left bytes unread (the agent then runs the next cycle at once)."""
 
-    def __init__(self, rd: RunDir, node: int, state: AgentState, metrics: AgentMetrics, otlp_metrics: OtlpMetrics):
+    def __init__(self, rd: RunDir, node: int, state: AgentState, metrics: AgentMetrics, otlp_metrics: OtlpMetrics,
+                 fold_collectives: bool = False):
         self.rd = rd
+        # a step's ops of one kind on one communicator shipped as one record (ranksight/collective_fold.py); the
+        # records of every op stay in the spool files
+        self.fold_collectives = fold_collectives
         self.node = node
         self.state = state
         self.metrics = metrics
@@ -110,6 +117,8 @@ class SpoolSource:
                             self.node, rank, g.reason, g.offset, g.lines, g.nbytes, g.after_step)
         items = []
         for kind, b in by_kind.items():
+            if kind == "collective" and self.fold_collectives:
+                b.fold()
             # Step records travel packed (the head stores them without a Python object per record);
             # anything that cannot be packed exactly, and every other kind, as the JSON spool lines.
             packed = wire.pack_records(kind, self.rd.run_id, b.recs) if kind in wire.PACKED_LAYOUTS else None
@@ -144,6 +153,14 @@ class _KindBatch:
         self.ranks: set[int] = set()
         self.times: list[float] = []  # wall times, where a record has one
         self.recs: list = []  # the decoded records (for packing)
+
+    def fold(self) -> None:
+        """Collective records folded per step (``fold_per_step``); the JSON lines made again from them."""
+        folded = fold_per_step(self.recs)
+        if len(folded) != len(self.recs):
+            self.recs = folded
+            self.raws = [schema.encode(r) for r in folded]
+            self.steps = [r.step for r in folded]
 
 
 def _rec_time(rec) -> float | None:
