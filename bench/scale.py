@@ -2,21 +2,24 @@
 (ingest, store, live window) → live analysis; the head's CPU by part and its analysis round time.
 
     .venv/bin/python bench/scale.py [--ranks 16384] [--tp 8] [--pp 4] [--seconds 30] [--warmup 8]
-        [--agents-per-request 1] [--tp-ops 2] [--connections 8] [--by-kind]
+        [--agents-per-request 1] [--tp-ops 16] [--dp-ops 4] [--collectives auto]
+        [--connections 8] [--by-kind]
 
 The fleet (synthetic, every figure below is from this generated telemetry, not from a GPU job): ``--ranks`` ranks
 in TP × PP × DP (``--tp`` ranks of one tensor-parallel group per node: 8 ranks per node agent; ``--pp`` pipeline
 stages; DP the rest: 512 ranks per data-parallel group at 16,384 ranks), one step per second. Per rank and step the
-agent ships its step record and its collective records as the trainer's instrumentation writes them: ``--tp-ops``
-TP all-reduces on its node's TP group, one DP all-reduce on its DP group, one p2p send to the next stage and one
-recv from the previous (groups ``pp:<src>><dst>``); each names its group by ``comm_id``, and the lowest member of
-each group writes the group's member list once (the ``communicators`` table: 2,048 TP groups, 32 DP groups of 512,
-12,288 p2p links at 16,384 ranks). Each agent also ships one simulated GPU sample per GPU per second and a
+instrumentation records its step and its collectives: ``--tp-ops`` TP all-reduces on its node's TP group,
+``--dp-ops`` gradient buckets (all-reduces) on its DP group, one p2p send to the next stage and one recv from the
+previous (groups ``pp:<src>><dst>``); each names its group by ``comm_id``, and the lowest member of each group
+writes the group's member list once (the ``communicators`` table: 2,048 TP groups, 32 DP groups of 512, 12,288 p2p
+links at 16,384 ranks). The agents ship the collectives as their ``--collectives`` mode would
+(``node/sources/spool.py``: by default one record per op up to 256 ranks, folded per step above:
+``ranksight/collective_fold.py``). Each agent also ships one simulated GPU sample per GPU per second and a
 heartbeat. Rank 3 computes 1.3× from second ``--slow-from`` (its DP peers wait for it): the head must name it.
 
-The agent stage: the CPU one node agent spends turning a second of its ranks' records into its export (pack,
-OTLP, deflate: what ``node.shipping`` sends), measured here on the bodies this script builds; the spool reading
-before it is in bench/agent_cycle.py (A4).
+The agent stage: the CPU one node agent spends turning a second of its ranks' records into its export (records
+made, folded where they are, packed, OTLP, deflate: what ``node.shipping`` sends), measured on the bodies this
+script builds; the agent's spool reading is in bench/agent_cycle.py (A4).
 
 The head: the real ``ranksight head`` in its own process (live analysis every 5 s, its default), fed over
 loopback HTTP by ``--connections`` keep-alive client threads in this process, each second's requests spread over
@@ -54,7 +57,9 @@ import msgspec  # noqa: E402
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 
+from node.sources.spool import FOLD_ABOVE_RANKS  # noqa: E402
 from ranksight import schema, wire  # noqa: E402
+from ranksight.collective_fold import fold_per_step  # noqa: E402
 
 RUN = "bench-scale"
 TOKEN = "bench-scale-token"
@@ -65,12 +70,13 @@ T0 = 1.8e9
 class Fleet:
     """Rank layout and groups: rank = ((dp * pp) + stage) * tp + t; a node is one TP group."""
 
-    def __init__(self, ranks: int, tp: int, pp: int, tp_ops: int, slow_from: int = 10):
+    def __init__(self, ranks: int, tp: int, pp: int, tp_ops: int, dp_ops: int, fold: bool, slow_from: int = 10):
         if ranks % (tp * pp):
             raise SystemExit(f"--ranks {ranks} is not a multiple of tp × pp = {tp * pp}")
         self.ranks, self.tp, self.pp, self.dp, self.tp_ops = ranks, tp, pp, ranks // (tp * pp), tp_ops
         self.nodes = ranks // tp
         self.slow_from = slow_from
+        self.dp_ops, self.fold = dp_ops, fold
         self.groups: dict[str, tuple[str, list[int]]] = {}  # comm_id -> (group name, members)
         self.comm_of: dict[tuple[int, str], str] = {}  # (rank, role) -> comm_id
         for r in range(ranks):
@@ -106,23 +112,27 @@ class Fleet:
                 t_start=t, t_end=arrive + (wait + 40.0) / 1000.0, step_ms=compute + wait + 40.0, comm_ms=wait + 40.0,
                 compute_ms=compute, device_ms=compute, sync_arrival=arrive, sync_wait_ms=wait,
                 tokens=16384, loss=2.3, lr=3e-4, flops=1.2e15))
-            seq = 0
-            roles = ["tp"] * self.tp_ops + ["dp"] + [x for x in ("send", "recv") if (r, x) in self.comm_of]
-            for role in roles:
+            roles = [("tp", k) for k in range(self.tp_ops)] + [("dp", k) for k in range(self.dp_ops)] + \
+                [(x, 0) for x in ("send", "recv") if (r, x) in self.comm_of]
+            for role, k in roles:
                 cid = self.comm_of[(r, role)]
                 op = {"tp": "all_reduce", "dp": "all_reduce", "send": "send", "recv": "recv"}[role]
-                start = arrive if role == "dp" else t + 0.1 * (seq + 1)
-                dur = (wait + 30.0) if role == "dp" else 2.0
+                per_step = {"tp": self.tp_ops, "dp": self.dp_ops}.get(role, 1)
+                if role == "dp":  # gradient buckets from the sync on: the first one waits for the slowest peer
+                    start, dur = arrive + 0.003 * k, (wait + 30.0) if k == 0 else 3.0
+                else:  # TP all-reduces through the forward and backward passes; p2p at the stage boundaries
+                    start, dur = t + (0.5 * compute / 1000.0) * (k + 1) / (per_step + 1), 2.0
                 colls.append(schema.CollectiveRecord(
-                    run_id=RUN, rank=r, step=step, seq=step * 16 + seq, op=op, group=self.groups[cid][0],
+                    run_id=RUN, rank=r, step=step, seq=step * per_step + k, op=op, group=self.groups[cid][0],
                     nbytes=1 << 24, t_arrive=start, t_done=start + dur / 1000.0, duration_ms=dur, comm_id=cid))
-                seq += 1
-                if step == 0 and min(self.groups[cid][1]) == r and role != "recv":
+                if step == 0 and k == 0 and min(self.groups[cid][1]) == r and role != "recv":
                     g, members = self.groups[cid]
                     comms.append(schema.CommunicatorRecord(run_id=RUN, comm_id=cid, group=g, ranks=members, rank=r))
             gpus.append(schema.GpuSample(node=node, host=f"node{node:05d}", gpu=lr, t=t + 0.5, source="python-sim",
                                          simulated=True, util_pct=97.0, temp_c=61.0, power_w=640.0,
                                          sm_clock_mhz=1980.0, max_sm_clock_mhz=1980.0))
+        if self.fold:  # as the node agent ships them (node/sources/spool.py, ranksight/collective_fold.py)
+            colls = fold_per_step(colls)
         return {"step": steps, "collective": colls, "gpu": gpus, "communicator": comms}
 
 
@@ -272,7 +282,10 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=16384)
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--pp", type=int, default=4)
-    ap.add_argument("--tp-ops", type=int, default=2)
+    ap.add_argument("--tp-ops", type=int, default=16, help="TP all-reduces per rank and step")
+    ap.add_argument("--dp-ops", type=int, default=4, help="gradient buckets (DP all-reduces) per rank and step")
+    ap.add_argument("--collectives", choices=("auto", "per-op", "per-step"), default="auto",
+                    help="as the node agents' --collectives: auto folds per step above %d ranks" % FOLD_ABOVE_RANKS)
     ap.add_argument("--seconds", type=int, default=30, help="seconds of real time (steps per rank)")
     ap.add_argument("--warmup", type=int, default=8, help="seconds before the head's CPU is read the first time")
     ap.add_argument("--agents-per-request", type=int, default=1)
@@ -286,7 +299,8 @@ def main() -> None:
         raise SystemExit("--warmup must be shorter than --seconds")
 
     t_build = time.time()
-    fleet = Fleet(a.ranks, a.tp, a.pp, a.tp_ops, a.slow_from)
+    fold = a.collectives == "per-step" or (a.collectives == "auto" and a.ranks > FOLD_ABOVE_RANKS)
+    fleet = Fleet(a.ranks, a.tp, a.pp, a.tp_ops, a.dp_ops, fold, a.slow_from)
     resources = [Resource.create({"service.name": "ranksight-agent", wire.R_NODE: n, wire.R_HOST: f"node{n:05d}"})
                  for n in range(fleet.nodes)]
     seconds, agent_cpu = [], []
@@ -295,13 +309,17 @@ def main() -> None:
         seconds.append(bodies)
         agent_cpu.append(cpu)
     per_s = sum(len(b) for b in seconds[1]) / 1e6
-    n_coll = sum(len(fleet.node_records(0, 1)["collective"]) for _ in range(1)) * fleet.nodes
+    n_coll = len(fleet.node_records(0, 1)["collective"]) * fleet.nodes
+    n_ops = fleet.nodes * sum(a.tp_ops + a.dp_ops + sum((r, x) in fleet.comm_of for x in ("send", "recv"))
+                              for r in range(fleet.tp))
     print(f"fleet: {a.ranks} ranks (TP {a.tp} × PP {a.pp} × DP {fleet.dp}), {fleet.nodes} node agents, "
-          f"{len(fleet.groups)} communicators; per second: {a.ranks} step records, ~{n_coll} collective records, "
+          f"{len(fleet.groups)} communicators; per second: {a.ranks} step records, {n_coll} collective records "
+          f"({n_ops} ops, {'folded per step' if fold else 'one record per op'}), "
           f"{a.ranks} GPU samples, {fleet.nodes} heartbeats in {len(seconds[1])} requests ({per_s:.1f} MB deflated); "
           f"built in {time.time() - t_build:.0f} s", flush=True)
     agent_ms = 1000.0 * sorted(agent_cpu[1:])[len(agent_cpu[1:]) // 2] / fleet.nodes
-    print(f"agent stage (pack + OTLP + deflate, one node's second): {agent_ms:.2f} ms CPU = "
+    print(f"agent stage (records made{', folded' if fold else ''}, packed, OTLP, deflate; one node's second): "
+          f"{agent_ms:.2f} ms CPU = "
           f"{agent_ms / 10:.2f} % of one core per node", flush=True)
 
     by_kind = {}

@@ -80,7 +80,7 @@ def test_agent_ships_folded_records_and_the_spool_keeps_every_op(tmp_path):
     srv = make_server(head, "127.0.0.1", free_port())
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
     agent = NodeAgent(rd, 0, f"http://127.0.0.1:{srv.server_address[1]}", TOKEN, sim_gpu="off", otlp_metrics=False,
-                      fold_collectives=True)
+                      collectives="per-step")
     try:
         agent.cycle()
         # what the head stored: one record per rank and step, standing for the step's 16 ops, packed on the wire
@@ -99,14 +99,26 @@ def test_agent_ships_folded_records_and_the_spool_keeps_every_op(tmp_path):
     assert lines == ops_per_step * steps
 
 
-def test_agent_per_op_by_default(tmp_path):
-    rd = RunDir(tmp_path / "store", "r")
-    rd.spool_dir.mkdir(parents=True)
+def _spool_with_ops(rd, world: int, ops: int = 4) -> None:
+    rd.spool_dir.mkdir(parents=True, exist_ok=True)
     with open(rd.spool(0), "wb") as f:
-        for k in range(4):
+        for k in range(ops):
             f.write(schema.encode(coll(0, 0, k)) + b"\n")
-        f.write(schema.encode(schema.StepRecord(run_id="r", rank=0, step=0, node=0, host="h", world_size=1,
+        f.write(schema.encode(schema.StepRecord(run_id="r", rank=0, step=0, node=0, host="h", world_size=world,
                                                 t_start=T0, t_end=T0 + 0.5, step_ms=500.0)) + b"\n")
-    agent = NodeAgent(rd, 0, "http://127.0.0.1:9", TOKEN, sim_gpu="off", otlp_metrics=False)
+
+
+@pytest.mark.parametrize("mode, world, shipped", [("auto", 8, 4), ("auto", 257, 1), ("per-op", 4096, 4),
+                                                  ("per-step", 2, 1)])
+def test_agent_folds_by_default_only_in_large_jobs(tmp_path, mode, world, shipped):
+    rd = RunDir(tmp_path / "store", "r")
+    _spool_with_ops(rd, world)
+    agent = NodeAgent(rd, 0, "http://127.0.0.1:9", TOKEN, sim_gpu="off", otlp_metrics=False, collectives=mode)
     items = [i for i in agent.spool.collect() if i.kind == "collective"]
-    assert [i.count for i in items] == [4]
+    assert [i.count for i in items] == [shipped]
+
+
+def test_agent_refuses_an_unknown_mode(tmp_path):
+    with pytest.raises(ValueError):
+        NodeAgent(RunDir(tmp_path, "r"), 0, "http://127.0.0.1:9", TOKEN, sim_gpu="off", otlp_metrics=False,
+                  collectives="sometimes")
