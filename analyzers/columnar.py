@@ -74,7 +74,8 @@ CONVERT: dict[str, dict[str, tuple]] = {
               **{c: _I32 for c in ("node", "world_size", "pp_stage", "dp_rank", "tp_rank", "microbatches")},
               **{c: _B for c in ("loss_nonfinite", "overflow", "skipped", "profiling")}},
     "collectives": {**{c: _FN for c in ("t_arrive", "t_done", "duration_ms")}, "nbytes": _F0,
-                    **{c: _I0 for c in ("rank", "step", "seq", "attempt")}},
+                    **{c: _I0 for c in ("rank", "step", "seq", "attempt")},
+                    "ops": (np.int64, 1)},  # a part written before ops was a field: one op per record
     "gpu": {"t": _FN},
     "host": {"t": _FN},
 }
