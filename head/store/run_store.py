@@ -388,7 +388,7 @@ class RunStore:
                         continue
                     if new is not None:
                         out["partitions"] += 1
-                        out["files"] += len(fs)
+                        out["files"] += len(store_layout.read_covers(new) & {f.name for f in fs})
                         out["rows"] += rows
                         merged.append((table, fs + [new]))
             if merged:
