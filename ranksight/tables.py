@@ -292,24 +292,36 @@ def _read_file(f: Path | StoreFile, columns: list[str] | None) -> "pd.DataFrame"
     return pd.read_parquet(os.fspath(f), columns=columns, page_checksum_verification=True)
 
 
-def read_parts(files: list, columns: list[str] | None = None,
-               on_file: Callable[[Path], None] | None = None) -> tuple["pd.DataFrame", int]:
-    """The part files concatenated (an empty frame without columns when none has rows), and how many could not
-    be read (a damaged or foreign file is skipped, never fatal). ``on_file`` is called after each file."""
-    import pandas as pd
-
-    frames, bad = [], 0
+def _read_files(files: list, columns: list[str] | None,
+                on_file: Callable[[Path], None] | None) -> tuple[list["pd.DataFrame"], int, int]:
+    """(frames, unreadable files, files gone since the listing: removed by a compaction's cleanup)."""
+    frames, bad, gone = [], 0, 0
     for f in files:
         try:
             frames.append(_read_file(f, columns))
+        except FileNotFoundError:
+            gone += 1
         except Exception:  # noqa: BLE001 - a damaged or foreign file: skip it and count it
             bad += 1
         if on_file is not None:
             on_file(f)
+    return frames, bad, gone
+
+
+def _concat(frames: list["pd.DataFrame"]) -> "pd.DataFrame":
+    import pandas as pd
+
     frames = [fr for fr in frames if not fr.empty]
-    if not frames:
-        return pd.DataFrame(), bad
-    return pd.concat(frames, ignore_index=True), bad
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def read_parts(files: list, columns: list[str] | None = None,
+               on_file: Callable[[Path], None] | None = None) -> tuple["pd.DataFrame", int]:
+    """The part files concatenated (an empty frame without columns when none has rows), and how many could not
+    be read (a damaged or foreign file is skipped, never fatal; so is one a compaction removed since the listing,
+    which ``read_table`` avoids by listing again). ``on_file`` is called after each file."""
+    frames, bad, gone = _read_files(files, columns, on_file)
+    return _concat(frames), bad + gone
 
 
 def read_table(store: str | os.PathLike, run_id: str, table: str, columns: list[str] | None = None) -> "pd.DataFrame":
@@ -317,7 +329,12 @@ def read_table(store: str | os.PathLike, run_id: str, table: str, columns: list[
     a directory or a URI (``s3://bucket/prefix``: what a head compacted there)."""
     import pandas as pd
 
-    df, _bad = read_parts(part_files(store_layout.join(store, run_id, table)), columns)
+    table_dir = store_layout.join(store, run_id, table)
+    for _attempt in range(3):
+        frames, _bad, gone = _read_files(part_files(table_dir), columns, None)
+        if not gone:  # else a compaction replaced files while we read: its merged file holds their rows; list again
+            break
+    df = _concat(frames)
     if df.empty:
         names = columns or SPECS[table].schema.names
         return pd.DataFrame({n: [] for n in names})

@@ -332,3 +332,22 @@ def test_fleet_query_median_step_time_per_run_and_rank_in_duckdb(tmp_path):
         "EXPLAIN ANALYZE SELECT count(*) FROM read_parquet(?, hive_partitioning = true) WHERE run = 'a'",
         [str(tmp_path / "*" / "steps" / "*" / "*" / "*.parquet")]).fetchall()
     assert "Scanning Files: 2/" in str(plan)
+
+
+def test_read_table_lists_again_when_a_compaction_removed_files_it_had_listed(tmp_path, monkeypatch):
+    from ranksight import tables
+
+    clock = Clock(H0 + 1)
+    rs = Store(tmp_path, clock=clock, cleanup_delay=0.0).run("r1")
+    fill(rs, "r1", range(5))
+    stale = tables.part_files(tmp_path / "r1" / "steps")  # listed by a reader, then the head compacts
+    clock.t = H0 + 7300
+    assert rs.compact()["removed"] == 5
+    real, calls = tables.part_files, []
+
+    def listing(d):
+        calls.append(d)
+        return stale if len(calls) == 1 else real(d)
+
+    monkeypatch.setattr(tables, "part_files", listing)
+    assert keys(tables.read_table(tmp_path, "r1", "steps")) == expected(range(5)) and len(calls) == 2
