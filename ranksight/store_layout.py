@@ -222,10 +222,20 @@ def remote_of(run_root: str | os.PathLike) -> str | None:
     return uri if isinstance(uri, str) and uri else None
 
 
-def read_covers(f: StoreFile) -> set[str]:
+# A compacted file never changes once in place, so what it covers is read once per process (a footer read; on
+# object storage a request): keyed by where it is, its size and mtime, bounded.
+_covers_cache: dict[tuple, frozenset[str]] = {}
+_COVERS_CACHE_MAX = 20_000
+
+
+def read_covers(f: StoreFile) -> frozenset[str]:
     """The names a compacted file replaces (empty for a part, or a compacted file whose footer is unreadable)."""
     if not f.compacted:
-        return set()
+        return frozenset()
+    key = (id(f.fs) if f.fs is not None else None, f.path, f.size, f.mtime)
+    got = _covers_cache.get(key)
+    if got is not None:
+        return got
     import pyarrow.parquet as pq
 
     try:
@@ -233,8 +243,12 @@ def read_covers(f: StoreFile) -> set[str]:
             meta = pq.read_metadata(fh).metadata or {}
         names = json.loads(meta.get(COVERS_KEY, b"[]"))
     except Exception:  # noqa: BLE001 - a damaged compacted file covers nothing: its inputs stay readable
-        return set()
-    return {n for n in names if isinstance(n, str)}
+        return frozenset()
+    got = frozenset(n for n in names if isinstance(n, str))
+    if len(_covers_cache) >= _COVERS_CACHE_MAX:
+        _covers_cache.clear()
+    _covers_cache[key] = got
+    return got
 
 
 def covered(files: list[StoreFile]) -> set[tuple[str, str]]:

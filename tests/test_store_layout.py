@@ -351,3 +351,37 @@ def test_read_table_lists_again_when_a_compaction_removed_files_it_had_listed(tm
 
     monkeypatch.setattr(tables, "part_files", listing)
     assert keys(tables.read_table(tmp_path, "r1", "steps")) == expected(range(5)) and len(calls) == 2
+
+
+def test_parts_of_an_older_writer_merge_by_union_of_schemas_and_still_dedupe(tmp_path):
+    """A part that predates a column (``attempt``) and one with a column this version does not know, in one hour:
+    the merge keeps every row and column (missing values null); a restarted head still sees the old row's key
+    (attempt 0, not null) and drops its resend."""
+    clock = Clock(H0 + 1)
+    rs = Store(tmp_path, clock=clock, cleanup_delay=0.0).run("r1")
+    fill(rs, "r1", range(2))
+    pdir = tmp_path / "r1" / "steps" / f"run=r1/hour={LABEL0}"
+    old = schema_table([step("r1", 0, 7)]).drop_columns(["attempt"])
+    pq.write_table(old, pdir / "part-0000000000000000001-1-000001.parquet")
+    newer = schema_table([step("r1", 1, 7)]).append_column("future_ms", pa.array([1.5]))
+    pq.write_table(newer, pdir / "part-0000000000000000002-1-000001.parquet")
+    rs.close()
+    got = files_of(tmp_path)
+    assert len(got) == 1 and Path(got[0]).name.startswith("compacted-")
+    df = read_table(tmp_path, "r1", "steps")
+    assert keys(df) == sorted(expected(range(2)) + [(0, 7), (1, 7)])
+    assert df["future_ms"].notna().sum() == 1 and df["attempt"].isna().sum() == 1
+    meta = pq.read_metadata(tmp_path / "r1" / "steps" / got[0]).metadata
+    assert b"ranksight.schema_version" in meta and b"ranksight.covers" in meta
+    rs2 = Store(tmp_path, clock=clock).run("r1")
+    assert rs2.add("steps", [step("r1", 0, 7), step("r1", 1, 7)]) == []
+
+
+def test_a_merged_file_has_few_large_row_groups_not_one_per_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(compaction, "ROW_GROUP_ROWS", 16)
+    clock = Clock(H0 + 1)
+    rs = Store(tmp_path, clock=clock, cleanup_delay=0.0).run("r1")
+    fill(rs, "r1", range(40))  # 40 parts of 2 rows
+    rs.close()
+    meta = pq.read_metadata(next((tmp_path / "r1" / "steps").rglob("compacted-*.parquet")))
+    assert meta.num_rows == 80 and meta.num_row_groups == 5

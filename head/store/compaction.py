@@ -20,6 +20,7 @@ partition's rows twice only while a crashed head has not restarted (docs/store.m
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -35,6 +36,10 @@ from ranksight.store_layout import COMPACTED_PREFIX, COVERS_KEY, StoreFile
 log = logging.getLogger("ranksight.store")
 
 TMP_SUFFIX = ".tmp"
+PREFETCH = 8  # input files read ahead of the writer
+# Rows per row group of a merged file (one write per part would leave the parts' tiny row groups, and readers pay
+# per row group much as they paid per file); at most this many rows are held before a write.
+ROW_GROUP_ROWS = 131_072
 
 
 @dataclass
@@ -71,48 +76,112 @@ def _read(f: StoreFile) -> pa.Table:
         return pq.read_table(fh, page_checksum_verification=True)
 
 
-def merge_to(inputs: list[StoreFile], tmp: Path, fsync: bool) -> tuple[list[str], int]:
-    """Write ``inputs`` (one partition's visible files, in order) as one Parquet file at ``tmp``; returns the names
-    it covers (inputs read whole, and what compacted inputs covered) and its rows. An input that cannot be read is
-    left out and stays where it is (readers count it as damaged, as before)."""
-    readable, schemas = [], []
-    for f in inputs:
+class _SchemaChanged(Exception):
+    """An input does not fit the schema the merge started with (a part of an older or newer writer)."""
+
+
+def _prefetched(files: list[StoreFile], ahead: int = PREFETCH):
+    """(file, table or the exception reading it) in order, ``ahead`` files read in parallel threads (pyarrow reads
+    and decompresses without the GIL); at most ``ahead`` tables in memory beyond the one being written."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(f):
         try:
-            schemas.append(_read_schema(f))
-            readable.append(f)
-        except Exception as e:  # noqa: BLE001 - damaged or foreign file: not merged, not covered
-            log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, e)
-    if not readable:
-        return [], 0
-    schema = pa.unify_schemas(schemas, promote_options="permissive")
+            return _read(f)
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            return e
+
+    with ThreadPoolExecutor(max_workers=min(ahead, 4)) as pool:
+        queue: deque = deque()
+        it = iter(files)
+        for f in it:
+            queue.append((f, pool.submit(read, f)))
+            if len(queue) >= ahead:
+                break
+        while queue:
+            f, fut = queue.popleft()
+            nxt = next(it, None)
+            if nxt is not None:
+                queue.append((nxt, pool.submit(read, nxt)))
+            yield f, fut.result()
+
+
+def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bool) -> tuple[list[str], int]:
+    """Write the inputs' rows in ``schema`` to ``tmp``; ``strict``: an input with a column the schema lacks, or a
+    type it cannot be cast to, raises _SchemaChanged (the caller then unifies all inputs' schemas first)."""
     covers: list[str] = []
     rows = 0
+    pending: list[pa.Table] = []  # the parts are small: gathered into row groups of ROW_GROUP_ROWS
+    pending_rows = 0
     writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
+
+    def write_pending() -> None:
+        nonlocal pending, pending_rows
+        if pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+        pending, pending_rows = [], 0
+
     try:
-        for f in readable:
+        for f, t in _prefetched(inputs):
+            if isinstance(t, Exception):
+                log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, t)
+                continue
+            if strict and not set(t.column_names) <= set(schema.names):
+                raise _SchemaChanged(f.path)
             try:
-                t = _read(f)
-            except Exception as e:  # noqa: BLE001
-                log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, e)
+                t = _conform(t, schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                if strict:
+                    raise _SchemaChanged(f.path) from e
+                log.error("store: compaction leaves %s alone (%s)", f.path, e)
                 continue
             if t.num_rows:
-                writer.write_table(_conform(t, schema))
+                pending.append(t)
+                pending_rows += t.num_rows
+                if pending_rows >= ROW_GROUP_ROWS:
+                    write_pending()
             rows += t.num_rows
             covers.append(f.name)
-            covers.extend(sorted(store_layout.read_covers(f)))
-        import json
-
+            covers.extend(store_layout.read_covers(f))
+        write_pending()
         writer.add_key_value_metadata({COVERS_KEY: json.dumps(sorted(set(covers))).encode()})
     finally:
         writer.close()
-    if fsync:
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
     return sorted(set(covers)), rows
 
 
+def merge_to(inputs: list[StoreFile], tmp: Path, fsync: bool, schema: pa.Schema | None = None) -> tuple[list[str], int]:
+    """Write ``inputs`` (one partition's visible files, in order) as one Parquet file at ``tmp``; returns the names
+    it covers (inputs read whole, and what compacted inputs covered) and its rows. An input that cannot be read is
+    left out and stays where it is (readers count it as damaged, as before).
+
+    ``schema`` (the table's, ``ranksight.tables.SPECS``): what the head's own parts have, so each input is opened
+    once; when one does not fit, every input's schema is read and unified (a column an older part lacks: nulls)."""
+    try:
+        if schema is None:
+            raise _SchemaChanged("no schema given")
+        covers, rows = _write_all(inputs, tmp, schema, strict=True)
+    except _SchemaChanged as e:
+        log.info("store: compaction unifies the schemas of %d files (%s differs)", len(inputs), e)
+        schemas = []
+        for f in inputs:
+            try:
+                schemas.append(_read_schema(f))
+            except Exception:  # noqa: BLE001 - left out when read (and logged there)
+                pass
+        if not schemas:
+            return [], 0
+        covers, rows = _write_all(inputs, tmp, pa.unify_schemas(schemas, promote_options="permissive"), strict=False)
+    if fsync:
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+    return covers, rows
+
+
 def compact_partition(inputs: list[StoreFile], table: str, partition: str, local_table_dir: Path,
-                      target: Target | None, scratch: Path, fsync: bool = False) -> tuple[StoreFile | None, int]:
+                      target: Target | None, scratch: Path, fsync: bool = False,
+                      schema: pa.Schema | None = None) -> tuple[StoreFile | None, int]:
     """Merge one partition's visible files into one compacted file at the target; returns it (None when there was
     nothing to merge) and its rows. Does not remove the covered inputs: ``remove_covered`` does, later."""
     name = f"{COMPACTED_PREFIX}{time.time_ns()}-{os.getpid()}.parquet"
@@ -124,7 +193,7 @@ def compact_partition(inputs: list[StoreFile], table: str, partition: str, local
         scratch.mkdir(parents=True, exist_ok=True)
         tmp = scratch / f".{name}{TMP_SUFFIX}"
     try:
-        covers, rows = merge_to(inputs, tmp, fsync)
+        covers, rows = merge_to(inputs, tmp, fsync, schema)
         if not covers:
             return None, 0
         size = tmp.stat().st_size

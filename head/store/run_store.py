@@ -343,6 +343,17 @@ class RunStore:
             files += store_layout.list_fs(self.target.fs, f"{self.target.run_path}/{table}")
         return files
 
+    def _files_to_compact(self, table: str) -> list[StoreFile]:
+        """The local files of a table, and at a remote target only the partitions that still have local files (one
+        listing each: usually the hour that just closed and the current one), not the run's whole history."""
+        files = store_layout.list_table(self.root / table)
+        if self.target is not None and self.target.fs is not None:
+            for part in sorted({f.partition for f in files if f.partition.startswith(f"{store_layout.RUN_KEY}=")}):
+                base = f"{self.target.run_path}/{table}"
+                files += [StoreFile(f.path, f"{part}/{f.name}", f.size, f.fs, f.mtime)
+                          for f in store_layout.list_fs(self.target.fs, f"{base}/{part}")]
+        return files
+
     def _cleanup_at_start(self) -> None:
         """What a compaction that crashed before its cleanup left: covered files, dot-files."""
         for table in SPECS:
@@ -365,7 +376,7 @@ class RunStore:
             for table in SPECS:
                 compaction.remove_stale_tmp(self.root / table, time.time())
                 try:
-                    files = self._table_files(table)
+                    files = self._files_to_compact(table)
                 except store_layout.StoreLocationError as e:
                     log.error("store %s/%s: not compacted: %s", self.run_id, table, e)
                     continue
@@ -382,7 +393,8 @@ class RunStore:
                         continue
                     try:
                         new, rows = compaction.compact_partition(fs, table, part, self.root / table, self.target,
-                                                           self.root / ".head" / "compact", self.fsync_compacted)
+                                                           self.root / ".head" / "compact", self.fsync_compacted,
+                                                           SPECS[table].schema)
                     except Exception as e:  # noqa: BLE001 - disk full, network: the parts stay, retried next round
                         log.error("store %s/%s/%s: compaction failed (%s); parts kept", self.run_id, table, part, e)
                         continue
