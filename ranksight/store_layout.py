@@ -89,6 +89,12 @@ def open_location(store: str | os.PathLike):
         raise StoreLocationError(f"store URI {parts.scheme}://…@{parts.hostname}: credentials do not belong in a "
                                  "URI (they end up in logs and remote.json); give them through the environment "
                                  "(e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
+    from urllib.parse import parse_qsl
+
+    secret = [k for k, _ in parse_qsl(parts.query) if any(w in k.lower() for w in ("secret", "token", "password"))]
+    if secret:
+        raise StoreLocationError(f"store URI {redact(s)}: {', '.join(secret)} in the query; credentials do not belong "
+                                 "in a URI, give them through the environment")
     try:
         fs, path = pafs.FileSystem.from_uri(s)
     except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError/ValueError by scheme

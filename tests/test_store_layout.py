@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -265,9 +266,10 @@ def s3_uri(monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     fs = pafs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", region="us-east-1",
                            allow_bucket_creation=True)
-    fs.create_dir("fleet")
+    bucket = f"fleet-{uuid.uuid4().hex[:12]}"  # moto keeps its buckets per process, across servers: one per test
+    fs.create_dir(bucket)
     try:
-        yield f"s3://fleet/ranksight?endpoint_override={host}:{port}&scheme=http&region=us-east-1"
+        yield f"s3://{bucket}/ranksight?endpoint_override={host}:{port}&scheme=http&region=us-east-1"
     finally:
         server.stop()
 
@@ -304,6 +306,9 @@ def test_credentials_in_a_store_uri_are_refused_and_not_echoed():
     with pytest.raises(store_layout.StoreLocationError) as e:
         Store("/tmp/unused-store", compact_to="s3://AKIAEXAMPLE:s3cr3t@bucket/prefix")
     assert "s3cr3t" not in str(e.value) and "AKIAEXAMPLE" not in str(e.value)
+    with pytest.raises(store_layout.StoreLocationError) as e:
+        store_layout.open_location("s3://bucket/prefix?region=x&session_token=t0k3n")
+    assert "t0k3n" not in str(e.value)
 
 
 # -- a fleet query across runs (docs/store.md) ---------------------------------------------------------------
@@ -385,3 +390,23 @@ def test_a_merged_file_has_few_large_row_groups_not_one_per_part(tmp_path, monke
     rs.close()
     meta = pq.read_metadata(next((tmp_path / "r1" / "steps").rglob("compacted-*.parquet")))
     assert meta.num_rows == 80 and meta.num_row_groups == 5
+
+
+def test_a_run_compacted_to_object_storage_stays_there_when_the_head_restarts_without_it(tmp_path, s3_uri):
+    """A crash left local parts that a compacted file in the bucket covers; the head restarts without --compact-to.
+    Merging those parts locally would store their rows twice."""
+    clock = Clock(H0 + 1)
+    rs = Store(tmp_path, clock=clock, compact_to=s3_uri).run("r1")
+    fill(rs, "r1", range(4))
+    fs, base = store_layout.open_location(s3_uri)
+    new, _ = compaction.compact_partition(partition_files(tmp_path), "steps", f"run=r1/hour={LABEL0}",
+                                          tmp_path / "r1" / "steps", compaction.Target(fs, f"{base}/r1"),
+                                          tmp_path / "scratch")
+    assert len(files_of(tmp_path)) == 4  # the crash: local parts still there, the bucket has the merged hour
+    assert keys(read_table(tmp_path, "r1", "steps")) == expected(range(4))
+    rs2 = Store(tmp_path, clock=clock, cleanup_delay=0.0).run("r1")  # no compact_to
+    fill(rs2, "r1", range(4, 6))
+    rs2.close()
+    assert files_of(tmp_path) == []
+    assert keys(read_table(tmp_path, "r1", "steps")) == expected(range(6))
+    assert keys(read_table(s3_uri, "r1", "steps")) == expected(range(6))

@@ -91,6 +91,10 @@ class RunStore:
         self.cleanup_delay = cleanup_delay
         self.ended = False  # the manifest says the run finished: its open partition is compacted too
         self.target: compaction.Target | None = None
+        if compact_to is None:
+            # a run whose compacted hours went to object storage goes on there: merging its local parts here too
+            # would merge rows that a remote file already covers, and readers would see them twice
+            compact_to = store_layout.remote_of(root)
         if compact_to is not None:
             fs, base = store_layout.open_location(compact_to)
             self.target = compaction.Target(fs, f"{base}/{run_id}")
