@@ -4,7 +4,8 @@ A head flushing every second leaves one part file per second per table. This wri
 (``--ranks`` rows each: one step of every rank per second) into one run's ``steps`` table in the store's layout
 (``run=<id>/hour=<h>/part-*.parquet``, the hour from the simulated second), copies the run, compacts the copy with
 the head's own code (``RunStore.compact``: one file per hour), then reads both with ``ranksight.tables.read_table``
-(the one reader) and with DuckDB (``read_parquet`` over the Hive partitions), in interleaved rounds.
+(the one reader), with DuckDB (``read_parquet`` over the Hive partitions: median step time per rank) and as a
+restarting head does (its dedupe indexes rebuilt from the files), in interleaved rounds.
 
     .venv/bin/python bench/store_parts.py [--parts 10000] [--ranks 100] [--rounds 3]
 
@@ -86,6 +87,15 @@ def read_duckdb(root: Path) -> int:
         con.close()
 
 
+def open_head(root: Path) -> int:
+    """A head (re)starting on the run: its dedupe indexes are rebuilt from the table's files."""
+    rs = RunStore(root / RUN, RUN, cleanup_delay=3600.0)
+    try:
+        return rs.rows_stored["steps"]
+    finally:
+        rs.wal.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", type=int, default=10_000)
@@ -113,24 +123,27 @@ def main() -> int:
         rows = args.parts * args.ranks
         results: dict[tuple[str, str], list[float]] = {}
         for rnd in range(args.rounds):
-            for reader_name, reader in (("read_table", read_pandas), ("duckdb", read_duckdb)):
+            for reader_name, reader in READERS:
                 for layout, root in (("parts", parts_root), ("compacted", compact_root)):
                     t = time.perf_counter()
                     got = reader(root)
                     results.setdefault((reader_name, layout), []).append(time.perf_counter() - t)
-                    want = rows if reader_name == "read_table" else args.ranks
+                    want = args.ranks if reader_name == "duckdb" else rows
                     assert got == want, (reader_name, layout, got, want)
             print(f"round {rnd + 1}/{args.rounds} done", flush=True)
         print(f"\n{rows:,} rows of steps, {args.parts:,} per-second parts vs {after} compacted partitions; "
               f"load average {os.getloadavg()[0]:.2f} (2 cores shared)")
         print(f"{'reader':<11} {'parts min/med s':>17} {'compacted min/med s':>21} {'ratio (min)':>12}")
-        for reader_name in ("read_table", "duckdb"):
+        for reader_name, _ in READERS:
             p, c = results[(reader_name, "parts")], results[(reader_name, "compacted")]
             print(f"{reader_name:<11} {min(p):>8.2f}/{statistics.median(p):<8.2f} {min(c):>10.2f}/"
                   f"{statistics.median(c):<10.2f} {min(p) / min(c):>11.1f}x")
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+READERS = (("read_table", read_pandas), ("duckdb", read_duckdb), ("head_start", open_head))
 
 
 if __name__ == "__main__":
