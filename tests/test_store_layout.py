@@ -410,3 +410,15 @@ def test_a_run_compacted_to_object_storage_stays_there_when_the_head_restarts_wi
     assert files_of(tmp_path) == []
     assert keys(read_table(tmp_path, "r1", "steps")) == expected(range(6))
     assert keys(read_table(s3_uri, "r1", "steps")) == expected(range(6))
+
+
+def test_compacted_partitions_may_go_to_another_directory(tmp_path):
+    archive = tmp_path / "archive"
+    clock = Clock(H0 + 1)
+    st = Store(tmp_path / "store", clock=clock, compact_to=str(archive), cleanup_delay=0.0)
+    fill(st.run("r1"), "r1", range(3))
+    st.close()
+    assert files_of(tmp_path / "store") == []
+    assert len(files_of(archive)) == 1
+    assert keys(read_table(tmp_path / "store", "r1", "steps")) == expected(range(3))
+    assert keys(read_table(archive, "r1", "steps")) == expected(range(3))
