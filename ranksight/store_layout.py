@@ -28,7 +28,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from urllib.parse import urlsplit
 
 RUN_KEY = "run"
@@ -132,11 +132,11 @@ class StoreFile:
 
     @property
     def name(self) -> str:
-        return PurePosixPath(self.rel).name
+        return self.rel.rpartition("/")[2]
 
     @property
     def partition(self) -> str:
-        return str(PurePosixPath(self.rel).parent)
+        return self.rel.rpartition("/")[0] or "."
 
     @property
     def compacted(self) -> bool:
