@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import duckdb
+import msgspec
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -278,6 +279,7 @@ def test_compacted_partitions_go_to_object_storage_and_every_reader_finds_them(t
     clock = Clock(H0 + 1)
     st = Store(tmp_path, clock=clock, compact_to=s3_uri, cleanup_delay=0.0)
     rs = st.run("r1")
+    rs.write_manifest(schema.Manifest(run_id="r1", created=H0, start_time=H0), None)
     fill(rs, "r1", range(6))
     clock.t = H0 + 3600 + 1
     fill(rs, "r1", range(6, 8))
@@ -288,6 +290,9 @@ def test_compacted_partitions_go_to_object_storage_and_every_reader_finds_them(t
     assert (tmp_path / "r1" / "remote.json").exists()
     assert keys(read_table(tmp_path, "r1", "steps")) == expected(range(8))  # local store: local + remote
     assert keys(read_table(s3_uri, "r1", "steps")) == expected(range(6))  # the bucket: what was compacted
+    fs, base = store_layout.open_location(s3_uri)
+    with fs.open_input_stream(f"{base}/r1/run.json") as f:  # the manifest beside the tables
+        assert msgspec.json.decode(f.read(), type=schema.Manifest).run_id == "r1"
     st.close()
     assert files_of(tmp_path) == []
     assert keys(read_table(s3_uri, "r1", "steps")) == expected(range(8))

@@ -118,6 +118,7 @@ class RunStore:
         self.on_new: Callable[..., Any] | None = None
         self._seq = 0
         self.fsync_compacted = fsync
+        self._manifest_uploaded: float | None = None  # mtime of the run.json last copied to a remote target
         self.wal = WriteAheadLog(root / ".head", fsync)
         self._cleanup_at_start()
         self._load_keys()
@@ -358,6 +359,28 @@ class RunStore:
                           for f in store_layout.list_fs(self.target.fs, f"{base}/{part}")]
         return files
 
+    def _upload_manifest(self) -> None:
+        """run.json beside the run's tables at a remote target, so the bucket says what each run was (diagnose and
+        fleet queries join on it); uploaded under a dot-name and moved, again whenever the local one changes."""
+        if self.target is None or self.target.fs is None:
+            return
+        path = self.root / "run.json"
+        try:
+            mtime = path.stat().st_mtime
+            if mtime == self._manifest_uploaded:
+                return
+            data = path.read_bytes()
+            tmp = f"{self.target.run_path}/.run.json.tmp"
+            self.target.fs.create_dir(self.target.run_path, recursive=True)
+            with self.target.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.target.fs.move(tmp, f"{self.target.run_path}/run.json")
+            self._manifest_uploaded = mtime
+        except FileNotFoundError:
+            return
+        except Exception as e:  # noqa: BLE001 - retried next round
+            log.error("store %s: run.json not copied to the compaction target (%s)", self.run_id, e)
+
     def _cleanup_at_start(self) -> None:
         """What a compaction that crashed before its cleanup left: covered files, dot-files."""
         for table in SPECS:
@@ -407,6 +430,7 @@ class RunStore:
                         out["files"] += len(store_layout.read_covers(new) & {f.name for f in fs})
                         out["rows"] += rows
                         merged.append((table, fs + [new]))
+            self._upload_manifest()
             if merged:
                 if delay > 0:  # a reader that listed the parts just before the rename may still open them
                     time.sleep(delay)
