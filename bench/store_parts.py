@@ -4,8 +4,9 @@ A head flushing every second leaves one part file per second per table. This wri
 (``--ranks`` rows each: one step of every rank per second) into one run's ``steps`` table in the store's layout
 (``run=<id>/hour=<h>/part-*.parquet``, the hour from the simulated second), copies the run, compacts the copy with
 the head's own code (``RunStore.compact``: one file per hour), then reads both with ``ranksight.tables.read_table``
-(the one reader), with DuckDB (``read_parquet`` over the Hive partitions: median step time per rank) and as a
-restarting head does (its dedupe indexes rebuilt from the files), in interleaved rounds.
+(the one reader), with DuckDB (``read_parquet`` over the Hive partitions: median step time per rank), as
+``diagnose`` loads a run (``analyzers.loader.load_run``) and as a restarting head does (its dedupe indexes rebuilt
+from the files), in interleaved rounds.
 
     .venv/bin/python bench/store_parts.py [--parts 10000] [--ranks 100] [--rounds 3]
 
@@ -87,6 +88,13 @@ def read_duckdb(root: Path) -> int:
         con.close()
 
 
+def load_for_diagnose(root: Path) -> int:
+    """diagnose's load path (``analyzers.loader.load_run``: every table of the run, normalised)."""
+    from analyzers.loader import load_run
+
+    return len(load_run(root, RUN, progress=False).steps)
+
+
 def open_head(root: Path) -> int:
     """A head (re)starting on the run: its dedupe indexes are rebuilt from the table's files."""
     rs = RunStore(root / RUN, RUN, cleanup_delay=3600.0)
@@ -143,7 +151,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-READERS = (("read_table", read_pandas), ("duckdb", read_duckdb), ("head_start", open_head))
+READERS = (("read_table", read_pandas), ("duckdb", read_duckdb), ("load_run", load_for_diagnose),
+           ("head_start", open_head))
 
 
 if __name__ == "__main__":

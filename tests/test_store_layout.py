@@ -427,3 +427,25 @@ def test_compacted_partitions_may_go_to_another_directory(tmp_path):
     assert len(files_of(archive)) == 1
     assert keys(read_table(tmp_path / "store", "r1", "steps")) == expected(range(3))
     assert keys(read_table(archive, "r1", "steps")) == expected(range(3))
+
+
+def test_the_heads_compactor_thread_merges_a_closed_hour(tmp_path):
+    import time as _time
+
+    from head.service import Head
+
+    h = Head(tmp_path, "tok", flush_interval=0.1, analyzer_interval=0, compact_interval=0.1)
+    clock = Clock(H0 + 1)
+    rs = h.store.run("r1")
+    rs.clock, rs.cleanup_delay = clock, 0.0
+    h.start_background()
+    try:
+        fill(rs, "r1", range(5))
+        clock.t = H0 + 7300  # the hour closed: the compactor's next round merges it
+        deadline = _time.monotonic() + 30
+        while len(files_of(tmp_path)) != 1 and _time.monotonic() < deadline:
+            _time.sleep(0.1)
+        assert len(files_of(tmp_path)) == 1 and Path(files_of(tmp_path)[0]).name.startswith("compacted-")
+        assert keys(read_table(tmp_path, "r1", "steps")) == expected(range(5))
+    finally:
+        h.close()
