@@ -449,3 +449,54 @@ def test_the_heads_compactor_thread_merges_a_closed_hour(tmp_path):
         assert keys(read_table(tmp_path, "r1", "steps")) == expected(range(5))
     finally:
         h.close()
+
+
+SPARK_QUERY = """
+import sys
+from functools import reduce
+from pyspark.sql import DataFrame, SparkSession, functions as F
+
+spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+         .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+store = sys.argv[1]
+# every run at once: each row's run_id (Spark infers no partitions across several table roots)
+steps = spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.parquet").parquet(f"{store}/*/steps")
+for r in (steps.groupBy("run_id", "rank").agg(F.percentile_approx("step_ms", 0.5).alias("m"), F.count("*").alias("n"))
+          .orderBy("run_id", "rank").collect()):
+    print("A", r.run_id, r.rank, r.m, r.n)
+# run by run, unioned: the partition columns run and hour
+spark.conf.set("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
+import glob
+steps = reduce(DataFrame.unionByName, [spark.read.parquet(d) for d in sorted(glob.glob(f"{store}/*/steps"))])
+for r in (steps.where(F.col("hour") >= sys.argv[2]).groupBy("run", "rank")
+          .agg(F.percentile_approx("step_ms", 0.5).alias("m"), F.count("*").alias("n")).orderBy("run", "rank").collect()):
+    print("B", r.run, r.rank, r.m, r.n)
+"""
+
+
+def test_fleet_query_in_spark(tmp_path):
+    """docs/store.md's Spark queries on a real Spark. pyspark (and Java) is not a dev dependency (hundreds of MB):
+    set RANKSIGHT_SPARK_PYTHON to a Python that has it, e.g. a separate virtualenv with `pip install pyspark`."""
+    import subprocess
+
+    py = os.environ.get("RANKSIGHT_SPARK_PYTHON")
+    if not py:
+        pytest.skip("RANKSIGHT_SPARK_PYTHON is not set (a Python with pyspark)")
+    clock = Clock(H0 + 1)
+    st = Store(tmp_path / "store", clock=clock, cleanup_delay=0.0)
+    fill(st.run("a"), "a", range(6), ranks=range(2), ms=100.0)
+    fill(st.run("0042"), "0042", range(4), ranks=range(3), ms=200.0)
+    clock.t = H0 + 3600 + 1
+    fill(st.run("a"), "a", range(6, 9), ranks=range(2), ms=100.0)
+    st.close()
+    fill(Store(tmp_path / "store", clock=clock).run("c"), "c", range(3), ranks=range(1), ms=50.0)
+    script = tmp_path / "query.py"
+    script.write_text(SPARK_QUERY)
+    out = subprocess.run([py, str(script), str(tmp_path / "store"), LABEL0], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    want = ["0042 0 200.0 4", "0042 1 400.0 4", "0042 2 600.0 4", "a 0 100.0 9", "a 1 200.0 9", "c 0 50.0 3"]
+    lines = out.stdout.splitlines()
+    assert [x[2:] for x in lines if x.startswith("A ")] == want
+    assert [x[2:] for x in lines if x.startswith("B ")] == want
