@@ -189,12 +189,16 @@ def with_members(co: pd.DataFrame, communicators: pd.DataFrame) -> pd.Series:
     members = {str(cid): np.asarray(sorted(int(x) for x in rk), dtype=np.int64)
                for cid, rk in zip(communicators["comm_id"], communicators["ranks"])
                if isinstance(rk, (list, tuple, np.ndarray)) and len(rk)}
-    mapped = co["comm_id"].map(members)
-    want = mapped.notna().to_numpy() & (member_counts(co["group_ranks"]).to_numpy() == 0)
+    # each distinct comm_id looked up once (Series.map over an Arrow string column converts every row)
+    codes, uniq = pd.factorize(co["comm_id"])
+    by_code = np.empty(len(uniq) + 1, dtype=object)  # the last slot (code -1): no comm_id
+    for i, u in enumerate(uniq):  # one by one: a list of equal-length arrays would be taken as a 2-D block
+        by_code[i] = members.get(str(u))
+    mapped = by_code[codes]
+    want = pd.notna(mapped) & (member_counts(co["group_ranks"]).to_numpy() == 0)
     if not want.any():
         return co["group_ranks"]
-    return pd.Series(np.where(want, mapped.to_numpy(dtype=object), co["group_ranks"].to_numpy(dtype=object)),
-                     index=co.index, dtype=object)
+    return pd.Series(np.where(want, mapped, co["group_ranks"].to_numpy(dtype=object)), index=co.index, dtype=object)
 
 
 def member_counts(members: pd.Series) -> pd.Series:
@@ -205,6 +209,15 @@ def member_counts(members: pd.Series) -> pd.Series:
     else:
         counts = np.array([len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0 for gr in values], dtype=np.int64)
     return pd.Series(counts, index=members.index)
+
+
+def op_counts(co: pd.DataFrame) -> pd.Series:
+    """How many op instances each collective record stands for: its ``ops`` (more than 1 where a node agent folded
+    a step's ops into one record, ranksight/collective_fold.py; such a record reads as its mean op), 1 for records
+    without the column (older ones)."""
+    if "ops" not in co.columns:
+        return pd.Series(1, index=co.index, dtype=np.int64)
+    return pd.to_numeric(co["ops"], errors="coerce").fillna(1).clip(lower=1).astype(np.int64)
 
 
 @dataclass

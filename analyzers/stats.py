@@ -97,18 +97,164 @@ def _loo_median(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def group_loo_median(code: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each row, the median of the *other* rows of its group (``code``) that have a value (NaN where none): what
+    ``leave_one_out_median`` gives on a matrix with one column per group, without building it (a column per
+    collective op instance would be ranks x ops). One sort by (group, value); the arithmetic is
+    ``_loo_median``'s."""
+    n = len(values)
+    out = np.full(n, np.nan)
+    if n == 0:
+        return out
+    values = np.asarray(values, dtype=float)
+    order = np.lexsort((values, code))  # by group, then value (NaN last within its group); stable
+    srt, cs = values[order], np.asarray(code)[order]
+    starts = np.r_[0, np.flatnonzero(cs[1:] != cs[:-1]) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    start = np.repeat(starts, sizes)
+    valid_sorted = ~np.isnan(srt)
+    n_valid = np.repeat(np.add.reduceat(valid_sorted.astype(np.int64), starts), sizes)
+    pos = np.arange(n) - start  # each row's place in its sorted group
+    m = np.where(valid_sorted, n_valid - 1, n_valid)
+    lo, hi = (m - 1) // 2, m // 2
+    lo = np.where(lo >= pos, lo + 1, lo)
+    hi = np.where(hi >= pos, hi + 1, hi)
+    ok = m > 0
+    lo_v = srt[np.where(ok, start + lo, 0)]
+    hi_v = srt[np.where(ok, start + hi, 0)]
+    with np.errstate(invalid="ignore", over="ignore"):
+        med = (lo_v + hi_v) / 2.0
+    res = np.full(n, np.nan)
+    res[ok] = med[ok]
+    out[order] = res
+    return out
+
+
 def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
-                     window: int, min_ops: int, q: float = 0.5) -> pd.DataFrame:
+                     window: int, min_ops: int, q: float = 0.5, weights: Iterable[float] | None = None) -> pd.DataFrame:
     """index x steps: for each row label and step s, the median (or the ``q`` quantile) of ``values`` of that label
     with a step in (s - window, s]; NaN with fewer than ``min_ops`` of them (labels not in ``index`` are left out).
+    ``weights``: how many ops each value stands for (a collective record a node agent folded per step is its ops'
+    mean, ranksight/collective_fold.py); they count toward ``min_ops``, and each value still counts once in the median.
 
-    The rows of a label sorted by step (stably) make each window one contiguous slice: one sort of all rows,
-    then two searchsorted calls per label give every step's slice."""
-    out = np.full((len(index), len(steps)), np.nan)
-    labels, step, vals = np.asarray(labels, dtype=object), np.asarray(step), np.asarray(values, dtype=float)
+    Every (label, step) cell at once: the values go into a dense label x step x k array (k: the most values one
+    label has in one step; padding sorts last), each window is a view of ``window`` consecutive steps, and one sort
+    along the window's values gives every median (a median per cell in Python cost labels x steps calls: minutes at
+    16,384 ranks). Where the steps are too sparse for a dense grid, the rows of a label sorted by step make each
+    window one contiguous slice (``_windowed_medians_by_label``). Both give what ``np.median`` / ``np.quantile``
+    (linear) give on each window's values."""
+    if weights is not None:
+        w = np.asarray(weights, dtype=float)
+        if len(w) and np.nanmax(w) > 1:
+            labels, step = np.asarray(labels), np.asarray(step)
+            med = windowed_medians(labels, step, values, index, steps, window, 1, q)
+            enough = windowed_sums(labels, step, w, index, steps, window) >= max(min_ops, 1)
+            return med.where(enough)
+    labels, step, vals = np.asarray(labels), np.asarray(step), np.asarray(values, dtype=float)
+    if labels.dtype.kind not in "iu":  # integer labels (a caller's codes) are looked up as they are
+        labels = labels.astype(object)
     code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
     keep = code >= 0
     code, step, vals = code[keep], step[keep], vals[keep]
+    s_arr = np.asarray(steps)
+    if not len(code) or not len(s_arr):
+        return pd.DataFrame(np.full((len(index), len(steps)), np.nan), index=index, columns=steps)
+    window = max(int(window), 1)
+    if not (np.issubdtype(step.dtype, np.integer) and np.issubdtype(s_arr.dtype, np.integer)):
+        return _windowed_medians_by_label(code, step, vals, index, steps, window, min_ops, q)
+    g0, g1 = int(s_arr.min()) - window + 1, int(s_arr.max())  # the steps any window covers
+    inside = (step >= g0) & (step <= g1)
+    code, cell_step, vals = code[inside], step[inside].astype(np.int64) - g0, vals[inside]
+    n_grid = g1 - g0 + 1
+    labels_used = np.unique(code)
+    # the k-th value of a (label, step): the rows sorted by cell, each one's place within its cell
+    cell = code.astype(np.int64) * n_grid + cell_step
+    order = np.argsort(cell, kind="stable")
+    cs = cell[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(cs)) + 1] if len(cs) else np.zeros(0, np.int64)
+    nth = np.arange(len(cs)) - np.repeat(starts, np.diff(np.r_[starts, len(cs)]))
+    k = int(nth.max()) + 1 if len(nth) else 1
+    dense_cells = len(labels_used) * n_grid * k * window
+    if dense_cells > max(64 * len(cs), 1 << 22) * 4:  # sparse steps: a dense grid would dwarf the rows
+        return _windowed_medians_by_label(code, step[inside], vals, index, steps, window, min_ops, q)
+    out = np.full((len(index), len(s_arr)), np.nan)
+    row_of = np.full(len(index), -1, np.int64)
+    row_of[labels_used] = np.arange(len(labels_used))
+    col = s_arr.astype(np.int64) - g0 - (window - 1)  # the first grid step of each output step's window
+    chunk = max(1, (1 << 23) // max(1, len(s_arr) * window * k))  # labels per pass: bounded memory
+    sc, sstep, sval = code[order], cell_step[order], vals[order]
+    for c0 in range(0, len(labels_used), chunk):
+        part = labels_used[c0:c0 + chunk]
+        lo, hi = np.searchsorted(sc, [part[0], part[-1] + 1])
+        dense = np.full((len(part), n_grid, k), np.inf)
+        li = row_of[sc[lo:hi]] - c0
+        v = sval[lo:hi]
+        dense[li, sstep[lo:hi], nth[lo:hi]] = np.where(np.isnan(v), np.inf, v)
+        flat = li * n_grid + sstep[lo:hi]
+        count = np.bincount(flat, minlength=len(part) * n_grid).reshape(len(part), n_grid)
+        nans = np.bincount(flat, weights=np.isnan(v), minlength=len(part) * n_grid).reshape(len(part), n_grid)
+        # each output step's window: ``window`` grid steps x k values, padding (inf) after the values when sorted
+        win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
+        win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
+        csum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(count, axis=1)], axis=1)
+        nsum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(nans, axis=1)], axis=1)
+        n = csum[:, col + window] - csum[:, col]
+        has_nan = (nsum[:, col + window] - nsum[:, col]) > 0
+        out[part] = _sorted_quantile(win, n, q, min_ops, has_nan)
+    return pd.DataFrame(out, index=index, columns=steps)
+
+
+def windowed_sums(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
+                  window: int) -> np.ndarray:
+    """index x steps: for each row label and step s, the sum of ``values`` of that label with a step in
+    (s - window, s] (integer steps)."""
+    labels, step, vals = np.asarray(labels), np.asarray(step), np.asarray(values, dtype=float)
+    if labels.dtype.kind not in "iu":
+        labels = labels.astype(object)
+    out = np.zeros((len(index), len(steps)))
+    code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
+    s_arr = np.asarray(steps, dtype=np.int64)
+    if not len(code) or not len(s_arr):
+        return out
+    window = max(int(window), 1)
+    g0, g1 = int(s_arr.min()) - window + 1, int(s_arr.max())
+    keep = (code >= 0) & (step >= g0) & (step <= g1)
+    grid = np.zeros((len(index), g1 - g0 + 2))
+    np.add.at(grid, (code[keep], step[keep].astype(np.int64) - g0 + 1), np.nan_to_num(vals[keep]))
+    csum = np.cumsum(grid, axis=1)
+    return csum[:, s_arr - g0 + 1] - csum[:, s_arr - g0 + 1 - window]
+
+
+def _sorted_quantile(srt: np.ndarray, n: np.ndarray, q: float, min_ops: int, has_nan: np.ndarray) -> np.ndarray:
+    """Along the last axis of ``srt`` (each row's ``n`` values sorted first): ``np.median`` (q = 0.5) or
+    ``np.quantile`` (linear) of those values, the same floats; NaN where ``n < min_ops`` (or none), or where a value
+    was NaN."""
+    ok = (n >= max(min_ops, 1))
+    nn = np.maximum(n, 1)
+    take = lambda i: np.take_along_axis(srt, np.clip(i, 0, srt.shape[-1] - 1)[..., None], axis=-1)[..., 0]  # noqa: E731
+    with np.errstate(invalid="ignore", over="ignore"):
+        if q == 0.5:
+            lo_v, hi_v = take((nn - 1) // 2), take(nn // 2)
+            res = np.where(nn % 2 == 1, lo_v, (lo_v + hi_v) / 2.0)
+        else:  # numpy's "linear" method, its own arithmetic (virtual index (n - 1) q, _get_gamma, _lerp)
+            vi = (nn - 1) * q
+            prev = np.floor(vi)
+            gamma = vi - prev
+            prev_i = np.clip(prev.astype(np.int64), 0, nn - 1)
+            next_i = np.clip(prev.astype(np.int64) + 1, 0, nn - 1)
+            a, b = take(prev_i), take(next_i)
+            diff = b - a
+            res = a + diff * gamma
+            res = np.where(gamma >= 0.5, b - diff * (1 - gamma), res)
+    res = np.where(ok & ~has_nan, res, np.nan)
+    return res
+
+
+def _windowed_medians_by_label(code: np.ndarray, step: np.ndarray, vals: np.ndarray, index: list, steps: list,
+                               window: int, min_ops: int, q: float) -> pd.DataFrame:
+    """``windowed_medians`` label by label: the rows of a label sorted by step (stably) make each window one
+    contiguous slice, found with two searchsorted calls per label."""
+    out = np.full((len(index), len(steps)), np.nan)
     if len(code) and len(steps):
         order = np.lexsort((step, code))  # by label, then step; stable: ties keep their row order
         code, step, vals = code[order], step[order], vals[order]

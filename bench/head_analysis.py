@@ -1,7 +1,13 @@
-"""CPU of one live analysis round on the head, before and after a change to the analysis code, 8 to 1024 ranks.
+"""CPU of one live analysis round on the head, before and after a change to the analysis code, 8 to 16,384 ranks.
 
-    .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 64d38ef]
-        [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64]
+    .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 7ccdc35]
+        [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64] [--layout flat|3d]
+    # a 3-D parallel job at scale (TP 8, PP 4, DP the rest: 512-rank DP groups at 16,384 ranks)
+    .venv/bin/python bench/head_analysis.py --layout 3d --ranks 1024,4096,16384 --before-max-ranks 1024
+
+``--layout 3d`` (``build_3d``) builds the window column-wise, as the head's store processing hands it Arrow
+batches, with the communicators of a 3-D parallel job named by ``comm_id`` (``CommunicatorRecord``), the form
+``ranksight.instrument`` writes; ``--layout flat`` (the default, the H1-H4 rows) is the run described below.
 
 The head (``head.service.Head``, its ``head.analysis.LiveAnalysis``) analyzes each run every
 ``--analyze-interval`` seconds (5 s): it turns the last ``--analyze-window`` steps per rank of its live window
@@ -122,6 +128,124 @@ def build(ranks: int, steps: int, seed: int = 1, t_last: float | None = None, gr
     return {"manifest": manifest, "batches": batches, "gpu": gpu, "host": host, "now": t_last + 0.5}
 
 
+def layout_3d(ranks: int, tp: int = 8, pp: int = 4) -> tuple[int, int, int]:
+    """(tp, pp, dp) of a ``ranks``-rank job: TP ``tp`` within a node, PP ``pp``, DP the rest (smaller TP/PP where the
+    job is too small for them)."""
+    tp = max(1, min(tp, ranks))
+    pp = max(1, min(pp, ranks // tp))
+    return tp, pp, max(1, ranks // (tp * pp))
+
+
+def build_3d(ranks: int, steps: int, seed: int = 1, t_last: float | None = None) -> dict:
+    """The synthetic run of a 3-D parallel job, built column-wise (Arrow tables, as the head's store processing hands
+    them to the live window): TP 8 (one node's GPUs), PP 4, DP the rest (512 ranks per DP group at 16,384 ranks).
+    Megatron's rank order: tp fastest, then dp, then pp. Each step, each rank records its gradient sync (an
+    all_reduce on its DP communicator, where it waits for the slowest rank) and a tensor-parallel all_reduce on its TP
+    communicator; both name their communicator by ``comm_id`` (``CommunicatorRecord``s, one per group), as
+    ``ranksight.instrument`` writes them. Rank 3 computes 1.3x from step ``ONSET``. GPU and host samples: only those
+    the live window's bounded deques keep."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ranksight.tables import SPECS
+
+    tp, pp, dp = layout_3d(ranks)
+    world = tp * pp * dp
+    ranks = world
+    rng = np.random.default_rng(seed)
+    per_node = 8
+    t_last = time.time() - 0.5 if t_last is None else t_last
+    t0 = t_last - steps * STEP_S
+    r_all = np.arange(ranks, dtype=np.int64)
+    tp_rank, dp_rank, pp_stage = r_all % tp, (r_all // tp) % dp, r_all // (tp * dp)
+    node = r_all // per_node
+    hosts = pa.array([f"n{n}" for n in range(int(node.max()) + 1)])
+    # communicators: tp groups (consecutive ranks), dp groups (stride tp), pp groups (stride tp*dp)
+    comms, tp_cid, dp_cid = [], np.empty(ranks, object), np.empty(ranks, object)
+    for p in range(pp):
+        for d in range(dp):
+            members = [p * tp * dp + d * tp + t for t in range(tp)]
+            cid = schema.communicator_id("tp", members)
+            comms.append(schema.CommunicatorRecord(run_id=RUN, comm_id=cid, group="tp", ranks=members, rank=members[0]))
+            tp_cid[members] = cid
+        for t in range(tp):
+            members = [p * tp * dp + d * tp + t for d in range(dp)]
+            cid = schema.communicator_id("dp", members)
+            comms.append(schema.CommunicatorRecord(run_id=RUN, comm_id=cid, group="dp", ranks=members, rank=members[0]))
+            dp_cid[members] = cid
+    for i in range(tp * dp):
+        members = [p * tp * dp + i for p in range(pp)]
+        comms.append(schema.CommunicatorRecord(run_id=RUN, comm_id=schema.communicator_id("pp", members), group="pp",
+                                               ranks=members, rank=members[0]))
+    manifest = schema.Manifest(
+        run_id=RUN, created=t0 - 5, start_time=t0 - 1, layout={"dp": dp, "tp": tp, "pp": pp, "world": world},
+        nodes=int(node.max()) + 1, device="cpu", flops_per_token=6 * 1.1e6, peak_flops=2.0e11, peak_source="bench",
+        ranks=[schema.RankPlacement(rank=r, node=r // per_node, host=f"n{r // per_node}", local_rank=r % per_node,
+                                    pp_stage=int(pp_stage[r]), dp_rank=int(dp_rank[r]), tp_rank=int(tp_rank[r]))
+               for r in range(ranks)])
+    per_batch = max(1, round(1.0 / STEP_S))
+    st_schema, co_schema = SPECS["steps"].schema, SPECS["collectives"].schema
+    batches = []
+    for b0 in range(0, steps, per_batch):
+        s = np.arange(b0, min(steps, b0 + per_batch), dtype=np.int64)
+        n = len(s) * ranks
+        compute = 52.0 * rng.uniform(0.98, 1.02, size=(len(s), ranks))
+        compute[s >= ONSET, 3] *= 1.3
+        wait = compute.max(axis=1, keepdims=True) - compute
+        base = np.repeat(t0 + s * STEP_S, ranks)
+        rank = np.tile(r_all, len(s))
+        step = np.repeat(s, ranks)
+        c, w = compute.ravel(), wait.ravel()
+        f = lambda v: pa.array(np.broadcast_to(np.asarray(v, np.float64), (n,)))  # noqa: E731
+        i = lambda v: pa.array(np.broadcast_to(np.asarray(v, np.int64), (n,)))  # noqa: E731
+        cols = dict(run_id=pa.array([RUN] * n), rank=pa.array(rank), step=pa.array(step), node=pa.array(node[rank]),
+                    host=hosts.take(pa.array(node[rank])), attempt=i(0), world_size=i(world),
+                    pp_stage=pa.array(pp_stage[rank]), dp_rank=pa.array(dp_rank[rank]), tp_rank=pa.array(tp_rank[rank]),
+                    t_start=pa.array(base), t_end=pa.array(base + STEP_S), step_ms=f(STEP_S * 1000), data_ms=f(1.0),
+                    forward_ms=pa.array(c / 3), backward_ms=pa.array(2 * c / 3), optimizer_ms=f(2.0),
+                    comm_ms=pa.array(5.0 + w), pipeline_wait_ms=f(0.0), compute_ms=pa.array(c),
+                    sync_arrival=pa.array(base + c / 1000), sync_wait_ms=pa.array(w), tokens=i(512),
+                    loss=pa.array(3.0 - step * 1e-3), loss_nonfinite=pa.array(np.zeros(n, bool)), grad_norm=f(1.0),
+                    loss_scale=pa.nulls(n, pa.float64()), overflow=pa.array(np.zeros(n, bool)),
+                    skipped=pa.array(np.zeros(n, bool)), lr=f(3e-4), mem_bytes=i(2 << 30), flops=f(6 * 1.1e6 * 512),
+                    profiling=pa.array(np.zeros(n, bool)), microbatches=i(1), device_ms=pa.array(c))
+        srows = pa.Table.from_arrays([cols[k] for k in st_schema.names], schema=st_schema)
+        # two collectives per rank and step, rank-major within a step as a rank's records arrive
+        arrive = np.stack([base + c / 1000, base + c / 1000 - 0.003], axis=1).ravel()
+        done = np.stack([base + (c + w + 3.0) / 1000, base + c / 1000 - 0.002], axis=1).ravel()
+        m = 2 * n
+        empty = pa.ListArray.from_arrays(pa.array(np.zeros(m + 1, np.int32)), pa.array([], pa.int64()))
+        which = np.tile(np.array([0, 1]), n)
+        ccols = dict(run_id=pa.array([RUN] * m), rank=pa.array(np.repeat(rank, 2)), step=pa.array(np.repeat(step, 2)),
+                     seq=pa.array(np.repeat(step, 2) * 2 + which), op=pa.array(["all_reduce"] * m),
+                     group=pa.array(np.where(which == 0, "dp", "tp")), group_ranks=empty,
+                     nbytes=pa.array(np.where(which == 0, 4 << 20, 1 << 20).astype(np.int64)),
+                     t_arrive=pa.array(arrive), t_done=pa.array(done),
+                     duration_ms=pa.array(np.stack([w + 3.0, np.ones(n)], axis=1).ravel()),
+                     attempt=pa.array(np.zeros(m, np.int64)))
+        # the comm_id: the DP group's for the gradient sync rows, the TP group's for the others
+        rr = np.repeat(rank, 2)
+        ccols["comm_id"] = pa.array(np.where(which == 0, dp_cid[rr], tp_cid[rr]).tolist(), pa.string())
+        crows = pa.Table.from_arrays([ccols[k] for k in co_schema.names], schema=co_schema)
+        batches.append((srows, crows))
+    # the GPU and host samples the live window keeps (its deques are bounded): the newest seconds' only
+    gpu, host = [], []
+    secs = int(steps * STEP_S) + 1
+    for sec in range(secs - 1, -1, -1):
+        if len(gpu) >= 64 * 120 and len(host) >= 16 * 120:
+            break
+        t = t0 + sec
+        gpu[:0] = [schema.GpuSample(node=r // per_node, host=f"n{r // per_node}", gpu=r % per_node, t=t, source="sim",
+                                    simulated=True, name="Simulated GPU", uuid=f"GPU-{r}", util_pct=90.0,
+                                    mem_used_bytes=2 << 30, mem_total_bytes=80 << 30, power_w=300.0, power_limit_w=700.0,
+                                    temp_c=60.0, sm_clock_mhz=1980.0, max_sm_clock_mhz=1980.0, throttle_reasons=0,
+                                    xid_total=0) for r in range(ranks)] if len(gpu) < 64 * 120 else []
+        host[:0] = [schema.HostSample(node=nd, host=f"n{nd}", t=t, cpu_pct=50.0, load1=2.0, mem_used_bytes=1 << 33,
+                                      mem_total_bytes=1 << 35, net_rx_bytes=0, net_tx_bytes=0, disk_read_bytes=0,
+                                      disk_write_bytes=0) for nd in range(int(node.max()) + 1)] if len(host) < 16 * 120 else []
+    return {"manifest": manifest, "batches": batches, "gpu": gpu, "host": host, "comms": comms, "now": t_last + 0.5}
+
+
 def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -> Head:
     """A head whose live window holds the synthetic run, its analysis clock pinned to just after the last step
     (rounds run later see no silent job)."""
@@ -135,9 +259,15 @@ def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -
         frames = live.frames
         live.frames = lambda window=None: {**frames(window), "now": now}
     live.manifest = data["manifest"]
+    if data.get("comms"):
+        live.add("communicators", data["comms"])
     for srows, crows in data["batches"]:
-        live.add("steps", srows)
-        live.add("collectives", crows)
+        if isinstance(srows, list):
+            live.add("steps", srows)
+            live.add("collectives", crows)
+        else:  # Arrow tables (build_3d), as the head's store processing hands them over
+            live.add_arrow("steps", srows)
+            live.add_arrow("collectives", crows)
     live.add("gpu", data["gpu"])
     live.add("host", data["host"])
     return h
@@ -154,12 +284,12 @@ def rounds_for(ranks: int, rounds: int) -> int:
     return rounds if ranks < 256 else max(1, min(rounds, 3 if ranks < 1024 else 2))
 
 
-def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int) -> dict:
+def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int, layout: str = "flat") -> dict:
     """One head over one synthetic run: CPU ms of each round, its findings, a skipped round's cost."""
     tune_gc()  # as ranksight head does
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-"))
     try:
-        data = build(ranks, window, group_size=group_size)
+        data = build_3d(ranks, window) if layout == "3d" else build(ranks, window, group_size=group_size)
         h = make_head(tmp / "head", data, window, analyze_window)
         analysis = getattr(h, "analysis", h)  # a head from before head/analysis.py analyzes itself
         del data
@@ -184,7 +314,8 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
 def run_worker(code: Path, args, ranks: int, rounds: int) -> dict:
     env = dict(os.environ, RS_BENCH_CODE=str(code), PYTHONPATH=str(code))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ranks", str(ranks), "--rounds", str(rounds),
-           "--window", str(args.window), "--analyze-window", str(args.analyze_window), "--group-size", str(args.group_size)]
+           "--window", str(args.window), "--analyze-window", str(args.analyze_window), "--group-size", str(args.group_size),
+           "--layout", args.layout]
     out = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"worker for {ranks} ranks at {code} failed:\n{out.stderr[-3000:]}")
@@ -197,13 +328,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=512, help="the live window (ranksight head --window)")
     ap.add_argument("--analyze-window", type=int, default=256, help="ranksight head --analyze-window")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--group-size", type=int, default=64, help="ranks per communicator")
-    ap.add_argument("--before-rev", default="64d38ef", help="the code before (a git revision; '' for none)")
+    ap.add_argument("--group-size", type=int, default=64, help="ranks per communicator (--layout flat)")
+    ap.add_argument("--layout", choices=("flat", "3d"), default="flat",
+                    help="flat: one kind of communicator, --group-size consecutive ranks, member lists in every record "
+                         "(the H1-H4 rows); 3d: TP 8 x PP 4 x DP the rest, communicators named by comm_id (build_3d)")
+    ap.add_argument("--before-rev", default="7ccdc35", help="the code before (a git revision; '' for none)")
     ap.add_argument("--before-max-ranks", type=int, default=256)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(int(args.ranks), args.rounds, args.window, args.analyze_window, args.group_size)))
+        print(json.dumps(worker(int(args.ranks), args.rounds, args.window, args.analyze_window, args.group_size,
+                                args.layout)))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-rev-"))
     before = None
@@ -212,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, capture_output=True)
         before = tmp / "before"
     print(f"bench/head_analysis.py: live window {args.window}, analysis window {args.analyze_window} steps per rank, "
-          f"communicators of {args.group_size} ranks; before = {args.before_rev or '-'}; load average "
+          + (f"communicators of {args.group_size} ranks" if args.layout == "flat" else "TP 8 x PP 4 x DP (build_3d)")
+          + f"; before = {args.before_rev or '-'}; load average "
           f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print("| ranks | rounds | before: CPU ms per round, median [min, max] | now: CPU ms per round | before / now | "
           "findings of a fresh head (now) | same as before | a round skipped (nothing new), CPU ms |")

@@ -12,7 +12,7 @@
     GET  /api/runs/<id>/gpus            latest sample per (node, gpu) from the live window
     GET  /api/runs/<id>/traces?rank=&windows=   profiler capture windows, per rank, per-step figures (the last
                                         ``windows``: default 4, at most 32; analyzers/trace_windows.py)
-    GET  /api/runs/<id>/findings
+    GET  /api/runs/<id>/findings        the findings, each with its evidence in sentences (served_findings)
     GET  /api/runs/<id>/coverage        which checks can judge the run's live window, and why not
     GET  /api/runs/<id>/actions
     POST /api/runs/<id>/actions         {"action": "checkpoint"|"profile"|"evict", "node", "steps", "reason", "dry_run"}  token
@@ -36,6 +36,7 @@ from prometheus_client.exposition import choose_encoder
 from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from head import receiver as rx
 from analyzers import trace_windows
+from analyzers.report.sentences import explained
 from head.actions import ActionRefused
 from head.receiver import HttpError
 from head.store.wal import WalFull
@@ -120,6 +121,14 @@ def gpu_states(live, now: float | None = None) -> list[dict]:
         d["last_xid"] = last_xid[k][1] if k in last_xid else None
         out.append(d)
     return out
+
+
+def served_findings(head, run_id: str) -> list[dict]:
+    """``GET /api/runs/<id>/findings``: each finding's fields as stored, plus its evidence in sentences
+    (``evidence_sentences``) and the evidence no sentence mentions, in words (``evidence_other``: ``[name, value]``
+    pairs): the words ``diagnose``'s page uses (``analyzers.report.sentences``), for clients that import no analyzers
+    (the TUI)."""
+    return [explained(f) for f in head.analysis.findings_of(run_id)]
 
 
 def run_coverage(head, run_id: str) -> dict:
@@ -292,7 +301,7 @@ class HeadHandler(NoDelayHandler):
                     raise HttpError(400, f"windows must be 1..{trace_windows.MAX_WINDOWS}")
                 self._json(200, live_trace_windows(head.live.run(run_id), rank, windows))
             elif what == "findings":
-                self._json(200, head.analysis.findings_of(run_id))
+                self._json(200, served_findings(head, run_id))
             elif what == "coverage":
                 self._json(200, run_coverage(head, run_id))
             elif what == "actions":
@@ -312,7 +321,9 @@ def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> He
     """The head's server on ``bind:port``; ``tls``: a server ``ssl.SSLContext`` (``ranksight.tls.ServerTls``) for
     HTTPS, None for plain http."""
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
-    return HeadServer((bind, port), handler, tls=tls)
+    srv = HeadServer((bind, port), handler, tls=tls)
+    srv.thread_parts = head.cpu  # request handlers: the "http" part of the head's CPU
+    return srv
 
 
 def live_trace_windows(live, rank: int | None = None, windows: int = trace_windows.DEFAULT_WINDOWS) -> list[dict]:

@@ -11,6 +11,9 @@ Read at scrape time from the head's parts, so each value is what the head holds 
   rank's newest step (its ``t_end``, the rank's clock) and the head receiving it; and
   ``ranksight_head_run_last_record_age_seconds{run_id}``: time since the head last received anything of the run;
 - runs: ``ranksight_head_runs{state}`` (``running``, ``stopped``, ``finished``, ``failed``);
+- CPU: ``ranksight_head_cpu_seconds_total{part}``: ``http`` (the request handlers: HTTP, decoding, the write-ahead
+  log), ``flush`` (the store's flusher: dedupe, Arrow, Parquet, the live windows), ``analyze`` (the live analysis
+  loop), ``other`` (the rest of the process);
 - analysis: ``ranksight_head_analysis_round_seconds`` (histogram of the analyzers' time per round),
   ``ranksight_head_analysis_rounds_total``, ``ranksight_head_analysis_errors_total``.
 
@@ -85,8 +88,19 @@ class _HeadCollector:
                                   value=st.get("analysis_rounds", 0))
         yield CounterMetricFamily("ranksight_head_analysis_errors", "Live analysis rounds whose analyzers failed",
                                   value=st.get("analyzer_errors", 0))
+        yield self._cpu()
         yield from self._findings()
         yield from self._runs()
+
+    def _cpu(self):
+        """The process's CPU by part (``Head.cpu``); ``other``: what no part claims (the main thread, the pushers)."""
+        fam = CounterMetricFamily("ranksight_head_cpu_seconds", "CPU seconds the head spent, by part of the head",
+                                  labels=("part",))
+        parts = self.head.cpu.seconds()
+        for part, sec in sorted(parts.items()):
+            fam.add_metric([part], sec)
+        fam.add_metric(["other"], max(0.0, time.process_time() - sum(parts.values())))
+        return fam
 
     def _findings(self):
         fam = GaugeMetricFamily("ranksight_head_findings_open", "Open finding episodes of the live analysis",

@@ -22,6 +22,7 @@ from head.metrics import HeadMetrics
 from head.live import DEFAULT_WINDOW
 from head.runs import LiveRuns
 from head.store import Store
+from ranksight.thread_cpu import ThreadParts
 
 log = logging.getLogger("ranksight.head")
 
@@ -67,6 +68,7 @@ class Head:
         self.analysis = LiveAnalysis(self.live, self.store, self.stats,
                                      self.metrics.timed(resolve_analyzers() if analyzer == "auto" else analyzer),  # type: ignore[arg-type]
                                      analyze_window, idle_recheck)
+        self.cpu = ThreadParts()  # CPU per part (http, flush, analysis): ranksight_head_cpu_seconds_total
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
         self._stop = threading.Event()
@@ -108,11 +110,15 @@ class Head:
         if self.analyzer_interval > 0:  # 0: no live analysis (diagnose still analyzes the stored run)
             threads.append(("analyze", self.analysis.run_every, (self.analyzer_interval, self._stop)))
         for name, fn, args in threads:
-            t = threading.Thread(target=fn, args=args, name=f"head-{name}", daemon=True)
+            t = threading.Thread(target=self._counted, args=(name, fn, *args), name=f"head-{name}", daemon=True)
             t.start()
             self._threads.append(t)
         if self.alertmanager is not None:
             self._threads.append(self.alertmanager.start(self._stop))
+
+    def _counted(self, part: str, fn, *args) -> None:
+        with self.cpu.running(part):
+            fn(*args)
 
     def close(self) -> None:
         """Stop the threads, then flush every run to Parquet."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -67,22 +68,56 @@ def _where(f) -> str:
     return "; ".join(parts) or "-"
 
 
-def render_text(r: LogReport, console=None) -> None:
-    from rich.console import Console
+def _common_dir(paths: list[str]) -> str:
+    """The directory every path lies under ("" when they share none, or there is one input)."""
+    dirs = [os.path.dirname(p) for p in paths]
+    if len(paths) < 2 or not all(dirs):
+        return ""
+    try:
+        common = os.path.commonpath(dirs)
+    except ValueError:  # absolute and relative paths mixed
+        return ""
+    return common if common not in ("", os.sep, ".") else ""
+
+
+def _labelled(rows: list[tuple[str, str]]):
+    """Label/value lines with a hanging indent: a value that wraps stays in its column, the label's stays clear."""
     from rich.table import Table
+    from rich.text import Text
+
+    g = Table.grid(padding=(0, 1))
+    g.add_column(justify="right", width=15, no_wrap=True, style="dim")
+    g.add_column(overflow="fold")
+    for label, value in rows:
+        g.add_row(label, Text(value))
+    return g
+
+
+def render_text(r: LogReport, console=None) -> None:
+    """The verdict, the inputs understood (a table that fits the console: paths under their common directory, columns
+    left out rather than values cut), then each finding with where, from, and what to do next."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from ranksight.fit_table import Col, dropped_note, fit_table
 
     con = console or Console()
     style = {"critical": "bold red", "warning": "yellow"}.get(r.worst or "", "green")
-    con.print(f"[{style}]{html.escape(verdict(r), quote=False)}[/]", markup=True, highlight=False)
+    con.print(Text(verdict(r), style=style))
     shown = [i for i in r.inputs if i.formats or i.error]  # the rest: one line (a run directory holds hundreds)
-    t = Table(title="Inputs", expand=False)
-    for c in ("input", "lines", "formats", "unknown"):
-        t.add_column(c, overflow="fold")
-    for i in shown:
-        fm = ", ".join(f"{k} {v}" for k, v in i.formats.items()) if i.error is None else f"[red]{i.error}[/]"
-        t.add_row(i.path, str(i.lines), fm or "-", str(i.unknown_lines))
     if shown:
-        con.print(t)
+        base = _common_dir([i.path for i in r.inputs])
+        rows = []
+        for i in shown:
+            fm = ", ".join(f"{k} {v}" for k, v in i.formats.items()) if i.error is None else Text(i.error, style="red")
+            rows.append([os.path.relpath(i.path, base) if base else i.path, str(i.lines), fm or "-", str(i.unknown_lines)])
+        if base:
+            con.print(Text(f"Inputs under {base}{os.sep}", style="italic"), overflow="fold")
+        cols = [Col("input"), Col("lines", "right"), Col("formats"), Col("unknown lines", "right")]
+        fitted = fit_table(con, cols, rows, ("unknown lines", "lines"), title=None if base else "Inputs")
+        con.print(fitted.table)
+        if fitted.dropped:
+            con.print(dropped_note(fitted.dropped, con.width), markup=False, highlight=False)
     rest = [i for i in r.inputs if not (i.formats or i.error)]
     if rest:
         con.print(f"{len(rest)} input(s) in no known format ({sum(i.lines for i in rest)} lines), e.g. "
@@ -90,13 +125,18 @@ def render_text(r: LogReport, console=None) -> None:
                   highlight=False, markup=False)
     for f in r.findings:
         sev = {"critical": "bold red", "warning": "yellow"}.get(f.severity, "cyan")
-        con.print(f"[{sev}]{f.severity.upper():8}[/] [bold]{f.kind}[/] {f.summary}", highlight=False)
-        con.print(f"          where: {_where(f)}   from: {', '.join(f.inputs[:4])}{' ...' if len(f.inputs) > 4 else ''}",
-                  highlight=False, markup=False)
+        line = Text(f"{f.severity.upper():8}", style=sev)
+        line.append(" ")
+        line.append(f.kind, style="bold")
+        line.append(f" {f.summary}")
+        con.print(line)
+        rows = [("where:", _where(f)),
+                ("from:", ", ".join(f.inputs[:4]) + (" ..." if len(f.inputs) > 4 else ""))]
         if f.recommendation:
-            con.print(f"          next: {f.recommendation}", highlight=False, markup=False)
+            rows.append(("next:", f.recommendation))
+        con.print(_labelled(rows))
     for e in r.errors:
-        con.print(f"[yellow]note:[/] {e}", markup=True, highlight=False)
+        con.print(Text("note: ", style="yellow") + Text(e))
 
 
 def render_html(r: LogReport) -> str:

@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from nccl_tests.health_report import analyze, format_report
+from nccl_tests.health_report import analyze, comment, format_report
 from nccl_tests.runtime import Hooks, Identity, all_identities, sync
 
 
@@ -134,15 +134,16 @@ def run(args, me: Identity, backend: str) -> int:
     size = args.check_bytes
     rank0 = me.rank == 0
     if rank0:
-        print(f"# ranksight nccl_tests health check: pairwise sendrecv over {n * (n - 1) // 2} rank pairs, one pair at a time; "
-              f"backend {backend} (torch {torch.__version__})", flush=True)
-        print(f"# {n} ranks on {len(set(nodes))} node(s); message {size} B; warmup {args.warmup_iters}, iters {args.iters}; "
-              f"pair time = {args.quantile:g}-quantile of its samples; threshold {args.threshold:g} x median", flush=True)
+        print("\n".join(comment(f"ranksight nccl_tests health check: pairwise sendrecv over {n * (n - 1) // 2} rank "
+                                f"pairs, one pair at a time; backend {backend} (torch {torch.__version__})")), flush=True)
+        print("\n".join(comment(f"{n} ranks on {len(set(nodes))} node(s); message {size} B; warmup {args.warmup_iters}, "
+                                f"iters {args.iters}; pair time = {args.quantile:g}-quantile of its samples; threshold "
+                                f"{args.threshold:g} x median")), flush=True)
         print("#", flush=True)
         for i in idents:
             print(f"#  Rank {i.rank:2d} Pid {i.pid:6d} on {i.host:>10s} node {i.node:>8s} device {i.device:>6s} [{i.device_name}]", flush=True)
         for note in hooks.notes():
-            print(f"# note: {note}", flush=True)
+            print("\n".join(comment(f"note: {note}")), flush=True)
     if n < 2:
         if rank0:
             print("nccl_tests: the health check needs at least 2 ranks (launch with torchrun --nproc-per-node N)", file=sys.stderr)
@@ -192,7 +193,8 @@ def run(args, me: Identity, backend: str) -> int:
         lines = format_report(rep, hosts, nodes, pair_bw, size, args.iters, backend)
         if len(group_bw) == 1:
             (node, bw), = group_bw.items()
-            lines.insert(-2, f"# Node group {node}: all_reduce busbw {bw:.3f} GB/s (one node: nothing to compare with)")
+            at = max(i for i, ln in enumerate(lines) if ln == "#")  # before the verdict
+            lines[at:at] = comment(f"Node group {node}: all_reduce busbw {bw:.3f} GB/s (one node: nothing to compare with)")
         print("\n".join(lines), flush=True)
         if args.json:
             _write_json(args, rep, pair_bw, pair_s, group_bw, idents, backend)

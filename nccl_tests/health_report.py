@@ -16,6 +16,7 @@ A slow link whose endpoint is a slow rank is reported as explained by that rank.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -117,33 +118,88 @@ def analyze(pair_bw: dict[tuple[int, int], float], nodes: list[str], threshold: 
     return rep
 
 
+WIDTH = 80  # the report's lines fit an 80-column terminal (the nccl-tests result tables are nccl-tests' own)
+MATRIX_MAX_RANKS = 5  # the full matrix up to this many ranks (it fits WIDTH); above, one summary line per rank
+
+
+def comment(text: str, width: int = WIDTH) -> list[str]:
+    """``text`` as ``# `` comment lines of at most ``width`` characters, continued lines indented; a word longer
+    than a line is kept whole (never cut)."""
+    return textwrap.wrap(text, width=width, initial_indent="# ", subsequent_indent="#   ", break_long_words=False,
+                         break_on_hyphens=False) or ["#"]
+
+
+def fit_names(names: list[str], width: int) -> list[str]:
+    """Names in ``width`` characters: the host part before the first dot when that still tells them apart, and a
+    name still too long keeps its end behind an ellipsis ("…node-017": the end tells hosts apart)."""
+    short = [x.split(".", 1)[0] or x for x in names]
+    if len(set(short)) < len(set(names)):
+        short = list(names)
+    return [x if len(x) <= width else "…" + x[-(width - 1):] for x in short]
+
+
+def _matrix(n: int, hosts: list[str], nodes: list[str], pair_bw: dict[tuple[int, int], float]) -> list[str]:
+    hosts, nodes = fit_names(hosts, 12), fit_names(nodes, 10)
+    lines = [f"# {'rank':>4s}  {'node':>10s}  {'host':>12s} " + "".join(f" {('r' + str(j)):>7s}" for j in range(n))]
+    for i in range(n):
+        cells = [f" {'-':>7s}" if i == j else f" {pair_bw[tuple(sorted((i, j)))]:7.3f}" for j in range(n)]
+        lines.append(f"  {i:4d}  {nodes[i]:>10s}  {hosts[i]:>12s} " + "".join(cells))
+    return lines
+
+
+def _per_rank(n: int, hosts: list[str], nodes: list[str], pair_bw: dict[tuple[int, int], float]) -> list[str]:
+    """One line per rank: its slowest pair (and the peer), the median and the fastest of its pairs."""
+    hosts, nodes = fit_names(hosts, 12), fit_names(nodes, 10)
+    lines = [f"# {'rank':>5s}  {'node':>10s}  {'host':>12s}  {'slowest pair':>14s}  {'median':>7s}  {'fastest':>7s}"]
+    for i in range(n):
+        mine = sorted((pair_bw[tuple(sorted((i, j)))], j) for j in range(n) if j != i)
+        vals = [bw for bw, _ in mine]
+        low, peer = mine[0]
+        lines.append(f"  {i:5d}  {nodes[i]:>10s}  {hosts[i]:>12s}  {low:7.3f} {'r' + str(peer):>6s}  "
+                     f"{median(vals):7.3f}  {vals[-1]:7.3f}")
+    return lines
+
+
 def format_report(rep: HealthReport, hosts: list[str], nodes: list[str], pair_bw: dict[tuple[int, int], float],
-                  size: int, iters: int, backend: str) -> list[str]:
+                  size: int, iters: int, backend: str, width: int = WIDTH) -> list[str]:
+    """The report's lines, each at most ``width`` characters (hosts and nodes as ``fit_names`` gives them). The pairwise matrix up to MATRIX_MAX_RANKS ranks; above, one line per rank
+    (its slowest pair and peer, median, fastest): the whole matrix is in ``--json`` and the store."""
     n = rep.nranks
     thr = rep.threshold
-    lines = ["#", f"# Pairwise sendrecv bandwidth (GB/s per direction, {size} B messages, {iters} samples per pair)"]
-    head = f"# {'rank':>4s}  {'node':>10s}  {'host':>12s} " + "".join(f" {('r' + str(j)):>7s}" for j in range(n))
-    lines.append(head)
-    for i in range(n):
-        cells = []
-        for j in range(n):
-            if i == j:
-                cells.append(f" {'-':>7s}")
-            else:
-                cells.append(f" {pair_bw[tuple(sorted((i, j)))]:7.3f}")
-        lines.append(f"  {i:4d}  {nodes[i][-10:]:>10s}  {hosts[i][-12:]:>12s} " + "".join(cells))
+    lines = ["#"]
+    if n <= MATRIX_MAX_RANKS:
+        lines += comment(f"Pairwise sendrecv bandwidth (GB/s per direction, {size} B messages, {iters} samples per "
+                         "pair)", width)
+        lines += _matrix(n, hosts, nodes, pair_bw)
+    else:
+        lines += comment(f"Pairwise sendrecv bandwidth per rank over its {n - 1} pairs (GB/s per direction, {size} B "
+                         f"messages, {iters} samples per pair; every pair: --json or the store)", width)
+        lines += _per_rank(n, hosts, nodes, pair_bw)
 
     def block(title: str, ents: list[Entity]) -> None:
         if not ents:
             return
+        nw = max(4, min(28, max(len(e.name) for e in ents)))
         lines.append("#")
-        lines.append(f"# {title}")
-        lines.append(f"# {'':2s}{'name':<28s} {'GB/s':>9s} {'median':>9s} {'ratio':>6s}  status")
+        lines.extend(comment(title, width))
+        lines.append(f"# {'':2s}{'name':<{nw}s} {'GB/s':>9s} {'median':>9s} {'ratio':>6s}  status")
         for e in ents:
             status = "SLOW" if e.flagged else "ok"
-            if e.explained_by:
-                status += f" (explained by {e.explained_by})"
-            lines.append(f"  {'!' if e.flagged else ' '} {e.name:<28s} {e.bw:9.3f} {e.reference:9.3f} {e.ratio:6.2f}  {status}")
+            flag, name = "!" if e.flagged else " ", e.name
+            if len(name) > nw:  # a long name (two nodes' host names) on lines of its own, the numbers under it
+                a, sep, b = name.partition("<->")
+                if sep and len(name) + 4 > width:
+                    lines.extend([f"  {flag} {a}<->", f"      {b}"])
+                else:
+                    lines.append(f"  {flag} {name}")
+                name = ""
+            line = f"  {flag} {name:<{nw}s} {e.bw:9.3f} {e.reference:9.3f} {e.ratio:6.2f}  {status}"
+            why = f" (explained by {e.explained_by})" if e.explained_by else ""
+            if len(line) + len(why) <= width:
+                lines.append(line + why)
+            else:  # the explanation on a line of its own rather than past the edge
+                lines.append(line)
+                lines.append(f"{'':6s}explained by {e.explained_by}")
 
     block("Per rank: median bandwidth over its pairs", rep.ranks)
     block("Per node: median over its ranks", rep.nodes)
@@ -154,7 +210,8 @@ def format_report(rep: HealthReport, hosts: list[str], nodes: list[str], pair_bw
     lines.append("#")
     bad = rep.flagged()
     if not bad:
-        lines.append(f"# Health check: OK - no rank, node or link below {thr:g} x median ({n} ranks, {len(set(nodes))} node(s), backend {backend})")
+        lines += comment(f"Health check: OK - no rank, node or link below {thr:g} x median ({n} ranks, "
+                         f"{len(set(nodes))} node(s), backend {backend})", width)
     else:
         parts = []
         sr = [e for e in rep.ranks if e.flagged]
@@ -168,5 +225,5 @@ def format_report(rep: HealthReport, hosts: list[str], nodes: list[str], pair_bw
             parts.append("slow node link(s): " + ", ".join(f"{e.name} ({e.ratio:.2f} x median)" for e in snl))
         if slow_links:
             parts.append("slow link(s): " + ", ".join(f"{e.name} ({e.ratio:.2f} x median)" for e in slow_links))
-        lines.append(f"# Health check: FAILED - " + "; ".join(parts))
+        lines += comment("Health check: FAILED - " + "; ".join(parts), width)
     return lines

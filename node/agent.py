@@ -84,7 +84,7 @@ class NodeAgent:
                  outbox_bytes: int = 256 * 1024 * 1024, ship_timeout: float = 3.0, otlp_metrics: bool = True,
                  drain_timeout_s: float = 0.0, rejected_bytes: int = 64 * 1024 * 1024,
                  tls_client: ClientTls | None = None, tls_server: ssl.SSLContext | None = None,
-                 advertise_url: str | None = None):
+                 advertise_url: str | None = None, collectives: str = "auto"):
         self.rd = run_dir
         self.tls_server = tls_server  # the control endpoint's (HTTPS); tls_client: the shipper's, to an https head
         self.advertise_url = advertise_url  # the control URL the head is told (default: the bound one)
@@ -105,7 +105,7 @@ class NodeAgent:
         self.otlp_metrics = OtlpMetrics(head_url, self.shipper.headers, ship_timeout, enabled=otlp_metrics,
                                         tls=tls_client)
         state = self.state_file.state  # each source owns one field of it
-        self.spool = SpoolSource(run_dir, node, state, self.metrics, self.otlp_metrics)
+        self.spool = SpoolSource(run_dir, node, state, self.metrics, self.otlp_metrics, collectives)
         self.samples = SampleSource(run_dir, node, self.host, interval=gpu_interval, sim_gpu=sim_gpu,
                                     dcgm_url=dcgm_url, metrics=self.metrics, otlp_metrics=self.otlp_metrics)
         self.traces = TraceSource(run_dir, state, lambda: self.spool.local_ranks)  # summarizes on its own thread

@@ -57,6 +57,10 @@ def agent(
                                                       "--drain-timeout seconds), then exit: 0 when all of it was delivered."),
     as_json: bool = typer.Option(False, "--json", help="With --drain: print its report as one JSON object "
                                                        "(docs/cli.md); the log stays on stderr."),
+    collectives: str = typer.Option("auto", "--collectives", help="per-op: ship every collective record; "
+                                    "per-step: a rank's ops of one step, kind and communicator as one record (their "
+                                    "means and total; every op stays in the spool on this node); auto: per-step in "
+                                    "jobs of more than 256 ranks."),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run until SIGINT/SIGTERM; on exit, ship (or spool to disk) what was read, and report what could not be."""
@@ -72,6 +76,8 @@ def agent(
     priority = priority or AGENT_DEFAULT_PRIORITY
     if priority not in PRIORITIES:
         raise typer.BadParameter(f"--priority must be one of {', '.join(PRIORITIES)}")
+    if collectives not in ("auto", "per-op", "per-step"):
+        raise typer.BadParameter("--collectives must be auto, per-op or per-step")
     if as_json and not drain:
         raise typer.BadParameter("--json goes with --drain (a running agent reports on /metrics and its log)")
     if not token:
@@ -125,7 +131,7 @@ def agent(
     a = NodeAgent(rd, node, head, token, gpu_interval=gpu_interval, ship_interval=ship_interval,
                   metrics_port=metrics_port, bind=bind, sim_gpu=sim_gpu, dcgm_url=dcgm_url, host=host,
                   outbox_bytes=outbox_mb * 1024 * 1024, drain_timeout_s=drain_timeout, tls_client=tls_client,
-                  tls_server=tls_server, advertise_url=advertise_url)
+                  tls_server=tls_server, advertise_url=advertise_url, collectives=collectives)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -102,6 +102,9 @@ class BoundedThreadingHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     max_handlers = 512
+    # where the handler threads' CPU is counted (ranksight.thread_cpu.ThreadParts), under the part thread_part
+    thread_parts = None
+    thread_part = "http"
 
     def __init__(self, *args, tls: ssl.SSLContext | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -149,6 +152,10 @@ class BoundedThreadingHTTPServer(ThreadingHTTPServer):
 
     def process_request_thread(self, request, client_address):
         try:
-            super().process_request_thread(request, client_address)
+            if self.thread_parts is None:
+                super().process_request_thread(request, client_address)
+            else:
+                with self.thread_parts.running(self.thread_part):
+                    super().process_request_thread(request, client_address)
         finally:
             self._slots.release()

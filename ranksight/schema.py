@@ -155,6 +155,10 @@ class CollectiveRecord(Record, tag="collective", kw_only=True):
     duration_ms: float | None = None
     attempt: int = 0  # torchrun restart count: a re-formed job's process groups (and seq numbers) are new ones
     comm_id: str = ""  # the group's CommunicatorRecord (``communicator_id``); "" in the older form
+    # How many op instances this record stands for. 1: one op, as the rank recorded it. More: a node agent folded a
+    # step's ops of one kind on one communicator into one record (ranksight/collective_fold.py): t_arrive, t_done
+    # and duration_ms are then the ops' means, nbytes their total, seq the first op's.
+    ops: int = 1
 
 
 class CommunicatorRecord(Record, tag="communicator", kw_only=True):

@@ -115,3 +115,33 @@ def test_a_real_prometheus_scrapes_the_head_with_its_token(head, tmp_path):
         assert prom.query('ranksight_head_runs{state="running"} == 1')
     finally:
         procs.stop_all()
+
+
+def test_head_cpu_by_part_counts_the_handlers_and_the_flusher(head):
+    """ranksight_head_cpu_seconds_total{part}: the request handlers' CPU goes to http (it grows with requests served
+    on a kept-alive connection, whose thread is still live), and the parts never claim more than the process used."""
+    import http.client
+    import urllib.parse
+    import urllib.request
+
+    def cpu() -> dict[str, float]:
+        req = urllib.request.Request(head.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        text = urllib.request.urlopen(req, timeout=5).read().decode()
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return {s.labels["part"]: s.value for fam in text_string_to_metric_families(text)
+                for s in fam.samples if s.name == "ranksight_head_cpu_seconds_total"}
+
+    before = cpu()
+    assert {"http", "flush", "other"} <= set(before)
+    u = urllib.parse.urlsplit(head.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)  # one live handler thread for all of them
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.6:  # enough client CPU that the server side spends ticks too
+        conn.request("GET", "/api/runs", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert conn.getresponse().read()
+    during = cpu()  # the connection's handler is still running: counted live from /proc
+    conn.close()
+    assert during["http"] > before["http"]
+    total = time.process_time()  # the test and the head share this process
+    assert sum(during.values()) <= total + 0.05

@@ -195,18 +195,45 @@ async def test_table_culprit_header_findings(fake):
         ft = app.query_one(FindingsTable)
         assert ft.row_count == 2 and plain(ft.get_row_at(0)[1]) == "straggler"  # warning sorts before info
         detail = plain(app.query_one(FindingDetail).render())
-        assert "own_compute_ms=185" in detail and "peers_compute_ms=103.5" in detail and "ratio=1.787" in detail
+        # the evidence in the head's sentences, not key=value (issue 17); what no sentence says, in words
+        assert "Rank 5 computes 185 ms per step against its peers' 104 ms (1.79x) since step 20." in detail
+        assert "measured: cusum threshold 0.393" in detail and "=" not in detail
         assert "checkpoint and evict node 1" in detail
 
         await pilot.press("f")
         assert app.focused is ft
         await pilot.press("down")
         await pilot.pause()
-        assert "bubble_share=0.21" in plain(app.query_one(FindingDetail).render())
+        assert ("The pipeline idles 21% of each step against 20% in theory for 2 stages, 8 micro-batches and the "
+                "1f1b schedule." in plain(app.query_one(FindingDetail).render()))
 
         assert app.query_one(ActionsTable).row_count == 1
         await pilot.press("q")
     assert app.return_code == 0
+
+
+async def test_detail_from_a_head_before_the_sentences_falls_back_to_key_value(fake):
+    fake.old_findings = True  # findings without evidence_sentences / evidence_other
+    app = make_app(fake)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        detail = plain(app.query_one(FindingDetail).render())
+        assert "evidence: " in detail and "rank_median_compute_ms=185" in detail and "computes" not in detail
+        await pilot.press("q")
+
+
+def test_client_reads_the_sentences_and_survives_bad_ones(fake):
+    c = HeadClient(fake.url, token=TOKEN)
+    f = c.findings(RUN)[0]
+    assert f.evidence_sentences[0].startswith("Rank 5 computes 185 ms per step")
+    assert ("cusum threshold", "0.393") in f.evidence_other and isinstance(f, schema.Finding)
+    # words of the wrong shape cost the finding its words, not the finding
+    bad = dict(fake.data["findings"][0], evidence_sentences="not a list", evidence_other=[[1]])
+    fake.raw[f"/api/runs/{RUN}/findings"] = json.dumps([bad]).encode()
+    skipped: dict[str, int] = {}
+    got = c.findings(RUN, skipped)
+    assert len(got) == 1 and got[0].evidence_sentences == [] and got[0].evidence_other == [] and not skipped
 
 
 async def test_dead_head_shows_unreachable_and_keeps_last_data(fake):

@@ -99,7 +99,9 @@ async def test_tui_against_a_real_head(tmp_path, port):
             kinds = [plain(ft.get_row_at(i)[1]) for i in range(ft.row_count)]
             assert kinds[0] == "straggler"
             detail = plain(app.query_one(FindingDetail).render())
-            assert "rank_median_compute_ms=100" in detail and "peers_median_compute_ms=50" in detail
+            # the real head's own words for the evidence (GET findings' evidence_sentences), not key=value
+            assert "Rank 3 computes 100 ms per step against its peers' 50 ms (2.00x) since step 10" in detail, detail
+            assert "rank_median_compute_ms" not in detail
             assert "evict node 1" in detail
 
             # A dry-run checkpoint through the modal: the real head records it and the actions list shows it.

@@ -80,7 +80,8 @@ def default_data() -> dict:
         "steps": steps,
         "findings": [straggler_finding(5, 1),
             {"analyzer": "pipeline", "kind": "pipeline_bubble", "severity": "info", "ranks": [], "nodes": [],
-             "step_start": 0, "step_end": 39, "evidence": {"bubble_share": 0.21, "theory_share": 0.2},
+             "step_start": 0, "step_end": 39, "evidence": {"measured_bubble": 0.21, "theory_bubble": 0.2, "pp": 2,
+                                                        "microbatches": 8, "schedule": "1f1b"},
              "recommendation": "Nothing to do.", "confidence": 0.7, "summary": "bubble 21% vs 20% theory",
              "run_id": RUN, "t": T0 + 4.0, "simulated": False},
         ],
@@ -103,7 +104,8 @@ def default_data() -> dict:
 def straggler_finding(rank: int, node: int) -> dict:
     return {"analyzer": "stragglers", "kind": "straggler", "severity": "warning", "ranks": [rank], "nodes": [node],
             "step_start": 20, "step_end": 39,
-            "evidence": {"own_compute_ms": 185.0, "peers_compute_ms": 103.5, "ratio": 1.787, "onset_step": 20},
+            "evidence": {"rank_median_compute_ms": 185.0, "peers_median_compute_ms": 103.5, "ratio": 1.787,
+                         "onset_step": 20, "signal": "compute_ms", "cusum_threshold": 0.393},
             "recommendation": f"Inspect rank {rank} on node {node}: GPU clocks/throttling; if it persists, checkpoint "
                               f"and evict node {node}.",
             "confidence": 0.9, "summary": f"rank {rank} (node {node}) is the straggler since step 20: compute 185.0 ms "
@@ -169,6 +171,7 @@ class FakeHead:
         self.posts: list[dict] = []
         self.gets: list[str] = []  # request paths with query, in order
         self.raw: dict[str, bytes] = {}  # path -> raw body to answer instead (malformed-response tests)
+        self.old_findings = False  # True: findings without evidence_sentences, as a head before them served
         fake = self
 
         class H(BaseHTTPRequestHandler):
@@ -205,6 +208,11 @@ class FakeHead:
                         out = [s for s in d["steps"] if s["step"] > since
                                and ("rank" not in q or s["rank"] == int(q["rank"]))]
                         return self._send(200, json.dumps(out).encode())
+                    if what == "findings" and what in d and not fake.old_findings:
+                        # what the real head serves (head/api.py served_findings): the evidence in sentences too
+                        from analyzers.report.sentences import explained
+
+                        return self._send(200, json.dumps([explained(f) for f in d[what]]).encode())
                     if what in ("ranks", "findings", "actions", "gpus") and what in d:
                         return self._send(200, json.dumps(d[what]).encode())
                     if what == "traces" and "traces" in d:  # absent: a head from before the endpoint (404)

@@ -49,10 +49,12 @@ def _short(name: str, n: int = 38) -> str:
 def to_text(report: dict[str, Any], width: int = 80) -> str:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    con.print(f"[bold]{report['verdict']}[/bold]")
+    # text from the traces (kernel names, verdicts, "[warning]") is printed as text, never read as rich markup
+    con.print(Text(report["verdict"], style="bold"))
     if report["ranks"]:
         w = report["ranks"][0]["window"]
         tb = Table(title=f"temporal breakdown, ms (window: {w['policy']})", width=width)
@@ -79,23 +81,23 @@ def to_text(report: dict[str, Any], width: int = 80) -> str:
         for c in ("kernel", "total", "min", "max", "spread%"):
             tk.add_column(c, justify="right" if c != "kernel" else "left")
         for k in spread[:8]:
-            tk.add_row(_short(k["name"]), f"{k['total_ms']:.1f}", f"{k['min_ms']:.1f}",
+            tk.add_row(Text(_short(k["name"])), f"{k['total_ms']:.1f}", f"{k['min_ms']:.1f}",
                        f"{k['max_ms']:.1f} r{k['max_rank']}", f"{k['spread_pct']:.1f}")
         con.print(tk)
     for f in report["findings"]:
-        con.print(f"[{f['severity']}] {f['kind']} ranks {f['ranks']}: {f['summary']}")
+        con.print(Text(f"[{f['severity']}] {f['kind']} ranks {f['ranks']}: {f['summary']}"))
     d = report.get("diff")
     if d:
-        con.print(f"diff: {d['verdict']}")
+        con.print(Text(f"diff: {d['verdict']}"))
         for r in d["phases"]:
             pct = f"{r['delta_pct']:+.1f}%" if r["delta_pct"] is not None else ""
-            con.print(f"  {r['name']:<8} {r['base_ms']:>10.3f} -> {r['new_ms']:>10.3f} ms {pct}")
+            con.print(Text(f"  {r['name']:<8} {r['base_ms']:>10.3f} -> {r['new_ms']:>10.3f} ms {pct}"))
         for r in d["kernels"][:5]:
-            con.print(f"  {_short(r['name'], 44):<44} {r['delta_ms']:+.3f} ms")
+            con.print(Text(f"  {_short(r['name'], 44):<44} {r['delta_ms']:+.3f} ms"))
     for n in report["notes"]:
-        con.print(f"note: {n}")
+        con.print(Text(f"note: {n}"))
     for p, e in report["errors"].items():
-        con.print(f"error: {p}: {e}")
+        con.print(Text(f"error: {p}: {e}"))
     return buf.getvalue()
 
 

@@ -285,7 +285,27 @@ def _struct(typ: type[T], json_names: tuple[str, ...] = ()) -> Callable[[Any], T
 
 
 _parse_step = _struct(schema.StepRecord)
-_parse_finding = _struct(schema.Finding, ("evidence", "ranks", "nodes"))
+_parse_base_finding = _struct(schema.Finding, ("evidence", "ranks", "nodes"))
+
+
+class ServedFinding(schema.Finding, kw_only=True):
+    """A finding as the head serves it: the schema's fields, plus its evidence in the sentences ``diagnose``'s page
+    uses (the head writes them: the TUI imports no analyzers) and the evidence no sentence mentions, in words. Both
+    are empty from a head older than them; the detail pane then shows the evidence as ``key=value``."""
+
+    evidence_sentences: list[str] = []
+    evidence_other: list[tuple[str, str]] = []
+
+
+def _parse_finding(d: Any) -> ServedFinding:
+    base = _parse_base_finding(d)
+    extra = {}
+    for name, typ in (("evidence_sentences", list[str]), ("evidence_other", list[tuple[str, str]])):
+        try:  # malformed words cost the finding its words, not the finding
+            extra[name] = msgspec.convert(d.get(name) or [], typ, strict=False)
+        except (msgspec.ValidationError, TypeError):
+            pass
+    return ServedFinding(**msgspec.structs.asdict(base), **extra)
 _parse_action = _struct(schema.Action, ("ranks",))
 
 

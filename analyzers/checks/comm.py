@@ -29,7 +29,7 @@ from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.links import (P2P_OPS, STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
                                     last_arriver_ops, latest_finish_ms, slow_communicators)
 from analyzers.evidence import fmt_ranks, fnum
-from analyzers.loader import member_counts
+from analyzers.loader import member_counts, op_counts
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
 from ranksight.schema import Finding
@@ -380,6 +380,8 @@ def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
     if co.empty:
         return pd.DataFrame()
     late = (co.groupby(["gkey", "seq"])["t_arrive"].transform("max") - co["t_arrive"]) * 1000.0
+    # a folded record's times are its ops' means: its wait counts once per op it stands for
+    late = late * op_counts(co)
     return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
 
 
@@ -453,7 +455,7 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     ranks = sorted(int(r) for r in st["rank"].unique())
     # per rank, the median duration of the ops it was last at in steps (s - last_window, s]
     med = windowed_medians(last["rank"].astype(int), last["step"], last["duration_ms"], ranks, steps, cfg.last_window,
-                           cfg.last_min_ops)
+                           cfg.last_min_ops, weights=last["ops"] if "ops" in last.columns else None)
     if med.notna().sum(axis=0).max() < 2:
         return []
     ref = leave_one_out_median(med)
@@ -494,8 +496,10 @@ def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
     co = co[co["duration_ms"].notna() & (co["nbytes"] > 0)]
     if co.empty:
         return out
-    g = co.groupby(["gkey", "group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("nbytes", "max"), n=("rank", "nunique"),
-                                               step=("step", "min"))
+    # per op: a folded record's bytes are its ops' total, its duration their mean
+    co = co.assign(per_op_bytes=co["nbytes"] / op_counts(co), ops=op_counts(co))
+    g = co.groupby(["gkey", "group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("per_op_bytes", "max"),
+                                               n=("rank", "nunique"), step=("step", "min"), ops=("ops", "max"))
     g = g.reset_index()
     gsize = co.groupby(["gkey", "seq"])["group_ranks"].first()
     rows = []
@@ -513,7 +517,7 @@ def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
         ref = b.loc[idx]
         if max(ref["size_bytes"], row["nbytes"]) / max(min(ref["size_bytes"], row["nbytes"]), 1) > cfg.size_match:
             continue
-        rows.append(dict(group=row["group"], op=op, step=int(row["step"]), nbytes=float(row["nbytes"]), busbw=bw,
+        rows.append(dict(group=row["group"], op=op, step=int(row["step"]), nbytes=float(row["nbytes"]), busbw=bw, ops=int(row["ops"]),
                          baseline=float(ref["busbw"]), baseline_size=float(ref["size_bytes"])))
     if not rows:
         return out
@@ -528,7 +532,7 @@ def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
             step_start=int(sub["step"].min()), step_end=int(sub["step"].max()),
             evidence=dict(scope="collective", cause="busbw", group=grp, op=op, achieved_busbw_gbs=fnum(achieved, 3),
                           baseline_busbw_gbs=fnum(baseline, 3), fraction_of_baseline=fnum(frac, 3),
-                          message_bytes_median=fnum(sub["nbytes"].median(), 0), collectives=int(len(sub))),
+                          message_bytes_median=fnum(sub["nbytes"].median(), 0), collectives=int(sub["ops"].sum())),
             confidence=0.7,
             summary=f"{op} on group {grp}: {achieved:.2f} GB/s bus bandwidth, {frac:.0%} of the nccl-tests baseline ({baseline:.2f} GB/s)",
             recommendation=("Below baseline: check the transport NCCL chose and the links (nccl-tests, NCCL_DEBUG=INFO); larger buckets help small messages."

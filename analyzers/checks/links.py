@@ -33,13 +33,15 @@ a slow node).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.loader import member_counts
+from analyzers.loader import member_counts, op_counts
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
+from analyzers.stats import group_loo_median, leave_one_out_median, row_robust_sigmas, windowed_medians
 
 STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
@@ -113,31 +115,100 @@ P2P_CLASS = "pp link"  # every directed pipeline link is compared with the other
 TRANSFER_COLUMNS = ["gkey", "cls", "seq", "rank", "step", "transfer_ms", "suspects"]
 
 
+class _OpInstances:
+    """The completed symmetric collectives of ``co`` from ``first_step`` on, grouped by op instance (communicator,
+    seq), with numpy: the rows (positions in ``co``), the communicator of each (``gcode``: its gkey's place in sorted
+    order, as groupby orders them), the instance of each, and per instance its record count, member count, and
+    spread of completion times. (pandas groupby-transform over the window's millions of records, and a boolean mask
+    of a frame with Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
+
+    def __init__(self, co: pd.DataFrame, first_step: int | None):
+        t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
+        dur = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+        op_code, op_uniq = pd.factorize(co["op"].to_numpy(dtype=object))
+        sym = np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool)
+        keep = ~np.isnan(t_done) & ~np.isnan(dur) & (op_code >= 0)
+        keep[keep] = sym[op_code[keep]]
+        step = co["step"].to_numpy()
+        if first_step is not None:
+            keep &= step >= first_step
+        # the communicators, numbered in sorted order over the whole column (an Arrow string column factorizes in
+        # bulk; a code no kept row has is never used)
+        codes, uniq = pd.factorize(co["gkey"], sort=True)
+        keep &= codes >= 0
+        self.rows = np.flatnonzero(keep)
+        self.gcode, self.gkeys = codes[self.rows], np.asarray(uniq, dtype=object)
+        self.seq = co["seq"].to_numpy()[self.rows]
+        self.rank = co["rank"].to_numpy()[self.rows]
+        self.step = step[self.rows]
+        self.t_done, self.dur = t_done[self.rows], dur[self.rows]
+        self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
+        self.weight = op_counts(co).to_numpy()[self.rows]  # ops per record (a node agent's fold: its ops' mean)
+        n = len(self.rows)
+        # each communicator's member count: its records all carry the same members (gkey names them)
+        key_codes, first_of_key = np.unique(self.gcode, return_index=True)
+        size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
+        if n:
+            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key]]).to_numpy()
+        self.size = size_of_key[self.gcode]
+        # op instances: (communicator, seq), numbered in (gkey, seq) order
+        seq0 = self.seq - (self.seq.min() if n else 0)
+        inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
+        _, self.inst = np.unique(inst_key, return_inverse=True)
+        self.inst = self.inst.ravel()
+        m = int(self.inst.max()) + 1 if n else 0
+        self.count = np.bincount(self.inst, minlength=m)[self.inst]
+        tmax = np.full(m, -np.inf)
+        tmin = np.full(m, np.inf)
+        dmax = np.full(m, -np.inf)
+        np.maximum.at(tmax, self.inst, self.t_done)
+        np.minimum.at(tmin, self.inst, self.t_done)
+        np.maximum.at(dmax, self.inst, self.dur)
+        self.spread_ms = ((tmax - tmin) * 1000.0)[self.inst]
+        self.dur_max = dmax[self.inst]
+
+    def complete(self, tol_ms: np.ndarray | float) -> np.ndarray:
+        """Positions (into the instance arrays) of the records of instances every member recorded, done within
+        ``tol_ms`` of each other."""
+        return np.flatnonzero((self.count == self.size) & (self.size >= 2) & (self.spread_ms <= tol_ms))
+
+
+_LAST_OPS: list = []  # [(weakref to co, first_step, _OpInstances)]: the last one built
+
+
+def op_instances(co: pd.DataFrame, first_step: int | None) -> _OpInstances:
+    """``_OpInstances(co, first_step)``, built once for a round's collectives (``last_arriver_ops`` and
+    ``completion_leads`` both start from it; the frame is shared and never modified, see analyzers/builder.py)."""
+    if _LAST_OPS:
+        ref, first, ops = _LAST_OPS[0]
+        if ref() is co and first == first_step:
+            return ops
+    ops = _OpInstances(co, first_step)
+    _LAST_OPS[:] = [(weakref.ref(co), first_step, ops)]
+    return ops
+
+
 def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
     """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
 
     The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
     its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
     ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
-    pairing is wrong, so such ops are dropped."""
-    empty = pd.DataFrame(columns=["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"])
+    pairing is wrong, so such ops are dropped. Rows in (gkey, seq) order; of ties, the first record."""
+    cols = ["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]
     if co.empty:
-        return empty
-    # symmetric ops only: a rooted op (broadcast, reduce, scatter, gather) costs its root more than the others
-    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
-    if first_step is not None:
-        co = co[co["step"] >= first_step]
-    if co.empty:
-        return empty
-    g = co.groupby(["gkey", "seq"])
-    n = g["rank"].transform("size")
-    size = member_counts(co["group_ranks"])
-    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
-    ok = co[(n == size) & (size >= 2) & (spread <= match_tol_ms)]
-    if ok.empty:
-        return empty
-    last = ok.loc[ok.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
-    return last[["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]].reset_index(drop=True)
+        return pd.DataFrame(columns=cols + ["ops"])
+    ops = op_instances(co, first_step)
+    ok = ops.complete(match_tol_ms)
+    if not len(ok):
+        return pd.DataFrame(columns=cols + ["ops"])
+    # per instance, the latest arrival; of equal ones the first record (groupby idxmax)
+    t = ops.t_arrive[ok]
+    order = np.lexsort((ok, -t, ops.inst[ok]))
+    inst_sorted = ops.inst[ok][order]
+    first = np.r_[True, inst_sorted[1:] != inst_sorted[:-1]]
+    pick = ok[order[first]]
+    return co.iloc[ops.rows[pick]][cols].reset_index(drop=True).assign(ops=ops.weight[pick])
 
 
 def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
@@ -157,7 +228,7 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
         return pd.DataFrame(columns=TRANSFER_COLUMNS)
     xfer = (j["t_done"] - np.maximum(j["t_arrive"], j["t_arrive_recv"])) * 1000.0
     return pd.DataFrame({"gkey": j["gkey"], "cls": P2P_CLASS, "seq": j["seq"], "rank": j["rank"], "step": j["step"],
-                         "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]]})
+                         "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]], "ops": 1})
 
 
 LEAD_COLUMNS = ["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]
@@ -170,27 +241,25 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     The members of one op are all done within the longest member's duration of each other (nobody is done before
     the last one arrived); records of one (communicator, seq) further apart than that (and ``match_tol_ms``) are
     not one op (a rank recorded an op its peers did not, and the sequence numbers drifted apart): dropped. Across
-    nodes the completion times are compared on the nodes' clocks, as every arrival time is."""
+    nodes the completion times are compared on the nodes' clocks, as every arrival time is.
+
+    Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
+    that order (an integer key for joins)."""
     if co.empty:
-        return pd.DataFrame(columns=LEAD_COLUMNS)
-    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
-    if first_step is not None:
-        co = co[co["step"] >= first_step]
-    if co.empty:
-        return pd.DataFrame(columns=LEAD_COLUMNS)
-    g = co.groupby(["gkey", "seq"])
-    size = member_counts(co["group_ranks"])
-    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
-    ok = co[(g["rank"].transform("size") == size) & (size >= 2)
-            & (spread <= np.maximum(match_tol_ms, g["duration_ms"].transform("max")))]
-    parts = []
-    for key, sub in ok.groupby("gkey"):
-        done = sub.pivot_table(index="rank", columns="seq", values="t_done", aggfunc="first")
-        lead = ((leave_one_out_median(done) - done) * 1000.0).stack().rename("lead_ms").reset_index()
-        parts.append(sub[["gkey", "seq", "rank", "step", "duration_ms"]].merge(lead, on=["rank", "seq"]))
-    if not parts:
-        return pd.DataFrame(columns=LEAD_COLUMNS)
-    return pd.concat(parts, ignore_index=True)[LEAD_COLUMNS]
+        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
+    ops = op_instances(co, first_step)
+    ok = ops.complete(np.maximum(match_tol_ms, ops.dur_max))
+    if not len(ok):
+        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
+    ok = ok[np.argsort(ops.gcode[ok], kind="stable")]
+    done = ops.t_done[ok]
+    lead = (group_loo_median(ops.inst[ok], done) - done) * 1000.0
+    gcode = ops.gcode[ok]
+    # gkey as Python strings (object): an Arrow string column of millions of rows costs seconds to build and to mask
+    return pd.DataFrame({"gkey": pd.Series(np.asarray(ops.gkeys, dtype=object)[gcode], dtype=object),
+                         "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
+                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
+                         "ops": ops.weight[ok]})[LEAD_COLUMNS + ["gcode", "ops"]]
 
 
 def sorted_members(members: pd.Series) -> list[tuple]:
@@ -222,7 +291,8 @@ def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: 
         parts.append(pd.DataFrame({
             "gkey": last["gkey"], "cls": last["group"].astype(str), "seq": last["seq"], "rank": last["rank"], "step": last["step"],
             "transfer_ms": last["duration_ms"].astype(float),
-            "suspects": sorted_members(last["group_ranks"])}))
+            "suspects": sorted_members(last["group_ranks"]),
+            "ops": last["ops"] if "ops" in last.columns else 1}))
     p2p = p2p_transfers(co, first_step)
     if not p2p.empty:
         parts.append(p2p)
@@ -235,7 +305,7 @@ def communicator_medians(tr: pd.DataFrame, steps: list[int], window: int, min_op
     """communicator x step: the median (or the ``q`` quantile) transfer of the communicator's ops (``op_transfers``
     rows) in steps (s - window, s], NaN with fewer than ``min_ops`` ops there."""
     return windowed_medians(tr["gkey"], tr["step"], tr["transfer_ms"], sorted(tr["gkey"].unique()), steps, window,
-                            min_ops, q)
+                            min_ops, q, weights=tr["ops"] if "ops" in tr.columns else None)
 
 
 def level_quantile(cls: str, cfg) -> float:
@@ -389,20 +459,44 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         leads = completion_leads(co, steps[0], cfg.match_tol_ms)
     if leads.empty:
         return []
-    # one row per (rank, communicator): "rank|gkey"
-    label = leads["rank"].astype(int).astype(str) + "|" + leads["gkey"].astype(str)
-    labels = sorted(set(label))
-    med = windowed_medians(label, leads["step"], leads["lead_ms"], labels, steps, cfg.link_window, cfg.link_min_ops)
+    # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name
+    rank = leads["rank"].to_numpy().astype(np.int64)
+    if "gcode" in leads.columns:  # completion_leads' communicator numbers (sorted gkey order): no strings to factorize
+        gkey_code = leads["gcode"].to_numpy().astype(np.int64)
+        first = np.unique(gkey_code, return_index=True)[1]
+        gkey_names = np.full(int(gkey_code.max()) + 1, None, dtype=object)
+        gkey_names[gkey_code[first]] = leads["gkey"].to_numpy(dtype=object)[first]
+    else:
+        gkey_code, gkey_names = pd.factorize(leads["gkey"].astype(str).to_numpy(dtype=object), sort=True)
+        gkey_names = np.asarray(gkey_names, dtype=object)
+    code_of = {str(k): i for i, k in enumerate(gkey_names) if k is not None}
+    pair = rank * len(gkey_names) + gkey_code
+    pairs = np.unique(pair)
+    pair_rank, pair_key = pairs // len(gkey_names), pairs % len(gkey_names)
+    label_order = sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}")
+    labels = pairs[label_order].tolist()  # the old string labels' order, as integers
+    step = leads["step"].to_numpy()
+    lead_ms = leads["lead_ms"].to_numpy(dtype=float)
+    med = windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops,
+                           weights=leads["ops"].to_numpy() if "ops" in leads.columns else None)
     if med.notna().sum(axis=0).max() < 2:
         return []
     thresholds = np.maximum(cfg.link_min_extra_ms, cfg.lead_k * reference_sigma(med, cfg.link_window))
     over = med.ge(thresholds, axis=0).fillna(False)
-    per_step = windowed_medians(label, leads["step"], leads["lead_ms"], labels, steps, 1, 1)  # for the onset
+    any_over = over.to_numpy().any(axis=1)
+    per_step = None  # for the onset: built when a rank has a run of flags
+    mine_of: dict[int, list[int]] = {}  # rank -> its labels, in label order
+    for lab in labels:
+        mine_of.setdefault(int(lab // len(gkey_names)), []).append(lab)
+    flagged = {int(lab // len(gkey_names)) for lab, a in zip(labels, any_over) if a}
+    key_of = lambda lab: str(gkey_names[int(lab % len(gkey_names))])  # noqa: E731
     out = []
-    for r in sorted({int(lab.split("|", 1)[0]) for lab in labels}):
-        mine = [lab for lab in labels if lab.startswith(f"{r}|")]
+    for r in sorted(flagged):
+        mine = mine_of[r]
         flags = over.loc[mine].any(axis=0)
         for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
+            if per_step is None:
+                per_step = windowed_medians(pair, step, lead_ms, labels, steps, 1, 1)
             confirmed = confirmation_step(flags, s0, cfg.link_persist)
             onset = max(steps[0], s0 - cfg.link_window + 1)
             # its communicators that were ahead over most of the run of flags
@@ -410,14 +504,14 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
             onset = min(max(onset, refine_onset(per_step.loc[slow].median(axis=0), onset, s1)), confirmed)
             if compute.slow_computer(r, onset, s1):
                 continue
-            keys = sorted(lab.split("|", 1)[1] for lab in slow)
-            peers = set(leads.loc[leads["gkey"].astype(str).isin(keys), "rank"].astype(int)) - {r}
+            keys = sorted(key_of(lab) for lab in slow)
+            of_keys = np.isin(gkey_code, [code_of[k] for k in keys])
+            peers = set(rank[of_keys].tolist()) - {r}
             if any(compute.slow_computer(m, onset, s1) for m in peers):
                 # a peer computes slowly: it arrives last, so it finishes last and this rank "leads" (the victim of
                 # a straggler, which the straggler check names), not a rank whose link is slow
                 continue
-            ops = leads[(leads["rank"] == r) & leads["gkey"].astype(str).isin(keys) & (leads["step"] >= onset)
-                        & (leads["step"] <= s1)]
+            ops = leads[(rank == r) & of_keys & (step >= onset) & (step <= s1)]
             out.append(dict(rank=int(r), onset=int(onset), end=int(s1), n=n, method="completion_lead", confirmed=confirmed,
                             own=float(ops["lead_ms"].median()), peers=float(ops["duration_ms"].median()),
                             ratio=float("nan"), comp_ratio=compute.compute_ratio(r, onset, s1),

@@ -35,6 +35,7 @@ import pandas as pd
 from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.evidence import fmt_ranks, fnum
+from analyzers.loader import op_counts
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import leave_one_out_median, robust_sigma, temporal_sigma
 from ranksight.schema import Finding
@@ -144,7 +145,9 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None,
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
             members[int(r)] = sorted(int(x) for x in gr)
-    return tp.pivot_table(index="rank", columns="step", values="duration_ms", aggfunc="sum"), members
+    # a folded record's duration is its ops' mean: it blocks once per op it stands for
+    blocked = tp.assign(blocked_ms=tp["duration_ms"] * op_counts(tp))
+    return blocked.pivot_table(index="rank", columns="step", values="blocked_ms", aggfunc="sum"), members
 
 
 def _tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:

@@ -19,7 +19,7 @@ from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
-from analyzers.report.series import Event, PlotData, plot_data
+from analyzers.report.series import Event, PlotData, band, focus, plot_data
 from analyzers.score import detection_step, matches
 from analyzers.trace_windows import grouped, trace_windows
 from ranksight.exit_codes import (EXIT, EXIT_CODES_HELP, EXIT_CRITICAL, EXIT_HEALTHY,  # noqa: F401 (re-exported)
@@ -31,7 +31,10 @@ FINDING_FIELDS = ("analyzer", "kind", "severity", "ranks", "nodes", "step_start"
 # diagnose's exit codes: ranksight.exit_codes (shared with `ranksight logs` and `ranksight trace`)
 # a check in these states could not judge the run
 NOT_RUN = ("not_run", "error")
+HEAT_ROWS = 48  # heat map rows: more ranks than this and the rest are summarized (heat_view)
+HEAT_FOCUS = 12  # then this many ranks keep their own row
 TRACE_WINDOWS = 3  # profiler capture windows the report shows (the newest)
+TRACE_ROWS = 32  # a capture window's table: more ranks than this and the ones furthest above the median are shown
 TRACE_COLUMNS = ("rank", "node", "kernel ms/step", "vs median", "NCCL ms/step", "exposed comm ms/step",
                  "memcpy/set ms/step", "idle %", "trace")
 
@@ -94,6 +97,36 @@ class DiagnoseReport:
             cols[b[0]] = piv[b].median(axis=1)
             spans.append((int(b[0]), int(b[-1])))
         return pd.DataFrame(cols), spans
+
+    def heat_view(self, max_cols: int, max_rows: int = HEAT_ROWS) -> "HeatView":
+        """``heat_map(max_cols)`` with at most ``max_rows`` rows: every rank when they fit; else the ranks the findings
+        name and those most out of line with their step's median (at any step), then the other ranks' p95, median
+        and p5 per step bucket. Colours compare with the median over all ranks either way."""
+        heat, spans = self.heat_map(max_cols)
+        med = heat.median(axis=0) if not heat.empty else pd.Series(dtype=float)
+        if len(heat) <= max_rows:
+            return HeatView(heat, spans, med, {r: f"rank {r}" for r in heat.index}, 0)
+        score = heat.div(med.where(med > 0), axis=1).max(axis=1)
+        top = focus(score, self.plots.focus_ranks, max(1, min(HEAT_FOCUS, max_rows - 3)))
+        q = band(heat.T, top).T  # rows p5, median, p95 over the other ranks, per bucket
+        rows = pd.concat([heat.loc[top], q.loc[["p95", "median", "p5"]]])
+        others = len(heat) - len(top)
+        labels: dict[Any, str] = {r: f"rank {r}" for r in top}
+        labels.update({k: f"others' {k}" for k in ("p95", "median", "p5")})
+        return HeatView(rows, spans, med, labels, others)
+
+
+@dataclass
+class HeatView:
+    """The heat map as drawn: ``rows`` (rank or band row x step bucket), each bucket's ``spans`` (first, last step),
+    the bucket ``median`` over all ranks (what the colours compare with), each row's ``labels`` and how many ranks
+    the band rows stand for (``others``: 0 when every rank has its row)."""
+
+    rows: pd.DataFrame
+    spans: list[tuple[int, int]]
+    median: pd.Series
+    labels: dict[Any, str]
+    others: int
 
 
 def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None,
@@ -288,17 +321,30 @@ def trace_title(w: dict[str, Any]) -> str:
     return f"profiler trace ({w['kind']}), {span} ({what})"
 
 
-def trace_rows(w: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The TRACE_COLUMNS cells of one capture window, one row per rank (per step; window totals without steps)."""
+def trace_rows(w: dict[str, Any], limit: int | None = None) -> list[tuple[str, ...]]:
+    """The TRACE_COLUMNS cells of one capture window, one row per rank (per step; window totals without steps). With
+    more ranks than ``limit``: the ``limit`` ranks with the most kernel time against the median, in rank order
+    (``trace_rows_note`` says so)."""
     def ms(x):
         return "-" if x is None else f"{x:.2f}"
 
     per = "" if w["steps"] is None else "_per_step"
+    ranks = w["ranks"]
+    if limit is not None and len(ranks) > limit:
+        keep = sorted(ranks, key=lambda r: -(r["kernel_vs_median"] if r["kernel_vs_median"] is not None else -1.0))
+        ranks = sorted(keep[:limit], key=lambda r: r["rank"])
     return [(str(r["rank"]), "-" if r["node"] is None else str(r["node"]), ms(r["kernel_ms" + per]),
              "-" if r["kernel_vs_median"] is None else f"{r['kernel_vs_median']:.2f}x", ms(r["nccl_ms" + per]),
              ms(r["exposed_comm_ms" + per]), ms(r["copy_ms" + per]),
              "-" if r["idle_share"] is None else f"{100 * r['idle_share']:.1f}",
-             r["trace_file"] + (" (cut short)" if r["truncated"] else "")) for r in w["ranks"]]
+             r["trace_file"] + (" (cut short)" if r["truncated"] else "")) for r in ranks]
+
+
+def trace_rows_note(w: dict[str, Any], limit: int) -> str:
+    """What a capture window's table leaves out at ``limit`` rows ("" when every rank has its row)."""
+    n = len(w["ranks"])
+    return (f"{limit} of {n} ranks shown: those with the most kernel time against the median (every rank: --json)"
+            if n > limit else "")
 
 
 def layout_words(s: Summary) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import re
 from collections import defaultdict
-from typing import Callable
+from typing import Callable, Sequence
 
 import matplotlib
 
@@ -23,7 +23,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from analyzers.report.series import Event, PlotData, bubble_share, schedule  # noqa: E402
+from analyzers.report.series import FOCUS_K, Event, PlotData, band, bubble_share, focus, schedule  # noqa: E402
 
 WIDTH_IN = 10.5  # ~1000 px wide at the page's 96 px/in: fits 1280 px with margins, and a printed A4/Letter page
 EVENT_STYLE = {  # kind -> (colour, line style)
@@ -35,7 +35,9 @@ EVENT_STYLE = {  # kind -> (colour, line style)
     "profile": ("#607d8b", (0, (1, 2))),
     "action": ("#607d8b", (0, (1, 2))),
 }
-MANY = 12  # more series than this: grey lines, the top few highlighted
+MANY = 12  # more series than this: the few that matter in colour, the rest as one band
+RANK_BARS = 24
+FOCUS_HALF = 3  # of the coloured GPU lines, at most this many from the nodes the findings name  # more ranks than this: the time split of the ranks that matter, and three that stand for the rest
 RC = {"svg.fonttype": "none", "svg.hashsalt": "ranksight", "font.size": 9, "axes.spines.top": False,
       "axes.spines.right": False, "axes.grid": False, "axes.prop_cycle": matplotlib.cycler(color=plt.get_cmap("tab10").colors)}
 
@@ -130,22 +132,36 @@ def mark_events(axes: list[Axes], events: list[Event], xlim: tuple[float, float]
         txt.set_gid(f"eventlabel-{step}")
 
 
-def _lines(ax: Axes, frame: pd.DataFrame, highlight: int = 3, label_fmt: Callable[[object], str] = str) -> None:
-    """One line per column; with many columns, grey lines and the ``highlight`` with the largest median in colour."""
+def _lines(ax: Axes, frame: pd.DataFrame, label_fmt: Callable[[object], str] = str, prefer: Sequence[object] = (),
+           worst: str = "high", what: str = "series", axis: int = 0) -> None:
+    """One line per column. With more than ``MANY`` columns (a job of thousands of ranks): ``FOCUS_K`` lines in colour,
+    the columns in ``prefer`` first, then those whose median is the most extreme (``worst``: "high" or "low"), and the
+    other columns as one grey band (p5 to p95 per step) with their median: the SVG's size does not grow with the job.
+    Element ids: ``line-<axis>-<label>``, ``band-<axis>``, ``band-median-<axis>`` (``axis``: the axes' number in
+    the figure)."""
     cols = list(frame.columns)
-    top = set(cols)
-    if len(cols) > MANY:
-        med = frame.median().sort_values(ascending=False)
-        top = set(med.index[:highlight])
-    for c in cols:
+    if len(cols) <= MANY:
+        top = cols
+    else:
+        med = frame.median()
+        top = focus(med if worst == "high" else -med, prefer)
+        q = band(frame, top)
+        others = len(cols) - len(top)
+        ax.fill_between(q.index, q["p5"], q["p95"], color="#9e9e9e", alpha=0.35, linewidth=0,
+                        label=f"p5–p95 of {others} others").set_gid(f"band-{axis}")
+        ax.plot(q.index, q["median"], color="#616161", linewidth=1.0,
+                label="median of the others")[0].set_gid(f"band-median-{axis}")
+    for c in top:
         y = frame[c].dropna()  # a series sampled more sparsely than steps (GPU samples): join its points
-        if c in top:
-            ax.plot(y.index, y, linewidth=1.4, marker="." if len(y) < 60 else None, markersize=3, label=label_fmt(c))
-        else:
-            ax.plot(y.index, y, linewidth=0.7, color="#9e9e9e", alpha=0.6)
-    if top:
+        line, = ax.plot(y.index, y, linewidth=1.4, marker="." if len(y) < 60 else None, markersize=3, label=label_fmt(c))
+        line.set_gid(f"line-{axis}-{_gid(label_fmt(c))}")
+    if cols:
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False,
-                  title=f"top {len(top)} of {len(cols)}" if len(cols) > MANY else None)
+                  title=f"{len(top)} of {len(cols)} {what}" if len(cols) > MANY else None)
+
+
+def _gid(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")
 
 
 def throughput_svg(over_time: pd.DataFrame, events: list[Event], simulated_peak: bool, steps: tuple[int, int] | None = None) -> str:
@@ -166,8 +182,22 @@ def throughput_svg(over_time: pd.DataFrame, events: list[Event], simulated_peak:
     return to_svg(fig, "plot-throughput")
 
 
-def rank_time_svg(stacked: pd.DataFrame) -> str:
-    """Per rank, the median step split into compute / comm / data / pipeline wait (stacked horizontal bars)."""
+def rank_time_svg(stacked: pd.DataFrame, prefer: Sequence[int] = ()) -> str:
+    """Per rank, the median step split into compute / comm / data / pipeline wait (stacked horizontal bars). Above
+    ``RANK_BARS`` ranks: the ranks the findings name and those with the longest total first (``FOCUS_K`` + 4 bars),
+    then the ranks at the p95, median and p5 of the others' totals, each labelled so."""
+    labels = {r: f"rank {r}" for r in stacked.index}
+    if len(stacked) > RANK_BARS:
+        total = stacked.sum(axis=1)
+        top = focus(total, prefer, FOCUS_K + 4)
+        rest = total.drop(index=top).sort_values(kind="stable")
+        picks = []
+        for q, name in ((0.95, "p95"), (0.5, "median"), (0.05, "p5")):
+            r = rest.index[min(len(rest) - 1, int(round(q * (len(rest) - 1))))]
+            if r not in picks:
+                picks.append(r)
+                labels[r] = f"rank {r} (others' {name})"
+        stacked = stacked.loc[top + picks]
     n = len(stacked)
     fig, (ax,) = _fig(1, height_per_row=min(max(1.2, 0.28 * n + 0.8), 9.0), sharex=False)
     left = np.zeros(n)
@@ -179,7 +209,7 @@ def rank_time_svg(stacked: pd.DataFrame) -> str:
         for r, patch in zip(stacked.index, bars):
             patch.set_gid(f"bar-{col.split()[0]}-rank{r}")
         left += vals
-    ax.set_yticks(ys, [f"rank {r}" for r in stacked.index], fontsize=8 if n <= 32 else 6)
+    ax.set_yticks(ys, [labels[r] for r in stacked.index], fontsize=8 if n <= 32 else 6)
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (median over steps)")
     ax.grid(True, axis="x", color="#b0b0b0", linewidth=0.6, alpha=0.6)
@@ -189,9 +219,10 @@ def rank_time_svg(stacked: pd.DataFrame) -> str:
     return to_svg(fig, "plot-ranktime", tight=True)
 
 
-def arrival_svg(lag: pd.DataFrame, events: list[Event], steps: tuple[int, int] | None = None) -> str:
+def arrival_svg(lag: pd.DataFrame, events: list[Event], steps: tuple[int, int] | None = None,
+                prefer: Sequence[int] = ()) -> str:
     fig, (ax,) = _fig(1, height_per_row=2.8)
-    _lines(ax, lag, label_fmt=lambda r: f"rank {r}")
+    _lines(ax, lag, label_fmt=lambda r: f"rank {r}", prefer=prefer, what="ranks")
     ax.set_ylabel("ms after the first rank")
     _step_axis(ax, True, steps)
     mark_events([ax], events)
@@ -199,16 +230,28 @@ def arrival_svg(lag: pd.DataFrame, events: list[Event], steps: tuple[int, int] |
     return to_svg(fig, "plot-arrival")
 
 
-def gpu_svg(gpu: dict[str, pd.DataFrame], events: list[Event], simulated: bool, steps: tuple[int, int] | None = None) -> str:
+def gpu_svg(gpu: dict[str, pd.DataFrame], events: list[Event], simulated: bool, steps: tuple[int, int] | None = None,
+            nodes: Sequence[int] = ()) -> str:
+    """SM clock (a low one is the problem) and temperature (a high one) per GPU; with many GPUs, the named nodes'
+    most extreme GPUs and the most extreme others in colour, the rest as a band."""
     fig, axes = _fig(len(gpu), height_per_row=2.2)
-    for ax, (label, frame) in zip(axes, gpu.items()):
-        _lines(ax, frame)
+    for i, (ax, (label, frame)) in enumerate(zip(axes, gpu.items())):
+        worst = "low" if "clock" in label else "high"
+        med = frame.median() if worst == "high" else -frame.median()
+        named = [c for c in med.sort_values(ascending=False, kind="stable").index if _node_of(c) in set(nodes)]
+        _lines(ax, frame, prefer=named[:FOCUS_HALF], worst=worst, what="GPUs", axis=i)
         ax.set_ylabel(label + (" SIMULATED" if simulated else ""))
     for ax in axes:
         _step_axis(ax, ax is axes[-1], steps)
     mark_events(axes, events)
     _name_grid(fig, axes)
     return to_svg(fig, "plot-gpu")
+
+
+def _node_of(gpu_name: object) -> int | None:
+    """The node of a GPU series' name ("node N GPU G", series.py)."""
+    m = re.match(r"node (\d+) GPU", str(gpu_name))
+    return int(m.group(1)) if m else None
 
 
 def training_svg(training: pd.DataFrame, overflow_steps: list[int], events: list[Event], steps: tuple[int, int] | None = None) -> str:
@@ -235,7 +278,7 @@ def training_svg(training: pd.DataFrame, overflow_steps: list[int], events: list
 
 def collectives_svg(coll: pd.DataFrame, events: list[Event], steps: tuple[int, int] | None = None) -> str:
     fig, (ax,) = _fig(1, height_per_row=2.6)
-    _lines(ax, coll)
+    _lines(ax, coll, what="communicators")
     ax.set_ylabel("ms from the last arrival\nto completion")
     _step_axis(ax, True, steps)
     mark_events([ax], events)

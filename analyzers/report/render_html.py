@@ -13,14 +13,15 @@ from __future__ import annotations
 import html
 import math
 
-from analyzers.report.model import (TRACE_COLUMNS, DiagnoseReport, fault_magnitude, fault_target, history_rows,
-                                    layout_words, next_steps, trace_rows, trace_title)
+from analyzers.report.model import (TRACE_COLUMNS, DiagnoseReport, HeatView, fault_magnitude, fault_target, history_rows,
+                                    layout_words, next_steps, trace_rows, trace_rows_note, trace_title)
 from analyzers.report.sentences import evidence_sentences, plain_items
 
 HEAT_COLORS = [(1.05, "#2e7d32"), (1.15, "#f9a825"), (1.5, "#ef6c00"), (float("inf"), "#c62828")]
 SEV_COLOR = {"critical": "#c62828", "warning": "#e0a100", "info": "#1565c0"}
 EVENT_KIND_WORDS = {"fault": "injected fault (ground truth)", "finding": "a finding's onset", "evict": "eviction",
                     "restart": "restart", "checkpoint": "checkpoint", "profile": "profiler capture", "action": "action"}
+TRACE_PAGE_ROWS = 128  # a capture window's table on the page: more ranks than this, the ones furthest above the median
 e = html.escape
 
 CSS = """
@@ -54,26 +55,27 @@ ol.next li{margin:.3em 0} ol.events{columns:2;font-size:90%} .missing{color:var(
 """
 
 
-def _svg_heat(report: DiagnoseReport) -> str:
-    heat, spans = report.heat_map(120)
+def _svg_heat(hv: HeatView) -> str:
+    heat, spans, med = hv.rows, hv.spans, hv.median
     if heat.empty:
         return ""
-    med = heat.median(axis=0)
-    cw, ch, left, top = max(4, min(16, 900 // max(len(heat.columns), 1))), 14, 56, 20
+    cw, ch, top = max(4, min(16, 900 // max(len(heat.columns), 1))), 14, 20
+    left = 56 if not hv.others else 96
     w = left + cw * len(heat.columns) + 10
     h = top + ch * len(heat.index) + 20
     parts = [f'<svg class="heat" id="plot-heat" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" '
              f'height="{h}" role="img" aria-label="compute per rank and step">',
              f'<text x="{left}" y="14" font-size="11">steps {spans[0][0]} to {spans[-1][1]}</text>']
     for i, r in enumerate(heat.index):
-        parts.append(f'<text x="2" y="{top + i * ch + 11}" font-size="10">rank {r}</text>')
+        label = hv.labels[r]
+        parts.append(f'<text x="2" y="{top + i * ch + 11}" font-size="10">{e(label)}</text>')
         for j, c in enumerate(heat.columns):
             v = heat.loc[r, c]
             ratio = v / med[c] if med[c] and math.isfinite(v) else float("nan")
             color = "#9e9e9e" if not math.isfinite(ratio) else next(col for lim, col in HEAT_COLORS if ratio < lim)
             a, b = spans[j]
-            tip = (f"rank {r} steps {a}-{b}: {v:.1f} ms ({ratio:.2f}x median)" if math.isfinite(ratio)
-                   else f"rank {r} steps {a}-{b}: no value")
+            tip = (f"{label} steps {a}-{b}: {v:.1f} ms ({ratio:.2f}x median)" if math.isfinite(ratio)
+                   else f"{label} steps {a}-{b}: no value")
             parts.append(f'<rect x="{left + j * cw}" y="{top + i * ch}" width="{cw}" height="{ch - 1}" fill="{color}">'
                          f'<title>{e(tip)}</title></rect>')
     parts.append("</svg>")
@@ -82,6 +84,16 @@ def _svg_heat(report: DiagnoseReport) -> str:
 
 def _figure(fig_id: str, title: str, svg: str, caption: str) -> str:
     return (f'<figure id="{fig_id}"><h3>{e(title)}</h3>{svg}<figcaption>{e(caption)}</figcaption></figure>')
+
+
+def _many_note(n: int, what: str, which: str = "those the findings name first, then the most out of line") -> str:
+    """The caption's words for a plot of more series than it draws one by one (plots.MANY)."""
+    from analyzers.report import plots as P
+
+    if n <= P.MANY:
+        return ""
+    return (f" Of {n} {what}, {P.FOCUS_K} are drawn one by one ({which}); the grey band is the others' 5th to 95th "
+            "percentile per step, the grey line their median.")
 
 
 def _missing(fig_id: str, title: str, why: str) -> str:
@@ -138,27 +150,37 @@ def _plots(report: DiagnoseReport) -> tuple[str, str]:
         out.append(_figure("fig-throughput", f"{what} and step time per step", P.throughput_svg(ser, ev, peak_sim, steps),
                            f"Median over ranks per step. MFU is measured against {s['peak']}."))
     if not pdata.arrival_lag.empty:
-        out.append(_figure("fig-arrival", "Arrival lag per rank at the gradient sync", P.arrival_svg(pdata.arrival_lag, ev, steps),
+        out.append(_figure("fig-arrival", "Arrival lag per rank at the gradient sync", P.arrival_svg(pdata.arrival_lag, ev, steps, pdata.focus_ranks),
                            f"How long after the step's first rank each rank arrived, from {pdata.arrival_source}. A rank "
-                           "that arrives late every step is the one the others wait for."))
+                           "that arrives late every step is the one the others wait for." + _many_note(pdata.arrival_lag.shape[1], "ranks")))
     else:
         out.append(_missing("arrival", "Arrival lag per rank", pdata.missing.get("arrival", "no arrival times")))
     if not pdata.stacked.empty:
-        out.append(_figure("fig-ranktime", "Where each rank's step goes", P.rank_time_svg(pdata.stacked),
+        out.append(_figure("fig-ranktime", "Where each rank's step goes", P.rank_time_svg(pdata.stacked, pdata.focus_ranks),
                            "Median over steps of each rank's compute, exposed communication (blocked in collectives), "
-                           "data loading and pipeline wait, from the step records."))
+                           "data loading and pipeline wait, from the step records."
+                           + (f" Of {len(pdata.stacked)} ranks: those the findings name and those with the longest steps, "
+                              "then the ranks at the 95th percentile, the median and the 5th percentile of the others' "
+                              "step totals, each labelled so." if len(pdata.stacked) > P.RANK_BARS else "")))
     else:
         out.append(_missing("ranktime", "Per-rank time split", pdata.missing.get("ranktime", "no time split")))
-    heat = _svg_heat(report)
+    hv = report.heat_view(120)
+    heat = _svg_heat(hv)
     if heat:
+        hv_others = hv.others
+        rows_note = (f" {len(s['ranks']) - hv_others} ranks have their own row: those the findings name, then those "
+                     f"most out of line with their step's median; the rows \"others' p95 / median / p5\" stand for the "
+                     f"other {hv_others} ranks, per column." if hv_others else "")
         out.append(f'<figure id="fig-heat"><h3>{e(report.compute_label.capitalize())} per rank and step</h3>{heat}'
                    "<figcaption>Colour: the rank against the step's median rank (green under 1.05x, amber under 1.15x, "
-                   "orange under 1.5x, red above).</figcaption></figure>")
+                   f"orange under 1.5x, red above).{e(rows_note)}</figcaption></figure>")
     if pdata.gpu:
         sim = " The telemetry is SIMULATED (no real GPU)." if pdata.gpu_simulated else ""
         out.append(_figure("fig-gpu", "GPU SM clock and temperature per GPU" + (" (SIMULATED)" if pdata.gpu_simulated else ""),
-                           P.gpu_svg(pdata.gpu, ev, pdata.gpu_simulated, steps),
-                           "Each GPU's samples mapped to the step whose time span they fall in, median per step." + sim))
+                           P.gpu_svg(pdata.gpu, ev, pdata.gpu_simulated, steps, pdata.focus_nodes),
+                           "Each GPU's samples mapped to the step whose time span they fall in, median per step." + sim
+                           + _many_note(max(f.shape[1] for f in pdata.gpu.values()), "GPUs",
+                                        "the lowest clocks and the hottest, the named nodes' first")))
     else:
         out.append(_missing("gpu", "GPU clock and temperature", pdata.missing.get("gpu", "no GPU samples")))
     training = ""
@@ -229,7 +251,8 @@ def render_html(report: DiagnoseReport) -> str:
                      f"<th>detail</th></tr>{rows}</table>")
     traces = "".join(
         f"<h2>{e(trace_title(w))}</h2><table class='t'><tr>{''.join(f'<th>{e(c)}</th>' for c in TRACE_COLUMNS)}</tr>"
-        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in trace_rows(w)) + "</table>"
+        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>" for cells in trace_rows(w, TRACE_PAGE_ROWS))
+        + "</table>" + (f"<p class='muted'>{e(trace_rows_note(w, TRACE_PAGE_ROWS))}</p>" if len(w["ranks"]) > TRACE_PAGE_ROWS else "")
         for w in s["traces"])
     sim = ('<p class="sim">Parts of this report rest on SIMULATED telemetry or a CPU-measured peak; they are marked '
            '(simulated).</p>' if s["simulated"] else "")

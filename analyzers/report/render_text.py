@@ -1,5 +1,6 @@
 """The diagnose report on a terminal (rich): header, verdict, findings, the checks that could not run, heat map,
-sparklines, faults, history, what to do next."""
+sparklines, faults, history, what to do next. Everything fits the console's width (80 columns and up): text wraps
+with its indent kept, tables drop their least useful columns (and say which) rather than cut a value."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import math
 from typing import Any
 
 import numpy as np
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from analyzers.report.model import TRACE_COLUMNS, DiagnoseReport, history_rows, trace_rows, trace_title
+from ranksight.fit_table import Col, dropped_note, fit_table
+
+from analyzers.report.model import (TRACE_COLUMNS, TRACE_ROWS, DiagnoseReport, history_rows, trace_rows, trace_rows_note,
+                                    trace_title)
 from analyzers.report.sentences import evidence_sentences, plain_items
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -60,25 +65,33 @@ def _findings(fs: list[dict[str, Any]], console: Any) -> None:
         return
     console.print(Text("Findings", style="bold underline"))
     for f in fs:
-        line = Text()
-        line.append(f" {f['severity'].upper():8} ", style=SEV_STYLE[f["severity"]])
-        line.append(f" [{f['kind']}] ", style="bold")
-        line.append(f["summary"])
+        line = Text(f"[{f['kind']}] ", style="bold")
+        line.append(f["summary"], style="")
         if f["simulated"]:
             line.append(" (simulated)", style="magenta")
-        console.print(line)
+        head = Table.grid(padding=(0, 1))  # the summary wraps beside the severity badge, not under it
+        head.add_column(no_wrap=True)
+        head.add_column(overflow="fold")
+        head.add_row(Text(f" {f['severity'].upper():8} ", style=SEV_STYLE[f["severity"]]), line)
+        console.print(head)
         where = (f"    ranks {','.join(map(str, f['ranks'])) or '-'}  nodes {','.join(map(str, f['nodes'])) or '-'}"
                  f"  steps {f['step_start'] if f['step_start'] is not None else '?'}-"
                  f"{f['step_end'] if f['step_end'] is not None else '?'}  confidence {f['confidence']:.2f}")
-        console.print(Text(where, style="dim"))
+        console.print(_indented(Text(where.strip(), style="dim")))
         # the evidence as the HTML page says it: sentences with the numbers, then what they do not mention, plainly
         sentences, rest = evidence_sentences(f)
         for sentence in sentences:
-            console.print(Text(f"    {sentence}", style="cyan"), overflow="fold")
+            console.print(_indented(Text(sentence, style="cyan")))
         if rest:
             measured = "; ".join(f"{k} {v}" for k, v in plain_items(rest))
-            console.print(Text(f"    measured: {measured}", style="dim cyan"), overflow="fold")
-        console.print(Text(f"    -> {f['recommendation']}", style="green"))
+            console.print(_indented(Text(f"measured: {measured}", style="dim cyan")))
+        console.print(_indented(Text(f"-> {f['recommendation']}", style="green")))
+
+
+def _indented(text: Text, indent: int = 4) -> Padding:
+    """``text`` indented, its wrapped lines too (a word longer than the line folds rather than being cut)."""
+    text.overflow = "fold"
+    return Padding(text, (0, 0, 0, indent))
 
 
 def _coverage(cov: list[dict[str, Any]], console: Any) -> None:
@@ -88,20 +101,20 @@ def _coverage(cov: list[dict[str, Any]], console: Any) -> None:
     if not_run:
         console.print(Text(f"Checks that could not run ({len(not_run)} of {len(cov)})", style="bold underline"))
         for c in not_run:
-            line = Text(f"  {c['check']}: could not run: ", style="bold yellow")
+            line = Text(f"{c['check']}: could not run: ", style="bold yellow")
             line.append(c["reason"], style="yellow")
-            console.print(line, overflow="fold")
+            console.print(_indented(line, 2))
     if limited:
         console.print(Text("Checks that ran with limits", style="dim underline"))
         for c in limited:
-            console.print(Text(f"  {c['check']}: {c['reason']}", style="dim"), overflow="fold")
+            console.print(_indented(Text(f"{c['check']}: {c['reason']}", style="dim"), 2))
 
 
 def _heat_map(report: DiagnoseReport, console: Any) -> None:
-    heat, spans = report.heat_map(48)
+    hv = report.heat_view(max(8, min(48, console.width - 32)), max_rows=32)
+    heat, spans, med = hv.rows, hv.spans, hv.median
     if heat.empty:
         return
-    med = heat.median(axis=0)
     t = Table(title=f"{report.compute_label} per rank x step (colour: vs the step's median rank)", show_header=True,
               header_style="dim", box=None, pad_edge=False, padding=(0, 1))
     t.add_column("rank", justify="right")
@@ -114,8 +127,12 @@ def _heat_map(report: DiagnoseReport, console: Any) -> None:
             v = heat.loc[r, c]
             ratio = v / med[c] if med[c] and math.isfinite(v) else float("nan")
             cells.append("█", style=_heat_style(ratio))
-        t.add_row(str(r), cells, f"{float(np.nanmedian(heat.loc[r])):.1f}")
+        label = hv.labels[r].removeprefix("rank ")
+        t.add_row(label, cells, f"{float(np.nanmedian(heat.loc[r])):.1f}")
     console.print(t)
+    if hv.others:
+        console.print(Text(f"  {len(heat) - 3} ranks shown (named by findings, then most out of line); the others' rows: "
+                           f"p95, median and p5 of the other {hv.others} ranks per column", style="dim"))
     console.print(Text("  legend: ", style="dim") + Text("█<1.05x ", style="green") + Text("█<1.15x ", style="yellow")
                   + Text("█<1.5x ", style="dark_orange") + Text("█>=1.5x", style="red"))
 
@@ -138,14 +155,20 @@ def _over_time(report: DiagnoseReport, console: Any) -> None:
     console.print(Text(f"peak: {report.summary['peak']}", style="dim"))
 
 
+def _fitted(console: Any, title: str, cols: list[Col], rows: list[list[Any]], drop: tuple[str, ...]) -> None:
+    """A table that fits the console (``ranksight.fit_table``: columns in ``drop`` left out first, values folded,
+    never cut), and the line naming what was left out."""
+    console.print(Text(title, style="italic"))  # above, not as the table's title: that wraps at the table's width
+    fitted = fit_table(console, cols, rows, drop)
+    console.print(fitted.table)
+    if fitted.dropped:
+        console.print(Text(dropped_note(fitted.dropped, console.width), style="dim"))
+
+
 def _faults(faults: list[dict[str, Any]], console: Any) -> None:
     if not faults:
         return
-    t = Table(title="injected faults (ground truth) vs findings", show_lines=False)
-    t.add_column("fault")
-    t.add_column("target")
-    t.add_column("steps")
-    t.add_column("found?")
+    rows = []
     for row in faults:
         fl = row["fault"]
         target = f"rank {fl['rank']}" if fl.get("rank") is not None else (f"node {fl['node']}" if fl.get("node") is not None else "world")
@@ -153,29 +176,28 @@ def _faults(faults: list[dict[str, Any]], console: Any) -> None:
         steps = f"{fl.get('start', 0)}-{fl['end'] if fl.get('end') is not None else 'end'}"
         found = (Text(f"yes, {row['latency_steps']} step(s) after onset: {row['finding']}", style="green") if row["found"]
                  else Text("MISSED", style="bold red"))
-        t.add_row(f"{fl['kind']} {mag}", target, steps, found)
-    console.print(t)
+        rows.append([f"{fl['kind']} {mag}".strip(), target, steps, found])
+    _fitted(console, "injected faults (ground truth) vs findings",
+            [Col("fault"), Col("target"), Col("steps"), Col("found?")], rows, ())
 
 
 def _history(hist: dict[str, Any], console: Any) -> None:
     if not (len(hist["attempts"]) > 1 or hist["actions"]):
         return
-    t = Table(title="what happened to the job (restarts, and the head's actions)", show_lines=False)
-    for col in ("when", "what", "by", "detail"):
-        t.add_column(col)
-    for when, what, by, detail in history_rows(hist):
-        t.add_row(when, what, by, detail if len(detail) <= 120 else detail[:117] + "...")
-    console.print(t)
+    rows = [[when, what, by, detail if len(detail) <= 120 else detail[:117] + "..."]
+            for when, what, by, detail in history_rows(hist)]
+    _fitted(console, "what happened to the job (restarts, and the head's actions)",
+            [Col("when"), Col("what"), Col("by"), Col("detail")], rows, ("by",))
 
 
 def _traces(windows: list[dict[str, Any]], console: Any) -> None:
+    cols = [Col(c, "left" if c == "trace" else "right") for c in TRACE_COLUMNS]
     for w in windows:
-        t = Table(title=trace_title(w), show_lines=False)
-        for col in TRACE_COLUMNS:
-            t.add_column(col, justify="left" if col == "trace" else "right")
-        for cells in trace_rows(w):
-            t.add_row(*cells)
-        console.print(t)
+        _fitted(console, trace_title(w), cols, [list(r) for r in trace_rows(w, TRACE_ROWS)],
+                ("trace", "memcpy/set ms/step", "idle %", "node"))
+        note = trace_rows_note(w, TRACE_ROWS)
+        if note:
+            console.print(Text(note, style="dim"))
 
 
 def _next_steps(s: dict[str, Any], console: Any) -> None:
@@ -188,10 +210,14 @@ def _next_steps(s: dict[str, Any], console: Any) -> None:
         recs.append(f"Give the checks that could not run ({', '.join(s['checks_not_run'])}) the fields they need "
                     "(see 'checks that could not run'), then diagnose the next run.")
     if recs:
+        steps = Table.grid(padding=(0, 1))
+        steps.add_column(justify="right")
+        steps.add_column(overflow="fold")
         for i, r in enumerate(recs[:6], 1):
-            console.print(f"  {i}. {r}")
+            steps.add_row(f"  {i}.", Text(r))
+        console.print(steps)
     else:
-        console.print("  Nothing to fix. Keep the run's report as a baseline for the next one.")
+        console.print(_indented(Text("Nothing to fix. Keep the run's report as a baseline for the next one."), 2))
     if s["simulated"]:
         console.print(Text("Note: parts of this report rest on SIMULATED telemetry (GPU samples from the simulator) or a peak "
                            "measured on a CPU; they are marked (simulated).", style="magenta"))

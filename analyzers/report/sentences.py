@@ -8,6 +8,7 @@ reads with ``.get``: evidence missing a key gives a shorter sentence, never a cr
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable
 
@@ -305,6 +306,34 @@ def evidence_sentences(finding: dict[str, Any]) -> tuple[list[str], dict[str, An
         ev.used.clear()
         sentences = []
     return [s for s in sentences if s], ev.rest()
+
+
+def _decoded(v: Any) -> Any:
+    """A dict or list column read back from Parquet comes as JSON text; anything else as it is."""
+    if isinstance(v, str) and v[:1] in ("{", "["):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
+def explained(finding: dict[str, Any]) -> dict[str, Any]:
+    """The finding as served to clients that cannot import this module (the head's API, for the TUI): the dict as it
+    was, plus ``evidence_sentences`` (the sentences above) and ``evidence_other`` (``[name, value]`` in words for
+    each evidence key no sentence used). Evidence that is not a dict gives no sentences and is left as it was."""
+    f = dict(finding)
+    ev, ranks = _decoded(f.get("evidence")), _decoded(f.get("ranks"))
+    ev = ev if isinstance(ev, dict) else {}
+    ranks = [r for r in ranks if isinstance(r, int)] if isinstance(ranks, list) else []
+    try:
+        sentences, rest = evidence_sentences({**f, "evidence": ev, "ranks": ranks})
+        other = plain_items(rest)
+    except Exception:  # a sentence that trips on odd evidence must not cost the API its findings: say it plainly
+        sentences, other = [], [(plain_key(str(k)), str(v)) for k, v in ev.items()]
+    f["evidence_sentences"] = sentences
+    f["evidence_other"] = [list(kv) for kv in other]
+    return f
 
 
 def plain_value(v: Any) -> str:

@@ -6,7 +6,7 @@ empty and ``PlotData.missing`` says why, so the page can say it in one line inst
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,10 @@ TRAINING_CURVES = (("loss", "loss"), ("grad_norm", "grad norm"), ("loss_scale", 
 GPU_METRICS = (("sm_clock_mhz", "SM clock (MHz)"), ("temp_c", "temperature (°C)"))
 # group order when several carry arrival times: the gradient sync first
 SYNC_GROUPS = ("dp", "world", "tp", "pp")
+# A plot of many ranks (or GPUs) draws FOCUS_K of them one by one, those the findings name first, then the most
+# extreme, and the rest as one band (p5-p95 and the median): thousands of lines are neither readable nor cheap.
+FOCUS_K = 6
+BAND_QUANTILES = (0.05, 0.5, 0.95)
 
 
 @dataclass
@@ -59,12 +63,16 @@ class PlotData:
     microbatches: int = 1
     virtual_stages: int = 1
     missing: dict[str, str] = field(default_factory=dict)  # plot id -> why it is left out
+    # the ranks and nodes the warning-or-worse findings name, most severe first: a plot of many draws these one by one
+    focus_ranks: list[int] = field(default_factory=list)
+    focus_nodes: list[int] = field(default_factory=list)
 
 
 def plot_data(data: RunData, findings: list[Finding], hist: dict[str, Any], injected: list[Event] | None = None) -> PlotData:
     """Every plot's series for ``data``; ``findings``, the job's history ``hist`` and the ``injected`` faults' marks
     (``model.fault_events``: only the report's fault table code reads the fault spec) give the event marks."""
     pd_ = PlotData(events=events(findings, hist, injected or []))
+    pd_.focus_ranks, pd_.focus_nodes = named_by(findings)
     _stacked(data, pd_)
     _arrival(data, pd_)
     _gpu(data, pd_)
@@ -100,6 +108,42 @@ def events(findings: list[Finding], hist: dict[str, Any], injected: list[Event])
             out.append(Event(int(a["resumed_step"]), "restart",
                              f"restart: attempt {a.get('attempt')} on {a.get('world_size')} ranks from step {a['resumed_step']}"))
     return sorted(out, key=lambda e: e.step)
+
+
+def named_by(findings: list[Finding]) -> tuple[list[int], list[int]]:
+    """The ranks and the nodes the warning-or-worse findings name, most severe first, each once."""
+    ranks: list[int] = []
+    nodes: list[int] = []
+    for f in sorted(findings, key=lambda f: -SEVERITY_ORDER[f.severity]):
+        if SEVERITY_ORDER[f.severity] < 1:
+            continue
+        ranks += [int(r) for r in f.ranks if int(r) not in ranks]
+        nodes += [int(n) for n in f.nodes if int(n) not in nodes]
+    return ranks, nodes
+
+
+def focus(scores: pd.Series, prefer: Sequence[Any] = (), k: int = FOCUS_K) -> list[Any]:
+    """The ``k`` labels of ``scores`` to draw one by one: those in ``prefer`` first (in its order), then the highest
+    scores (ties in label order; NaN last)."""
+    out = [x for x in prefer if x in scores.index][:k]
+    for x in scores.sort_values(ascending=False, kind="stable", na_position="last").index:
+        if len(out) >= k:
+            break
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def band(frame: pd.DataFrame, exclude: Sequence[Any] = ()) -> pd.DataFrame:
+    """Per row of ``frame`` (a step), the BAND_QUANTILES over its columns but ``exclude``: columns ``p5``, ``median``,
+    ``p95``; rows where no column has a value are dropped."""
+    a = frame.to_numpy(dtype=float)[:, ~frame.columns.isin(list(exclude))]  # not DataFrame.drop: slow when wide
+    keep = ~np.isnan(a).all(axis=1)
+    q = np.full((len(a), len(BAND_QUANTILES)), np.nan)
+    if keep.any():
+        q[keep] = np.nanquantile(a[keep], BAND_QUANTILES, axis=1).T
+    out = pd.DataFrame(q, index=frame.index, columns=["p5", "median", "p95"])
+    return out[keep]
 
 
 def _list(xs: list[int]) -> str:

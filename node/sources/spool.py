@@ -1,7 +1,9 @@
 """The spools of this node's ranks (``RunDir.spool(rank)``): which ranks are local, and their new records.
 
 Discovery: a rank is local when the manifest's placement says ``node == N``; before the manifest lists it, when
-the first record of its spool names this node (``ranksight.spool.first_node``). Tailing is
+the first record of its spool names this node (``ranksight.spool.first_node``). Collective records are folded per
+step (``ranksight.collective_fold``: one record per rank, step, communicator and op kind) with ``--collectives
+per-step``, and by default (``auto``) in a job of more than ``FOLD_ABOVE_RANKS`` ranks. Tailing is
 ``ranksight.spool.tail`` from the committed position; a spool gap (garbage lines, an oversized line, a truncated
 or replaced file) becomes a ``spool_gap`` / ``spool_reset`` event. Step records also feed the Prometheus step
 series and the OTLP step histogram.
@@ -17,11 +19,18 @@ from node.prom import AgentMetrics
 from node.shipping import OtlpMetrics
 from node.state import AgentState
 from ranksight import schema, wire
+from ranksight.collective_fold import fold_per_step
 from ranksight.layout import RunDir
 from ranksight.spool import SpoolGap, TailPosition, first_node, spool_ranks, tail
 
 log = logging.getLogger("ranksight.agent")
 
+# --collectives: per-op ships every collective record; per-step folds them (ranksight/collective_fold.py). auto:
+# every op while the head can take them, folded above this many ranks (a job that size makes millions of op
+# records a second; bench/scale.py). Folded records keep detection but for part of the slow-link signature's
+# sensitivity (bench/RESULTS.md, the detection matrix replayed folded).
+COLLECTIVE_MODES = ("auto", "per-op", "per-step")
+FOLD_ABOVE_RANKS = 256
 READ_BYTES_PER_RANK = 1024 * 1024  # per cycle: keeps one OTLP request well under the head's limit
 DISCOVERY_INTERVAL_S = 2.0
 
@@ -32,8 +41,16 @@ class SpoolSource:
     travel packed (``wire.pack_records``), every other kind as the spool's JSON lines. ``backlog`` is True after
     a ``collect()`` that left bytes unread (the agent then runs the next cycle at once)."""
 
-    def __init__(self, rd: RunDir, node: int, state: AgentState, metrics: AgentMetrics, otlp_metrics: OtlpMetrics):
+    def __init__(self, rd: RunDir, node: int, state: AgentState, metrics: AgentMetrics, otlp_metrics: OtlpMetrics,
+                 collectives: str = "auto"):
         self.rd = rd
+        if collectives not in COLLECTIVE_MODES:
+            raise ValueError(f"collectives must be one of {COLLECTIVE_MODES}, not {collectives!r}")
+        # per-step: a step's ops of one kind on one communicator shipped as one record (ranksight/collective_fold.py);
+        # the records of every op stay in the spool files. auto: per-step once the job is larger than
+        # FOLD_ABOVE_RANKS (its world size, from the step records)
+        self.collectives = collectives
+        self.world_size = 0
         self.node = node
         self.state = state
         self.metrics = metrics
@@ -95,6 +112,7 @@ class SpoolSource:
                 put(type(rec).__struct_config__.tag, raw, rec.step, rank, _rec_time(rec), rec)
                 if isinstance(rec, schema.StepRecord):
                     steps.append(rec)
+                    self.world_size = max(self.world_size, rec.world_size)
             if steps:
                 self.metrics.observe_steps(steps)  # each Prometheus series once per rank and cycle
                 self.otlp_metrics.record_steps(steps)
@@ -110,6 +128,8 @@ class SpoolSource:
                             self.node, rank, g.reason, g.offset, g.lines, g.nbytes, g.after_step)
         items = []
         for kind, b in by_kind.items():
+            if kind == "collective" and self.folds():
+                b.fold()
             # Step records travel packed (the head stores them without a Python object per record);
             # anything that cannot be packed exactly, and every other kind, as the JSON spool lines.
             packed = wire.pack_records(kind, self.rd.run_id, b.recs) if kind in wire.PACKED_LAYOUTS else None
@@ -118,6 +138,10 @@ class SpoolSource:
                               count=len(b.raws), step_min=min(b.steps), step_max=max(b.steps),
                               t_first=min(b.times) if b.times else now, layout=layout))
         return items
+
+    def folds(self) -> bool:
+        """Whether this cycle's collective records are folded per step."""
+        return self.collectives == "per-step" or (self.collectives == "auto" and self.world_size > FOLD_ABOVE_RANKS)
 
     def commit(self, acknowledged: bool) -> bool:
         had = bool(self._pending)
@@ -144,6 +168,14 @@ class _KindBatch:
         self.ranks: set[int] = set()
         self.times: list[float] = []  # wall times, where a record has one
         self.recs: list = []  # the decoded records (for packing)
+
+    def fold(self) -> None:
+        """Collective records folded per step (``fold_per_step``); the JSON lines made again from them."""
+        folded = fold_per_step(self.recs)
+        if len(folded) != len(self.recs):
+            self.recs = folded
+            self.raws = [schema.encode(r) for r in folded]
+            self.steps = [r.step for r in folded]
 
 
 def _rec_time(rec) -> float | None:

@@ -1,4 +1,5 @@
-"""The findings list (severity-coloured) and the detail of the selected one (evidence numbers, recommendation)."""
+"""The findings list (severity-coloured) and the detail of the selected one (the evidence in sentences with the
+numbers, as the head serves them; the recommendation)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ def fmt_steps(f: schema.Finding) -> str:
 
 def evidence_text(f: schema.Finding) -> str:
     return " ".join(f"{k}={fmt_evidence_value(v)}" for k, v in f.evidence.items())
+
+
+def evidence_lines(f: schema.Finding) -> tuple[list[str], str]:
+    """(the evidence in sentences, the rest in words as one line) as the head serves them; a head older than the
+    sentences (or evidence no sentence reads) gives none, and the rest is then the evidence as ``key=value``."""
+    sentences = list(getattr(f, "evidence_sentences", None) or [])
+    other = getattr(f, "evidence_other", None) or []
+    if sentences or other:
+        return sentences, "; ".join(f"{k} {v}" for k, v in other)
+    return [], evidence_text(f)
 
 
 SEV_W = 10  # " critical "
@@ -153,8 +164,12 @@ class FindingDetail(Static):
             t.append("  SIMULATED", style="bold magenta")
         t.append("\n" + (f.summary or "(no summary)") + "\n")
         t.append(f"ranks {fmt_ranks(f.ranks)}  nodes {fmt_ranks(f.nodes)}  steps {fmt_steps(f)}\n", style="dim")
-        t.append("evidence: ", style="bold")
-        t.append((evidence_text(f) or "(none)") + "\n")
+        sentences, rest = evidence_lines(f)
+        for sentence in sentences:
+            t.append(sentence + "\n", style="cyan")
+        if rest or not sentences:
+            t.append("measured: " if sentences else "evidence: ", style="bold" if not sentences else "dim bold")
+            t.append((rest or "(none)") + "\n", style="dim" if sentences else "")
         t.append("recommendation: ", style="bold green")
         t.append(f.recommendation or "(none)")
         self.update(t)

@@ -1,0 +1,25 @@
+"""bench/scale.py end to end at a small size: the real head fed over HTTP in real time reports its CPU by part,
+runs live analysis rounds, and names the straggler the generated telemetry carries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_scale_bench_small_fleet(tmp_path):
+    out = tmp_path / "scale.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--ranks", "64", "--pp", "2", "--seconds", "18",
+                        "--warmup", "4", "--slow-from", "2", "--connections", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(out.read_text())
+    assert {"http", "flush", "analyze"} <= set(got["share_pct"]), got["share_pct"]
+    assert got["share_pct"]["http"] > 0
+    assert got["rounds"] >= 1
+    assert got["findings"] and all(3 in f["ranks"] for f in got["findings"]), got["findings"]
+    assert "share of one core by part" in p.stdout

@@ -1,0 +1,88 @@
+"""completion_leads and last_arriver_ops in numpy give what the per-communicator pandas code gave (kept here as
+the reference): the same rows, in the same order, the same floats, on a window with a slow link, a dropped op,
+drifted sequence numbers and ties in arrival."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyzers.checks.links import SYMMETRIC_OPS, completion_leads, last_arriver_ops
+from analyzers.loader import member_counts
+from analyzers.stats import leave_one_out_median
+
+
+def _reference_filter(co, first_step, tol_of):
+    co = co[co["t_done"].notna() & co["duration_ms"].notna() & co["op"].astype(str).str.lower().isin(SYMMETRIC_OPS)]
+    if first_step is not None:
+        co = co[co["step"] >= first_step]
+    g = co.groupby(["gkey", "seq"])
+    size = member_counts(co["group_ranks"])
+    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
+    return co[(g["rank"].transform("size") == size) & (size >= 2) & (spread <= tol_of(g))]
+
+
+def reference_leads(co, first_step, tol=10.0):
+    ok = _reference_filter(co, first_step, lambda g: np.maximum(tol, g["duration_ms"].transform("max")))
+    parts = []
+    for _, sub in ok.groupby("gkey"):
+        done = sub.pivot_table(index="rank", columns="seq", values="t_done", aggfunc="first")
+        lead = ((leave_one_out_median(done) - done) * 1000.0).stack().rename("lead_ms").reset_index()
+        parts.append(sub[["gkey", "seq", "rank", "step", "duration_ms"]].merge(lead, on=["rank", "seq"]))
+    return pd.concat(parts, ignore_index=True)[["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]]
+
+
+def reference_last(co, first_step, tol=10.0):
+    ok = _reference_filter(co, first_step, lambda g: tol)
+    last = ok.loc[ok.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
+    return last[["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]].reset_index(drop=True)
+
+
+def window(seed=0, ranks=16, steps=40, extra_kinds=True):
+    rng = np.random.default_rng(seed)
+    rows = []
+    groups = {"tp": [list(range(i, i + 4)) for i in range(0, ranks, 4)],
+              "dp": [list(range(i, ranks, 4)) for i in range(4)]}
+    for s in range(steps):
+        base = 1.7e9 + s * 0.1
+        for name, gs in groups.items():
+            for m in gs:
+                key = f"{name}[{','.join(map(str, m))}]"
+                arrive = {r: base + rng.uniform(0, 0.01) for r in m}
+                arrive[m[0]] = arrive[m[-1]]  # a tie in arrival
+                last = max(arrive.values())
+                for r in m:
+                    if name == "dp" and r == 5 and s == 7:
+                        continue  # an op one member never recorded: dropped
+                    extra = 0.004 if (r == 6 and s >= 20) else 0.0  # rank 6's link is slow: it finishes first
+                    seq = 2 * s + (name == "dp") + (1 if (r == 9 and name == "tp" and s >= 30) else 0)
+                    done = last + 0.002 + rng.uniform(0, 0.0005) - extra
+                    rows.append(dict(rank=r, step=s, seq=seq, op="all_reduce" if s % 9 else "ALLREDUCE", group=name,
+                                     gkey=key, group_ranks=np.array(m), t_arrive=arrive[r], t_done=done,
+                                     duration_ms=(done - arrive[r]) * 1000.0))
+    if extra_kinds:  # a communicator whose only op is rooted (left out) sorts between the kept ones
+        for r in (0, 4):
+            rows.append(dict(rank=r, step=3, seq=0, op="broadcast", group="pp", gkey="pp[0,4]", group_ranks=np.array([0, 4]),
+                             t_arrive=1.7e9, t_done=1.7e9 + 0.001, duration_ms=1.0))
+    return pd.DataFrame(rows).sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def test_completion_leads_same_as_per_communicator_pivots():
+    for seed in range(3):
+        co = window(seed)
+        for first in (None, 5):
+            got = completion_leads(co, first)
+            want = reference_leads(co, first)
+            assert len(got) and got["lead_ms"].abs().max() > 0
+            pd.testing.assert_frame_equal(got[want.columns].astype({"gkey": object}), want.astype({"gkey": object}),
+                                          check_dtype=False)
+
+
+def test_last_arriver_ops_same_as_groupby_idxmax():
+    for seed in range(3):
+        co = window(seed)
+        got, want = last_arriver_ops(co, 3), reference_last(co, 3)
+        assert len(got)
+        assert (got["ops"] == 1).all()  # unfolded records: one op each
+        pd.testing.assert_frame_equal(got.drop(columns=["group_ranks", "ops"]), want.drop(columns="group_ranks"),
+                                      check_dtype=False)
