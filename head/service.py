@@ -68,7 +68,7 @@ class Head:
         self.analysis = LiveAnalysis(self.live, self.store, self.stats,
                                      self.metrics.timed(resolve_analyzers() if analyzer == "auto" else analyzer),  # type: ignore[arg-type]
                                      analyze_window, idle_recheck)
-        self.cpu = ThreadParts()  # CPU per part (http, flush, analysis): ranksight_head_cpu_seconds_total
+        self.cpu = ThreadParts()  # CPU per part (http, flush, compact, analysis): ranksight_head_cpu_seconds_total
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
         self._stop = threading.Event()
