@@ -214,7 +214,7 @@ def main() -> None:
         dup = cpu(again)
         assert rs.stored_and_buffered("steps") == n_steps
         head.close()
-        nbytes = sum(p.stat().st_size for p in (store / RUN).rglob("part-*.parquet"))
+        nbytes = sum(p.stat().st_size for p in (store / RUN).rglob("*.parquet"))  # parts, or the hour merged at close
         return c, dup * args.seconds, nbytes
 
     try:

@@ -290,6 +290,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=8, help="seconds before the head's CPU is read the first time")
     ap.add_argument("--agents-per-request", type=int, default=1)
     ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--analyze-interval", type=float, default=5.0, help="the head's; 0: no live analysis")
     ap.add_argument("--slow-from", type=int, default=10, help="the second from which rank 3 computes 1.3x")
     ap.add_argument("--by-kind", action="store_true",
                     help="first, in this process on one core without HTTP: the head's ingest CPU per kind of record")
@@ -335,7 +336,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(ROOT), RANKSIGHT_TOKEN=TOKEN)
     head = subprocess.Popen([sys.executable, "-m", "cli.main", "head", "--store", str(tmp / "store"), "--port",
-                             str(port), "--token", TOKEN, "--log-level", "WARNING"], env=env, cwd=ROOT,
+                             str(port), "--token", TOKEN, "--log-level", "WARNING", "--analyze-interval", str(a.analyze_interval)],
+                            env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "head.log", "wb"))
     try:
         for _ in range(300):

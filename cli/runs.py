@@ -21,14 +21,18 @@ STALE_S = 60.0
 
 def _steps_summary(run_root: Path) -> tuple[int | None, int | None, float | None, str]:
     """(steps recorded, last step, last step end time, source) from the store table, else the spools."""
-    d = run_root / "steps"
-    if d.is_dir() and any(p.name.startswith("part-") for p in d.iterdir()):
+    from ranksight.store_layout import table_files
+
+    # the files the store's reader reads (Hive partitions and flat parts; not those a compacted file replaced); those
+    # a head moved to object storage are left out here: this listing needs no credentials nor network
+    files = [f.path for f in table_files(run_root / "steps", include_remote=False)]
+    if files:
         import duckdb
 
         con = duckdb.connect()
         try:
             n, last, t = con.execute(
-                "select count(*), max(step), max(t_end) from read_parquet(?)", [str(d / "part-*.parquet")]
+                "select count(*), max(step), max(t_end) from read_parquet(?)", [files]
             ).fetchone()
         finally:
             con.close()

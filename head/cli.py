@@ -44,6 +44,10 @@ def head(
     window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for the API (and the analyzers, up to --analyze-window)."),
     analyze_window: int = typer.Option(256, "--analyze-window", min=1,
                                        help="Steps per rank each live analysis round looks at (its cost grows with it); at most --window."),
+    compact_to: str = typer.Option("", "--compact-to", envvar="RANKSIGHT_COMPACT_TO",
+                                   help="Put the compacted hour partitions here instead of --store: a directory or an "
+                                        "object-storage URI (s3://bucket/prefix?region=..., gs://...; credentials from "
+                                        "the environment). The write-ahead log and fresh parts stay in --store."),
     fsync: bool = typer.Option(False, "--fsync/--no-fsync", help="fsync the write-ahead log before acknowledging (survives power loss, slower)."),
     log_level: str = typer.Option("INFO", "--log-level"),
     alertmanager_url: str = typer.Option("", "--alertmanager-url", envvar="RANKSIGHT_ALERTMANAGER_URL",
@@ -101,8 +105,16 @@ def head(
 
     if evict not in MODES:
         raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
+    if compact_to:
+        from ranksight.store_layout import StoreLocationError, open_location
+
+        try:
+            open_location(compact_to)
+        except StoreLocationError as e:
+            raise typer.BadParameter(f"--compact-to: {e}") from None
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
-             analyze_window=analyze_window, public_read=public_read, agent_tls=agent_tls)
+             analyze_window=analyze_window, public_read=public_read, agent_tls=agent_tls,
+             compact_to=compact_to or None)
     h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
         min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:

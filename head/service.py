@@ -6,7 +6,7 @@
 
 ``Head`` puts the parts together and runs their threads: the HTTP server (one thread per
 connection, ``head.api``), a flusher (buffers to Parquet every ``flush_interval``) and the analysis
-loop. Shared state is guarded by the per-run locks in the store and the live windows.
+loop, and a compactor (a closed hour's part files merged into one file). Shared state is guarded by the per-run locks in the store and the live windows.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Head:
                  analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
                  flush_rows: int = 50_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
                  idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False,
-                 agent_tls: ssl.SSLContext | None = None):
+                 agent_tls: ssl.SSLContext | None = None, compact_to: str | None = None,
+                 compact_interval: float = 60.0):
         if not token:
             raise ValueError("the head needs a token")
         self.token = token
@@ -58,7 +59,8 @@ class Head:
         self.stats = {"log_requests": 0, "metric_requests": 0, "records_in": 0, "records_new": 0,
                       "duplicates": 0, "rejected": 0, "http_4xx": 0, "metric_points": 0, "analyzer_errors": 0,
                       "analysis_rounds": 0, "analysis_skipped": 0}
-        self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync)
+        self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync, compact_to=compact_to)
+        self.compact_interval = compact_interval  # closed hours merged (head/store/compaction.py); 0: at stop only
         self.live = LiveRuns(self.store, self.stats, window)
         self.actions = ActionsBook(self.store, self.live, token, agent_tls)  # agent_tls: for https control URLs
         self.ingest = Ingest(self.live, self.actions, self.stats)
@@ -66,7 +68,7 @@ class Head:
         self.analysis = LiveAnalysis(self.live, self.store, self.stats,
                                      self.metrics.timed(resolve_analyzers() if analyzer == "auto" else analyzer),  # type: ignore[arg-type]
                                      analyze_window, idle_recheck)
-        self.cpu = ThreadParts()  # CPU per part (http, flush, analysis): ranksight_head_cpu_seconds_total
+        self.cpu = ThreadParts()  # CPU per part (http, flush, compact, analysis): ranksight_head_cpu_seconds_total
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
         self._stop = threading.Event()
@@ -84,6 +86,14 @@ class Head:
             except Exception:
                 log.exception("head: flush failed (rows stay in the WAL and are retried)")
 
+    def _compact_loop(self) -> None:
+        # its own thread: a merge of an hour's parts takes seconds, and flushes must not wait for it
+        while not self._stop.wait(self.compact_interval):
+            try:
+                self.store.compact_all()
+            except Exception:
+                log.exception("head: compaction failed (the parts stay and are read as they are)")
+
     def push_to_alertmanager(self, url: str, interval: float | None = None):
         """Findings to Alertmanager's ``/api/v2/alerts`` (head/alertmanager.py), from ``start_background`` on."""
         from head.alertmanager import DEFAULT_INTERVAL_S, AlertmanagerPusher
@@ -95,6 +105,8 @@ class Head:
     def start_background(self) -> None:
         """Start the flusher and (``analyzer_interval`` > 0) the analysis loop."""
         threads = [("flush", self._flush_loop, ())]
+        if self.compact_interval > 0:
+            threads.append(("compact", self._compact_loop, ()))
         if self.analyzer_interval > 0:  # 0: no live analysis (diagnose still analyzes the stored run)
             threads.append(("analyze", self.analysis.run_every, (self.analyzer_interval, self._stop)))
         for name, fn, args in threads:

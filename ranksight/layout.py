@@ -15,7 +15,9 @@ writes lives under ``<store>/<run-id>/``:
     agent/node-<N>.state           the node agent's saved offsets
     agent/node-<N>.outbox/         records the agent could not deliver yet (head away), oldest first
     agent/node-<N>.exit.json       what the agent left undelivered when it stopped
-    <table>/part-*.parquet         the head's run store tables (see ranksight.schema.STORE_TABLES)
+    <table>/run=<run-id>/hour=<H>/*.parquet   the head's run store tables (ranksight.schema.STORE_TABLES), Hive
+                                   partitions; flat <table>/part-*.parquet in older stores (docs/store.md)
+    remote.json                    where the head put compacted partitions, when on object storage
 """
 
 from __future__ import annotations

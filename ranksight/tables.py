@@ -2,12 +2,14 @@
 
 One copy, used by the head's store (writing) and the analyzers' loader (reading)::
 
-    <store>/<run-id>/<table>/part-*.parquet     for table in TABLE_TYPES (ranksight.schema.STORE_TABLES)
-    <store>/<run-id>/nccl_tests/<table>/part-*.parquet   the collective benchmarks' tables (NCCL_TESTS_SCHEMAS)
+    <store>/<run-id>/<table>/run=<run-id>/hour=<YYYY-MM-DDTHH>/{part,compacted}-*.parquet   (table in TABLE_TYPES)
+    <store>/<run-id>/<table>/part-*.parquet                  older stores (flat), still read
+    <store>/<run-id>/nccl_tests/<table>/part-*.parquet       the collective benchmarks' tables (NCCL_TESTS_SCHEMAS)
 
-Part files are written under a dot-name and renamed into place, so a reader that skips dot-files
-(``part_files``) never sees half a file. ``read_table`` is the one reader: every part file of a table,
-concatenated, an unreadable one skipped and counted (``read_parts``).
+Files are written under a dot-name and renamed into place, so a reader that skips dot-files (``part_files``)
+never sees half a file; files a compacted file replaces are skipped too (``ranksight.store_layout``, docs/store.md).
+``read_table`` is the one reader: every file of a table, concatenated, an unreadable one skipped and counted
+(``read_parts``); the store may be a directory or a URI (object storage through pyarrow's filesystems).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from ranksight import schema
+from ranksight import schema, store_layout
+from ranksight.store_layout import StoreFile
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -270,41 +273,68 @@ NCCL_TESTS_SCHEMAS = {"perf": PERF_SCHEMA, "health_pairs": PAIRS_SCHEMA, "health
 # ---------------------------------------------------------------------------
 
 
-def part_files(table_dir: str | os.PathLike) -> list[Path]:
-    """The finished part files of a table directory (any depth), in name order; dot-files (being written) left out."""
-    d = Path(table_dir)
-    if not d.is_dir():
-        return []
-    return sorted(p for p in d.rglob("*.parquet") if not p.name.startswith("."))
+def part_files(table_dir: str | os.PathLike) -> list[Path | StoreFile]:
+    """The Parquet files a reader reads of one table directory (a local path or a store URI), oldest first: the
+    Hive partitions (``run=…/hour=…``) and the flat parts of older stores, dot-files (being written) and files a
+    compacted file replaces left out (``ranksight.store_layout``), plus the run's compacted partitions a head put
+    on object storage (``remote.json``). Local files are ``Path``; remote ones ``StoreFile`` (read them with
+    ``read_parts``)."""
+    return [Path(f.path) if f.fs is None else f for f in store_layout.table_files(table_dir)]
 
 
-def read_parts(files: list[Path], columns: list[str] | None = None,
-               on_file: Callable[[Path], None] | None = None) -> tuple["pd.DataFrame", int]:
-    """The part files concatenated (an empty frame without columns when none has rows), and how many could not
-    be read (a damaged or foreign file is skipped, never fatal). ``on_file`` is called after each file."""
+def _read_file(f: Path | StoreFile, columns: list[str] | None) -> "pd.DataFrame":
     import pandas as pd
 
-    frames, bad = [], 0
+    # page checksums (the head writes them) are verified: a corrupted page fails here instead of reading back as
+    # garbage numbers
+    if isinstance(f, StoreFile) and f.fs is not None:
+        return pd.read_parquet(f.path, filesystem=f.fs, columns=columns, page_checksum_verification=True)
+    return pd.read_parquet(os.fspath(f), columns=columns, page_checksum_verification=True)
+
+
+def _read_files(files: list, columns: list[str] | None,
+                on_file: Callable[[Path], None] | None) -> tuple[list["pd.DataFrame"], int, int]:
+    """(frames, unreadable files, files gone since the listing: removed by a compaction's cleanup)."""
+    frames, bad, gone = [], 0, 0
     for f in files:
         try:
-            # page checksums (the head writes them) are verified: a corrupted page fails here instead of reading
-            # back as garbage numbers
-            frames.append(pd.read_parquet(f, columns=columns, page_checksum_verification=True))
+            frames.append(_read_file(f, columns))
+        except FileNotFoundError:
+            gone += 1
         except Exception:  # noqa: BLE001 - a damaged or foreign file: skip it and count it
             bad += 1
         if on_file is not None:
             on_file(f)
+    return frames, bad, gone
+
+
+def _concat(frames: list["pd.DataFrame"]) -> "pd.DataFrame":
+    import pandas as pd
+
     frames = [fr for fr in frames if not fr.empty]
-    if not frames:
-        return pd.DataFrame(), bad
-    return pd.concat(frames, ignore_index=True), bad
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def read_parts(files: list, columns: list[str] | None = None,
+               on_file: Callable[[Path], None] | None = None) -> tuple["pd.DataFrame", int]:
+    """The part files concatenated (an empty frame without columns when none has rows), and how many could not
+    be read (a damaged or foreign file is skipped, never fatal; so is one a compaction removed since the listing,
+    which ``read_table`` avoids by listing again). ``on_file`` is called after each file."""
+    frames, bad, gone = _read_files(files, columns, on_file)
+    return _concat(frames), bad + gone
 
 
 def read_table(store: str | os.PathLike, run_id: str, table: str, columns: list[str] | None = None) -> "pd.DataFrame":
-    """A stored table as a pandas DataFrame (empty with the table's columns if nothing is stored yet)."""
+    """A stored table as a pandas DataFrame (empty with the table's columns if nothing is stored yet). ``store`` is
+    a directory or a URI (``s3://bucket/prefix``: what a head compacted there)."""
     import pandas as pd
 
-    df, _bad = read_parts(part_files(Path(store) / run_id / table), columns)
+    table_dir = store_layout.join(store, run_id, table)
+    for _attempt in range(3):
+        frames, _bad, gone = _read_files(part_files(table_dir), columns, None)
+        if not gone:  # else a compaction replaced files while we read: its merged file holds their rows; list again
+            break
+    df = _concat(frames)
     if df.empty:
         names = columns or SPECS[table].schema.names
         return pd.DataFrame({n: [] for n in names})

@@ -213,10 +213,10 @@ def spool_keys(store: Path, run_id: str) -> list[tuple[int, int, int]]:
 
 
 def stored_steps(store: Path, run_id: str) -> pd.DataFrame:
-    d = Path(store) / run_id / "steps"
-    if not d.is_dir() or not any(p.name.startswith("part-") for p in d.iterdir()):
-        return pd.DataFrame({"rank": [], "step": [], "attempt": []})
-    return pd.read_parquet(d)
+    # the store's reader: Hive partitions, and no row twice while a compaction's merged file sits beside its parts
+    from ranksight.tables import read_table
+
+    return read_table(store, run_id, "steps")
 
 
 def stored_key_list(store: Path, run_id: str) -> list[tuple[int, int, int]]:

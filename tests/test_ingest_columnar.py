@@ -226,7 +226,7 @@ def test_seq_index_memory_is_bounded_by_groups_not_rows():
     ranks = np.repeat(np.arange(1024, dtype=np.int64), 1)
     for s in range(300):  # 300 steps of 1,024 ranks, in order: 307,200 keys
         assert idx.new_mask(ranks, np.zeros(1024, np.int64), np.full(1024, s, np.int64)).all()
-    assert len(idx) == 1024 and not idx.extra and idx.nbytes() < 1024 * 32
+    assert len(idx) == 1024 and not idx.extra and idx.nbytes() < 1024 * 40  # five numbers per group
     # resends are duplicates; a restart adds one group per rank
     assert not idx.new_mask(ranks, np.zeros(1024, np.int64), np.full(1024, 7, np.int64)).any()
     assert idx.new_mask(ranks, np.ones(1024, np.int64), np.full(1024, 250, np.int64)).all()

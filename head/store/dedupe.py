@@ -3,7 +3,8 @@
 Exactly-once needs that answer for every row. A set of key tuples answers it but grows with
 every row for the life of the head. Step keys are not random: each (rank, attempt) writes its
 steps in order, so the steps seen form one contiguous range almost always. ``SeqIndex`` keeps,
-per group (rank, attempt), that range [lo, hi] in sorted numpy arrays, plus a short list of
+per group (rank, attempt), that range [lo, hi] (with a stride: a node agent's folded collective records are their
+first ops' sequence numbers, a step's ops apart) in sorted numpy arrays, plus a short list of
 extra intervals for the rare group that had a gap (a spool line lost to garbage, a step number
 skipped) or got steps below its range. Memory is bounded by groups and gaps, not rows (four
 numbers per (rank, attempt)), and the check is vectorized: a whole flush of rows is sorted by
@@ -61,15 +62,20 @@ class SeqIndex:
         self.gk = np.empty(0, np.int64)  # sorted group keys: rank << 20 | attempt
         self.lo = np.empty(0, np.int64)  # the highest contiguous range of steps seen: [lo, hi]
         self.hi = np.empty(0, np.int64)
+        # the range's stride: its keys are lo, lo + d, ..., hi. 1 for steps and per-op collectives; a node agent's
+        # folded collectives (ranksight/collective_fold.py) carry their first op's seq, n ops apart each step
+        self.stride = np.empty(0, np.int64)
         self.irregular = np.empty(0, np.bool_)  # has intervals below [lo, hi] (in ``extra``)
         self.extra: dict[int, list[list[int]]] = {}
+        self.progressions: dict[int, list[tuple[int, int, int]]] = {}  # older strided ranges: (lo, hi, stride)
         self.other: set = set()  # keys outside the packed range (negative rank, huge attempt): exact
 
     def __len__(self) -> int:
         return len(self.gk)
 
     def nbytes(self) -> int:
-        return int(self.gk.nbytes * 3 + self.irregular.nbytes) + 64 * sum(len(v) for v in self.extra.values()) \
+        return int(self.gk.nbytes * 4 + self.irregular.nbytes) + 64 * sum(len(v) for v in self.extra.values()) \
+            + 80 * sum(len(v) for v in self.progressions.values()) \
             + 120 * len(self.other)
 
     def new_rows(self, rows: list) -> list:
@@ -132,11 +138,12 @@ class SeqIndex:
         if len(self.gk):
             idx = np.minimum(np.searchsorted(self.gk, gs), len(self.gk) - 1)
             found = self.gk[idx] == gs
-            seen = found & (ss >= self.lo[idx]) & (ss <= self.hi[idx])
+            d = self.stride[idx]
+            seen = found & (ss >= self.lo[idx]) & (ss <= self.hi[idx]) & ((ss - self.lo[idx]) % d == 0)
             check = found & ~seen & self.irregular[idx]
             if check.any():
                 for i in np.nonzero(check)[0].tolist():
-                    seen[i] = _in_intervals(self.extra[int(gs[i])], int(ss[i]))
+                    seen[i] = self._seen_below(int(gs[i]), int(ss[i]))
         else:
             idx = np.zeros(n, np.int64)
             found = np.zeros(n, np.bool_)
@@ -157,27 +164,43 @@ class SeqIndex:
         ends = np.append(starts[1:], k) - 1
         gid = np.cumsum(gstart) - 1
         pos = np.arange(k) - starts[gid]
-        # The in-order fast path: a group's new steps are exactly hi+1, hi+2, ... (or, for a group
-        # not seen before, first, first+1, ...).
-        base = np.where(found, self.hi[idx] + 1 if len(self.hi) else 0, ss[starts][gid])
-        grp_ok = np.logical_and.reduceat(ss == base + pos, starts)
+        # The in-order fast path: a group's new keys continue its range's progression, hi + d, hi + 2d, ... (or,
+        # for a group not seen before, first, first + d, ... with d the first difference). A range of one key
+        # takes its stride from the next key.
         gfound = found[starts]
+        gidx = idx[starts]
+        nxt = np.where(ends > starts, ss[np.minimum(starts + 1, k - 1)] - ss[starts], 1)  # a new group's stride
+        if len(self.hi):
+            single = self.lo[gidx] == self.hi[gidx]
+            d_found = np.where(single, ss[starts] - self.hi[gidx], self.stride[gidx])
+        else:
+            d_found = np.ones(len(starts), np.int64)
+        d = np.where(gfound, d_found, np.maximum(nxt, 1))
+        first_key = np.where(gfound, self.hi[gidx] + d if len(self.hi) else 0, ss[starts])
+        grp_ok = np.logical_and.reduceat(ss == first_key[gid] + d[gid] * pos, starts) & (d >= 1)
         upd = grp_ok & gfound
         if upd.any():
-            self.hi[idx[starts[upd]]] = ss[ends[upd]]
-        new_g, new_lo, new_hi, new_irr = [], [], [], []
+            self.hi[gidx[upd]] = ss[ends[upd]]
+            self.stride[gidx[upd]] = d[upd]
+        new_g, new_lo, new_hi, new_irr, new_d = [], [], [], [], []
         add = grp_ok & ~gfound
         if add.any():
             new_g.append(gs[starts[add]])
             new_lo.append(ss[starts[add]])
             new_hi.append(ss[ends[add]])
             new_irr.append(np.zeros(int(add.sum()), np.bool_))
+            new_d.append(d[add])
         for j in np.nonzero(~grp_ok)[0].tolist():  # gaps, steps below the range: exact interval merge
             g = int(gs[starts[j]])
             steps = ss[starts[j]:ends[j] + 1].tolist()
+            if gfound[j] and self._restride(int(idx[starts[j]]), g, steps):
+                continue
             if gfound[j]:
                 i = int(idx[starts[j]])
-                iv = self.extra.get(g, []) + [[int(self.lo[i]), int(self.hi[i])]]
+                lo_i, hi_i, d_i = int(self.lo[i]), int(self.hi[i]), int(self.stride[i])
+                # a strided range as its keys (rare: a key off a folded progression)
+                main_iv = [[lo_i, hi_i]] if d_i == 1 else [[x, x] for x in range(lo_i, hi_i + 1, d_i)]
+                iv = self.extra.get(g, []) + main_iv
             else:
                 iv = []
             iv = _merge(iv, steps)
@@ -187,19 +210,45 @@ class SeqIndex:
             else:
                 self.extra.pop(g, None)
             if gfound[j]:
-                self.lo[i], self.hi[i], self.irregular[i] = main[0], main[1], bool(iv)
+                self.lo[i], self.hi[i], self.stride[i] = main[0], main[1], 1
+                self.irregular[i] = bool(iv) or g in self.progressions
             else:
                 new_g.append(np.array([g], np.int64))
                 new_lo.append(np.array([main[0]], np.int64))
                 new_hi.append(np.array([main[1]], np.int64))
                 new_irr.append(np.array([bool(iv)]))
+                new_d.append(np.ones(1, np.int64))
         if new_g:
             gk = np.concatenate([self.gk] + new_g)
             o = np.argsort(gk, kind="stable")
             self.gk = gk[o]
+            self.stride = np.concatenate([self.stride] + new_d)[o]
             self.lo = np.concatenate([self.lo] + new_lo)[o]
             self.hi = np.concatenate([self.hi] + new_hi)[o]
             self.irregular = np.concatenate([self.irregular] + new_irr)[o]
+
+
+    def _restride(self, i: int, g: int, keys: list[int]) -> bool:
+        """In-order keys above group ``i``'s range with another stride (a step of folded collective records with a
+        different op count, a cycle's read that cut a step in two): the range is kept whole as a progression in
+        ``progressions`` and the new keys start the next one. False (nothing done) unless every key is above the
+        range and they make one progression."""
+        hi, lo, d = int(self.hi[i]), int(self.lo[i]), int(self.stride[i])
+        step = keys[1] - keys[0] if len(keys) > 1 else 1
+        if keys[0] <= hi or step < 1 or any(b - a != step for a, b in zip(keys, keys[1:])):
+            return False
+        if d == 1:
+            self.extra.setdefault(g, []).append([lo, hi])  # a contiguous range is an ordinary interval
+        else:
+            self.progressions.setdefault(g, []).append((lo, hi, d))
+        self.lo[i], self.hi[i], self.stride[i], self.irregular[i] = keys[0], keys[-1], step, True
+        return True
+
+    def _seen_below(self, g: int, s: int) -> bool:
+        """Key ``s`` of group ``g`` in an interval or a progression below the group's range."""
+        if _in_intervals(self.extra.get(g, []), s):
+            return True
+        return any(a <= s <= b and (s - a) % d == 0 for a, b, d in self.progressions.get(g, ()))
 
 
 class SetIndex:

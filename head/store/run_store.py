@@ -12,36 +12,49 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from head.store import compaction
 from head.store.arrow import packed_to_table, rows_to_table
 from head.store.dedupe import make_index
 from head.store.wal import WriteAheadLog, json_entry, read_batches
-from ranksight import schema
+from ranksight import schema, store_layout
 from ranksight.layout import atomic_write
+from ranksight.store_layout import StoreFile
 from ranksight.tables import SPECS, TableSpec
 
 log = logging.getLogger("ranksight.store")
 
 _json = msgspec.json.Encoder()
 
-
-def part_files(table_dir: Path) -> list[Path]:
-    """The part files the store wrote into one table directory, oldest first."""
-    if not table_dir.is_dir():
-        return []
-    return sorted(p for p in table_dir.iterdir() if p.name.startswith("part-") and p.name.endswith(".parquet"))
+# A closed hour is compacted this long after it ends (a flush that began just before the hour turned has landed).
+CLOSE_GRACE_S = 60.0
+# Covered files outlive their compacted file this long: a reader that listed them just before may still open them.
+CLEANUP_DELAY_S = 10.0
 
 
-def read_part_keys(path: Path, spec: TableSpec) -> pa.Table:
+def part_files(table_dir: Path) -> list[StoreFile]:
+    """The files of one table a reader reads (``ranksight.store_layout.table_files``: local Hive partitions and
+    flat parts of older stores, plus compacted partitions on object storage; covered files left out)."""
+    return store_layout.table_files(table_dir)
+
+
+def read_part_keys(path: Path | StoreFile, spec: TableSpec) -> pa.Table:
     """The key columns of a part file (its first column for a table without a key), a key column the part predates
-    filled with zeros (e.g. collectives' ``attempt``)."""
+    filled with zeros (e.g. collectives' ``attempt``; nulls too: a compacted file that merged such a part holds
+    nulls there)."""
+    f = path if isinstance(path, StoreFile) else StoreFile(str(path), Path(path).name, 0)
     cols = list(spec.key) or [spec.schema.names[0]]
-    have = set(pq.read_schema(path).names)
-    t = pq.read_table(path, columns=[c for c in cols if c in have])
+    with f.open() as fh:
+        pf = pq.ParquetFile(fh)
+        have = set(pf.schema_arrow.names)
+        t = pf.read(columns=[c for c in cols if c in have])
     for c in cols:
         if c not in have:
             t = t.append_column(c, pa.array([0] * t.num_rows, type=spec.schema.field(c).type))
+        elif pa.types.is_integer(t.schema.field(c).type) and t.column(c).null_count:
+            t = t.set_column(t.schema.get_field_index(c), c, pc.fill_null(t.column(c), 0))
     return t.select(cols)
 
 
@@ -65,11 +78,29 @@ class RunStore:
     acknowledged.
     """
 
-    def __init__(self, root: Path, run_id: str, flush_rows: int = 50_000, fsync: bool = False):
+    def __init__(self, root: Path, run_id: str, flush_rows: int = 50_000, fsync: bool = False,
+                 compact_to: str | None = None, clock: Callable[[], float] = time.time,
+                 cleanup_delay: float = CLEANUP_DELAY_S):
         self.root = root
         self.run_id = run_id
         self.flush_rows = flush_rows
         self.lock = threading.RLock()
+        # compaction (head/store/compaction.py): its own lock, so ingest and flushes never wait on a merge
+        self.compact_lock = threading.Lock()
+        self.clock = clock  # the time that names the hour partition a flush writes into
+        self.cleanup_delay = cleanup_delay
+        self.ended = False  # the manifest says the run finished: its open partition is compacted too
+        self.target: compaction.Target | None = None
+        if compact_to is None:
+            # a run whose compacted hours went to object storage goes on there: merging its local parts here too
+            # would merge rows that a remote file already covers, and readers would see them twice
+            compact_to = store_layout.remote_of(root)
+        if compact_to is not None:
+            fs, base = store_layout.open_location(compact_to)
+            self.target = compaction.Target(fs, f"{base}/{run_id}")
+            link = msgspec.json.encode({"compacted_to": compact_to})
+            if store_layout.remote_of(root) != compact_to:
+                atomic_write(root / store_layout.REMOTE_LINK, link)
         self.indexes = {t: make_index(t) for t in SPECS}
         self.buffers: dict[str, list[pa.Table]] = {t: [] for t in SPECS}
         self.buffered_rows: dict[str, int] = {t: 0 for t in SPECS}
@@ -86,7 +117,10 @@ class RunStore:
         # window and counters with it.
         self.on_new: Callable[..., Any] | None = None
         self._seq = 0
+        self.fsync_compacted = fsync
+        self._manifest_uploaded: float | None = None  # mtime of the run.json last copied to a remote target
         self.wal = WriteAheadLog(root / ".head", fsync)
+        self._cleanup_at_start()
         self._load_keys()
         self._replay_wal()
         self.wal.open()
@@ -94,7 +128,12 @@ class RunStore:
     # -- startup --------------------------------------------------------------
     def _load_keys(self) -> None:
         for name, spec in SPECS.items():
-            for p in part_files(self.root / name):
+            try:
+                files = part_files(self.root / name)
+            except store_layout.StoreLocationError as e:  # object storage unreachable: say what that costs
+                log.error("store %s/%s: %s; rows compacted there are not deduplicated against", self.run_id, name, e)
+                files = [f for f in store_layout.visible(store_layout.list_table(self.root / name))]
+            for p in files:
                 try:
                     t = read_part_keys(p, spec)
                 except Exception as e:  # a foreign or damaged file must not stop the head
@@ -282,7 +321,7 @@ class RunStore:
 
     def _write_part(self, table: str, chunks: list[pa.Table]) -> None:
         arrow = pa.concat_tables(chunks).combine_chunks() if len(chunks) > 1 else chunks[0]
-        d = self.root / table
+        d = self.root / table / store_layout.partition_dir(self.run_id, self.clock())
         d.mkdir(parents=True, exist_ok=True)
         self._seq += 1
         name = f"part-{time.time_ns()}-{os.getpid()}-{self._seq:06d}.parquet"
@@ -296,6 +335,111 @@ class RunStore:
             self._process_locked()
             self._flush_locked()
             self.wal.close()
+        try:  # the head stops: every partition to one file, covered parts removed at once (no reader waits on us)
+            self.compact(everything=True, cleanup_delay=0.0)
+        except Exception:  # noqa: BLE001 - the rows are safe in their parts; the next start compacts them
+            log.exception("store %s: compaction at close failed", self.run_id)
+
+    # -- compaction -----------------------------------------------------------------
+    def _table_files(self, table: str) -> list[StoreFile]:
+        """Every file of a table, covered ones included: local, and at the compaction target."""
+        files = store_layout.list_table(self.root / table)
+        if self.target is not None:
+            files += store_layout.list_fs(self.target.fs, f"{self.target.run_path}/{table}")
+        return files
+
+    def _files_to_compact(self, table: str) -> list[StoreFile]:
+        """The local files of a table, and at a remote target only the partitions that still have local files (one
+        listing each: usually the hour that just closed and the current one), not the run's whole history."""
+        files = store_layout.list_table(self.root / table)
+        if self.target is not None and self.target.fs is not None:
+            for part in sorted({f.partition for f in files if f.partition.startswith(f"{store_layout.RUN_KEY}=")}):
+                base = f"{self.target.run_path}/{table}"
+                files += [StoreFile(f.path, f"{part}/{f.name}", f.size, f.fs, f.mtime)
+                          for f in store_layout.list_fs(self.target.fs, f"{base}/{part}")]
+        return files
+
+    def _upload_manifest(self) -> None:
+        """run.json beside the run's tables at a remote target, so the bucket says what each run was (diagnose and
+        fleet queries join on it); uploaded under a dot-name and moved, again whenever the local one changes."""
+        if self.target is None or self.target.fs is None:
+            return
+        path = self.root / "run.json"
+        try:
+            mtime = path.stat().st_mtime
+            if mtime == self._manifest_uploaded:
+                return
+            data = path.read_bytes()
+            tmp = f"{self.target.run_path}/.run.json.tmp"
+            self.target.fs.create_dir(self.target.run_path, recursive=True)
+            with self.target.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.target.fs.move(tmp, f"{self.target.run_path}/run.json")
+            self._manifest_uploaded = mtime
+        except FileNotFoundError:
+            return
+        except Exception as e:  # noqa: BLE001 - retried next round
+            log.error("store %s: run.json not copied to the compaction target (%s)", self.run_id, e)
+
+    def _cleanup_at_start(self) -> None:
+        """What a compaction that crashed before its cleanup left: covered files, dot-files."""
+        for table in SPECS:
+            compaction.remove_stale_tmp(self.root / table, time.time())
+            try:
+                compaction.remove_covered(self._table_files(table), time.time(), self.cleanup_delay)
+            except store_layout.StoreLocationError as e:
+                log.error("store %s/%s: covered files not removed: %s", self.run_id, table, e)
+
+    def compact(self, everything: bool = False, cleanup_delay: float | None = None) -> dict[str, int]:
+        """Merge each closed ``hour`` partition (every partition when ``everything``, or when the run ended) into one
+        compacted file, then remove the files it covers once they are ``cleanup_delay`` s old. Returns counts:
+        partitions merged, files merged, rows, files removed."""
+        delay = self.cleanup_delay if cleanup_delay is None else cleanup_delay
+        everything = everything or self.ended
+        out = {"partitions": 0, "files": 0, "rows": 0, "removed": 0}
+        merged: list[tuple[str, list[StoreFile]]] = []
+        with self.compact_lock:
+            now = self.clock()
+            for table in SPECS:
+                compaction.remove_stale_tmp(self.root / table, time.time())
+                try:
+                    files = self._files_to_compact(table)
+                except store_layout.StoreLocationError as e:
+                    log.error("store %s/%s: not compacted: %s", self.run_id, table, e)
+                    continue
+                out["removed"] += compaction.remove_covered(files, time.time(), delay)
+                by_part: dict[str, list[StoreFile]] = {}
+                for f in store_layout.visible(files):
+                    if f.partition.startswith(f"{store_layout.RUN_KEY}="):  # flat parts of older stores stay
+                        by_part.setdefault(f.partition, []).append(f)
+                for part, fs in by_part.items():
+                    start = store_layout.hour_start(part.rsplit("=", 1)[-1])
+                    closed = everything or (start is not None and start + 3600 + CLOSE_GRACE_S <= now)
+                    remote_missing = self.target is not None and any(f.fs is None for f in fs)
+                    if not closed or (len(fs) == 1 and fs[0].compacted and not remote_missing):
+                        continue
+                    try:
+                        new, rows = compaction.compact_partition(fs, table, part, self.root / table, self.target,
+                                                           self.root / ".head" / "compact", self.fsync_compacted,
+                                                           SPECS[table].schema)
+                    except Exception as e:  # noqa: BLE001 - disk full, network: the parts stay, retried next round
+                        log.error("store %s/%s/%s: compaction failed (%s); parts kept", self.run_id, table, part, e)
+                        continue
+                    if new is not None:
+                        out["partitions"] += 1
+                        out["files"] += len(store_layout.read_covers(new) & {f.name for f in fs})
+                        out["rows"] += rows
+                        merged.append((table, fs + [new]))
+            self._upload_manifest()
+            if merged:
+                if delay > 0:  # a reader that listed the parts just before the rename may still open them
+                    time.sleep(delay)
+                for _table, fs in merged:
+                    out["removed"] += compaction.remove_covered(fs, time.time(), delay)
+        if out["partitions"]:
+            log.info("store %s: compacted %d partition(s): %d files, %d rows -> %d files", self.run_id,
+                     out["partitions"], out["files"], out["rows"], out["partitions"])
+        return out
 
     def stored_and_buffered(self, table: str) -> int:
         """Rows of ``table`` in part files or buffered (after dedupe of the queue)."""
@@ -307,6 +451,8 @@ class RunStore:
     def write_manifest(self, manifest: schema.Manifest, mtime: float | None) -> bool:
         """Write run.json if absent, or if the shipped one is newer than ours. Returns True if written."""
         path = self.root / "run.json"
+        if manifest.finished is not None:
+            self.ended = True
         try:
             st = path.stat()
         except FileNotFoundError:
