@@ -25,6 +25,7 @@ runs, on what odd writers leave, and on a generated store).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -109,18 +110,40 @@ def _file_format(dict_cols: list[str]) -> ds.ParquetFileFormat:
         default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
 
 
-def _read_one(f: Path, schema: pa.Schema, dict_cols: list[str]) -> pa.Table:
+def _where(f) -> tuple[str, object]:
+    """(path, pyarrow filesystem or None for local disk) of a listed file: a ``Path`` or a
+    ``ranksight.store_layout.StoreFile`` (a partition a head compacted to object storage)."""
+    fs = getattr(f, "fs", None)
+    return (f.path, fs) if fs is not None else (os.fspath(f), None)
+
+
+def _read_one(f, schema: pa.Schema, dict_cols: list[str]) -> pa.Table:
     """One part file in ``schema`` (columns it predates as nulls); raises on a damaged or foreign file."""
-    have = set(pq.read_schema(f).names)
+    path, fs = _where(f)
+    have = set(pq.read_schema(path, filesystem=fs).names)
     cols = [c for c in schema.names if c in have]
-    t = pq.read_table(f, columns=cols, read_dictionary=[c for c in dict_cols if c in have],
-                      page_checksum_verification=True)
+    t = pq.read_table(path, columns=cols, read_dictionary=[c for c in dict_cols if c in have],
+                      page_checksum_verification=True, filesystem=fs)
     arrays = [t.column(c).cast(schema.field(c).type) if c in have else pa.nulls(t.num_rows, schema.field(c).type)
               for c in schema.names]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _batches(table: str, files: list[Path], on_file: Callable[[Path], None] | None, bad: list[int] | None
+def _dataset(files: list, schema: pa.Schema, fmt: ds.ParquetFileFormat) -> ds.Dataset:
+    """One dataset over the files in order: a run of files on one filesystem is one file list (local disk, or the
+    object storage a head compacted partitions to)."""
+    runs: list[tuple[object, list[str]]] = []
+    for f in files:
+        path, fs = _where(f)
+        if runs and runs[-1][0] is fs:
+            runs[-1][1].append(path)
+        else:
+            runs.append((fs, [path]))
+    parts = [ds.dataset(paths, schema=schema, format=fmt, filesystem=fs) for fs, paths in runs]
+    return parts[0] if len(parts) == 1 else ds.dataset(parts)
+
+
+def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, bad: list[int] | None
              ) -> tuple[int, Iterator[pa.RecordBatch]]:
     """(rows, their record batches in file order) of the part files of ``table``, ``wanted_columns`` only: read on
     all cores by one dataset scan (``bad`` None: a damaged or foreign file raises), or file by file, the bad ones
@@ -128,11 +151,11 @@ def _batches(table: str, files: list[Path], on_file: Callable[[Path], None] | No
     columns = wanted_columns(table)
     schema = _read_schema(table, columns)
     dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
-    if bad is None:
-        dataset = ds.dataset([str(f) for f in files], schema=schema, format=_file_format(dict_cols))
-        rows = dataset.count_rows()  # the footers: the columns are allocated once, at their full length
-    else:
+    if bad is not None:
         return _one_by_one(files, schema, dict_cols, on_file, bad)
+    dataset = _dataset(files, schema, _file_format(dict_cols))
+    rows = dataset.count_rows()  # the footers: the columns are allocated once, at their full length
+    by_path = {_where(f)[0]: f for f in files}
 
     def scanned() -> Iterator[pa.RecordBatch]:
         seen: set[str] = set()
@@ -141,21 +164,21 @@ def _batches(table: str, files: list[Path], on_file: Callable[[Path], None] | No
             path = tagged.fragment.path
             if path != last:
                 if last is not None and on_file is not None:
-                    on_file(Path(last))
+                    on_file(by_path.get(last, Path(last)))
                 seen.add(path)
                 last = path
             yield tagged.record_batch
         if last is not None and on_file is not None:
-            on_file(Path(last))
+            on_file(by_path.get(last, Path(last)))
         if on_file is not None:
-            for f in files:
-                if str(f) not in seen:  # a file without rows
+            for path, f in by_path.items():
+                if path not in seen:  # a file without rows
                     on_file(f)
 
     return rows, scanned()
 
 
-def _one_by_one(files: list[Path], schema: pa.Schema, dict_cols: list[str], on_file, bad: list[int]
+def _one_by_one(files: list, schema: pa.Schema, dict_cols: list[str], on_file, bad: list[int]
                 ) -> tuple[int, Iterator[pa.RecordBatch]]:
     tables = []
     for f in files:

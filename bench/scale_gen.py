@@ -15,9 +15,10 @@ The job (stated, so results can be read against it):
 
 Rows are built as numpy structured arrays of the packed-v1 layouts (``ranksight.wire``) and handed to
 ``RunStore.enqueue_packed``: the head's own path for agents' packed batches (write-ahead log, dedupe, Arrow, Parquet
-part files). The communicators go through ``RunStore.add``. The store is flushed every ``flush_s`` simulated seconds
-(and when ``flush_rows`` are buffered, as the head does), so the part files are what a head flushing every few
-seconds leaves behind.
+part files in hour partitions of the simulated clock). The communicators go through ``RunStore.add``. The store is
+flushed every ``flush_s`` simulated seconds (and when ``flush_rows`` are buffered, as the head does); at the end the
+head's store closes, which compacts every partition into one file per table (``compact``; without it the part files
+stay as a head flushing every few seconds leaves them, as during a live run).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Job:
     factor: float = 1.3
     onset: int | None = None  # default: a third of the way in
     seed: int = 0
+    # True: the store as the head leaves a finished run (every hour partition compacted into one file per table
+    # when it closes); False: the flushed parts as they are (a live run, or a head stopped before compacting)
+    compact: bool = True
 
     @property
     def tp(self) -> int:
@@ -69,7 +73,8 @@ class Job:
         return self.steps // 3 if self.onset is None else self.onset
 
     def name(self) -> str:
-        return f"r{self.ranks}-s{self.steps}-st{self.step_s:g}-f{self.flush_s:g}-x{self.straggler}-{self.factor:g}"
+        return (f"r{self.ranks}-s{self.steps}-st{self.step_s:g}-f{self.flush_s:g}-x{self.straggler}-{self.factor:g}"
+                + ("-compacted" if self.compact else "-parts"))
 
 
 def _layout(kind: str, fields: list[tuple[str, str]]) -> wire.PackedLayout:
@@ -229,7 +234,11 @@ def generate(job: Job, store: Path, log=print) -> Path:
         shutil.rmtree(root)
     root.mkdir(parents=True)
     t_wall = time.time()
-    rs = RunStore(root, RUN)
+    sim = {"t": T0}
+    # the head's clock is the simulated one: rows land in the hour partitions of the simulated time
+    rs = RunStore(root, RUN, clock=lambda: sim["t"])
+    if not job.compact:
+        rs.compact = lambda *a, **k: None  # noqa: E731 - the parts as flushed: no compaction at close
     rs.write_manifest(_manifest(job), None)
     comms, tp_id, dp_id = _communicators(job)
     rs.add("communicators", comms)
@@ -244,6 +253,7 @@ def generate(job: Job, store: Path, log=print) -> Path:
         rs.enqueue_packed("collectives", _packed(COLL, co))
         rs.enqueue_packed("gpu", _packed(GPU, g))
         rs.enqueue_packed("host", _packed(HOST, h))
+        sim["t"] = T0 + s1 * job.step_s
         rs.flush()
         # The head's gpu/host indexes are exact sets of every key seen (``SetIndex``), ~120 B a sample: the
         # generator never repeats a key, so it forgets them to keep its own memory in check.

@@ -8,6 +8,7 @@
 - ``--progress`` draws a bar on stderr and never touches ``--json``'s stdout.
 """
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -149,9 +150,9 @@ def test_columnar_equals_old_path_on_odd_writers(tmp_path):
     # the collective again when done, a step again (its later copy wins)
     for name, rows in (("collectives", [_coll(1, 11, 12, "dp", 1011.5, done=True, comm_id=dp)]),
                        ("steps", [_step(0, 5, 1005.0, compute=11.0)])):
-        pq.write_table(tables.SPECS[name].to_table("odd", rows),
-                       tmp_path / "odd" / name / "part-9999999999999999998-0-000001.parquet")
-    bad = tmp_path / "odd" / "steps" / "part-9999999999999999999-0-000001.parquet"
+        where = tables.part_files(tmp_path / "odd" / name)[-1].parent  # beside the head's files, listed after them
+        pq.write_table(tables.SPECS[name].to_table("odd", rows), where / "part-9999999999999999998-0-000001.parquet")
+    bad = tables.part_files(tmp_path / "odd" / "steps")[-1].parent / "part-9999999999999999999-0-000001.parquet"
     bad.write_bytes(b"PAR1 not really parquet PAR1")
     new, old = load_run(tmp_path, "odd"), old_path(tmp_path, "odd")
     assert new.damaged_parts == 1
@@ -180,7 +181,7 @@ def test_skipped_columns_are_read_by_no_analyzer():
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     store = tmp_path_factory.mktemp("scale")
-    job = scale_gen.Job(ranks=64, steps=200, straggler=13, factor=1.3, onset=80)
+    job = scale_gen.Job(ranks=64, steps=200, straggler=13, factor=1.3, onset=80, compact=False)
     scale_gen.generate(job, store, log=None)
     return store, job
 
@@ -201,9 +202,14 @@ def test_generated_store_layout(generated):
     assert m.faults[0].rank == 13 and m.layout["tp"] == 8
 
 
-def test_generated_store_columnar_equals_old_path(generated):
-    store, _job = generated
+def test_generated_store_columnar_equals_old_path(generated, tmp_path):
+    store, job = generated
     assert_same_frames(load_run(store, scale_gen.RUN), old_path(store, scale_gen.RUN))
+    # the same run as the head leaves it when it closes: each table's hour partition compacted into one file
+    compacted = dataclasses.replace(job, steps=40, compact=True)
+    scale_gen.generate(compacted, tmp_path, log=None)
+    assert len(tables.part_files(RunDir(tmp_path, scale_gen.RUN).table("steps"))) == 1
+    assert_same_frames(load_run(tmp_path, scale_gen.RUN), old_path(tmp_path, scale_gen.RUN))
 
 
 def test_diagnose_cli_names_the_injected_straggler(generated):
