@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -117,6 +118,23 @@ class Procs:
         for f in sorted(self.logdir.glob("*.log")):
             out.append(f"===== {f.name}\n" + f.read_text(errors="replace")[-3000:])
         return "\n".join(out)
+
+
+@contextmanager
+def serving(head, poll: float = 0.05):
+    """An in-process head (``head.service.Head``) served on a free 127.0.0.1 port; ``head.url`` is set. The server
+    and the head are closed on exit."""
+    from head.api import make_server
+
+    srv = make_server(head, "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": poll}, daemon=True).start()
+    head.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        yield head
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        head.close()
 
 
 def head_ready(port: int) -> bool:

@@ -4,13 +4,12 @@ TUI imports no analyzers, so the head says them. The stored fields stay as they 
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
 
-from head.api import make_server
+from agent_helpers import serving
 from head.service import Head
 
 RUN = "findings-run"
@@ -27,17 +26,9 @@ STRAGGLER = {"analyzer": "stragglers", "kind": "straggler", "severity": "warning
 @pytest.fixture
 def head(tmp_path):
     h = Head(tmp_path / "store", TOKEN, analyzer=None)
-    srv = make_server(h, "127.0.0.1", 0)
-    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    th.start()
-    h.url = f"http://127.0.0.1:{srv.server_address[1]}"
     (h.store.root / RUN).mkdir(parents=True, exist_ok=True)  # a run the store knows: the GET is not a 404
-    try:
+    with serving(h):
         yield h
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        h.close()
 
 
 def get(url: str, token: str | None = TOKEN):
