@@ -140,7 +140,8 @@ class SeqIndex:
             found = self.gk[idx] == gs
             d = self.stride[idx]
             seen = found & (ss >= self.lo[idx]) & (ss <= self.hi[idx]) & ((ss - self.lo[idx]) % d == 0)
-            check = found & ~seen & self.irregular[idx]
+            # the extra intervals and older progressions all lie below the range
+            check = found & ~seen & self.irregular[idx] & (ss < self.lo[idx])
             if check.any():
                 for i in np.nonzero(check)[0].tolist():
                     seen[i] = self._seen_below(int(gs[i]), int(ss[i]))
@@ -226,7 +227,6 @@ class SeqIndex:
             self.lo = np.concatenate([self.lo] + new_lo)[o]
             self.hi = np.concatenate([self.hi] + new_hi)[o]
             self.irregular = np.concatenate([self.irregular] + new_irr)[o]
-
 
     def _restride(self, i: int, g: int, keys: list[int]) -> bool:
         """In-order keys above group ``i``'s range with another stride (a step of folded collective records with a
