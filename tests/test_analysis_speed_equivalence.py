@@ -18,7 +18,7 @@ import pytest
 
 from analyzers.builder import rank_step_matrix
 from analyzers.changepoint import cusum_runs, cusum_runs_rows
-from analyzers.loader import group_key, group_keys
+from analyzers.collectives import group_key, group_keys
 from analyzers.persistence import persistent_runs, rows_with_runs
 from analyzers.stats import MAD_SCALE, leave_one_out_median, robust_sigma, temporal_sigma
 
@@ -154,7 +154,7 @@ def test_group_keys_once_per_distinct_list_same_keys():
 
 def test_member_counts_andsorted_members():
     from analyzers.checks.links import sorted_members
-    from analyzers.loader import member_counts
+    from analyzers.collectives import member_counts
 
     s = pd.Series([np.array([2, 0, 1]), [4, 3], (), np.array([2, 0, 1])], index=[5, 6, 7, 8])
     pd.testing.assert_series_equal(member_counts(s), s.map(lambda gr: len(gr) if isinstance(gr, (list, tuple, np.ndarray)) else 0))

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.checks.links import SYMMETRIC_OPS, completion_leads, last_arriver_ops
-from analyzers.loader import member_counts
+from analyzers.collectives import member_counts
 from analyzers.stats import leave_one_out_median
 
 

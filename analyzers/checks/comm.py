@@ -28,8 +28,8 @@ import pandas as pd
 from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.links import (P2P_OPS, STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
                                     last_arriver_ops, latest_finish_ms, slow_communicators)
+from analyzers.collectives import member_counts, op_counts
 from analyzers.evidence import fmt_ranks, fnum
-from analyzers.loader import member_counts, op_counts
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
 from ranksight.schema import Finding

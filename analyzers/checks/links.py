@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.loader import member_counts, op_counts
+from analyzers.collectives import member_counts, op_counts
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import group_loo_median, leave_one_out_median, row_robust_sigmas, windowed_medians
 

@@ -34,8 +34,8 @@ import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.changepoint import cusum_runs_rows, refine_onset
+from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
-from analyzers.loader import op_counts
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import leave_one_out_median, robust_sigma, temporal_sigma
 from ranksight.schema import Finding
