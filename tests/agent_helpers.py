@@ -121,14 +121,17 @@ class Procs:
 
 
 @contextmanager
-def serving(head, poll: float = 0.05):
-    """An in-process head (``head.service.Head``) served on a free 127.0.0.1 port; ``head.url`` is set. The server
-    and the head are closed on exit."""
+def serving(head, poll: float = 0.05, background: bool = False, tls=None):
+    """An in-process head (``head.service.Head``) served on a free 127.0.0.1 port (HTTPS with a server ``tls``
+    context); ``head.url`` is set; with ``background`` its flusher (and analysis loop) run too. The server and the
+    head are closed on exit."""
     from head.api import make_server
 
-    srv = make_server(head, "127.0.0.1", 0)
+    srv = make_server(head, "127.0.0.1", 0, tls=tls)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": poll}, daemon=True).start()
-    head.url = f"http://127.0.0.1:{srv.server_address[1]}"
+    if background:
+        head.start_background()
+    head.url = f"{srv.scheme}://127.0.0.1:{srv.server_address[1]}"
     try:
         yield head
     finally:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from head.api import gpu_states, make_server
+from agent_helpers import serving
+from head.api import gpu_states
 from head.service import Head
 from ranksight import schema
 
@@ -32,16 +32,8 @@ def sample(node: int, gpu: int, t: float, **kw) -> schema.GpuSample:
 @pytest.fixture
 def head(tmp_path):
     h = Head(tmp_path / "store", TOKEN, analyzer=None)
-    srv = make_server(h, "127.0.0.1", 0)
-    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    th.start()
-    h.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with serving(h):
         yield h
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        h.close()
 
 
 def get(url: str, headers: dict | None = None):

@@ -4,7 +4,6 @@ scraped by a real Prometheus with the documented ``authorization`` scrape config
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 
 import pytest
@@ -12,9 +11,8 @@ from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.sdk._logs.export import LogRecordExportResult
 from opentelemetry.sdk.resources import Resource
 
-from agent_helpers import TOKEN, Procs, Prometheus, http_status, wait_for
+from agent_helpers import TOKEN, Procs, Prometheus, http_status, serving, wait_for
 from conftest import free_port
-from head.api import make_server
 from head.service import Head
 from ranksight import schema, wire
 
@@ -42,16 +40,8 @@ def _slow_rank_analyzer(data):
 @pytest.fixture
 def head(tmp_path):
     h = Head(tmp_path / "store", TOKEN, analyzer=_slow_rank_analyzer, flush_interval=0.2, analyzer_interval=0)
-    srv = make_server(h, "127.0.0.1", 0)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    h.start_background()
-    h.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with serving(h, poll=0.1, background=True):
         yield h
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        h.close()
 
 
 def _sample(text: str, name: str) -> float:

@@ -15,27 +15,17 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from ranksight import wire
-from head.api import make_server
 from head.service import Head
 from ranksight.tables import read_table
 from ranksight import schema
-from agent_helpers import TOKEN, http_json, http_status
+from agent_helpers import TOKEN, http_json, http_status, serving
 
 
 @pytest.fixture
 def head(tmp_path):
     h = Head(tmp_path / "store", TOKEN, analyzer=None, flush_interval=0.2)
-    srv = make_server(h, "127.0.0.1", 0)
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    t.start()
-    h.start_background()
-    h.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with serving(h, poll=0.1, background=True):
         yield h
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        h.close()
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

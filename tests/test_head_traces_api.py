@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from head.api import make_server
+from agent_helpers import serving
 from head.service import Head
 from analyzers.trace_windows import MAX_WINDOWS
 from ranksight import schema
@@ -32,16 +31,8 @@ def summary(rank: int, a: int, b: int, **kw) -> schema.TraceSummary:
 @pytest.fixture
 def head(tmp_path):
     h = Head(tmp_path / "store", TOKEN, analyzer=None)
-    srv = make_server(h, "127.0.0.1", 0)
-    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    th.start()
-    h.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
+    with serving(h):
         yield h
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        h.close()
 
 
 def get(url: str, headers: dict | None = None):

@@ -12,14 +12,13 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from head.api import make_server
+from agent_helpers import serving
 from head.service import Head
 from ranksight import schema, wire
 from ranksight.tables import read_table
@@ -98,18 +97,10 @@ def tls_head(tmp_path):
     ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(tmp_path / "server.pem")
     ca.cert_pem.write_to_path(tmp_path / "ca.pem")
     h = Head(tmp_path / "store", "collector-token", analyzer=None, flush_interval=0.2)
-    srv = make_server(h, "127.0.0.1", 0, tls=ServerTls.from_options(tmp_path / "server.pem",
-                                                                     tmp_path / "server.pem").context())
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
-    h.start_background()
-    h.url = f"https://127.0.0.1:{srv.server_address[1]}"
+    tls = ServerTls.from_options(tmp_path / "server.pem", tmp_path / "server.pem").context()
     h.ca = tmp_path / "ca.pem"
-    try:
+    with serving(h, poll=0.1, background=True, tls=tls):
         yield h
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        h.close()
 
 
 def step_batches(run_id: str, ranks: int, n: int) -> list[bytes]:
