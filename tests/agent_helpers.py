@@ -53,6 +53,18 @@ def http_json(url: str, data: dict | None = None, token: str | None = TOKEN, tim
         return r.status, json.loads(r.read() or b"null")
 
 
+def api_get(url: str, token: str | None = TOKEN, headers: dict | None = None, timeout: float = 10.0):
+    """GET an endpoint: (status, parsed JSON body), for an error answer too (its JSON error, or {}). ``headers``,
+    when given, replace the token's Authorization header (none, or a wrong one)."""
+    if headers is None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
 def http_status(url: str, body: bytes | None = None, headers: dict | None = None, method: str = "POST") -> int:
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:

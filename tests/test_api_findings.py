@@ -3,13 +3,12 @@ TUI imports no analyzers, so the head says them. The stored fields stay as they 
 
 from __future__ import annotations
 
+from functools import partial
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
-from agent_helpers import serving
+from agent_helpers import api_get, serving
 from head.service import Head
 
 RUN = "findings-run"
@@ -31,13 +30,7 @@ def head(tmp_path):
         yield h
 
 
-def get(url: str, token: str | None = TOKEN):
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+get = partial(api_get, token=TOKEN)  # (status, JSON body) with this file's token
 
 
 def serve(h: Head, monkeypatch, findings: list[dict]) -> list[dict]:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
+from functools import partial
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from agent_helpers import serving
+from agent_helpers import api_get, serving
 from head.api import gpu_states
 from head.service import Head
 from ranksight import schema
@@ -36,14 +36,7 @@ def head(tmp_path):
         yield h
 
 
-def get(url: str, headers: dict | None = None):
-    """GET with the head's token unless ``headers`` says otherwise."""
-    headers = {"Authorization": f"Bearer {TOKEN}"} if headers is None else headers
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+get = partial(api_get, token=TOKEN)  # (status, JSON body) with this file's token
 
 
 def feed(h: Head, now: float) -> None:
@@ -112,7 +105,7 @@ def test_gpus_token_rules_and_errors(head):
     feed(head, time.time())
     # reads are open, like the other GET endpoints; a token does not hurt
     assert get(f"{head.url}/api/runs/{RUN}/gpus")[0] == 200
-    assert get(f"{head.url}/api/runs/{RUN}/gpus", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    assert get(f"{head.url}/api/runs/{RUN}/gpus", headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200
     st, body = get(f"{head.url}/api/runs/nope/gpus")
     assert st == 404 and "unknown run" in body["error"] and "nope" not in head.live.runs  # a GET creates no run
     st, body = get(f"{head.url}/api/runs/..%2Fx/gpus")

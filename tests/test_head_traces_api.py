@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
+from functools import partial
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-from agent_helpers import serving
+from agent_helpers import api_get, serving
 from head.service import Head
 from analyzers.trace_windows import MAX_WINDOWS
 from ranksight import schema
@@ -35,13 +33,7 @@ def head(tmp_path):
         yield h
 
 
-def get(url: str, headers: dict | None = None):
-    headers = {"Authorization": f"Bearer {TOKEN}"} if headers is None else headers
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+get = partial(api_get, token=TOKEN)  # (status, JSON body) with this file's token
 
 
 def feed(h: Head) -> None:
