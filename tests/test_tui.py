@@ -346,6 +346,44 @@ async def test_action_posts_bearer_and_body_only_after_confirmation(fake):
     assert app.return_code == 0
 
 
+async def test_a_refused_evict_is_explained_and_can_be_forced_with_a_reason(fake):
+    """The head refuses an evict (409: the policy's cooldown): the TUI says why and how to override; f asks for a
+    reason (confirming without one sends nothing), and the forced evict carries force, the reason and who."""
+    fake.refuse_evict = "node 1: cooldown, the last evict was 30 s ago (minimum 300 s)"
+    app = make_app(fake)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.refresh_now()
+        await pilot.pause()
+        app.query_one(RankTable).move_cursor(row=5)
+        await pilot.press("a", "e", "y")
+        for w in list(app.workers):
+            await w.wait()
+        await pilot.pause()
+        assert fake.posts[-1]["body"].get("force") is None and len(fake.posts) == 1
+        note = " ".join(str(n.message) for n in app._notifications)
+        assert "refused by the head's evict policy" in note and "cooldown" in note and "press f" in note
+
+        await pilot.press("a", "f")  # nothing chosen yet: only an evict can be forced
+        await pilot.pause()
+        assert not app.screen.force
+        await pilot.press("e", "f")
+        await pilot.pause()
+        assert "FORCED" in plain(app.screen.query_one("#action-text").render())
+        assert app.screen.query_one("#btn-confirm").disabled  # no reason yet
+        await pilot.press("enter")  # Enter in the empty reason field: nothing is sent
+        await pilot.pause()
+        assert len(fake.posts) == 1
+        await pilot.press(*"bad nvlink")
+        await pilot.press("enter")
+        for w in list(app.workers):
+            await w.wait()
+        await pilot.pause()
+        body = fake.posts[-1]["body"]
+        assert body["force"] is True and body["reason"] == "bad nvlink" and body["by"].startswith("tui")
+        assert body["action"] == "evict" and body["node"] == 1 and len(fake.posts) == 2
+        await pilot.press("q")
+
+
 async def test_run_picker_and_pause(fake):
     app = make_app(fake, run_id=None)
     async with app.run_test(size=(100, 30)) as pilot:

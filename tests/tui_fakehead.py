@@ -171,6 +171,9 @@ class FakeHead:
         self.posts: list[dict] = []
         self.gets: list[str] = []  # request paths with query, in order
         self.raw: dict[str, bytes] = {}  # path -> raw body to answer instead (malformed-response tests)
+        # a string: an evict that is not forced (with a reason) is refused with 409 and this text, as the real head
+        # answers when the evict policy's limits forbid it
+        self.refuse_evict: str | None = None
         self.old_findings = False  # True: findings without evidence_sentences, as a head before them served
         fake = self
 
@@ -226,6 +229,8 @@ class FakeHead:
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     return self._send(401, b'{"error": "missing or bad token"}')
                 req = json.loads(body)
+                if fake.refuse_evict and req.get("action") == "evict" and not (req.get("force") and req.get("reason")):
+                    return self._send(409, json.dumps({"error": fake.refuse_evict}).encode())
                 a = {"run_id": RUN, "id": f"act{len(fake.posts):04d}", "t": T0 + 9.0, "action": req["action"],
                      "node": req.get("node"), "ranks": req.get("ranks") or [], "steps": req.get("steps") or 0,
                      "reason": req.get("reason", ""), "finding_kind": "", "dry_run": bool(req.get("dry_run")),

@@ -10,6 +10,7 @@ panels keep the last good data, marked stale.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import time
 from typing import Callable
 
@@ -19,7 +20,7 @@ from textual.containers import Container, Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer
 
-from tui.client import ClientError, HeadClient, HeadUnreachable, RunSummary, StepWindow, TraceRow
+from tui.client import ClientError, HeadClient, HeadError, HeadUnreachable, RunSummary, StepWindow, TraceRow
 from tui.model import RunView, build_view
 from tui.help import HelpScreen
 from tui.nodes import aggregated
@@ -352,8 +353,16 @@ class RanksightApp(App):
             return
         try:
             a = await asyncio.to_thread(self.client.request_action, run_id, req.action, node=req.node,
-                                        steps=req.steps, ranks=req.ranks, reason="requested from the TUI",
-                                        dry_run=req.dry_run)
+                                        steps=req.steps, ranks=req.ranks,
+                                        reason=req.reason or "requested from the TUI", dry_run=req.dry_run,
+                                        force=req.force, by=_tui_user() if req.force else "")
+        except HeadError as e:
+            if e.status == 409:  # the evict policy's limits: say why, and how to go past them
+                self.notify(f"{req.action} refused by the head's evict policy: {e.message}. To override, request "
+                            "it again and press f to force it with a reason.", severity="error", timeout=12)
+            else:
+                self.notify(f"{req.action} not requested: {e}", severity="error", timeout=8)
+            return
         except ClientError as e:
             self.notify(f"{req.action} not requested: {e}", severity="error", timeout=8)
             return
@@ -363,3 +372,11 @@ class RanksightApp(App):
         self.notify(f"{a.action} {a.id}: {a.status}{' (dry-run)' if a.dry_run else ''}",
                     severity="error" if a.status in ("failed", "refused") else "information")
         await self.refresh_now()
+
+
+def _tui_user() -> str:
+    """Who forced an evict, for the audit trail: the local login (a container may have none)."""
+    try:
+        return f"tui:{getpass.getuser()}"
+    except Exception:  # getpass raises when neither the environment nor the password database names the user
+        return "tui"

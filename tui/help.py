@@ -36,6 +36,7 @@ HELP = {
     "steps(1)": "profile one more step",
     "steps(-1)": "profile one step fewer",
     "toggle_dry": "toggle dry-run (recorded in the audit trail, nothing sent)",
+    "toggle_force": "force an evict past the head's policy (cooldown, budget, last node): type why, Enter confirms",
     "confirm": "confirm: send the request to the head",
     "cancel": "cancel: send nothing",
 }

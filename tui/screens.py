@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Label, Static
+from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from tui.client import RunSummary
 
@@ -82,14 +82,20 @@ class ActionRequest:
     ranks: list[int]
     steps: int | None
     dry_run: bool
+    force: bool = False  # an evict past the policy's limits (cooldown, budget, last node ...): audited with reason
+    reason: str = ""
 
 
 class ActionModal(ModalScreen[ActionRequest | None]):
-    """Choose profile/checkpoint/evict for the selected rank's node, then confirm with y."""
+    """Choose profile/checkpoint/evict for the selected rank's node, then confirm with y.
+
+    An evict the head's policy refuses (409: cooldown, budget, the last node ...) can be forced: f asks for the
+    reason, which the head stores with the action and who forced it; Enter in the reason field confirms."""
 
     BINDINGS = [Binding("p", "pick('profile')", "Profile"), Binding("c", "pick('checkpoint')", "Checkpoint"),
                 Binding("e", "pick('evict')", "Evict"), Binding("plus,equals_sign", "steps(1)", "+steps"),
                 Binding("minus", "steps(-1)", "-steps"), Binding("d", "toggle_dry", "Dry-run"),
+                Binding("f", "toggle_force", "Force"),
                 Binding("y", "confirm", "Confirm"), Binding("n,escape", "cancel", "Cancel")]
 
     def __init__(self, run_id: str, node: int | None, ranks: list[int], head_dry_run: bool | None,
@@ -100,12 +106,16 @@ class ActionModal(ModalScreen[ActionRequest | None]):
         self.choice: str | None = None
         self.steps = default_steps
         self.dry_run = bool(head_dry_run)
+        self.force = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="action-box"):
             yield Label(f"Request an action on node {self.node if self.node is not None else '?'} "
                         f"(ranks {','.join(map(str, self.ranks)) or '?'}) of run {self.run_id}", id="action-title")
             yield Static("", id="action-text")
+            # disabled while hidden: a focusable field would take the dialog's keys (p, c, e, y ...) as text
+            yield Input(placeholder="why force this evict (stored with the action); Enter confirms",
+                        id="force-reason", classes="-hidden", disabled=True)
             with Horizontal(id="action-buttons"):
                 yield Button("Profile (p)", id="btn-profile")
                 yield Button("Checkpoint (c)", id="btn-checkpoint")
@@ -119,7 +129,8 @@ class ActionModal(ModalScreen[ActionRequest | None]):
 
     def describe(self) -> str:
         if self.choice is None:
-            return "Choose: p profile N steps · c checkpoint · e evict this node.   d toggles dry-run."
+            return ("Choose: p profile N steps · c checkpoint · e evict this node.   d toggles dry-run;"
+                    " f forces an evict the policy refuses.")
         where = f"node {self.node}" if self.node is not None else "the job"
         if self.choice == "profile":
             what = f"PROFILE {self.steps} steps on {where} (+/- to change)"
@@ -128,6 +139,9 @@ class ActionModal(ModalScreen[ActionRequest | None]):
         else:
             what = (f"EVICT node {self.node}: checkpoint, its ranks {','.join(map(str, self.ranks))} leave, "
                     "the job re-forms without it and resumes")
+            if self.force:
+                what += ("\nFORCED past the evict policy's limits (cooldown, budget, last node): type why below,"
+                         " Enter confirms, Esc cancels")
         if self.dry_run:
             mode = ("DRY-RUN (the head is in dry-run): recorded in the audit trail, nothing is sent to the job"
                     if self.head_dry_run else "DRY-RUN: recorded in the audit trail, nothing is sent to the job (d to change)")
@@ -137,14 +151,39 @@ class ActionModal(ModalScreen[ActionRequest | None]):
 
     def _update_text(self) -> None:
         self.query_one("#action-text", Static).update(self.describe())
-        self.query_one("#btn-confirm", Button).disabled = self.choice is None
+        self.query_one("#btn-confirm", Button).disabled = self.choice is None or (self.force and not self.reason())
+        field = self.query_one("#force-reason", Input)
+        field.set_class(not self.force, "-hidden")
+        field.disabled = not self.force
+
+    def reason(self) -> str:
+        return self.query_one("#force-reason", Input).value.strip()
 
     def action_pick(self, what: str) -> None:
         if what == "evict" and self.node is None:
             self.app.notify("no node known for this rank: cannot evict", severity="error")
             return
         self.choice = what
+        if what != "evict":
+            self.force = False
         self._update_text()
+
+    def action_toggle_force(self) -> None:
+        if self.choice != "evict":
+            self.app.notify("only an evict can be forced: choose e first", severity="warning")
+            return
+        self.force = not self.force
+        self._update_text()
+        if self.force:
+            self.query_one("#force-reason", Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._update_text()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_confirm()
 
     def action_steps(self, delta: int) -> None:
         self.steps = max(1, min(1000, self.steps + delta))
@@ -160,8 +199,12 @@ class ActionModal(ModalScreen[ActionRequest | None]):
     def action_confirm(self) -> None:
         if self.choice is None:
             return
+        if self.force and not self.reason():
+            self.app.notify("a forced evict needs a reason: type it in the field", severity="warning")
+            return
         self.dismiss(ActionRequest(action=self.choice, node=self.node, ranks=list(self.ranks),
-                                   steps=self.steps if self.choice == "profile" else None, dry_run=self.dry_run))
+                                   steps=self.steps if self.choice == "profile" else None, dry_run=self.dry_run,
+                                   force=self.force, reason=self.reason() if self.force else ""))
 
     def action_cancel(self) -> None:
         self.dismiss(None)
