@@ -36,6 +36,7 @@ class SpoolStepIndex:
         self.path = os.fspath(path)
         self.block_bytes = block_bytes
         self.lock = threading.Lock()
+        self.rebuilds = 0  # times the file was found replaced or truncated, and indexed again
         self._reset(0)
 
     def _reset(self, inode: int) -> None:
@@ -45,7 +46,6 @@ class SpoolStepIndex:
         self.ends: list[int] = []
         self.lo: list[int] = []
         self.hi: list[int] = []
-        self.rebuilds = getattr(self, "rebuilds", -1) + 1
 
     def refresh(self) -> int:
         """Index what was appended since the last call (everything, for a new or replaced file); the file's size.
@@ -53,6 +53,7 @@ class SpoolStepIndex:
         with open(self.path, "rb") as f:
             st = os.fstat(f.fileno())
             if st.st_ino != self.inode or st.st_size < self.indexed:
+                self.rebuilds += bool(self.inode)
                 self._reset(st.st_ino)
             if st.st_size > self.indexed:
                 f.seek(self.indexed)
@@ -63,7 +64,9 @@ class SpoolStepIndex:
         pos = self.indexed
         carry = b""
         while pos + len(carry) < size:
-            data = carry + f.read(min(self.block_bytes, size - pos - len(carry)))
+            # a block holds at most block_bytes, unless one line is longer
+            want = self.block_bytes - len(carry) if len(carry) < self.block_bytes else self.block_bytes
+            data = carry + f.read(min(want, size - pos - len(carry)))
             end = data.rfind(b"\n") + 1
             if end == 0:
                 if pos + len(data) >= size:
@@ -172,7 +175,8 @@ def read_ops(index: SpoolStepIndex, q: OpsQuery, run_id: str, node: int) -> OpsA
 class SpoolIndexes:
     """One ``SpoolStepIndex`` per rank, made on the rank's first query and kept (the agent's endpoint holds one)."""
 
-    def __init__(self):
+    def __init__(self, block_bytes: int = BLOCK_BYTES):
+        self.block_bytes = block_bytes
         self._lock = threading.Lock()
         self._by_path: dict[str, SpoolStepIndex] = {}
 
@@ -181,5 +185,5 @@ class SpoolIndexes:
         with self._lock:
             ix = self._by_path.get(key)
             if ix is None:
-                ix = self._by_path[key] = SpoolStepIndex(key)
+                ix = self._by_path[key] = SpoolStepIndex(key, self.block_bytes)
             return ix
