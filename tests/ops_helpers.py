@@ -59,15 +59,15 @@ def write_steps(path: Path, run_id: str, rank: int, steps, garbage_after: dict[i
 
 
 @contextmanager
-def agent_endpoint(store: Path, run_id: str, ranks: list[int], node: int = 0, token: str = TOKEN):
-    """A node agent's endpoint (``node.control.ControlServer``) for ``ranks`` on 127.0.0.1; yields the server
-    (``srv.url``)."""
+def agent_endpoint(store: Path, run_id: str, ranks: list[int], node: int = 0, token: str = TOKEN, tls=None):
+    """A node agent's endpoint (``node.control.ControlServer``; HTTPS with a server ``tls`` context) for ``ranks``
+    on 127.0.0.1; yields the server (``srv.url``)."""
     from node.control import ControlServer
     from node.prom import AgentMetrics
     from ranksight.http_server import serve_in_thread, shutdown_server
 
     srv = ControlServer(("127.0.0.1", 0), rd=RunDir(store, run_id), node=node, token=token, metrics=AgentMetrics(),
-                        local_ranks=lambda: list(ranks))
+                        local_ranks=lambda: list(ranks), tls=tls)
     serve_in_thread(srv, "test-agent-http")
     try:
         yield srv
