@@ -7,7 +7,9 @@ Writes (once) a spool of ``--gb`` GB under ``--dir``: per step one step record a
 - the baseline: every line of the file decoded to find the range's records (what a reader without an index does:
   ``diagnose`` on the node, ``ranksight.spool.read_spool`` minus holding the file in memory);
 - building the step index (``node.ops_reader.SpoolStepIndex``), the first query's extra cost, ``--rounds`` times;
-- a 100-step query with the index built, at ``--queries`` places spread over the file.
+- a 100-step query with the index built, at ``--queries`` places spread over the file;
+- wall time of ``GET /ops`` through a real agent endpoint (``node.control.ControlServer`` on 127.0.0.1): the first
+  query (which builds the index), then the same ``--queries`` queries.
 
 Prints min / median of each and the process's peak RSS. Timings vary with the machine's load; the load average is
 printed with them.
@@ -27,6 +29,7 @@ import msgspec
 
 from node.ops_reader import SpoolStepIndex, read_ops
 from ranksight import schema
+from ranksight.layout import RunDir
 from ranksight.ops_query import OpsQuery
 from ranksight.spool import SpoolWriter
 
@@ -76,6 +79,34 @@ def full_scan(path: Path, q: OpsQuery) -> int:
     return n
 
 
+def http_queries(rd: RunDir, last: int, span: int, n: int) -> tuple[float, list[float]]:
+    """Wall seconds of the first ``GET /ops`` on a fresh agent endpoint, and of ``n`` more."""
+    import urllib.request
+
+    from node.control import ControlServer
+    from node.prom import AgentMetrics
+    from ranksight.http_server import serve_in_thread, shutdown_server
+
+    srv = ControlServer(("127.0.0.1", 0), rd=rd, node=0, token="bench", metrics=AgentMetrics(), local_ranks=lambda: [5])
+    serve_in_thread(srv, "bench-agent-http")
+
+    def get(lo: int) -> float:
+        req = urllib.request.Request(f"{srv.url}/ops?rank=5&steps={lo}-{lo + span - 1}&limit=100000",
+                                     headers={"Authorization": "Bearer bench"})
+        t = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=600) as r:
+            body = r.read()
+        assert len(msgspec.json.decode(body)["ops"]) > 0
+        return time.perf_counter() - t
+
+    try:
+        first = get(last // 3)
+        return first, [get((last - span) * i // max(1, n - 1)) for i in range(n)]
+    finally:
+        shutdown_server(srv)
+        srv.server_close()
+
+
 def cpu(fn):
     t = time.process_time()
     out = fn()
@@ -92,9 +123,10 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=9)
     ap.add_argument("--no-baseline", action="store_true", help="skip the full scan (minutes on a busy machine)")
     a = ap.parse_args()
-    path = a.dir / f"spool-{a.gb:g}gb-{a.ops}ops.jsonl"
+    rd = RunDir(a.dir / f"store-{a.gb:g}gb-{a.ops}ops", RUN)
+    path = rd.spool(5)
     if not path.exists():
-        a.dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".part")
         tmp.unlink(missing_ok=True)
         t0 = time.time()
@@ -123,6 +155,9 @@ def main() -> None:
     print(f"{a.span}-step query, index built: min {min(queries) * 1e3:.1f} ms, median "
           f"{statistics.median(queries) * 1e3:.1f} ms CPU; {sorted(counts)} records; "
           f"{statistics.median(nread) / 1e6:.1f} MB read of {size / 1e9:.2f} GB")
+    http_first, http = http_queries(rd, last, a.span, a.queries)
+    print(f"GET /ops ({a.span} steps) through the agent's endpoint, wall: first query (index built) "
+          f"{http_first:.2f} s; then min {min(http) * 1e3:.0f} ms, median {statistics.median(http) * 1e3:.0f} ms")
     if not a.no_baseline:
         q = OpsQuery(rank=5, step_from=last // 2, step_to=last // 2 + a.span - 1, limit=100_000)
         t, n = cpu(lambda: full_scan(path, q))

@@ -22,6 +22,7 @@ import msgspec
 
 from ranksight.ops_query import OpsAnswer, OpsGap, OpsQuery
 from ranksight.schema import CollectiveRecord, decode_spool_line
+from ranksight.spool import MAX_LINE_BYTES
 
 BLOCK_BYTES = 1 << 20
 STEP_NUMBER = re.compile(rb'"step":\s*(-?\d+)')
@@ -29,12 +30,14 @@ STEP_NUMBER = re.compile(rb'"step":\s*(-?\d+)')
 
 class SpoolStepIndex:
     """Blocks of one spool file: ``starts[i]`` (byte offset of a line start), ``ends[i]`` (one past its last
-    newline), ``lo[i]`` / ``hi[i]`` (the smallest and largest step number in it). Only complete lines are indexed;
-    a line the rank is still writing is indexed once its newline is there. Thread-safe (one lock per file)."""
+    newline; or a cut inside a line longer than ``max_line_bytes``, which no record is), ``lo[i]`` / ``hi[i]`` (the
+    smallest and largest step number in it). Only complete lines are indexed; a line the rank is still writing is
+    indexed once its newline is there. Thread-safe (one lock per file)."""
 
-    def __init__(self, path: str | os.PathLike, block_bytes: int = BLOCK_BYTES):
+    def __init__(self, path: str | os.PathLike, block_bytes: int = BLOCK_BYTES, max_line_bytes: int = MAX_LINE_BYTES):
         self.path = os.fspath(path)
         self.block_bytes = block_bytes
+        self.max_line_bytes = max_line_bytes
         self.lock = threading.Lock()
         self.rebuilds = 0  # times the file was found replaced or truncated, and indexed again
         self._reset(0)
@@ -71,8 +74,10 @@ class SpoolStepIndex:
             if end == 0:
                 if pos + len(data) >= size:
                     break  # the last line is still being written
-                carry = data  # a line longer than a block: read on to its end
-                continue
+                if len(data) < self.max_line_bytes:
+                    carry = data  # a line longer than a block: read on to its end
+                    continue
+                end = len(data)  # no record is that long: a block of garbage, cut here, not held in memory whole
             self._add_block(pos, data[:end])
             pos += end
             carry = data[end:]
@@ -136,7 +141,10 @@ def read_ops(index: SpoolStepIndex, q: OpsQuery, run_id: str, node: int) -> OpsA
             read_to = end
             nread += len(data)
             off = start
-            for line in data.split(b"\n")[:-1]:  # a block ends at a newline
+            lines = data.split(b"\n")
+            if not lines[-1]:
+                lines.pop()  # a block ends at a newline, but for one cut inside an oversized line
+            for line in lines:
                 line_off = off
                 off += len(line) + 1
                 if not line.strip():

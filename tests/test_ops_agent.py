@@ -150,3 +150,18 @@ def test_token_errors_carry_no_token(tmp_path):
     with agent_endpoint(tmp_path, RUN, [0]) as srv:
         status, body = api_get(f"{srv.url}/ops?rank=0&steps=0-2", headers={"Authorization": "Bearer nope"})
         assert status == 403 and TOKEN not in str(body) and "ops" not in body
+
+
+def test_an_oversized_line_is_a_gap_and_never_held_whole(tmp_path):
+    """A writer gone wrong: 64 KiB without a newline in the middle of step 5. With lines capped at 16 KiB, the index
+    cuts it into blocks instead of reading on to its end, and the query around it counts it as damaged."""
+    rd = _spools(tmp_path, ranks=(0,), steps=range(5))
+    path = rd.spool(0)
+    with open(path, "ab") as f:
+        f.write(b"x" * 65536 + b"\n")
+    write_steps(path, RUN, 0, range(5, 10))
+    ix = SpoolStepIndex(path, block_bytes=4096, max_line_bytes=16384)
+    ans = read_ops(ix, OpsQuery(rank=0, step_from=4, step_to=5), RUN, 0)
+    assert len(ans.ops) == 12
+    assert all(e - s <= 16384 for s, e in zip(ix.starts, ix.ends))
+    assert ans.damaged_lines >= 1 and sum(g.nbytes for g in ans.gaps) >= 65536
