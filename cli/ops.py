@@ -105,6 +105,12 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
+def _fold_key(r) -> tuple:
+    """What an agent folds into one record (``ranksight.collective_fold``): a rank's ops of one attempt's step, of
+    one kind, on one communicator."""
+    return r.attempt, r.step, r.op, r.comm_id or r.group
+
+
 def ops_table(answer) -> list[str]:
     """The answer as lines of at most 80 columns: a header, one row per op, what was cut or lost, the communicators."""
     ops = answer.ops
@@ -120,18 +126,21 @@ def ops_table(answer) -> list[str]:
         t0 = min(r.t_arrive for r in ops)
         lines.append(f"{len(ops)} op(s); times in ms after t0 = "
                      f"{datetime.fromtimestamp(t0, timezone.utc).strftime('%Y-%m-%d %H:%M:%S.%f')} UTC")
+        attempts = sorted({r.attempt for r in ops})
+        if len(attempts) > 1:  # a restarted job ran these steps again: each attempt's rows, in the file's order
+            lines.append(f"steps run more than once: attempts {', '.join(map(str, attempts))}, in the file's order")
         # the mean duration of each fold group: the rank's ops of one step, kind and communicator
         groups: dict[tuple, list[float]] = {}
         for r in ops:
             if r.duration_ms is not None:
-                groups.setdefault((r.step, r.op, r.comm_id or r.group), []).append(r.duration_ms)
+                groups.setdefault(_fold_key(r), []).append(r.duration_ms)
         means = {k: sum(v) / len(v) for k, v in groups.items()}
         lines.append(f"{'step':>6} {'seq':>6} {'op':<10} {'comm':<8} {'nbytes':>7} {'arrive':>10} {'done':>10} "
                      f"{'dur':>8} {'vs mean':>7}")
         for r in ops:
             done = f"{(r.t_done - t0) * 1e3:10.3f}" if r.t_done is not None else f"{'-':>10}"
             dur = f"{r.duration_ms:8.3f}" if r.duration_ms is not None else f"{'-':>8}"
-            mean = means.get((r.step, r.op, r.comm_id or r.group))
+            mean = means.get(_fold_key(r))
             vs = f"{r.duration_ms - mean:+7.2f}" if mean is not None and r.duration_ms is not None else f"{'-':>7}"
             lines.append(f"{r.step:>6} {r.seq:>6} {r.op[:10]:<10} {r.group[:8]:<8} {_bytes(r.nbytes):>7} "
                          f"{(r.t_arrive - t0) * 1e3:10.3f} {done} {dur} {vs}")

@@ -175,3 +175,21 @@ def test_an_unreachable_head_is_exit_4():
     code, out, _ = _cli("r", "--rank", "0", "--steps", "0-5", "--head", f"http://127.0.0.1:{_closed_port()}",
                         "--json")
     assert code == 4 and json.loads(out)["status"] is None
+
+
+def test_the_table_keeps_a_restarted_job_s_attempts_apart():
+    """Steps 3 of attempt 0 and of attempt 1 (the job resumed from a checkpoint): each attempt's ops are their own
+    fold group, so an op's distance from its fold's mean is not taken against the other attempt's ops."""
+    import msgspec
+
+    from ops_helpers import step_ops
+    from ranksight.ops_query import OpsAnswer
+
+    recs = [r for a, scale in ((0, 1.0), (1, 10.0)) for r in step_ops("r", 0, 3, tp_ops=2, dp_ops=0, attempt=a)[:-1]
+            for r in [msgspec.structs.replace(r, duration_ms=r.duration_ms * scale)]]
+    ans = OpsAnswer(run_id="r", node=0, rank=0, step_from=3, step_to=3, limit=10, ops=recs, truncated=False,
+                    damaged_lines=0)
+    lines = ops_table(ans)
+    assert any("attempts 0, 1" in ln for ln in lines)
+    rows = [ln.split() for ln in lines if ln[:6].strip().isdigit()]
+    assert [r[8] for r in rows] == ["-0.50", "+0.50", "-5.00", "+5.00"]
