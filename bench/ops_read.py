@@ -6,8 +6,10 @@ Writes (once) a spool of ``--gb`` GB under ``--dir``: per step one step record a
 
 - the baseline: every line of the file decoded to find the range's records (what a reader without an index does:
   ``diagnose`` on the node, ``ranksight.spool.read_spool`` minus holding the file in memory);
-- building the step index (``node.ops_reader.SpoolStepIndex``), the first query's extra cost, ``--rounds`` times;
+- building the step index (``node.ops_reader.SpoolStepIndex``), the first query's extra cost;
 - a 100-step query with the index built, at ``--queries`` places spread over the file;
+
+those three interleaved, ``--rounds`` times; then
 - wall time of ``GET /ops`` through a real agent endpoint (``node.control.ControlServer`` on 127.0.0.1): the first
   query (which builds the index), then the same ``--queries`` queries.
 
@@ -119,7 +121,7 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--ops", type=int, default=64, help="collective records per step")
     ap.add_argument("--span", type=int, default=100, help="steps per query")
-    ap.add_argument("--rounds", type=int, default=3, help="index builds")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of baseline, index build and queries")
     ap.add_argument("--queries", type=int, default=9)
     ap.add_argument("--no-baseline", action="store_true", help="skip the full scan (minutes on a busy machine)")
     a = ap.parse_args()
@@ -139,29 +141,34 @@ def main() -> None:
     last = max(ix.hi)
     print(f"spool {size / 1e9:.2f} GB, steps 0-{last}, {a.ops} collective records per step, {len(ix.starts)} blocks; "
           f"load average {os.getloadavg()[0]:.1f}")
-    builds = []
+    # rounds interleaved: a baseline scan, an index build, the queries; so load changes hit each alike
+    q_mid = OpsQuery(rank=5, step_from=last // 2, step_to=last // 2 + a.span - 1, limit=100_000)
+    baseline, builds, queries, counts, nread = [], [], [], set(), []
     for _ in range(a.rounds):
+        if not a.no_baseline:
+            t, n = cpu(lambda: full_scan(path, q_mid))
+            baseline.append(t)
+            counts.add(n)
         t, _ = cpu(lambda: SpoolStepIndex(path).refresh())
         builds.append(t)
-    print(f"index build (first query's extra): min {min(builds):.2f} s, median {statistics.median(builds):.2f} s CPU")
-    queries, counts, nread = [], set(), []
-    for i in range(a.queries):
-        lo = (last - a.span) * i // max(1, a.queries - 1)
-        q = OpsQuery(rank=5, step_from=lo, step_to=lo + a.span - 1, limit=100_000)
-        t, ans = cpu(lambda: read_ops(ix, q, RUN, 0))
-        queries.append(t)
-        counts.add(len(ans.ops))
-        nread.append(ans.bytes_read)
+        for i in range(a.queries):
+            lo = (last - a.span) * i // max(1, a.queries - 1)
+            q = OpsQuery(rank=5, step_from=lo, step_to=lo + a.span - 1, limit=100_000)
+            t, ans = cpu(lambda: read_ops(ix, q, RUN, 0))
+            queries.append(t)
+            counts.add(len(ans.ops))
+            nread.append(ans.bytes_read)
+    if baseline:
+        print(f"baseline, every line decoded to find {a.span} steps: min {min(baseline):.2f} s, median "
+              f"{statistics.median(baseline):.2f} s CPU")
+    print(f"index build (the first query's extra): min {min(builds):.2f} s, median {statistics.median(builds):.2f} s "
+          f"CPU")
     print(f"{a.span}-step query, index built: min {min(queries) * 1e3:.1f} ms, median "
-          f"{statistics.median(queries) * 1e3:.1f} ms CPU; {sorted(counts)} records; "
+          f"{statistics.median(queries) * 1e3:.1f} ms CPU ({len(queries)} queries); {sorted(counts)} records; "
           f"{statistics.median(nread) / 1e6:.1f} MB read of {size / 1e9:.2f} GB")
     http_first, http = http_queries(rd, last, a.span, a.queries)
     print(f"GET /ops ({a.span} steps) through the agent's endpoint, wall: first query (index built) "
           f"{http_first:.2f} s; then min {min(http) * 1e3:.0f} ms, median {statistics.median(http) * 1e3:.0f} ms")
-    if not a.no_baseline:
-        q = OpsQuery(rank=5, step_from=last // 2, step_to=last // 2 + a.span - 1, limit=100_000)
-        t, n = cpu(lambda: full_scan(path, q))
-        print(f"baseline, every line decoded (1 round): {t:.1f} s CPU, {n} records")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB; "
           f"load average {os.getloadavg()[0]:.1f}")
 

@@ -26,7 +26,7 @@ from ranksight.ops_query import parse_ops_query
 
 log = logging.getLogger("ranksight.head")
 
-AGENT_TIMEOUT_S = 60.0  # a first query indexes the rank's spool (about a second per GB) before it reads
+AGENT_TIMEOUT_S = 60.0  # a rank's first query indexes its whole spool before it reads
 
 
 def node_of_rank(live, rank: int) -> int | None:
