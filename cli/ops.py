@@ -114,7 +114,9 @@ def _fold_key(r) -> tuple:
 def ops_table(answer) -> list[str]:
     """The answer as lines of at most 80 columns: a header, one row per op, what was cut or lost, the communicators."""
     ops = answer.ops
-    head = f"run {answer.run_id}  rank {answer.rank} (node {answer.node})  steps {answer.step_from}-{answer.step_to}"
+    steps = (f"step {answer.step_from}" if answer.step_from == answer.step_to
+             else f"steps {answer.step_from}-{answer.step_to}")
+    head = f"run {answer.run_id}  rank {answer.rank} (node {answer.node})  {steps}"
     if answer.comm:
         head += f"  comm {answer.comm}"
     if answer.op:
