@@ -15,6 +15,8 @@
     GET  /api/runs/<id>/findings        the findings, each with its evidence in sentences (served_findings)
     GET  /api/runs/<id>/coverage        which checks can judge the run's live window, and why not
     GET  /api/runs/<id>/actions
+    GET  /api/runs/<id>/ops?rank=R&steps=A-B[&comm=ID][&op=KIND][&limit=N]   a rank's raw collective records, from
+                                        the agent of its node (head/ops_proxy.py: the drill-down from folded records)
     POST /api/runs/<id>/actions         {"action": "checkpoint"|"profile"|"evict", "node", "steps", "reason", "dry_run"}  token
 
 Every endpoint but ``/api/health`` needs ``Authorization: Bearer <token>`` (401 without, 403 wrong): run data, the
@@ -38,6 +40,7 @@ from head import receiver as rx
 from analyzers import trace_windows
 from analyzers.report.sentences import explained
 from head.actions import ActionRefused
+from head.ops_proxy import forward_ops
 from head.receiver import HttpError
 from head.store.wal import WalFull
 from ranksight import schema, wire
@@ -306,6 +309,8 @@ class HeadHandler(NoDelayHandler):
                 self._json(200, run_coverage(head, run_id))
             elif what == "actions":
                 self._json(200, head.actions.current(run_id))
+            elif what == "ops":  # forwarded to the agent of the rank's node; its answer passed on as it came
+                self._send(200, forward_ops(head, run_id, q), "application/json")
             else:
                 raise HttpError(404, f"no such endpoint: GET {path}")
             return

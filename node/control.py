@@ -1,5 +1,8 @@
-"""The node agent's HTTP endpoint (``--metrics-port``): ``GET /metrics`` (Prometheus text), ``GET /healthz``, and
-the token-protected ``POST /control`` through which the head asks for an action. HTTPS with ``--tls-cert`` /
+"""The node agent's HTTP endpoint (``--metrics-port``): ``GET /metrics`` (Prometheus text), ``GET /healthz``, the
+token-protected ``POST /control`` through which the head asks for an action, and the token-protected
+``GET /ops?rank=R&steps=A-B[&comm=ID][&op=KIND][&limit=N]``: a local rank's raw collective records read from its
+spool (``node/ops_reader.py``; the query and answer are ``ranksight/ops_query.py``), which the head forwards to
+whoever drills down from a folded record. HTTPS with ``--tls-cert`` /
 ``--tls-key`` (``ranksight.tls``; mutual TLS with ``--tls-client-ca``, which a Prometheus scraper then needs too).
 
 A control request is only written to ``<run>/control/requests/<id>.json`` (atomically): rank 0 of the trainer acts
@@ -16,14 +19,17 @@ import socket
 import ssl
 from pathlib import Path
 from typing import Callable
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 from prometheus_client.exposition import choose_encoder
 
+from node.ops_reader import SpoolIndexes, read_ops
 from node.prom import AgentMetrics
 from ranksight import schema
 from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
 from ranksight.layout import RunDir, atomic_write
+from ranksight.ops_query import parse_ops_query
 
 log = logging.getLogger("ranksight.agent")
 
@@ -49,6 +55,7 @@ class ControlServer(BoundedThreadingHTTPServer):
         self.token = token
         self.metrics = metrics
         self.local_ranks = local_ranks
+        self.spool_indexes = SpoolIndexes()  # GET /ops: each local spool's step index, kept between queries
 
     @property
     def url(self) -> str:
@@ -100,18 +107,51 @@ class ControlHandler(NoDelayHandler):
         elif path == "/healthz":
             self._send(200, json.dumps({"ok": True, "node": self.server.node,
                                         "ranks": self.server.local_ranks()}).encode())
+        elif path == "/ops":
+            self._ops()
         else:
             self._send(404, b'{"error":"not found"}')
+
+    def _authorized(self) -> bool:
+        auth = self.headers.get("Authorization") or ""
+        if self.server.token_ok(auth):
+            return True
+        log.warning("agent: %s without a valid token from %s", self.path.split("?")[0], self.client_address[0])
+        self._send(401 if not auth else 403, b'{"error":"bearer token required"}')
+        return False
+
+    def _ops(self) -> None:
+        """``GET /ops``: the raw collective records of one local rank over a step range (the head's drill-down)."""
+        if not self._authorized():
+            return
+        srv = self.server
+        try:
+            q = parse_ops_query({k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()})
+        except ValueError as e:
+            self._send(400, json.dumps({"error": str(e)}).encode())
+            return
+        local = srv.local_ranks()
+        if q.rank not in local:
+            self._send(404, json.dumps({"error": f"rank {q.rank} is not on node {srv.node} (its ranks: "
+                                                 f"{_ranks_text(local)})"}).encode())
+            return
+        try:
+            answer = read_ops(srv.spool_indexes.of(srv.rd.spool(q.rank)), q, srv.rd.run_id, srv.node)
+        except FileNotFoundError:
+            self._send(404, json.dumps({"error": f"rank {q.rank} has no spool file on node {srv.node}"}).encode())
+            return
+        except OSError as e:
+            log.warning("agent: reading rank %d's spool for /ops failed: %s", q.rank, e)
+            self._send(500, json.dumps({"error": f"reading rank {q.rank}'s spool failed: {e}"}).encode())
+            return
+        self._send(200, schema.encode(answer))
 
     def do_POST(self):
         self.close_connection = True
         if self.path.split("?")[0] != "/control":
             self._send(404, b'{"error":"not found"}')
             return
-        auth = self.headers.get("Authorization") or ""
-        if not self.server.token_ok(auth):
-            log.warning("agent: control request without a valid token from %s", self.client_address[0])
-            self._send(401 if not auth else 403, b'{"error":"bearer token required"}')
+        if not self._authorized():
             return
         try:
             n = int(self.headers.get("Content-Length") or -1)
@@ -124,3 +164,11 @@ class ControlHandler(NoDelayHandler):
             self._send(400, json.dumps({"error": str(e)}).encode())
             return
         self._send(202, json.dumps({"written": str(path)}).encode())
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if not ranks:
+        return "none yet"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks[:16])) + (", ..." if len(ranks) > 16 else "")

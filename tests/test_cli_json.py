@@ -97,6 +97,8 @@ def cases(store: Path, tmp: Path) -> dict[str, list[tuple[list[str], set[int], s
                     "outbox", "dropped_records", "rejected_records"})],
         "action": [(["action", "r1", "checkpoint", "--head", "http://127.0.0.1:9", "--token", "t", "--json"], {4},
                     {"accepted", "status", "error"})],
+        "ops": [(["ops", "r1", "--rank", "0", "--steps", "0-5", "--head", "http://127.0.0.1:9", "--token", "t",
+                  "--json"], {4}, {"error", "status"})],
         "dashboards": [(["dashboards", "build", "--out", str(tmp / "dash"), "--json"], {0},
                         {"ok", "error", "dir", "written"}),
                        (["dashboards", "lint", "--dir", str(tmp / "dash"), "--json"], {0},
