@@ -26,7 +26,8 @@ class DataPath:
     def __init__(self, store: str | os.PathLike, run_id: str, nodes: int, *, head_port: int | None = None,
                  head_url: str | None = None, token: str | None = None, metrics_ports: list[int] | None = None,
                  sim_gpu: str = "auto", python: str = sys.executable, extra_env: dict | None = None,
-                 head_args: list[str] | None = None, agent_priority: str | None = None,
+                 head_args: list[str] | None = None, agent_args: list[str] | None = None,
+                 agent_priority: str | None = None,
                  head_priority: str | None = None):
         self.rd = RunDir(store, run_id)
         self.nodes = nodes
@@ -37,6 +38,7 @@ class DataPath:
         self.metrics_ports = metrics_ports or [free_port() for _ in range(nodes)]
         self.sim_gpu = sim_gpu
         self.head_args = list(head_args or [])  # extra ``ranksight head`` options (e.g. --evict on)
+        self.agent_args = list(agent_args or [])  # extra ``ranksight agent`` options (e.g. --collectives per-step)
         # ``--priority`` of the agents and the head (idle | low | normal). None: the command's default (agent: low,
         # head: normal), or RANKSIGHT_AGENT_PRIORITY / RANKSIGHT_HEAD_PRIORITY from the environment.
         self.agent_priority = agent_priority
@@ -66,7 +68,7 @@ class DataPath:
             self.agents.append(self._spawn(f"agent-node{n}", [
                 "agent", "--store", str(self.rd.store), "--run-id", self.rd.run_id, "--node", str(n),
                 "--head", self.head_url, "--metrics-port", str(self.metrics_ports[n]), "--sim-gpu", self.sim_gpu,
-                *(["--priority", self.agent_priority] if self.agent_priority else [])]))
+                *(["--priority", self.agent_priority] if self.agent_priority else []), *self.agent_args]))
         return self
 
     def wait_head(self, timeout: float = 30.0) -> None:

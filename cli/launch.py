@@ -177,6 +177,9 @@ def launch(
     evict: str = typer.Option("dry-run", help="The head's checkpoint-and-evict policy: off | dry-run (record what it "
                                               "would do) | on (evict a confirmed bad node; the run re-forms without it)."),
     analyze_interval: float = typer.Option(5.0, help="Seconds between the head's analysis rounds."),
+    collectives: str = typer.Option("auto", help="What the agents ship of the collectives: per-op | per-step (one "
+                                    "record per rank, step, kind and communicator; the raw ops stay in the spools "
+                                    "for `ranksight ops`) | auto (per-step above 256 ranks)."),
     netns: Optional[bool] = typer.Option(None, "--netns/--no-netns",
                                          help="Each node in a network namespace of its own, joined by a bridge (a "
                                               "slow_link rate_mbit then limits that node's link). Default: when run as "
@@ -230,9 +233,12 @@ def launch(
 
         if evict not in MODES:
             raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
+        if collectives not in ("auto", "per-op", "per-step"):
+            raise typer.BadParameter("--collectives must be auto, per-op or per-step")
         data_path = DataPath(store, run.run_id, nnodes, head_url=head_url or None,
                              head_args=["--evict", evict, "--analyze-interval", str(analyze_interval),
-                                        "--min-nodes", str(min_nodes)])
+                                        "--min-nodes", str(min_nodes)],
+                             agent_args=["--collectives", collectives])
     summary: dict = {}
     rc = run_cluster(cluster, run, steps, timeout=timeout, live=live, data_path=data_path, summary=summary)
     if as_json:

@@ -77,3 +77,32 @@ def test_launch_rejects_a_layout_that_does_not_fit_the_world(tmp_path):
                         "--dp", "3", "--store", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "dp*tp*pp = 3*1*1 = 3 but nnodes*nproc_per_node = 4" in r.stderr
+
+
+def test_launch_passes_collectives_to_its_agents(tmp_path, monkeypatch):
+    """`launch --collectives per-step` reaches every agent's command line (a folded local run, whose raw ops
+    `ranksight ops` reads back); a bad value is a usage error before anything starts."""
+    from cli.datapath import DataPath
+
+    r = subprocess.run([sys.executable, "-m", "cli.main", "launch", "--nnodes", "1", "--nproc-per-node", "1",
+                        "--collectives", "sometimes", "--store", str(tmp_path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "--collectives must be auto, per-op or per-step" in r.stderr
+
+    spawned: dict[str, list[str]] = {}
+
+    class Dummy:
+        def poll(self):
+            return None
+
+    def spawn(self, name, args):
+        spawned[name] = args
+        return Dummy()
+
+    monkeypatch.setattr(DataPath, "_spawn", spawn)
+    monkeypatch.setattr(DataPath, "wait_head", lambda self, timeout=30.0: None)
+    DataPath(tmp_path, "r1", nodes=2, agent_args=["--collectives", "per-step"]).start()
+    for n in (0, 1):
+        args = spawned[f"agent-node{n}"]
+        assert args[args.index("--collectives") + 1] == "per-step"
+    assert "--collectives" not in spawned["head"]
