@@ -222,7 +222,7 @@ def build_3d(ranks: int, steps: int, seed: int = 1, t_last: float | None = None)
                      nbytes=pa.array(np.where(which == 0, 4 << 20, 1 << 20).astype(np.int64)),
                      t_arrive=pa.array(arrive), t_done=pa.array(done),
                      duration_ms=pa.array(np.stack([w + 3.0, np.ones(n)], axis=1).ravel()),
-                     attempt=pa.array(np.zeros(m, np.int64)))
+                     attempt=pa.array(np.zeros(m, np.int64)), ops=pa.array(np.ones(m, np.int64)))
         # the comm_id: the DP group's for the gradient sync rows, the TP group's for the others
         rr = np.repeat(rank, 2)
         ccols["comm_id"] = pa.array(np.where(which == 0, dp_cid[rr], tp_cid[rr]).tolist(), pa.string())
