@@ -31,13 +31,18 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
     For a float column the same matrix is a few numpy operations instead of pivot_table's generic groupby and
     unstack. Other dtypes (where pivot_table's result dtype depends on gaps) go through pivot_table."""
     values = frame[col] if col in frame.columns else None
-    if values is None or frame.empty or values.dtype != np.float64:
+    if values is None or frame.empty or not _is_float(values):
         return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
-    x = values.to_numpy()
+    x = values.to_numpy(dtype=np.float64)
     keep = ~np.isnan(x)  # "last" skips NaN; a (rank, step) with only NaN is no cell, as in pivot_table
     if not keep.any():
         return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
     return RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep]).matrix(x[keep])
+
+
+def _is_float(values: pd.Series) -> bool:
+    """A float column of any width (the store's reader may narrow a column to float32): its matrix is float64."""
+    return isinstance(values.dtype, np.dtype) and values.dtype.kind == "f"
 
 
 class RankStepCells:
@@ -127,9 +132,9 @@ class StepView:
         """Rank x step matrix of a column (``rank_step_matrix``)."""
         if name not in self._matrices:
             values = self.column(name)
-            if values.dtype == np.float64 and not self.rows.empty and not values.isna().any():
+            if _is_float(values) and not self.rows.empty and not values.isna().any():
                 # a value in every row: every column without a gap has the same cells
-                self._matrices[name] = self._cells.matrix(values.to_numpy())
+                self._matrices[name] = self._cells.matrix(values.to_numpy(dtype=np.float64))
             else:
                 src = self.rows
                 if name in DERIVED_COLUMNS:
@@ -414,7 +419,11 @@ class AnalysisFrame:
         """The collective records of the communicators whose name starts with ``prefixes`` ("tp", ("tp", "pp"))."""
         if prefixes not in self._collectives_of:
             co = self.data.collectives
-            self._collectives_of[prefixes] = co[co["group"].astype(str).str.startswith(prefixes)]
+            try:  # .str on the column as it is (a str column, a Categorical of strings): no string built per row
+                hit = co["group"].str.startswith(prefixes, na=False)
+            except AttributeError:  # not strings (numbers, only None): as strings, as before
+                hit = co["group"].astype(str).str.startswith(prefixes)
+            self._collectives_of[prefixes] = co[hit.to_numpy(dtype=bool)]
         return self._collectives_of[prefixes]
 
 
@@ -436,7 +445,10 @@ def skewed_ranks(data: RunData) -> set[int]:
         return set()
     ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
     first = ends.columns[0]
-    off = {n: float((ends[n] - ends[first]).median()) for n in ends.columns}
+    # each node's median offset from the first node's, all nodes in one call (a Series per node cost seconds at
+    # thousands of nodes)
+    med = ends.sub(ends[first], axis=0).median(axis=0)
+    off = {n: float(med[n]) for n in ends.columns}
     off = {n: o for n, o in off.items() if np.isfinite(o)}
     tol = max(CLOCK_SKEW_S, 2.0 * float(st["step_ms"].median()) / 1000.0)
     groups: list[list] = []
