@@ -18,7 +18,11 @@ MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 def robust_sigma(values: Iterable[float]) -> float:
     """The robust standard deviation (``MAD_SCALE`` x the median absolute deviation) of the finite values."""
-    arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "fiu":  # numbers already: no Python per value
+        arr = values.astype(float, copy=False).ravel()
+        arr = arr[np.isfinite(arr)]
+    else:
+        arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     if arr.size == 0:
         return 0.0
     return float(MAD_SCALE * np.median(np.abs(arr - np.median(arr))))
@@ -194,14 +198,36 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
         count = np.bincount(flat, minlength=len(part) * n_grid).reshape(len(part), n_grid)
         nans = np.bincount(flat, weights=np.isnan(v), minlength=len(part) * n_grid).reshape(len(part), n_grid)
         # each output step's window: ``window`` grid steps x k values, padding (inf) after the values when sorted
-        win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
-        win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
+        if k * window <= SMALL_SORT:
+            win = _sorted_small([dense[:, col + w, j] for w in range(window) for j in range(k)])
+        else:
+            win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
+            win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
         csum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(count, axis=1)], axis=1)
         nsum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(nans, axis=1)], axis=1)
         n = csum[:, col + window] - csum[:, col]
         has_nan = (nsum[:, col + window] - nsum[:, col]) > 0
         out[part] = _sorted_quantile(win, n, q, min_ops, has_nan)
     return pd.DataFrame(out, index=index, columns=steps)
+
+
+# Windows of at most this many values (the comm checks' 3-step windows of one op per step) are sorted by a
+# compare-exchange network over whole arrays: numpy's sort along a short last axis costs a call per window.
+SMALL_SORT = 8
+
+
+def _sorted_small(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.sort(np.stack(parts, axis=-1), axis=-1)`` for a few arrays of one shape without NaN (padding is inf):
+    odd-even transposition, each compare-exchange one np.minimum and one np.maximum over the whole arrays. The same
+    values in the same order: a sort of numbers without NaN has one result."""
+    c = list(parts)
+    n = len(c)
+    for rnd in range(n):
+        for i in range(rnd % 2, n - 1, 2):
+            lo = np.minimum(c[i], c[i + 1])
+            c[i + 1] = np.maximum(c[i], c[i + 1])
+            c[i] = lo
+    return np.stack(c, axis=-1)
 
 
 def windowed_sums(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,

@@ -128,32 +128,48 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     return ev
 
 
-def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None,
-                  s1: int | None = None) -> tuple[pd.DataFrame, dict[int, list[int]]]:
+def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = None,
+                  rank: int | None = None) -> tuple[pd.DataFrame, dict[int, list[int]]]:
     """Time each rank spent blocked in tensor-parallel collectives per step (rank x step, ms), and each rank's TP
     group. Summed per step rather than matched by sequence number: a rank may record an async TP op its partner
-    does not, so sequence numbers need not line up across a TP group."""
+    does not, so sequence numbers need not line up across a TP group. ``rank``: only that rank's TP group (its rows
+    of the matrix, over the same steps: every step any rank's TP ops ran in), and only its members; the matrix of
+    every rank is ranks x steps (10,000 steps post-mortem) where one group's is a few rows."""
     if frame.data.collectives.empty:
         return pd.DataFrame(), {}
     tp = frame.collectives_of("tp")
-    tp = tp[tp["duration_ms"].notna()]
+    keep = tp["duration_ms"].notna().to_numpy()
     if s0 is not None:
-        tp = tp[(tp["step"] >= s0) & (tp["step"] <= s1)]
+        step = tp["step"].to_numpy()
+        keep = keep & (step >= s0) & (step <= s1)
+    tp = tp[keep]
     if tp.empty:
         return pd.DataFrame(), {}
+    all_steps = None
+    if rank is not None:
+        all_steps = np.unique(tp["step"].to_numpy())
+        rank_col = tp["rank"].to_numpy()
+        own = tp[rank_col == rank]
+        gr = own["group_ranks"].dropna()
+        gr = gr.iloc[0] if len(gr) else None
+        group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
+        tp = tp[np.isin(rank_col, np.asarray(group, dtype=rank_col.dtype))]
     members: dict[int, list[int]] = {}
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
             members[int(r)] = sorted(int(x) for x in gr)
     # a folded record's duration is its ops' mean: it blocks once per op it stands for
     blocked = tp.assign(blocked_ms=tp["duration_ms"] * op_counts(tp))
-    return blocked.pivot_table(index="rank", columns="step", values="blocked_ms", aggfunc="sum"), members
+    w = blocked.pivot_table(index="rank", columns="step", values="blocked_ms", aggfunc="sum")
+    if all_steps is not None and len(w.columns) != len(all_steps):
+        w = w.reindex(columns=pd.Index(all_steps, name="step"))
+    return w, members
 
 
 def _tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
     """Culprit vs its TP partners: the partners block in the TP all-reduces for the rank that computes longer,
     so the culprit is the member of its TP group that waits least there, by about its extra compute."""
-    w, members = tp_wait_frame(frame, s0, s1)
+    w, members = tp_wait_frame(frame, s0, s1, rank)
     group = [r for r in members.get(rank, []) if r in w.index]
     if rank not in group or len(group) < 2:
         return {}
