@@ -259,6 +259,15 @@ class Placement:
         return groups
 
 
+def _from_step(st: pd.DataFrame, first: int) -> pd.DataFrame:
+    """The rows of ``st`` from step ``first`` on, in their order: a slice (no copy of the columns) where the rows
+    are in step order (a store's steps, a live round's: (step, rank) order), else a filter."""
+    step = st["step"].to_numpy()
+    if len(step) > 1 and bool((step[1:] >= step[:-1]).all()):
+        return st.iloc[int(np.searchsorted(step, first, side="left")):]
+    return st[step >= first]
+
+
 @dataclass(frozen=True)
 class Signals:
     """Which measured fields a run's records carry: what each check's coverage (``coverage(frame)`` in every
@@ -346,7 +355,7 @@ class AnalysisFrame:
     placement: Placement
     compute_signal: str  # the step column that measures each rank's own work (RunData.compute_signal)
     _judged: dict[int, StepView] = field(default_factory=dict, init=False, repr=False)
-    _collectives_of: dict[tuple, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
+    _collectives_of: dict = field(default_factory=dict, init=False, repr=False)  # frames and row masks by prefixes
 
     @cached_property
     def signals(self) -> Signals:
@@ -373,7 +382,7 @@ class AnalysisFrame:
         loader warm-up)."""
         if warmup not in self._judged:
             st = self.data.steps
-            rows = st if st.empty else st[st["step"] >= int(st["step"].min()) + warmup]
+            rows = st if st.empty else _from_step(st, int(st["step"].min()) + warmup)
             self._judged[warmup] = StepView(rows)
         return self._judged[warmup]
 
@@ -418,13 +427,21 @@ class AnalysisFrame:
     def collectives_of(self, prefixes: str | tuple[str, ...]) -> pd.DataFrame:
         """The collective records of the communicators whose name starts with ``prefixes`` ("tp", ("tp", "pp"))."""
         if prefixes not in self._collectives_of:
+            self._collectives_of[prefixes] = self.data.collectives[self.group_mask(prefixes)]
+        return self._collectives_of[prefixes]
+
+    def group_mask(self, prefixes: str | tuple[str, ...]) -> np.ndarray:
+        """Which collective records (a bool per row) are of communicators whose name starts with ``prefixes``: for a
+        check that needs a few of those rows, without copying them all (``collectives_of``)."""
+        key = ("mask", prefixes)
+        if key not in self._collectives_of:
             co = self.data.collectives
             try:  # .str on the column as it is (a str column, a Categorical of strings): no string built per row
                 hit = co["group"].str.startswith(prefixes, na=False)
             except AttributeError:  # not strings (numbers, only None): as strings, as before
                 hit = co["group"].astype(str).str.startswith(prefixes)
-            self._collectives_of[prefixes] = co[hit.to_numpy(dtype=bool)]
-        return self._collectives_of[prefixes]
+            self._collectives_of[key] = hit.to_numpy(dtype=bool)
+        return self._collectives_of[key]
 
 
 # A node whose clock is off from the others' (live: from the head's) by more than this has its clock reported

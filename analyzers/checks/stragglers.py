@@ -135,25 +135,26 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     does not, so sequence numbers need not line up across a TP group. ``rank``: only that rank's TP group (its rows
     of the matrix, over the same steps: every step any rank's TP ops ran in), and only its members; the matrix of
     every rank is ranks x steps (10,000 steps post-mortem) where one group's is a few rows."""
-    if frame.data.collectives.empty:
+    co = frame.data.collectives
+    if co.empty:
         return pd.DataFrame(), {}
-    tp = frame.collectives_of("tp")
-    keep = tp["duration_ms"].notna().to_numpy()
+    # the TP rows with a duration (in s0..s1): a mask over the collectives, their rows taken once, only those needed
+    keep = frame.group_mask("tp") & co["duration_ms"].notna().to_numpy()
+    step = co["step"].to_numpy()
     if s0 is not None:
-        step = tp["step"].to_numpy()
         keep = keep & (step >= s0) & (step <= s1)
-    tp = tp[keep]
-    if tp.empty:
+    if not keep.any():
         return pd.DataFrame(), {}
     all_steps = None
-    if rank is not None:
-        all_steps = np.unique(tp["step"].to_numpy())
-        rank_col = tp["rank"].to_numpy()
-        own = tp[rank_col == rank]
-        gr = own["group_ranks"].dropna()
+    if rank is None:
+        tp = co[keep]
+    else:
+        all_steps = _distinct(step[keep])  # the whole matrix's steps
+        rank_col = co["rank"].to_numpy()
+        gr = co["group_ranks"].iloc[np.flatnonzero(keep & (rank_col == rank))].dropna()
         gr = gr.iloc[0] if len(gr) else None
         group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
-        tp = tp[np.isin(rank_col, np.asarray(group, dtype=rank_col.dtype))]
+        tp = co.iloc[np.flatnonzero(keep & np.isin(rank_col, np.asarray(group, dtype=np.int64)))]
     members: dict[int, list[int]] = {}
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
@@ -164,6 +165,17 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if all_steps is not None and len(w.columns) != len(all_steps):
         w = w.reindex(columns=pd.Index(all_steps, name="step"))
     return w, members
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of integers, by marking each present value (no sort) where their span is not much wider than
+    their count."""
+    if len(values) == 0:
+        return np.unique(values)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:
+        return np.unique(values)
+    return (np.flatnonzero(np.bincount(values - lo, minlength=hi - lo + 1)) + lo).astype(values.dtype)
 
 
 def _tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
