@@ -74,7 +74,23 @@ def leave_one_out_median(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(_loo_median(values), index=frame.index, columns=frame.columns)
 
 
+LOO_BLOCK_CELLS = 1 << 20  # columns taken this many cells at a time: the temporaries stay a few tens of MB
+
+
 def _loo_median(values: np.ndarray) -> np.ndarray:
+    n_rows, n_cols = values.shape
+    if n_rows >= 2 and n_cols > 1 and n_rows * n_cols > LOO_BLOCK_CELLS:
+        # each column on its own: a block of columns at a time (a 1,024 x 10,000 matrix whole needs ~10 temporaries
+        # of its size)
+        out = np.empty((n_rows, n_cols))
+        step = max(1, LOO_BLOCK_CELLS // n_rows)
+        for c0 in range(0, n_cols, step):
+            out[:, c0:c0 + step] = _loo_median_block(values[:, c0:c0 + step])
+        return out
+    return _loo_median_block(values)
+
+
+def _loo_median_block(values: np.ndarray) -> np.ndarray:
     n_rows, n_cols = values.shape
     out = np.full((n_rows, n_cols), np.nan)
     if n_rows < 2 or n_cols == 0:

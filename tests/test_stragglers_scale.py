@@ -44,3 +44,16 @@ def test_tp_evidence_of_a_rank_without_tp_ops_is_empty():
     frame = build_frame(_run())
     assert _tp_evidence(frame, 42, 0, 29) == {}
     assert tp_wait_frame(frame, 40, 50, 5)[0].empty
+
+
+def test_leave_one_out_median_block_by_block_is_the_whole_matrix(monkeypatch):
+    from analyzers import stats
+
+    rng = np.random.default_rng(3)
+    v = rng.normal(size=(37, 101))
+    v[rng.random(v.shape) < 0.1] = np.nan
+    v[:, 5] = np.nan
+    v[3] = np.nan
+    whole = stats._loo_median_block(v)
+    monkeypatch.setattr(stats, "LOO_BLOCK_CELLS", 37 * 4)  # blocks of 4 columns (the last one shorter)
+    np.testing.assert_array_equal(stats._loo_median(v), whole)
