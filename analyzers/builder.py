@@ -45,15 +45,38 @@ def _is_float(values: pd.Series) -> bool:
     return isinstance(values.dtype, np.dtype) and values.dtype.kind == "f"
 
 
+def _distinct_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_inverse=True)`` of integers without a sort where their span is not much wider than
+    their count (ranks, steps): each present value marked, its code the count of present values below it."""
+    x = np.asarray(x)
+    if len(x) == 0 or x.dtype.kind not in "iu":
+        return np.unique(x, return_inverse=True)
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo > 4 * len(x) + 1024:
+        return np.unique(x, return_inverse=True)
+    off = x.astype(np.int64) - lo
+    present = np.bincount(off, minlength=hi - lo + 1) > 0
+    code = np.cumsum(present) - 1
+    return (np.flatnonzero(present) + lo).astype(x.dtype), code[off]
+
+
 class RankStepCells:
     """Where each row of a set of step rows goes in a rank x step matrix: the sorted ranks and steps, and the
     last row of each (rank, step) cell. Worked out once, it places any column of those rows."""
 
     def __init__(self, rank: np.ndarray, step: np.ndarray):
-        self.ranks, ri = np.unique(rank, return_inverse=True)
-        self.steps, si = np.unique(step, return_inverse=True)
-        cell = ri * len(self.steps) + si
-        # the last row of each cell (row order, as groupby's "last"): the end of each run of a stable sort by cell
+        self.ranks, ri = _distinct_codes(rank)
+        self.steps, si = _distinct_codes(step)
+        cell = ri.astype(np.int64) * len(self.steps) + si
+        n_cells = len(self.ranks) * len(self.steps)
+        if n_cells <= 4 * len(cell) + 1024:
+            # the last row of each cell (row order, as groupby's "last"): the largest row number that lands in it
+            last_row = np.full(n_cells, -1, np.int64)
+            np.maximum.at(last_row, cell, np.arange(len(cell), dtype=np.int64))
+            self.cell = np.flatnonzero(last_row >= 0)
+            self.take = last_row[self.cell]
+            return
+        # the end of each run of a stable sort by cell
         order = np.argsort(cell, kind="stable")
         cs = cell[order]
         last = np.ones(len(cs), np.bool_)
