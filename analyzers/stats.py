@@ -93,29 +93,34 @@ def _loo_median(values: np.ndarray) -> np.ndarray:
 
 
 def _loo_median_block(values: np.ndarray) -> np.ndarray:
+    """Each cell's leave-one-out column median, from one sort of the values (no argsort): a column of n valid values
+    less one valid cell x leaves m = n - 1, whose median sits at the middle positions lo = (m - 1) // 2 and
+    hi = m // 2 of what is left; the value left at position j is the sorted column's j-th if that one is below x,
+    else its (j + 1)-th (x removed at its first position among equal values: removing another copy of x leaves the
+    same values). A NaN cell removes nothing: the median of all n."""
     n_rows, n_cols = values.shape
     out = np.full((n_rows, n_cols), np.nan)
     if n_rows < 2 or n_cols == 0:
         return out
-    order = np.argsort(values, axis=0, kind="stable")  # NaNs last
-    srt = np.take_along_axis(values, order, axis=0)
-    pos = np.empty_like(order)  # each cell's position in its sorted column
-    np.put_along_axis(pos, order, np.arange(n_rows)[:, None].repeat(n_cols, axis=1), axis=0)
+    srt = np.sort(values, axis=0)  # NaNs last
     valid = ~np.isnan(values)
     n_valid = valid.sum(axis=0)  # per column
-    # a NaN cell removes nothing: the others are all n valid values; a valid cell leaves n - 1
-    m = np.where(valid, n_valid[None, :] - 1, n_valid[None, :])
-    lo, hi = (m - 1) // 2, m // 2  # the middle positions among the values left
-    # positions at or after the removed value's own shift by one (a NaN cell's position is past every valid one)
-    lo = np.where(lo >= pos, lo + 1, lo)
-    hi = np.where(hi >= pos, hi + 1, hi)
-    ok = m > 0
-    cols = np.broadcast_to(np.arange(n_cols), (n_rows, n_cols))
-    lo_v = srt[np.where(ok, lo, 0), cols]
-    hi_v = srt[np.where(ok, hi, 0), cols]
+    cols = np.arange(n_cols)
+
+    def at(i: np.ndarray) -> np.ndarray:  # srt[i[c], c] for each column c (i clipped into the column)
+        return srt[np.clip(i, 0, n_rows - 1), cols]
+
+    m = n_valid - 1  # values left by a valid cell
+    lo, hi = (m - 1) // 2, m // 2
     with np.errstate(invalid="ignore", over="ignore"):
-        med = (lo_v + hi_v) / 2.0
-    out[ok] = med[ok]
+        lo_v = np.where(at(lo)[None, :] < values, at(lo)[None, :], at(lo + 1)[None, :])
+        hi_v = np.where(at(hi)[None, :] < values, at(hi)[None, :], at(hi + 1)[None, :])
+        med_valid = (lo_v + hi_v) / 2.0
+        med_nan = (at((n_valid - 1) // 2) + at(n_valid // 2)) / 2.0  # a NaN cell: all n values
+    ok_valid = valid & (m > 0)[None, :]
+    ok_nan = ~valid & (n_valid > 0)[None, :]
+    out[ok_valid] = med_valid[ok_valid]
+    out[ok_nan] = np.broadcast_to(med_nan[None, :], out.shape)[ok_nan]
     return out
 
 
