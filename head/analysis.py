@@ -39,8 +39,10 @@ DEFAULT_ANALYZE_WINDOW = 256
 # about the same at any scale. Never fewer than MIN_ANALYZE_WINDOW steps: the checks confirm within 3-12 steps
 # (persistence windows of 5-10 steps, baselines of 5, a CUSUM at 1.08x its peers over a few tens) and an episode
 # keeps the earliest onset any round saw (head/findings_book.py), so the window bounds how far back a round looks,
-# not what it can find. What a shorter window does change: a finding judged against the window's own first steps
-# (a stage's drift from its baseline) is seen for fewer steps after its onset before the baseline moves past it.
+# not what it can find. What a shorter window does change: a finding judged over the window as a whole is seen
+# later or for less long: memory growth must reach memory_pressure's growth_min_bytes (512 MiB) within the window
+# (at 64 steps a leak of 8 MiB a step, at 256 steps 2 MiB; a slower one is still reported as it nears capacity), and
+# a stage's drift from the window's first steps is seen for fewer steps after its onset.
 ROUND_STEP_ROWS = 1 << 20
 MIN_ANALYZE_WINDOW = 64
 # With nothing new (no step, collective, event or XID since the last round) a round is skipped, but
