@@ -27,7 +27,7 @@ gradient sync). It is analyzed by two heads in two processes, one after the othe
 
 Each takes ``--rounds`` rounds (``LiveAnalysis.analyze_once``, the real analyzers; the analyzers' clock pinned
 to just after the last step, so no round sees a silent job; fewer rounds at 256 ranks and up, see
-``rounds_for``). Reported: the steps per rank a round looked at, the median main-thread CPU ms per round (pyarrow
+``rounds_for``; the same number for both). Reported: the steps per rank a round looked at, the median main-thread CPU ms per round (pyarrow
 on one thread), the ratio, the worker's peak RSS (the live window, the synthetic run it came from, a round), the
 findings of the fresh head (they must be the same), and the cost of a round the head skips because nothing
 new arrived (``LiveAnalysis.analyze_if_due``). Ratios, not absolute times, are what carries over: the machine is
@@ -283,8 +283,8 @@ def cpu_ms(fn) -> float:
 
 
 def rounds_for(ranks: int, rounds: int) -> int:
-    """Fewer rounds where one takes seconds: 3 at 256 ranks, 2 at 1024 and up."""
-    return rounds if ranks < 256 else max(1, min(rounds, 3 if ranks < 1024 else 2))
+    """Fewer rounds where one takes seconds: at most 3 from 256 ranks on."""
+    return rounds if ranks < 256 else max(1, min(rounds, 3))
 
 
 def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int, layout: str = "flat") -> dict:
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in [int(x) for x in args.ranks.split(",")]:
             k = rounds_for(n, args.rounds)
-            old = run_worker(before, args, n, 1 if n >= 256 else k) if before and n <= args.before_max_ranks else None
+            old = run_worker(before, args, n, k) if before and n <= args.before_max_ranks else None
             new = run_worker(ROOT, args, n, k)
             med = statistics.median(new["times"])
             fmt = lambda r: f"{statistics.median(r['times']):.0f} [{min(r['times']):.0f}, {max(r['times']):.0f}]"  # noqa: E731
