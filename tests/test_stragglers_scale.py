@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import build_frame
-from analyzers.checks.stragglers import _tp_evidence, tp_wait_frame
+from analyzers.checks.stragglers import tp_evidence, tp_wait_frame
 from analyzers.loader import RunData
 
 
@@ -36,13 +36,13 @@ def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one():
         group = members[rank]
         assert got_members[rank] == group and set(got.index) == set(group)
         pd.testing.assert_frame_equal(got.loc[group].fillna(0.0), full.loc[group].fillna(0.0))
-        ev = _tp_evidence(frame, rank, s0, s1)
+        ev = tp_evidence(frame, rank, s0, s1)
         assert ev["tp_group"] == group and ev["tp_least_wait_share"] is not None
 
 
 def test_tp_evidence_of_a_rank_without_tp_ops_is_empty():
     frame = build_frame(_run())
-    assert _tp_evidence(frame, 42, 0, 29) == {}
+    assert tp_evidence(frame, 42, 0, 29) == {}
     assert tp_wait_frame(frame, 40, 50, 5)[0].empty
 
 

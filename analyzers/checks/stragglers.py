@@ -178,7 +178,7 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     return (np.flatnonzero(np.bincount(values - lo, minlength=hi - lo + 1)) + lo).astype(values.dtype)
 
 
-def _tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
+def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
     """Culprit vs its TP partners: the partners block in the TP all-reduces for the rank that computes longer,
     so the culprit is the member of its TP group that waits least there, by about its extra compute."""
     w, members = tp_wait_frame(frame, s0, s1, rank)
@@ -454,7 +454,7 @@ def _corroboration(frame: AnalysisFrame, cfg: StragglerConfig, c: dict, ev: dict
         if w.get("least_wait_share") is not None:
             corroborated = (w["least_wait_share"] >= cfg.last_arrival_share
                             and w["peers_wait_minus_own_ms"] - max(data_extra or 0.0, 0.0) >= cfg.lag_fraction * extra_ms)
-    tp_ev = _tp_evidence(frame, r, s0, s1)
+    tp_ev = tp_evidence(frame, r, s0, s1)
     if tp_ev:
         # Under tensor parallelism the TP partners of a slow rank wait for it inside the TP all-reduces (and
         # reach the gradient sync together with it, so sync arrival cannot tell them apart): the culprit is
