@@ -57,3 +57,31 @@ def test_leave_one_out_median_block_by_block_is_the_whole_matrix(monkeypatch):
     whole = stats._loo_median_block(v)
     monkeypatch.setattr(stats, "LOO_BLOCK_CELLS", 37 * 4)  # blocks of 4 columns (the last one shorter)
     np.testing.assert_array_equal(stats._loo_median(v), whole)
+
+
+def test_small_windows_sort_as_numpy_does():
+    from analyzers import stats
+
+    rng = np.random.default_rng(5)
+    for n in range(1, stats.SMALL_SORT + 1):
+        parts = [np.round(rng.normal(size=(6, 7)), 1) for _ in range(n)]  # ties
+        parts[0][0, 0] = np.inf
+        parts[-1][1, 1] = -np.inf
+        np.testing.assert_array_equal(stats._sorted_small(parts), np.sort(np.stack(parts, axis=-1), axis=-1))
+
+
+def test_windowed_medians_same_with_the_network_and_numpys_sort(monkeypatch):
+    from analyzers import stats
+
+    rng = np.random.default_rng(6)
+    n = 4000
+    labels, step = rng.integers(0, 40, n), rng.integers(0, 60, n)
+    values = np.round(rng.exponential(size=n), 2)
+    values[rng.random(n) < 0.02] = np.nan
+    got = [stats.windowed_medians(labels, step, values, list(range(40)), list(range(5, 60)), w, 2, q)
+           for w in (1, 2, 3) for q in (0.5, 0.9)]
+    monkeypatch.setattr(stats, "SMALL_SORT", 0)
+    want = [stats.windowed_medians(labels, step, values, list(range(40)), list(range(5, 60)), w, 2, q)
+            for w in (1, 2, 3) for q in (0.5, 0.9)]
+    for a, b in zip(got, want):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
