@@ -250,12 +250,14 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     group_of = {r: m for m in groups.values() for r in m}
     scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in ratio_df.index])
     # both CUSUMs of every rank at once (one pass over the steps); then only the ranks that alarmed are looked at
-    runs_of: dict = {r: [] for r in ratio_df.index}
+    rank_list = list(ratio_df.index)  # (an Index looked up per rank costs more than the CUSUMs at 16,384 ranks)
+    runs_of: dict = {r: [] for r in rank_list}
     for drift, h in detectors:
         h_r = h * scale
         x = np.minimum(logr.to_numpy(dtype=float), (drift + cfg.clip_h_share * h_r)[:, None])
         for i, rank_runs in enumerate(cusum_runs_rows(x, list(logr.columns), drift, h_r, cfg.min_steps, cfg.high_share)):
-            runs_of[ratio_df.index[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
+            if rank_runs:
+                runs_of[rank_list[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
     for r in ratio_df.index:
         runs = runs_of[r]
         if not runs:
