@@ -234,9 +234,9 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
     return pd.DataFrame(out, index=index, columns=steps)
 
 
-# Windows of at most this many values (the comm checks' 3-step windows of one op per step) are sorted by a
+# Windows of at most this many values (the comm checks' 3-step windows of one or two ops per step) are sorted by a
 # compare-exchange network over whole arrays: numpy's sort along a short last axis costs a call per window.
-SMALL_SORT = 8
+SMALL_SORT = 6
 
 
 def _sorted_small(parts: list[np.ndarray]) -> np.ndarray:
