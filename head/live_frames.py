@@ -179,6 +179,8 @@ def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None) ->
         return []
     lo = min(int(r.min()) for r in some)
     n_ranks = max(int(r.max()) for r in some) - lo + 1
+    if n_ranks > 4 * sum(len(r) for r in some) + 4096:  # ranks spread far wider than the rows: counts per rank would
+        return [window_rows(pa.concat_tables(chunks), k, steps_k)]  # dwarf the window; the sort is cheaper then
     remaining = np.full(n_ranks, k, np.int64)
     keeps: list[np.ndarray | bool] = [False] * len(chunks)
     for i in range(len(chunks) - 1, -1, -1):

@@ -42,6 +42,14 @@ def test_window_chunks_keeps_the_rows_window_rows_keeps(seed, k, steps_k):
     assert got_rows == want.column("row").to_pylist()  # the same rows, in arrival order
 
 
+def test_window_chunks_of_ranks_far_apart_keeps_the_same_rows():
+    chunks = [pa.table({"rank": pa.array([0, 1 << 40, 5, 1 << 40], pa.int64()), "step": pa.array([1, 1, 2, 2]),
+                        "row": pa.array([0, 1, 2, 3])}),
+              pa.table({"rank": pa.array([1 << 40, 0], pa.int64()), "step": pa.array([3, 3]), "row": pa.array([4, 5])})]
+    got = pa.concat_tables(window_chunks(chunks, 1)).column("row").to_pylist()
+    assert got == window_rows(pa.concat_tables(chunks), 1).column("row").to_pylist() == [2, 4, 5]
+
+
 def test_window_chunks_drops_whole_batches_older_than_every_ranks_window():
     chunks = [pa.table({"rank": pa.array([0, 1] * 4, pa.int64()), "step": pa.array(np.repeat(np.arange(4), 2) + 4 * c)})
               for c in range(10)]
