@@ -31,13 +31,33 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
     For a float column the same matrix is a few numpy operations instead of pivot_table's generic groupby and
     unstack. Other dtypes (where pivot_table's result dtype depends on gaps) go through pivot_table."""
     values = frame[col] if col in frame.columns else None
-    if values is None or frame.empty or values.dtype != np.float64:
+    if values is None or frame.empty or not _is_float(values):
         return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
-    x = values.to_numpy()
+    x = values.to_numpy(dtype=np.float64)
     keep = ~np.isnan(x)  # "last" skips NaN; a (rank, step) with only NaN is no cell, as in pivot_table
     if not keep.any():
         return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
     return RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep]).matrix(x[keep])
+
+
+def _is_float(values: pd.Series) -> bool:
+    """A float column of any width (the store's reader may narrow a column to float32): its matrix is float64."""
+    return isinstance(values.dtype, np.dtype) and values.dtype.kind == "f"
+
+
+def _distinct_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_inverse=True)`` of integers without a sort where their span is not much wider than
+    their count (ranks, steps): each present value marked, its code the count of present values below it."""
+    x = np.asarray(x)
+    if len(x) == 0 or x.dtype.kind not in "iu":
+        return np.unique(x, return_inverse=True)
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo > 4 * len(x) + 1024:
+        return np.unique(x, return_inverse=True)
+    off = x.astype(np.int64) - lo
+    present = np.bincount(off, minlength=hi - lo + 1) > 0
+    code = np.cumsum(present) - 1
+    return (np.flatnonzero(present) + lo).astype(x.dtype), code[off]
 
 
 class RankStepCells:
@@ -45,10 +65,18 @@ class RankStepCells:
     last row of each (rank, step) cell. Worked out once, it places any column of those rows."""
 
     def __init__(self, rank: np.ndarray, step: np.ndarray):
-        self.ranks, ri = np.unique(rank, return_inverse=True)
-        self.steps, si = np.unique(step, return_inverse=True)
-        cell = ri * len(self.steps) + si
-        # the last row of each cell (row order, as groupby's "last"): the end of each run of a stable sort by cell
+        self.ranks, ri = _distinct_codes(rank)
+        self.steps, si = _distinct_codes(step)
+        cell = ri.astype(np.int64) * len(self.steps) + si
+        n_cells = len(self.ranks) * len(self.steps)
+        if n_cells <= 4 * len(cell) + 1024:
+            # the last row of each cell (row order, as groupby's "last"): the largest row number that lands in it
+            last_row = np.full(n_cells, -1, np.int64)
+            np.maximum.at(last_row, cell, np.arange(len(cell), dtype=np.int64))
+            self.cell = np.flatnonzero(last_row >= 0)
+            self.take = last_row[self.cell]
+            return
+        # the end of each run of a stable sort by cell
         order = np.argsort(cell, kind="stable")
         cs = cell[order]
         last = np.ones(len(cs), np.bool_)
@@ -127,9 +155,9 @@ class StepView:
         """Rank x step matrix of a column (``rank_step_matrix``)."""
         if name not in self._matrices:
             values = self.column(name)
-            if values.dtype == np.float64 and not self.rows.empty and not values.isna().any():
+            if _is_float(values) and not self.rows.empty and not values.isna().any():
                 # a value in every row: every column without a gap has the same cells
-                self._matrices[name] = self._cells.matrix(values.to_numpy())
+                self._matrices[name] = self._cells.matrix(values.to_numpy(dtype=np.float64))
             else:
                 src = self.rows
                 if name in DERIVED_COLUMNS:
@@ -254,6 +282,15 @@ class Placement:
         return groups
 
 
+def _from_step(st: pd.DataFrame, first: int) -> pd.DataFrame:
+    """The rows of ``st`` from step ``first`` on, in their order: a slice (no copy of the columns) where the rows
+    are in step order (a store's steps, a live round's: (step, rank) order), else a filter."""
+    step = st["step"].to_numpy()
+    if len(step) > 1 and bool((step[1:] >= step[:-1]).all()):
+        return st.iloc[int(np.searchsorted(step, first, side="left")):]
+    return st[step >= first]
+
+
 @dataclass(frozen=True)
 class Signals:
     """Which measured fields a run's records carry: what each check's coverage (``coverage(frame)`` in every
@@ -341,7 +378,7 @@ class AnalysisFrame:
     placement: Placement
     compute_signal: str  # the step column that measures each rank's own work (RunData.compute_signal)
     _judged: dict[int, StepView] = field(default_factory=dict, init=False, repr=False)
-    _collectives_of: dict[tuple, pd.DataFrame] = field(default_factory=dict, init=False, repr=False)
+    _collectives_of: dict = field(default_factory=dict, init=False, repr=False)  # frames and row masks by prefixes
 
     @cached_property
     def signals(self) -> Signals:
@@ -368,7 +405,7 @@ class AnalysisFrame:
         loader warm-up)."""
         if warmup not in self._judged:
             st = self.data.steps
-            rows = st if st.empty else st[st["step"] >= int(st["step"].min()) + warmup]
+            rows = st if st.empty else _from_step(st, int(st["step"].min()) + warmup)
             self._judged[warmup] = StepView(rows)
         return self._judged[warmup]
 
@@ -413,9 +450,21 @@ class AnalysisFrame:
     def collectives_of(self, prefixes: str | tuple[str, ...]) -> pd.DataFrame:
         """The collective records of the communicators whose name starts with ``prefixes`` ("tp", ("tp", "pp"))."""
         if prefixes not in self._collectives_of:
-            co = self.data.collectives
-            self._collectives_of[prefixes] = co[co["group"].astype(str).str.startswith(prefixes)]
+            self._collectives_of[prefixes] = self.data.collectives[self.group_mask(prefixes)]
         return self._collectives_of[prefixes]
+
+    def group_mask(self, prefixes: str | tuple[str, ...]) -> np.ndarray:
+        """Which collective records (a bool per row) are of communicators whose name starts with ``prefixes``: for a
+        check that needs a few of those rows, without copying them all (``collectives_of``)."""
+        key = ("mask", prefixes)
+        if key not in self._collectives_of:
+            co = self.data.collectives
+            try:  # .str on the column as it is (a str column, a Categorical of strings): no string built per row
+                hit = co["group"].str.startswith(prefixes, na=False)
+            except AttributeError:  # not strings (numbers, only None): as strings, as before
+                hit = co["group"].astype(str).str.startswith(prefixes)
+            self._collectives_of[key] = hit.to_numpy(dtype=bool)
+        return self._collectives_of[key]
 
 
 # A node whose clock is off from the others' (live: from the head's) by more than this has its clock reported
@@ -436,7 +485,10 @@ def skewed_ranks(data: RunData) -> set[int]:
         return set()
     ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
     first = ends.columns[0]
-    off = {n: float((ends[n] - ends[first]).median()) for n in ends.columns}
+    # each node's median offset from the first node's, all nodes in one call (a Series per node cost seconds at
+    # thousands of nodes)
+    med = ends.sub(ends[first], axis=0).median(axis=0)
+    off = {n: float(med[n]) for n in ends.columns}
     off = {n: o for n, o in off.items() if np.isfinite(o)}
     tol = max(CLOCK_SKEW_S, 2.0 * float(st["step_ms"].median()) / 1000.0)
     groups: list[list] = []

@@ -18,7 +18,11 @@ MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
 
 def robust_sigma(values: Iterable[float]) -> float:
     """The robust standard deviation (``MAD_SCALE`` x the median absolute deviation) of the finite values."""
-    arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    if isinstance(values, np.ndarray) and values.dtype.kind in "fiu":  # numbers already: no Python per value
+        arr = values.astype(float, copy=False).ravel()
+        arr = arr[np.isfinite(arr)]
+    else:
+        arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     if arr.size == 0:
         return 0.0
     return float(MAD_SCALE * np.median(np.abs(arr - np.median(arr))))
@@ -55,6 +59,8 @@ def _nanmedian_rows(v: np.ndarray) -> np.ndarray:
     """np.nanmedian along axis 1 of rows that each have a non-NaN value (no all-NaN warning to silence)."""
     if v.shape[1] == 0:
         return np.full(v.shape[0], np.nan)
+    if not np.isnan(v).any():  # np.median's partition over every row at once: the same values, no per-row call
+        return np.median(v, axis=1)
     return np.nanmedian(v, axis=1)
 
 
@@ -70,30 +76,51 @@ def leave_one_out_median(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(_loo_median(values), index=frame.index, columns=frame.columns)
 
 
+LOO_BLOCK_CELLS = 1 << 20  # columns taken this many cells at a time: the temporaries stay a few tens of MB
+
+
 def _loo_median(values: np.ndarray) -> np.ndarray:
+    n_rows, n_cols = values.shape
+    if n_rows >= 2 and n_cols > 1 and n_rows * n_cols > LOO_BLOCK_CELLS:
+        # each column on its own: a block of columns at a time (a 1,024 x 10,000 matrix whole needs ~10 temporaries
+        # of its size)
+        out = np.empty((n_rows, n_cols))
+        step = max(1, LOO_BLOCK_CELLS // n_rows)
+        for c0 in range(0, n_cols, step):
+            out[:, c0:c0 + step] = _loo_median_block(values[:, c0:c0 + step])
+        return out
+    return _loo_median_block(values)
+
+
+def _loo_median_block(values: np.ndarray) -> np.ndarray:
+    """Each cell's leave-one-out column median, from one sort of the values (no argsort): a column of n valid values
+    less one valid cell x leaves m = n - 1, whose median sits at the middle positions lo = (m - 1) // 2 and
+    hi = m // 2 of what is left; the value left at position j is the sorted column's j-th if that one is below x,
+    else its (j + 1)-th (x removed at its first position among equal values: removing another copy of x leaves the
+    same values). A NaN cell removes nothing: the median of all n."""
     n_rows, n_cols = values.shape
     out = np.full((n_rows, n_cols), np.nan)
     if n_rows < 2 or n_cols == 0:
         return out
-    order = np.argsort(values, axis=0, kind="stable")  # NaNs last
-    srt = np.take_along_axis(values, order, axis=0)
-    pos = np.empty_like(order)  # each cell's position in its sorted column
-    np.put_along_axis(pos, order, np.arange(n_rows)[:, None].repeat(n_cols, axis=1), axis=0)
+    srt = np.sort(values, axis=0)  # NaNs last
     valid = ~np.isnan(values)
     n_valid = valid.sum(axis=0)  # per column
-    # a NaN cell removes nothing: the others are all n valid values; a valid cell leaves n - 1
-    m = np.where(valid, n_valid[None, :] - 1, n_valid[None, :])
-    lo, hi = (m - 1) // 2, m // 2  # the middle positions among the values left
-    # positions at or after the removed value's own shift by one (a NaN cell's position is past every valid one)
-    lo = np.where(lo >= pos, lo + 1, lo)
-    hi = np.where(hi >= pos, hi + 1, hi)
-    ok = m > 0
-    cols = np.broadcast_to(np.arange(n_cols), (n_rows, n_cols))
-    lo_v = srt[np.where(ok, lo, 0), cols]
-    hi_v = srt[np.where(ok, hi, 0), cols]
+    cols = np.arange(n_cols)
+
+    def at(i: np.ndarray) -> np.ndarray:  # srt[i[c], c] for each column c (i clipped into the column)
+        return srt[np.clip(i, 0, n_rows - 1), cols]
+
+    m = n_valid - 1  # values left by a valid cell
+    lo, hi = (m - 1) // 2, m // 2
     with np.errstate(invalid="ignore", over="ignore"):
-        med = (lo_v + hi_v) / 2.0
-    out[ok] = med[ok]
+        lo_v = np.where(at(lo)[None, :] < values, at(lo)[None, :], at(lo + 1)[None, :])
+        hi_v = np.where(at(hi)[None, :] < values, at(hi)[None, :], at(hi + 1)[None, :])
+        med_valid = (lo_v + hi_v) / 2.0
+        med_nan = (at((n_valid - 1) // 2) + at(n_valid // 2)) / 2.0  # a NaN cell: all n values
+    ok_valid = valid & (m > 0)[None, :]
+    ok_nan = ~valid & (n_valid > 0)[None, :]
+    out[ok_valid] = med_valid[ok_valid]
+    out[ok_nan] = np.broadcast_to(med_nan[None, :], out.shape)[ok_nan]
     return out
 
 
@@ -194,14 +221,36 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
         count = np.bincount(flat, minlength=len(part) * n_grid).reshape(len(part), n_grid)
         nans = np.bincount(flat, weights=np.isnan(v), minlength=len(part) * n_grid).reshape(len(part), n_grid)
         # each output step's window: ``window`` grid steps x k values, padding (inf) after the values when sorted
-        win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
-        win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
+        if k * window <= SMALL_SORT:
+            win = _sorted_small([dense[:, col + w, j] for w in range(window) for j in range(k)])
+        else:
+            win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
+            win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
         csum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(count, axis=1)], axis=1)
         nsum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(nans, axis=1)], axis=1)
         n = csum[:, col + window] - csum[:, col]
         has_nan = (nsum[:, col + window] - nsum[:, col]) > 0
         out[part] = _sorted_quantile(win, n, q, min_ops, has_nan)
     return pd.DataFrame(out, index=index, columns=steps)
+
+
+# Windows of at most this many values (the comm checks' 3-step windows of one or two ops per step) are sorted by a
+# compare-exchange network over whole arrays: numpy's sort along a short last axis costs a call per window.
+SMALL_SORT = 6
+
+
+def _sorted_small(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.sort(np.stack(parts, axis=-1), axis=-1)`` for a few arrays of one shape without NaN (padding is inf):
+    odd-even transposition, each compare-exchange one np.minimum and one np.maximum over the whole arrays. The same
+    values in the same order: a sort of numbers without NaN has one result."""
+    c = list(parts)
+    n = len(c)
+    for rnd in range(n):
+        for i in range(rnd % 2, n - 1, 2):
+            lo = np.minimum(c[i], c[i + 1])
+            c[i + 1] = np.maximum(c[i], c[i + 1])
+            c[i] = lo
+    return np.stack(c, axis=-1)
 
 
 def windowed_sums(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,

@@ -11,7 +11,8 @@ batches, with the communicators of a 3-D parallel job named by ``comm_id`` (``Co
 
 The head (``head.service.Head``, its ``head.analysis.LiveAnalysis``) analyzes each run every
 ``--analyze-interval`` seconds (5 s): it turns the last ``--analyze-window`` steps per rank of its live window
-into the analyzers' ``RunData`` (``RunLive.run_data``) and runs every analyzer on it (``analyzers.run_all``).
+(fewer above 4,096 ranks: ``head.analysis.round_window``, 64 at 16,384) into the analyzers' ``RunData``
+(``RunLive.run_data``) and runs every analyzer on it (``analyzers.run_all``).
 
 For each rank count, one synthetic run fills a full live window (``--window`` steps per rank, 2 collectives
 per step on communicators of ``--group-size`` consecutive ranks, one GPU sample per GPU per second, host
@@ -26,7 +27,8 @@ gradient sync). It is analyzed by two heads in two processes, one after the othe
 
 Each takes ``--rounds`` rounds (``LiveAnalysis.analyze_once``, the real analyzers; the analyzers' clock pinned
 to just after the last step, so no round sees a silent job; fewer rounds at 256 ranks and up, see
-``rounds_for``). Reported: the median main-thread CPU ms per round (pyarrow on one thread), the ratio, the
+``rounds_for``; the same number for both). Reported: the steps per rank a round looked at, the median main-thread CPU ms per round (pyarrow
+on one thread), the ratio, the worker's peak RSS (the live window, the synthetic run it came from, a round), the
 findings of the fresh head (they must be the same), and the cost of a round the head skips because nothing
 new arrived (``LiveAnalysis.analyze_if_due``). Ratios, not absolute times, are what carries over: the machine is
 shared and noisy.
@@ -39,6 +41,7 @@ import gc
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -222,7 +225,7 @@ def build_3d(ranks: int, steps: int, seed: int = 1, t_last: float | None = None)
                      nbytes=pa.array(np.where(which == 0, 4 << 20, 1 << 20).astype(np.int64)),
                      t_arrive=pa.array(arrive), t_done=pa.array(done),
                      duration_ms=pa.array(np.stack([w + 3.0, np.ones(n)], axis=1).ravel()),
-                     attempt=pa.array(np.zeros(m, np.int64)))
+                     attempt=pa.array(np.zeros(m, np.int64)), ops=pa.array(np.ones(m, np.int64)))
         # the comm_id: the DP group's for the gradient sync rows, the TP group's for the others
         rr = np.repeat(rank, 2)
         ccols["comm_id"] = pa.array(np.where(which == 0, dp_cid[rr], tp_cid[rr]).tolist(), pa.string())
@@ -280,8 +283,8 @@ def cpu_ms(fn) -> float:
 
 
 def rounds_for(ranks: int, rounds: int) -> int:
-    """Fewer rounds where one takes seconds: 3 at 256 ranks, 2 at 1024 and up."""
-    return rounds if ranks < 256 else max(1, min(rounds, 3 if ranks < 1024 else 2))
+    """Fewer rounds where one takes seconds: at most 3 from 256 ranks on."""
+    return rounds if ranks < 256 else max(1, min(rounds, 3))
 
 
 def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int, layout: str = "flat") -> dict:
@@ -301,7 +304,13 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
             eps = analysis.findings[RUN].current()
             analysis.analyze_if_due(RUN)  # sets the mark: nothing new after it
             skip = statistics.median(cpu_ms(lambda: analysis.analyze_if_due(RUN)) for _ in range(20))
-            return dict(times=times, skip=skip,
+            try:  # the steps per rank a round looked at (a head from before head.analysis.round_window: its window)
+                from head.analysis import round_window
+                k = round_window(analysis.window, h.live.run(RUN).n_ranks(), analysis.round_rows)
+            except (ImportError, AttributeError):
+                k = analyze_window
+            return dict(times=times, skip=skip, analysed=k,
+                        peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
                         straggler=", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none",
                         findings=", ".join(sorted(f"{e.analyzer}/{e.kind}" for e in eps)))
         finally:
@@ -350,20 +359,23 @@ def main(argv: list[str] | None = None) -> int:
           + (f"communicators of {args.group_size} ranks" if args.layout == "flat" else "TP 8 x PP 4 x DP (build_3d)")
           + f"; before = {args.before_rev or '-'}; load average "
           f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print("| ranks | rounds | before: CPU ms per round, median [min, max] | now: CPU ms per round | before / now | "
-          "findings of a fresh head (now) | same as before | a round skipped (nothing new), CPU ms |")
-    print("|---:|---:|---:|---:|---:|---|---|---:|")
+    print("| ranks | rounds | steps per rank a round looks at (before / now) | before: CPU ms per round, median "
+          "[min, max] | now: CPU ms per round | before / now | peak RSS GiB (before / now) | findings of a fresh head "
+          "(now) | same as before | a round skipped (nothing new), CPU ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
     try:
         for n in [int(x) for x in args.ranks.split(",")]:
             k = rounds_for(n, args.rounds)
-            old = run_worker(before, args, n, 1 if n >= 256 else k) if before and n <= args.before_max_ranks else None
+            old = run_worker(before, args, n, k) if before and n <= args.before_max_ranks else None
             new = run_worker(ROOT, args, n, k)
             med = statistics.median(new["times"])
             fmt = lambda r: f"{statistics.median(r['times']):.0f} [{min(r['times']):.0f}, {max(r['times']):.0f}]"  # noqa: E731
             ratio = f"{statistics.median(old['times']) / med:.1f}x" if old else "-"
             same = "-" if old is None else ("yes" if (old["findings"], old["straggler"]) == (new["findings"], new["straggler"])
                                             else f"NO: before {old['findings']}; {old['straggler']}")
-            print(f"| {n} | {len(old['times']) if old else '-'} / {k} | {fmt(old) if old else '-'} | {fmt(new)} | {ratio} | "
+            print(f"| {n} | {len(old['times']) if old else '-'} / {k} | {old.get('analysed', '-') if old else '-'} / "
+                  f"{new.get('analysed')} | {fmt(old) if old else '-'} | {fmt(new)} | {ratio} | "
+                  f"{old.get('peak_rss_gib', '-') if old else '-'} / {new.get('peak_rss_gib')} | "
                   f"{new['findings']}; straggler {new['straggler']} | {same} | {new['skip']:.3f} |", flush=True)
     finally:
         if before is not None:

@@ -34,10 +34,29 @@ AnalyzerFn = Callable[["RunData"], list[schema.Finding]]
 # (head/findings_book.py) that keep the earliest onset seen, so an episode older than this window
 # keeps its step_start.
 DEFAULT_ANALYZE_WINDOW = 256
+# ... and at most this many step rows a round (ranks x steps): a larger job's round looks at fewer of each rank's
+# last steps (4,096 ranks and fewer: the whole --analyze-window; 8,192: 128 steps; 16,384: 64), so a round costs
+# about the same at any scale. Never fewer than MIN_ANALYZE_WINDOW steps: the checks confirm within 3-12 steps
+# (persistence windows of 5-10 steps, baselines of 5, a CUSUM at 1.08x its peers over a few tens) and an episode
+# keeps the earliest onset any round saw (head/findings_book.py), so the window bounds how far back a round looks,
+# not what it can find. What a shorter window does change: a finding judged over the window as a whole is seen
+# later or for less long: memory growth must reach memory_pressure's growth_min_bytes (512 MiB) within the window
+# (at 64 steps a leak of 8 MiB a step, at 256 steps 2 MiB; a slower one is still reported as it nears capacity), and
+# a stage's drift from the window's first steps is seen for fewer steps after its onset.
+ROUND_STEP_ROWS = 1 << 20
+MIN_ANALYZE_WINDOW = 64
 # With nothing new (no step, collective, event or XID since the last round) a round is skipped, but
 # one runs at least this often while the run is not finished: the live hang check judges silence
 # against the clock (60 s at least), so it must still look at a run that went quiet.
 IDLE_RECHECK_S = 15.0
+
+
+def round_window(window: int | None, ranks: int, max_rows: int = ROUND_STEP_ROWS) -> int | None:
+    """The steps per rank a round looks at: ``window`` (None: the whole live window), cut to ``max_rows`` //
+    ``ranks`` but not below MIN_ANALYZE_WINDOW (nor above ``window``)."""
+    if window is None or ranks <= 0 or max_rows <= 0:
+        return window
+    return min(window, max(MIN_ANALYZE_WINDOW, max_rows // ranks))
 
 
 def resolve_analyzers() -> AnalyzerFn | None:
@@ -67,12 +86,14 @@ class LiveAnalysis:
     """Analysis rounds over the runs' live windows, and each run's findings (episodes across rounds)."""
 
     def __init__(self, live: LiveRuns, store: Store, stats: dict[str, int], analyzer: AnalyzerFn | None,
-                 window: int | None = DEFAULT_ANALYZE_WINDOW, idle_recheck: float = IDLE_RECHECK_S):
+                 window: int | None = DEFAULT_ANALYZE_WINDOW, idle_recheck: float = IDLE_RECHECK_S,
+                 round_rows: int = ROUND_STEP_ROWS):
         self.live = live
         self.store = store
         self.stats = stats
         self.analyzer = analyzer
         self.window = window  # steps per rank each round looks at; None: the whole live window
+        self.round_rows = round_rows  # ... fewer at scale: at most this many step rows (round_window; 0: no cap)
         self.idle_recheck = idle_recheck
         self.clock: Callable[[], float] = time.time  # the wall clock a round's RunData carries (``now``)
         self.findings: dict[str, FindingsBook] = {}  # live findings per run: episodes across analysis rounds
@@ -87,7 +108,8 @@ class LiveAnalysis:
         if self.analyzer is None:
             return []
         live = self.live.run(run_id)
-        data = live.run_data(self.window, now=self.clock())
+        data = live.run_data(round_window(self.window if self.window is not None else live.window, live.n_ranks(),
+                                          self.round_rows), now=self.clock())
         try:
             found = list(self.analyzer(data) or [])
         except Exception:

@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from head.live_frames import ConvertedWindow, numpy_column, tail_per_rank, to_pandas_shared_lists, window_rows
+from head.live_frames import (ConvertedWindow, analysis_frame, numpy_column, tail_per_rank, to_pandas_shared_lists,
+                              window_rows)
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -435,24 +436,33 @@ class RunLive:
                 return self._converted[table].table(rows).to_pandas()
             return SPECS[table].to_table(self.run_id, rows).to_pandas()
 
+        prepared = set()
+        communicators = records("communicators", comms)
+
         def columnar(table, chunks, k, steps_k=None):
             if not chunks:
                 return _empty_frame(table)
-            # the window's rows, cut from the rank/step columns in one filter; then one contiguous table: the
-            # window is many small batches, and converting a table of hundreds of chunks costs several times
-            # more than copying it once
+            # the window's rows, converted column by column into the normalized frame (no per-row Python)
+            df = analysis_frame(table, chunks, k, steps_k, communicators)
+            if df is not None:
+                prepared.add(table)
+                return df
+            # row-wise (an empty window, or batches without a column the columnar reader wants): the rows cut
+            # in one filter, one contiguous table (converting a table of hundreds of chunks costs several times
+            # more than copying it once), RunData.normalize after
             t = window_rows(pa.concat_tables(chunks), k, steps_k).combine_chunks()
             return to_pandas_shared_lists(t, "group_ranks") if table == "collectives" else t.to_pandas()
 
+        steps_df = columnar("steps", steps, k)
+        # the collectives of the same steps (at most 4x as many rows as steps)
+        colls_df = columnar("collectives", colls, 4 * k, k if k < self.window else None)
         return RunData(
-            run_id=self.run_id, manifest=manifest, steps=columnar("steps", steps, k),
-            # the collectives of the same steps (at most 4x as many rows as steps)
-            collectives=columnar("collectives", colls, 4 * k, k if k < self.window else None),
+            run_id=self.run_id, manifest=manifest, steps=steps_df, collectives=colls_df,
             events=records("events", events), gpu=records("gpu", gpu), host=records("host", host),
             xid=records("xid", xid), trace_summaries=records("trace_summaries", traces),
-            communicators=records("communicators", comms), source="live",
+            communicators=communicators, source="live",
             now=time.time() if now is None else now,
-            clock_offset_s=offsets)
+            clock_offset_s=offsets, prepared=frozenset(prepared))
 
 
 def _empty_frame(table: str) -> pd.DataFrame:

@@ -1,9 +1,12 @@
 """The live window's tables cut per rank and turned into the analyzers' DataFrames.
 
-``RunLive.run_data`` builds each analysis round's input with these: ``window_rows`` cuts the steps and
-collectives to each rank's last rows in one filter, ``to_pandas_shared_lists`` converts the collectives with
-one array object per distinct member list, and ``ConvertedWindow`` turns the GPU and host sample deques into
-Arrow tables, converting each sample once across rounds.
+``RunLive.run_data`` builds each analysis round's input with these: ``analysis_frame`` cuts the steps and
+collectives (a deque of Arrow batches) to each rank's last rows without sorting the window (``window_chunks``)
+and converts what is left column by column into the frames ``RunData.normalize`` would give
+(``analyzers.columnar``, as ``diagnose`` reads a store), and ``ConvertedWindow`` turns the GPU and host sample
+deques into Arrow tables, converting each sample once across rounds. ``window_rows`` and
+``to_pandas_shared_lists`` are the row-wise way (a window whose batches lack a column the columnar reader
+wants).
 """
 
 from __future__ import annotations
@@ -160,3 +163,101 @@ def _last_steps_mask(rank: np.ndarray, step: np.ndarray, k: int) -> np.ndarray:
     keep = np.empty(len(rs), np.bool_)
     keep[order] = step[order] > newest[grp] - k
     return keep
+
+
+def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None) -> list[pa.Table]:
+    """``window_rows(pa.concat_tables(chunks), k, steps_k)`` as a list of the chunks' kept rows, without sorting
+    the window by rank: the chunks (in arrival order) are walked from the newest, counting each rank's rows
+    (``np.bincount``), so a chunk whose every row is still within its rank's last ``k`` is kept whole, one whose
+    ranks all have their ``k`` already is dropped, and only a chunk that straddles a rank's cut is ranked row by
+    row. The step cut takes each rank's newest step in one ``np.maximum.at``. At 16,384 ranks a stable sort of the
+    window by rank costs about a second; this is a few passes over the rank column."""
+    ranks = [numpy_column(c, "rank").astype(np.int64, copy=False) if c.num_rows else np.zeros(0, np.int64)
+             for c in chunks]
+    some = [r for r in ranks if len(r)]
+    if not some:
+        return []
+    lo = min(int(r.min()) for r in some)
+    n_ranks = max(int(r.max()) for r in some) - lo + 1
+    if n_ranks > 4 * sum(len(r) for r in some) + 4096:  # ranks spread far wider than the rows: counts per rank would
+        return [window_rows(pa.concat_tables(chunks), k, steps_k)]  # dwarf the window; the sort is cheaper then
+    remaining = np.full(n_ranks, k, np.int64)
+    keeps: list[np.ndarray | bool] = [False] * len(chunks)
+    for i in range(len(chunks) - 1, -1, -1):
+        r = ranks[i] - lo
+        if not len(r):
+            continue
+        cnt = np.bincount(r, minlength=n_ranks)
+        here = cnt > 0
+        if (cnt[here] <= remaining[here]).all():
+            keeps[i] = True  # every row of this chunk is among its rank's last k
+        elif remaining[here].any():
+            keeps[i] = _tail_mask_by(r, remaining)
+        remaining -= np.minimum(cnt, remaining)
+    if steps_k is not None:
+        newest = np.full(n_ranks, np.iinfo(np.int64).min, np.int64)
+        steps = []
+        for c, r, keep in zip(chunks, ranks, keeps):
+            if keep is False:
+                steps.append(None)
+                continue
+            s = numpy_column(c, "step").astype(np.int64, copy=False)
+            steps.append(s)
+            if keep is True:
+                np.maximum.at(newest, r - lo, s)
+            else:
+                np.maximum.at(newest, r[keep] - lo, s[keep])
+        for i, (r, s, keep) in enumerate(zip(ranks, steps, keeps)):
+            if keep is False:
+                continue
+            recent = s > newest[r - lo] - steps_k
+            keeps[i] = recent if keep is True else (keep & recent)
+    out = []
+    for c, keep in zip(chunks, keeps):
+        if keep is True:
+            out.append(c)
+        elif keep is not False and keep.all():
+            out.append(c)
+        elif keep is not False and keep.any():
+            out.append(c.filter(pa.array(keep)))
+    return out
+
+
+def _tail_mask_by(rank: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Rows among the last ``room[rank]`` (arrival order) of their rank in one chunk (``rank``: 0-based)."""
+    n = len(rank)
+    order = np.argsort(rank, kind="stable")
+    rs = rank[order]
+    ends = np.ones(n, np.bool_)
+    ends[:-1] = rs[1:] != rs[:-1]
+    end_idx = np.nonzero(ends)[0]
+    grp = np.searchsorted(end_idx, np.arange(n))
+    from_end = end_idx[grp] - np.arange(n)
+    keep = np.zeros(n, np.bool_)
+    keep[order[from_end < room[rs]]] = True
+    return keep
+
+
+def analysis_frame(table: str, chunks: list[pa.Table], k: int, steps_k: int | None = None,
+                   communicators: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """The rows of ``chunks`` (the live window of ``table``: steps or collectives, Arrow batches in the store's
+    schema, arrival order) among each rank's last ``k`` (and of its last ``steps_k`` steps), as the frame
+    ``RunData.normalize`` gives (``RunData(prepared=...)`` leaves it as it is): converted column by column by
+    ``analyzers.columnar``, the reader ``diagnose`` uses on a store (numbers as numpy arrays, strings as
+    Categoricals, duplicates dropped, each collective's members and communicator key per communicator, not per
+    row). None when the window has no rows, or a batch lacks a column that reader wants (a window from an older
+    writer): the caller converts row-wise then."""
+    from analyzers import columnar  # imported on use: the head runs (without live analysis) without the analyzers
+    from analyzers.collectives import group_key
+
+    want = columnar.wanted_columns(table)
+    if any(name not in c.column_names for c in chunks for name in want):
+        return None
+    kept = [c.select(want) for c in window_chunks(chunks, k, steps_k)]
+    n = sum(c.num_rows for c in kept)
+    if n == 0:
+        return None
+    cols = columnar._fill(table, n, (b for c in kept for b in c.to_batches()))
+    if table == "steps":
+        return columnar.steps_frame(cols)
+    return columnar.collectives_frame(cols, communicators, group_key)

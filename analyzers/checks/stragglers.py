@@ -128,32 +128,60 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     return ev
 
 
-def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None,
-                  s1: int | None = None) -> tuple[pd.DataFrame, dict[int, list[int]]]:
+def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = None,
+                  rank: int | None = None) -> tuple[pd.DataFrame, dict[int, list[int]]]:
     """Time each rank spent blocked in tensor-parallel collectives per step (rank x step, ms), and each rank's TP
     group. Summed per step rather than matched by sequence number: a rank may record an async TP op its partner
-    does not, so sequence numbers need not line up across a TP group."""
-    if frame.data.collectives.empty:
+    does not, so sequence numbers need not line up across a TP group. ``rank``: only that rank's TP group (its rows
+    of the matrix, over the same steps: every step any rank's TP ops ran in), and only its members; the matrix of
+    every rank is ranks x steps (10,000 steps post-mortem) where one group's is a few rows."""
+    co = frame.data.collectives
+    if co.empty:
         return pd.DataFrame(), {}
-    tp = frame.collectives_of("tp")
-    tp = tp[tp["duration_ms"].notna()]
+    # the TP rows with a duration (in s0..s1): a mask over the collectives, their rows taken once, only those needed
+    keep = frame.group_mask("tp") & co["duration_ms"].notna().to_numpy()
+    step = co["step"].to_numpy()
     if s0 is not None:
-        tp = tp[(tp["step"] >= s0) & (tp["step"] <= s1)]
-    if tp.empty:
+        keep = keep & (step >= s0) & (step <= s1)
+    if not keep.any():
         return pd.DataFrame(), {}
+    all_steps = None
+    if rank is None:
+        tp = co[keep]
+    else:
+        all_steps = _distinct(step[keep])  # the whole matrix's steps
+        rank_col = co["rank"].to_numpy()
+        gr = co["group_ranks"].iloc[np.flatnonzero(keep & (rank_col == rank))].dropna()
+        gr = gr.iloc[0] if len(gr) else None
+        group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
+        tp = co.iloc[np.flatnonzero(keep & np.isin(rank_col, np.asarray(group, dtype=np.int64)))]
     members: dict[int, list[int]] = {}
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
             members[int(r)] = sorted(int(x) for x in gr)
     # a folded record's duration is its ops' mean: it blocks once per op it stands for
     blocked = tp.assign(blocked_ms=tp["duration_ms"] * op_counts(tp))
-    return blocked.pivot_table(index="rank", columns="step", values="blocked_ms", aggfunc="sum"), members
+    w = blocked.pivot_table(index="rank", columns="step", values="blocked_ms", aggfunc="sum")
+    if all_steps is not None and len(w.columns) != len(all_steps):
+        w = w.reindex(columns=pd.Index(all_steps, name="step"))
+    return w, members
 
 
-def _tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of integers, by marking each present value (no sort) where their span is not much wider than
+    their count."""
+    if len(values) == 0:
+        return np.unique(values)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:
+        return np.unique(values)
+    return (np.flatnonzero(np.bincount(values - lo, minlength=hi - lo + 1)) + lo).astype(values.dtype)
+
+
+def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
     """Culprit vs its TP partners: the partners block in the TP all-reduces for the rank that computes longer,
     so the culprit is the member of its TP group that waits least there, by about its extra compute."""
-    w, members = tp_wait_frame(frame, s0, s1)
+    w, members = tp_wait_frame(frame, s0, s1, rank)
     group = [r for r in members.get(rank, []) if r in w.index]
     if rank not in group or len(group) < 2:
         return {}
@@ -222,12 +250,14 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     group_of = {r: m for m in groups.values() for r in m}
     scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in ratio_df.index])
     # both CUSUMs of every rank at once (one pass over the steps); then only the ranks that alarmed are looked at
-    runs_of: dict = {r: [] for r in ratio_df.index}
+    rank_list = list(ratio_df.index)  # (an Index looked up per rank costs more than the CUSUMs at 16,384 ranks)
+    runs_of: dict = {r: [] for r in rank_list}
     for drift, h in detectors:
         h_r = h * scale
         x = np.minimum(logr.to_numpy(dtype=float), (drift + cfg.clip_h_share * h_r)[:, None])
         for i, rank_runs in enumerate(cusum_runs_rows(x, list(logr.columns), drift, h_r, cfg.min_steps, cfg.high_share)):
-            runs_of[ratio_df.index[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
+            if rank_runs:
+                runs_of[rank_list[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
     for r in ratio_df.index:
         runs = runs_of[r]
         if not runs:
@@ -426,7 +456,7 @@ def _corroboration(frame: AnalysisFrame, cfg: StragglerConfig, c: dict, ev: dict
         if w.get("least_wait_share") is not None:
             corroborated = (w["least_wait_share"] >= cfg.last_arrival_share
                             and w["peers_wait_minus_own_ms"] - max(data_extra or 0.0, 0.0) >= cfg.lag_fraction * extra_ms)
-    tp_ev = _tp_evidence(frame, r, s0, s1)
+    tp_ev = tp_evidence(frame, r, s0, s1)
     if tp_ev:
         # Under tensor parallelism the TP partners of a slow rank wait for it inside the TP all-reduces (and
         # reach the gradient sync together with it, so sync arrival cannot tell them apart): the culprit is
