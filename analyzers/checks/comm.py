@@ -26,9 +26,10 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
-from analyzers.checks.links import (P2P_OPS, STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
-                                    last_arriver_ops, latest_finish_ms, slow_communicators)
-from analyzers.collectives import member_counts, op_counts
+from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
+                                    last_arriver_ops, latest_finish_ms, op_instances, release_op_instances,
+                                    slow_communicators)
+from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
@@ -368,21 +369,27 @@ def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
     collective records."""
     if co.empty:
         return pd.DataFrame()
-    # p2p sends complete locally (their t_done says nothing about the peer): collectives only
-    co = co[co["t_done"].notna() & ~co["op"].isin(P2P_OPS)]
-    if co.empty:
+    # p2p sends complete locally (their t_done says nothing about the peer): collectives only; grouped by op
+    # instance in numpy (links.op_instances), summed into a rank x step grid (a groupby-transform per column and a
+    # pivot_table over every record cost seconds and several copies of the records at 1,024 ranks x 10,000 steps)
+    ops = op_instances(co, None, kind="not_p2p")
+    ok = ops.complete(CommConfig.match_tol_ms)
+    if not len(ok):
         return pd.DataFrame()
-    g = co.groupby(["gkey", "seq"])
-    size = member_counts(co["group_ranks"])
-    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
-    ok = (g["rank"].transform("size") == size) & (size >= 2) & (spread <= CommConfig.match_tol_ms)
-    co = co[ok]
-    if co.empty:
-        return pd.DataFrame()
-    late = (co.groupby(["gkey", "seq"])["t_arrive"].transform("max") - co["t_arrive"]) * 1000.0
+    inst = ops.inst[ok]
+    t = ops.t_arrive[ok]
+    latest = np.full(ops.n_inst, np.nan)
+    np.fmax.at(latest, inst, t)  # NaN arrivals left out (groupby max); NaN where an instance has none
     # a folded record's times are its ops' means: its wait counts once per op it stands for
-    late = late * op_counts(co)
-    return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
+    late = (latest[inst] - t) * 1000.0 * ops.weight[ok]
+    rank_code, ranks = pd.factorize(ops.rank[ok], sort=True)
+    step_code, steps = pd.factorize(ops.step[ok], sort=True)
+    cell = rank_code.astype(np.int64) * len(steps) + step_code
+    # sums as pivot_table's: NaN values left out (0 where a cell has only those), NaN where a cell has no record
+    sums = np.bincount(cell, weights=np.nan_to_num(late, nan=0.0), minlength=len(ranks) * len(steps))
+    sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
+    return pd.DataFrame(sums.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
+                        columns=pd.Index(steps, name="step"))
 
 
 def _merge_direct(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
@@ -446,7 +453,8 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     if leads is not None and not last.empty and not leads.empty:
         # a last arriver that is done after the other members was still waiting, for a peer's data that left late:
         # the op says nothing about its own sending (``leads``: links.completion_leads)
-        lead = last.merge(leads[["gkey", "seq", "rank", "lead_ms"]], on=["gkey", "seq", "rank"], how="left")["lead_ms"]
+        key = ["gcode", "seq", "rank"] if "gcode" in last.columns and "gcode" in leads.columns else ["gkey", "seq", "rank"]
+        lead = last[key].merge(leads[key + ["lead_ms"]], on=key, how="left")["lead_ms"]  # integer keys: no strings
         last = last[~(lead.to_numpy(dtype=float) <= -cfg.min_extra_ms)]
     if last.empty or last["rank"].nunique() < 2:
         return []
@@ -609,7 +617,13 @@ def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
 
 
 def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding]:
-    cfg = cfg or CommConfig()
+    try:
+        return _analyze(frame, cfg or CommConfig())
+    finally:
+        release_op_instances()  # the op instances of the round's collectives: over a GiB at 20 M records
+
+
+def _analyze(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
     findings: list[Finding] = []
     judged = frame.judged(cfg.warmup_steps)
     if not judged.rows.empty:

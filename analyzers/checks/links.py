@@ -39,9 +39,9 @@ import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.collectives import member_counts, op_counts
+from analyzers.collectives import member_counts
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import group_loo_median, leave_one_out_median, row_robust_sigmas, windowed_medians
+from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
 
 STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
@@ -116,76 +116,127 @@ TRANSFER_COLUMNS = ["gkey", "cls", "seq", "rank", "step", "transfer_ms", "suspec
 
 
 class _OpInstances:
-    """The completed symmetric collectives of ``co`` from ``first_step`` on, grouped by op instance (communicator,
-    seq), with numpy: the rows (positions in ``co``), the communicator of each (``gcode``: its gkey's place in sorted
-    order, as groupby orders them), the instance of each, and per instance its record count, member count, and
-    spread of completion times. (pandas groupby-transform over the window's millions of records, and a boolean mask
-    of a frame with Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
+    """The completed collectives of ``co`` from ``first_step`` on, grouped by op instance (communicator, seq), with
+    numpy: the rows (positions in ``co``), the communicator of each (``gcode``: its gkey's place in sorted order, as
+    groupby orders them), the instance of each (numbered in (gkey, seq) order), and per instance its record count,
+    member count, spread of completion times and longest duration. ``kind``: "symmetric" (the ``SYMMETRIC_OPS``,
+    with a duration) or "not_p2p" (every op but a p2p send/recv, with or without a duration).
 
-    def __init__(self, co: pd.DataFrame, first_step: int | None):
+    Per-record arrays are only what the callers read, and per-instance figures stay per instance (an instance holds
+    8 to 32 records of a generated job): at 1,024 ranks x 10,000 steps there are 20 million records, and each
+    per-record float64 array is 160 MB. (pandas groupby-transform over them, and a boolean mask of a frame with
+    Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
+
+    def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
         t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
-        dur = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
-        op_code, op_uniq = pd.factorize(co["op"].to_numpy(dtype=object))
-        sym = np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool)
-        keep = ~np.isnan(t_done) & ~np.isnan(dur) & (op_code >= 0)
-        keep[keep] = sym[op_code[keep]]
+        # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
+        op_code, op_uniq = pd.factorize(co["op"])
+        if kind == "symmetric":
+            dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+            wanted = np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool)
+            keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & (op_code >= 0)
+            keep[keep] = wanted[op_code[keep]]
+        else:  # every op but p2p (a missing op name included, as ``~isin`` keeps it)
+            dur_all = None
+            wanted = np.r_[np.array([o not in P2P_OPS for o in op_uniq], dtype=bool), True]  # the last: code -1
+            keep = ~np.isnan(t_done) & wanted[op_code]
+        del op_code
         step = co["step"].to_numpy()
         if first_step is not None:
             keep &= step >= first_step
-        # the communicators, numbered in sorted order over the whole column (an Arrow string column factorizes in
-        # bulk; a code no kept row has is never used)
+        # the communicators, numbered in sorted order over the whole column (an Arrow string or categorical column
+        # factorizes in bulk; a code no kept row has is never used)
         codes, uniq = pd.factorize(co["gkey"], sort=True)
         keep &= codes >= 0
         self.rows = np.flatnonzero(keep)
-        self.gcode, self.gkeys = codes[self.rows], np.asarray(uniq, dtype=object)
+        del keep
+        self.gcode, self.gkeys = codes[self.rows].astype(np.int32), np.asarray(uniq, dtype=object)
+        del codes
         self.seq = co["seq"].to_numpy()[self.rows]
         self.rank = co["rank"].to_numpy()[self.rows]
         self.step = step[self.rows]
-        self.t_done, self.dur = t_done[self.rows], dur[self.rows]
+        self.t_done = t_done[self.rows]
+        del t_done
+        self.dur = dur_all[self.rows] if dur_all is not None else None
+        del dur_all
         self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
-        self.weight = op_counts(co).to_numpy()[self.rows]  # ops per record (a node agent's fold: its ops' mean)
+        self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
         key_codes, first_of_key = np.unique(self.gcode, return_index=True)
         size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
         if n:
             size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key]]).to_numpy()
-        self.size = size_of_key[self.gcode]
-        # op instances: (communicator, seq), numbered in (gkey, seq) order
+        # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
+        # distinct instances sorted (np.unique sorted every record)
         seq0 = self.seq - (self.seq.min() if n else 0)
         inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
-        _, self.inst = np.unique(inst_key, return_inverse=True)
-        self.inst = self.inst.ravel()
-        m = int(self.inst.max()) + 1 if n else 0
-        self.count = np.bincount(self.inst, minlength=m)[self.inst]
+        del seq0
+        code, uniq_key = pd.factorize(inst_key)
+        order = np.argsort(uniq_key, kind="stable")
+        rank_of = np.empty(len(uniq_key), np.int64)
+        rank_of[order] = np.arange(len(uniq_key))
+        self.inst = rank_of[code].astype(np.int32 if len(uniq_key) < 2**31 else np.int64)
+        del code, rank_of, inst_key
+        m = len(uniq_key)
+        self.n_inst = m
+        # per instance: its communicator, record count, member count, spread of completion times, longest duration
+        inst_gcode = np.zeros(m, np.int64)
+        inst_gcode[self.inst] = self.gcode
+        self.inst_size = size_of_key[inst_gcode]
+        self.inst_count = np.bincount(self.inst, minlength=m)
         tmax = np.full(m, -np.inf)
         tmin = np.full(m, np.inf)
-        dmax = np.full(m, -np.inf)
         np.maximum.at(tmax, self.inst, self.t_done)
         np.minimum.at(tmin, self.inst, self.t_done)
-        np.maximum.at(dmax, self.inst, self.dur)
-        self.spread_ms = ((tmax - tmin) * 1000.0)[self.inst]
-        self.dur_max = dmax[self.inst]
+        self.inst_spread_ms = (tmax - tmin) * 1000.0
+        self.inst_dur_max = None
+        if self.dur is not None:
+            dmax = np.full(m, -np.inf)
+            np.maximum.at(dmax, self.inst, self.dur)
+            self.inst_dur_max = dmax
 
-    def complete(self, tol_ms: np.ndarray | float) -> np.ndarray:
+    @property
+    def size(self) -> np.ndarray:
+        """Each record's member count."""
+        return self.inst_size[self.inst]
+
+    def complete(self, tol_ms: float, longest: bool = False) -> np.ndarray:
         """Positions (into the instance arrays) of the records of instances every member recorded, done within
-        ``tol_ms`` of each other."""
-        return np.flatnonzero((self.count == self.size) & (self.size >= 2) & (self.spread_ms <= tol_ms))
+        ``tol_ms`` of each other (with ``longest``: within the longer of ``tol_ms`` and the instance's longest
+        duration)."""
+        tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
+        ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+        return np.flatnonzero(ok[self.inst])
 
 
-_LAST_OPS: list = []  # [(weakref to co, first_step, _OpInstances)]: the last one built
+def _op_weights(co: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """``op_counts`` of the records at ``rows`` (computed for those rows only)."""
+    if "ops" not in co.columns:
+        return np.ones(len(rows), np.int64)
+    ops = pd.Series(co["ops"].to_numpy()[rows])
+    return pd.to_numeric(ops, errors="coerce").fillna(1).clip(lower=1).astype(np.int64).to_numpy()
 
 
-def op_instances(co: pd.DataFrame, first_step: int | None) -> _OpInstances:
-    """``_OpInstances(co, first_step)``, built once for a round's collectives (``last_arriver_ops`` and
+_LAST_OPS: list = []  # [(weakref to co, first_step, kind, _OpInstances)]: the last one built
+
+
+def op_instances(co: pd.DataFrame, first_step: int | None, kind: str = "symmetric") -> _OpInstances:
+    """``_OpInstances(co, first_step, kind)``, built once for a round's collectives (``last_arriver_ops`` and
     ``completion_leads`` both start from it; the frame is shared and never modified, see analyzers/builder.py)."""
     if _LAST_OPS:
-        ref, first, ops = _LAST_OPS[0]
-        if ref() is co and first == first_step:
+        ref, first, k, ops = _LAST_OPS[0]
+        if ref() is co and first == first_step and k == kind:
             return ops
-    ops = _OpInstances(co, first_step)
-    _LAST_OPS[:] = [(weakref.ref(co), first_step, ops)]
+    _LAST_OPS.clear()  # the old one's arrays go before the new one's are built
+    ops = _OpInstances(co, first_step, kind)
+    _LAST_OPS[:] = [(weakref.ref(co), first_step, kind, ops)]
     return ops
+
+
+def release_op_instances() -> None:
+    """Drop the cached op instances (a check's end: at 20 million records they hold over a GiB)."""
+    _LAST_OPS.clear()
 
 
 def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
@@ -202,13 +253,22 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     ok = ops.complete(match_tol_ms)
     if not len(ok):
         return pd.DataFrame(columns=cols + ["ops"])
-    # per instance, the latest arrival; of equal ones the first record (groupby idxmax)
-    t = ops.t_arrive[ok]
-    order = np.lexsort((ok, -t, ops.inst[ok]))
-    inst_sorted = ops.inst[ok][order]
-    first = np.r_[True, inst_sorted[1:] != inst_sorted[:-1]]
-    pick = ok[order[first]]
-    return co.iloc[ops.rows[pick]][cols].reset_index(drop=True).assign(ops=ops.weight[pick])
+    # per instance, the latest arrival; of equal ones the first record (groupby idxmax): each instance's latest
+    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records)
+    inst, t = ops.inst[ok], ops.t_arrive[ok]
+    n, m = len(ok), ops.n_inst
+    latest = np.full(m, -np.inf)
+    np.fmax.at(latest, inst, t)  # NaN arrivals left out, as idxmax does
+    at_latest = np.flatnonzero(t == latest[inst])
+    first = np.full(m, n, np.int64)
+    np.minimum.at(first, inst[at_latest], at_latest)
+    first_any = np.full(m, n, np.int64)  # an instance whose every arrival is unknown: its first record
+    np.minimum.at(first_any, inst, np.arange(n))
+    has = first_any < n
+    pick = ok[np.where(first < n, first, first_any)[has]]  # by instance: (gkey, seq) order
+    rows = ops.rows[pick]
+    out = co.iloc[rows, [co.columns.get_loc(c) for c in cols]].reset_index(drop=True)
+    return out.assign(ops=ops.weight[pick], gcode=ops.gcode[pick])
 
 
 def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
@@ -248,18 +308,49 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     if co.empty:
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
     ops = op_instances(co, first_step)
-    ok = ops.complete(np.maximum(match_tol_ms, ops.dur_max))
+    ok = ops.complete(match_tol_ms, longest=True)
     if not len(ok):
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    ok = ok[np.argsort(ops.gcode[ok], kind="stable")]
-    done = ops.t_done[ok]
-    lead = (group_loo_median(ops.inst[ok], done) - done) * 1000.0
+    lead = _leads_ms(ops, ok)
+    order = np.argsort(ops.gcode[ok], kind="stable")
+    ok, lead = ok[order], lead[order]
     gcode = ops.gcode[ok]
-    # gkey as Python strings (object): an Arrow string column of millions of rows costs seconds to build and to mask
-    return pd.DataFrame({"gkey": pd.Series(np.asarray(ops.gkeys, dtype=object)[gcode], dtype=object),
+    # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
+    # seconds to build and to mask, and a pointer per row)
+    return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(ops.gkeys, dtype=object)),
                          "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
                          "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
                          "ops": ops.weight[ok]})[LEAD_COLUMNS + ["gcode", "ops"]]
+
+
+def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
+    """For each record at ``ok`` (of instances every member recorded): the median completion time of the other
+    members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense instance x member
+    matrix per member count (a complete instance has exactly its member count of records): one short sort per
+    instance instead of a lexsort of every record."""
+    inst, done = ops.inst[ok], ops.t_done[ok]
+    size = ops.inst_size[inst]
+    out = np.empty(len(ok))
+    for s in np.unique(size):
+        sel = np.flatnonzero(size == s)
+        at = sel[np.argsort(inst[sel], kind="stable")]  # each instance's records together
+        mat = done[at].reshape(-1, int(s))
+        out[at] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
+    return out
+
+
+def _row_loo_median(mat: np.ndarray) -> np.ndarray:
+    """Each cell's leave-one-out median over its row (no NaN; rows of 2 or more): the sorted row's middle one or
+    two of the other values, (low + high) / 2 as np.median gives."""
+    n, s = mat.shape
+    order = np.argsort(mat, axis=1, kind="stable")
+    srt = np.take_along_axis(mat, order, axis=1)
+    pos = np.empty_like(order)  # each cell's place in its sorted row
+    np.put_along_axis(pos, order, np.broadcast_to(np.arange(s), (n, s)), axis=1)
+    m = s - 1  # values left
+    lo = np.where((m - 1) // 2 >= pos, (m - 1) // 2 + 1, (m - 1) // 2)  # past the removed value's own place
+    hi = np.where(m // 2 >= pos, m // 2 + 1, m // 2)
+    return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
 
 
 def sorted_members(members: pd.Series) -> list[tuple]:
