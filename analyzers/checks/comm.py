@@ -29,7 +29,7 @@ from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
                                     last_arriver_ops, latest_finish_ms, op_instances, release_op_instances,
                                     slow_communicators)
-from analyzers.collectives import op_counts
+from analyzers.collectives import op_counts, stable_order
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
@@ -344,6 +344,7 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
     floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
     floor = np.maximum(floor, 0.10 * step_ms.reindex(unexplained.columns).fillna(0))
     out = []
+    rank_leads = None  # the leads by rank, grouped on first use
     flag_rows = pd.DataFrame(unexplained.to_numpy(dtype=float) >= floor.to_numpy(dtype=float)[None, :],
                              index=unexplained.index, columns=unexplained.columns)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -351,7 +352,9 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
             continue
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            if latest_finish_ms(leads, int(r), s0, s1) >= cfg.min_extra_ms:
+            if rank_leads is None:
+                rank_leads = _RankRows(leads)
+            if latest_finish_ms(rank_leads.of(int(r)), int(r), s0, s1) >= cfg.min_extra_ms:
                 continue  # it finished after its peers: they were not waiting for its data
             peers_wait = float(np.nanmedian(wait_ref.loc[r, s0:s1]))
             out.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(wait.loc[r, s0:s1])), peers=peers_wait,
@@ -360,6 +363,21 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
                             lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
     return out
+
+
+class _RankRows:
+    """A frame's rows by rank, grouped once (one stable radix sort): a rank's rows without a mask over every row (the
+    leads hold a row per member of every op: 20 M at 1,024 ranks x 10,000 steps)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        rank = frame["rank"].to_numpy()
+        self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
+        self.sorted_rank = rank[self.order]
+
+    def of(self, r: int) -> pd.DataFrame:
+        lo, hi = np.searchsorted(self.sorted_rank, [r, r + 1])
+        return self.frame.iloc[self.order[lo:hi]]
 
 
 def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
@@ -453,8 +471,15 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     if leads is not None and not last.empty and not leads.empty:
         # a last arriver that is done after the other members was still waiting, for a peer's data that left late:
         # the op says nothing about its own sending (``leads``: links.completion_leads)
-        key = ["gcode", "seq", "rank"] if "gcode" in last.columns and "gcode" in leads.columns else ["gkey", "seq", "rank"]
-        lead = last[key].merge(leads[key + ["lead_ms"]], on=key, how="left")["lead_ms"]  # integer keys: no strings
+        if "row" in last.columns and "row" in leads.columns:
+            # the same record of the same collectives: looked up by its position (a merge on (gkey, seq, rank) of the
+            # leads' every member record cost seconds and a GiB at 20 M records)
+            by_row = np.full(int(max(last["row"].max(), leads["row"].max())) + 1, np.nan)
+            by_row[leads["row"].to_numpy()] = leads["lead_ms"].to_numpy(dtype=float)
+            lead = pd.Series(by_row[last["row"].to_numpy()])
+            del by_row
+        else:
+            lead = last.merge(leads[["gkey", "seq", "rank", "lead_ms"]], on=["gkey", "seq", "rank"], how="left")["lead_ms"]
         last = last[~(lead.to_numpy(dtype=float) <= -cfg.min_extra_ms)]
     if last.empty or last["rank"].nunique() < 2:
         return []
@@ -495,41 +520,95 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     return out
 
 
+def _busbw_rows(co: pd.DataFrame, base: pd.DataFrame, cfg: CommConfig) -> pd.DataFrame | None:
+    """One row per op instance (communicator, seq, op) with a duration and bytes whose op has a bus bandwidth factor
+    and an nccl-tests baseline row within ``size_match`` of its message size: group, op, step, nbytes (per op), busbw,
+    ops, baseline, baseline_size. Per instance: the shortest duration among its ranks (the last arriver does not
+    wait), the largest per-op bytes, its member count (its first record's members, else the ranks that recorded it).
+    In numpy over the records; Python only per distinct op and message size (a communicator runs the same few
+    messages thousands of times: a Python loop over instances cost minutes at 1,024 ranks x 10,000 steps)."""
+    dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+    nbytes_all = co["nbytes"].to_numpy(dtype=float, na_value=np.nan)
+    gk_code, _ = pd.factorize(co["gkey"])
+    grp_code, grp_uniq = pd.factorize(co["group"])
+    op_code, op_uniq = pd.factorize(co["op"])
+    keep = ~np.isnan(dur_all) & (nbytes_all > 0) & (gk_code >= 0) & (grp_code >= 0) & (op_code >= 0)
+    rows = np.flatnonzero(keep)
+    if not len(rows):
+        return None
+    weight = op_counts(co).to_numpy()[rows]
+    seq = co["seq"].to_numpy()[rows].astype(np.int64)
+    gk, grp, opc = gk_code[rows].astype(np.int64), grp_code[rows].astype(np.int64), op_code[rows].astype(np.int64)
+    seq0 = seq - seq.min()
+    # (gkey, seq): the members' lookup; (gkey, group, seq, op): the instance (gkey names its group)
+    gs_code, _ = pd.factorize(gk * (int(seq0.max()) + 1) + seq0)
+    inst, _ = pd.factorize(gs_code.astype(np.int64) * (len(grp_uniq) * len(op_uniq)) + grp * len(op_uniq) + opc)
+    m = int(inst.max()) + 1
+    dur = np.full(m, np.inf)
+    np.minimum.at(dur, inst, dur_all[rows])
+    nbytes = np.full(m, -np.inf)
+    np.maximum.at(nbytes, inst, nbytes_all[rows] / weight)  # a folded record's bytes are its ops' total
+    ops = np.zeros(m, np.int64)
+    np.maximum.at(ops, inst, weight)
+    step = np.full(m, np.iinfo(np.int64).max)
+    np.minimum.at(step, inst, co["step"].to_numpy()[rows].astype(np.int64))
+    first = np.full(m, len(rows))
+    np.minimum.at(first, inst, np.arange(len(rows)))
+    i_grp, i_op, i_gs = grp[first], opc[first], gs_code[first]
+    # ranks that recorded it (distinct (instance, rank) pairs)
+    rk = co["rank"].to_numpy()[rows].astype(np.int64)
+    pairs = np.unique(inst.astype(np.int64) * (int(rk.max()) + 1) + rk)
+    n_ranks = np.bincount(pairs // (int(rk.max()) + 1), minlength=m)
+    # members: the first non-null group_ranks of its (gkey, seq), as groupby.first takes it
+    gr = co["group_ranks"]
+    present = np.flatnonzero(gr.notna().to_numpy()[rows])
+    first_gr = np.full(int(gs_code.max()) + 1, -1)
+    if len(present):
+        first_gr[:] = len(rows)
+        np.minimum.at(first_gr, gs_code[present], present)
+        first_gr[first_gr == len(rows)] = -1
+    n_members = np.zeros(len(first_gr), np.int64)
+    has = first_gr >= 0
+    n_members[has] = [len(x) if isinstance(x, (list, np.ndarray)) else 0 for x in gr.to_numpy(dtype=object)[rows[first_gr[has]]]]
+    n = np.where(n_members[i_gs] > 0, n_members[i_gs], n_ranks)
+    parts = []
+    for oc, op_name in enumerate(op_uniq):
+        sel = np.flatnonzero(i_op == oc)
+        op = str(op_name).lower().replace("nccl:", "")
+        f = BUSBW_FACTOR.get(op)
+        b = base[base["op"].str.replace("_", "") == op.replace("_", "")]
+        if not len(sel) or f is None or b.empty:
+            continue
+        sel = sel[(dur[sel] > 0) & (nbytes[sel] > 0) & (n[sel] >= 1)]
+        factor = np.array([f(int(k)) if k > 1 else 1.0 for k in range(int(n[sel].max()) + 1)] if len(sel) else [])
+        algbw = nbytes[sel] / (dur[sel] / 1000.0) / 1e9
+        bw = algbw * factor[n[sel]]
+        # the baseline row nearest each message size (log scale), once per distinct size
+        sizes, size_of = np.unique(nbytes[sel], return_inverse=True)
+        ref_size, ref_bw = np.full(len(sizes), np.nan), np.full(len(sizes), np.nan)
+        for i, nb in enumerate(sizes):
+            idx = (np.log(b["size_bytes"].clip(lower=1)) - np.log(max(nb, 1))).abs().idxmin()
+            ref = b.loc[idx]
+            if max(ref["size_bytes"], nb) / max(min(ref["size_bytes"], nb), 1) <= cfg.size_match:
+                ref_size[i], ref_bw[i] = float(ref["size_bytes"]), float(ref["busbw"])
+        matched = ~np.isnan(ref_size[size_of])
+        sel, bw, size_of = sel[matched], bw[matched], size_of[matched]
+        parts.append(pd.DataFrame({"group": np.asarray(grp_uniq, dtype=object)[i_grp[sel]], "op": op,
+                                   "step": step[sel], "nbytes": nbytes[sel], "busbw": bw, "ops": ops[sel],
+                                   "baseline": ref_bw[size_of], "baseline_size": ref_size[size_of]}))
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else None
+
+
 def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
     out: list[Finding] = []
     data = frame.data
     co, base = data.collectives, data.nccl_tests
     if co.empty or base is None or base.empty:
         return out
-    co = co[co["duration_ms"].notna() & (co["nbytes"] > 0)]
-    if co.empty:
+    df = _busbw_rows(co, base, cfg)
+    if df is None:
         return out
-    # per op: a folded record's bytes are its ops' total, its duration their mean
-    co = co.assign(per_op_bytes=co["nbytes"] / op_counts(co), ops=op_counts(co))
-    g = co.groupby(["gkey", "group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("per_op_bytes", "max"),
-                                               n=("rank", "nunique"), step=("step", "min"), ops=("ops", "max"))
-    g = g.reset_index()
-    gsize = co.groupby(["gkey", "seq"])["group_ranks"].first()
-    rows = []
-    for _, row in g.iterrows():
-        members = gsize.get((row["gkey"], row["seq"]))
-        n = len(members) if isinstance(members, (list, np.ndarray)) and len(members) else int(row["n"])
-        bw = busbw_gbs(str(row["op"]), float(row["nbytes"]), float(row["dur"]), n)
-        if bw is None:
-            continue
-        op = str(row["op"]).lower().replace("nccl:", "")
-        b = base[base["op"].str.replace("_", "") == op.replace("_", "")]
-        if b.empty:
-            continue
-        idx = (np.log(b["size_bytes"].clip(lower=1)) - np.log(max(row["nbytes"], 1))).abs().idxmin()
-        ref = b.loc[idx]
-        if max(ref["size_bytes"], row["nbytes"]) / max(min(ref["size_bytes"], row["nbytes"]), 1) > cfg.size_match:
-            continue
-        rows.append(dict(group=row["group"], op=op, step=int(row["step"]), nbytes=float(row["nbytes"]), busbw=bw, ops=int(row["ops"]),
-                         baseline=float(ref["busbw"]), baseline_size=float(ref["size_bytes"])))
-    if not rows:
-        return out
-    df = pd.DataFrame(rows)
     for (grp, op), sub in df.groupby(["group", "op"]):
         achieved, baseline = float(sub["busbw"].median()), float(sub["baseline"].median())
         frac = achieved / baseline if baseline > 0 else None

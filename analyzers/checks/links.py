@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.collectives import member_counts
+from analyzers.collectives import member_counts, name_starts_with, stable_order
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
 
@@ -163,10 +163,12 @@ class _OpInstances:
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
-        key_codes, first_of_key = np.unique(self.gcode, return_index=True)
+        first_of_key = np.full(len(self.gkeys), n, np.int64)  # each communicator's first kept record (no sort)
+        np.minimum.at(first_of_key, self.gcode, np.arange(n))
+        key_codes = np.flatnonzero(first_of_key < n)
         size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
         if n:
-            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key]]).to_numpy()
+            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key[key_codes]]]).to_numpy()
         # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
         # distinct instances sorted (np.unique sorted every record)
         seq0 = self.seq - (self.seq.min() if n else 0)
@@ -268,7 +270,8 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     pick = ok[np.where(first < n, first, first_any)[has]]  # by instance: (gkey, seq) order
     rows = ops.rows[pick]
     out = co.iloc[rows, [co.columns.get_loc(c) for c in cols]].reset_index(drop=True)
-    return out.assign(ops=ops.weight[pick], gcode=ops.gcode[pick])
+    # gcode: the communicator's place in gkey order; row: the record's position in ``co`` (an integer key for joins)
+    return out.assign(ops=ops.weight[pick], gcode=ops.gcode[pick], row=rows)
 
 
 def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
@@ -276,7 +279,7 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
     step, and the transfer time: receiver's completion - max(sender's arrival, receiver's arrival), in ms."""
     if co.empty:
         return pd.DataFrame(columns=TRANSFER_COLUMNS)
-    p = co[co["op"].isin(P2P_OPS) & co["group"].astype(str).str.startswith("pp:")]
+    p = co[co["op"].isin(P2P_OPS).to_numpy(dtype=bool) & name_starts_with(co["group"], "pp:")]
     if first_step is not None:
         p = p[p["step"] >= first_step]
     send = p[p["op"] == "send"][["gkey", "seq", "rank", "step", "t_arrive"]]
@@ -304,7 +307,7 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     nodes the completion times are compared on the nodes' clocks, as every arrival time is.
 
     Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
-    that order (an integer key for joins)."""
+    that order, ``row``: the record's position in ``co`` (integer keys for joins)."""
     if co.empty:
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
     ops = op_instances(co, first_step)
@@ -312,7 +315,7 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     if not len(ok):
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
     lead = _leads_ms(ops, ok)
-    order = np.argsort(ops.gcode[ok], kind="stable")
+    order = stable_order(ops.gcode[ok])  # by communicator, records in their order (radix passes, no timsort)
     ok, lead = ok[order], lead[order]
     gcode = ops.gcode[ok]
     # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
@@ -320,7 +323,7 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(ops.gkeys, dtype=object)),
                          "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
                          "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
-                         "ops": ops.weight[ok]})[LEAD_COLUMNS + ["gcode", "ops"]]
+                         "ops": ops.weight[ok], "row": ops.rows[ok]})[LEAD_COLUMNS + ["gcode", "ops", "row"]]
 
 
 def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
@@ -333,7 +336,8 @@ def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
     out = np.empty(len(ok))
     for s in np.unique(size):
         sel = np.flatnonzero(size == s)
-        at = sel[np.argsort(inst[sel], kind="stable")]  # each instance's records together
+        # each instance's records together (their order within it does not matter: each row is sorted next)
+        at = sel[np.argsort(inst[sel], kind="quicksort")]
         mat = done[at].reshape(-1, int(s))
         out[at] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
     return out
@@ -354,11 +358,25 @@ def _row_loo_median(mat: np.ndarray) -> np.ndarray:
 
 
 def sorted_members(members: pd.Series) -> list[tuple]:
-    """Each row's member ranks as a sorted tuple; each distinct numpy member list converted once (a communicator's
-    ops all carry the same one)."""
+    """Each row's member ranks as a sorted tuple; each distinct member list object converted once (a communicator's
+    ops all carry the same shared array, analyzers/collectives.py ``with_members``), else each distinct numpy member
+    list by its bytes."""
+    values = members.tolist()
+    if not values:
+        return []
+    code, first = pd.factorize(np.fromiter(map(id, values), dtype=np.int64, count=len(values)))
+    if len(first) <= max(1000, len(values) // 8):  # shared objects: one conversion per object
+        firsts = np.full(len(first), len(values), np.int64)
+        np.minimum.at(firsts, code, np.arange(len(values)))
+        conv = _sorted_members_by_value([values[i] for i in firsts])
+        return [conv[c] for c in code]
+    return _sorted_members_by_value(values)
+
+
+def _sorted_members_by_value(values: list) -> list[tuple]:
     cache: dict = {}
     out = []
-    for gr in members:
+    for gr in values:
         look = (gr.dtype.str, gr.tobytes()) if isinstance(gr, np.ndarray) else None
         got = cache.get(look) if look is not None else None
         if got is None:
@@ -568,8 +586,8 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
     step = leads["step"].to_numpy()
     lead_ms = leads["lead_ms"].to_numpy(dtype=float)
-    med = windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops,
-                           weights=leads["ops"].to_numpy() if "ops" in leads.columns else None)
+    weights = leads["ops"].to_numpy() if "ops" in leads.columns else None
+    med = _label_windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops, weights)
     if med.notna().sum(axis=0).max() < 2:
         return []
     thresholds = np.maximum(cfg.link_min_extra_ms, cfg.lead_k * reference_sigma(med, cfg.link_window))
@@ -587,7 +605,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         flags = over.loc[mine].any(axis=0)
         for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
             if per_step is None:
-                per_step = windowed_medians(pair, step, lead_ms, labels, steps, 1, 1)
+                per_step = _label_windowed_medians(pair, step, lead_ms, labels, steps, 1, 1, None)
             confirmed = confirmation_step(flags, s0, cfg.link_persist)
             onset = max(steps[0], s0 - cfg.link_window + 1)
             # its communicators that were ahead over most of the run of flags
@@ -609,3 +627,44 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
                             threshold=float(thresholds.loc[slow].median()),
                             ops=int(len(ops)), groups_keys=keys))
     return out
+
+
+CHUNK_ROWS = 1 << 22  # records per windowed_medians call: bounds its working arrays (~10 per record)
+
+
+def _label_windowed_medians(labels: np.ndarray, step: np.ndarray, values: np.ndarray, index: list, steps: list,
+                            window: int, min_ops: int, weights: np.ndarray | None) -> pd.DataFrame:
+    """``stats.windowed_medians`` of integer ``labels`` (rows ``index``, in that order), over the records sorted by
+    (row, step) and in slices of whole rows of about ``CHUNK_ROWS`` records: the same medians (each row's are its
+    own records'), with its working arrays bounded by a slice instead of every record (a GiB and more at 20 M
+    records), and its own stable sort of the records by cell fast on records already in order."""
+    pos = pd.Index(index).get_indexer(labels)
+    keep = pos >= 0
+    if not keep.all():
+        pos, labels, step, values = pos[keep], labels[keep], step[keep], values[keep]
+        weights = weights[keep] if weights is not None else None
+    steps_arr = np.asarray(steps)
+    g0 = int(steps_arr.min()) - max(int(window), 1) + 1 if len(steps_arr) else 0
+    # records no window reaches are left out first (as windowed_medians does); the step as an offset from g0
+    inside = (step >= g0) & (step <= (int(steps_arr.max()) if len(steps_arr) else -1))
+    if not inside.all():
+        pos, labels, step, values = pos[inside], labels[inside], step[inside], values[inside]
+        weights = weights[inside] if weights is not None else None
+    if len(pos) <= CHUNK_ROWS:
+        return windowed_medians(labels, step, values, index, steps, window, min_ops, weights=weights)
+    order = stable_order(pos, step.astype(np.int64) - g0)
+    pos, labels, step, values = pos[order], labels[order], step[order], values[order]
+    weights = weights[order] if weights is not None else None
+    parts = []
+    lo = 0
+    while lo < len(pos):
+        hi = min(len(pos), lo + CHUNK_ROWS)
+        hi = int(np.searchsorted(pos, pos[hi - 1], side="right"))  # whole rows
+        p0, p1 = int(pos[lo]), int(pos[hi - 1]) + 1
+        parts.append((p0, p1, windowed_medians(labels[lo:hi], step[lo:hi], values[lo:hi], index[p0:p1], steps, window,
+                                               min_ops, weights=weights[lo:hi] if weights is not None else None)))
+        lo = hi
+    out = np.full((len(index), len(steps)), np.nan)
+    for p0, p1, med in parts:
+        out[p0:p1] = med.to_numpy()
+    return pd.DataFrame(out, index=index, columns=steps)
