@@ -206,6 +206,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
+    release_op_instances()  # leads and last arrivers are all the rest reads of them (a GiB at 20 M records)
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
     judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
