@@ -120,3 +120,12 @@ def test_collective_wait_ms_same_as_pivot_table():
             assert want.shape[0] == 16 and np.nanmax(want.to_numpy()) > 0
             pd.testing.assert_frame_equal(got, want, check_dtype=False, check_names=False, check_exact=False,
                                           rtol=1e-12, atol=1e-9)
+
+
+def test_name_starts_with_as_astype_str():
+    from analyzers.collectives import name_starts_with
+    names = ["pp:0>1", "dp", None, "pp:x", "tp"]
+    for s in (pd.Series(names), pd.Series(names, dtype="category"), pd.Series(names, dtype=object),
+              pd.Series(["pp:0>1", 3, np.nan], dtype=object)):
+        for prefix in ("pp:", ("dp", "tp")):
+            assert name_starts_with(s, prefix).tolist() == s.astype(str).str.startswith(prefix).fillna(False).tolist()
