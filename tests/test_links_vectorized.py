@@ -127,3 +127,20 @@ def test_sorted_members_of_shared_and_separate_lists():
     assert got[:3000] == [(1, 3, 5)] * 3000 and got[3000:] == [(0, 2), (8, 9), (8, 9)]
     separate = [np.array([i % 7, 100 - i % 7]) for i in range(5000)]  # all distinct objects: by bytes
     assert sorted_members(pd.Series(separate, dtype=object)) == [tuple(sorted((i % 7, 100 - i % 7))) for i in range(5000)]
+
+
+def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
+    from analyzers.checks.links import _OpInstances
+    for seed in range(2):
+        co = window(seed)
+        co.loc[co.sample(frac=0.05, random_state=seed).index, "duration_ms"] = np.nan  # records without a duration
+        co.loc[co["step"] == 11, "op"] = "broadcast"  # a rooted op: not symmetric, but not p2p either
+        for first in (None, 5):
+            want = _OpInstances(co, first, "symmetric")
+            got = _OpInstances(co, None, "not_p2p").symmetric_from(first)
+            assert got.n_inst == want.n_inst and len(got.rows) == len(want.rows) > 100
+            for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight", "inst",
+                         "inst_size", "inst_count", "inst_spread_ms", "inst_dur_max"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+            assert list(got.gkeys) == list(want.gkeys)
+            np.testing.assert_array_equal(got.complete(10.0, longest=True), want.complete(10.0, longest=True))

@@ -131,16 +131,14 @@ class _OpInstances:
         t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
         op_code, op_uniq = pd.factorize(co["op"])
+        self.kind = kind
+        dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+        symmetric = np.r_[np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool), False]  # -1: none
         if kind == "symmetric":
-            dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
-            wanted = np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool)
-            keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & (op_code >= 0)
-            keep[keep] = wanted[op_code[keep]]
+            keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & symmetric[op_code]
         else:  # every op but p2p (a missing op name included, as ``~isin`` keeps it)
-            dur_all = None
             wanted = np.r_[np.array([o not in P2P_OPS for o in op_uniq], dtype=bool), True]  # the last: code -1
             keep = ~np.isnan(t_done) & wanted[op_code]
-        del op_code
         step = co["step"].to_numpy()
         if first_step is not None:
             keep &= step >= first_step
@@ -157,8 +155,11 @@ class _OpInstances:
         self.step = _narrow(step[self.rows])
         self.t_done = t_done[self.rows]
         del t_done
-        self.dur = dur_all[self.rows] if dur_all is not None else None
+        self.dur = dur_all[self.rows]
         del dur_all
+        # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
+        self.symmetric = symmetric[op_code[self.rows]] if kind != "symmetric" else None
+        del op_code
         self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
@@ -186,17 +187,42 @@ class _OpInstances:
         inst_gcode = np.zeros(m, np.int64)
         inst_gcode[self.inst] = self.gcode
         self.inst_size = size_of_key[inst_gcode]
+        self._instance_figures()
+
+    def symmetric_from(self, first_step: int | None) -> "_OpInstances":
+        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): the
+        records with a symmetric op and a duration, their instances renumbered in the same (gkey, seq) order and
+        their figures recomputed; what ``_OpInstances(co, first_step, "symmetric")`` gives, without factorizing the
+        columns and numbering the instances again."""
+        keep = self.symmetric & ~np.isnan(self.dur)
+        if first_step is not None:
+            keep &= self.step >= first_step
+        sub = np.flatnonzero(keep)
+        del keep
+        new = object.__new__(_OpInstances)
+        new.kind, new.gkeys, new.symmetric = "symmetric", self.gkeys, None
+        for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight"):
+            setattr(new, name, getattr(self, name)[sub])
+        present = np.bincount(self.inst[sub], minlength=self.n_inst) > 0
+        new.inst = (np.cumsum(present) - 1)[self.inst[sub]].astype(self.inst.dtype)
+        new.n_inst = int(present.sum())
+        new.inst_size = self.inst_size[present]
+        new._instance_figures()
+        return new
+
+    def _instance_figures(self) -> None:
+        """Per instance: record count, spread of completion times, longest duration."""
+        m = self.n_inst
         self.inst_count = np.bincount(self.inst, minlength=m)
         tmax = np.full(m, -np.inf)
         tmin = np.full(m, np.inf)
         np.maximum.at(tmax, self.inst, self.t_done)
         np.minimum.at(tmin, self.inst, self.t_done)
         self.inst_spread_ms = (tmax - tmin) * 1000.0
-        self.inst_dur_max = None
-        if self.dur is not None:
-            dmax = np.full(m, -np.inf)
+        dmax = np.full(m, -np.inf)
+        with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
             np.maximum.at(dmax, self.inst, self.dur)
-            self.inst_dur_max = dmax
+        self.inst_dur_max = dmax
 
     @property
     def size(self) -> np.ndarray:
@@ -236,12 +262,15 @@ _LAST_OPS: list = []  # [(weakref to co, first_step, kind, _OpInstances)]: the l
 def op_instances(co: pd.DataFrame, first_step: int | None, kind: str = "symmetric") -> _OpInstances:
     """``_OpInstances(co, first_step, kind)``, built once for a round's collectives (``last_arriver_ops`` and
     ``completion_leads`` both start from it; the frame is shared and never modified, see analyzers/builder.py)."""
+    derived = None
     if _LAST_OPS:
         ref, first, k, ops = _LAST_OPS[0]
         if ref() is co and first == first_step and k == kind:
             return ops
+        if ref() is co and first is None and k == "not_p2p" and kind == "symmetric":
+            derived = ops.symmetric_from(first_step)  # the symmetric ones are a subset of every non-p2p one
     _LAST_OPS.clear()  # the old one's arrays go before the new one's are built
-    ops = _OpInstances(co, first_step, kind)
+    ops = derived if derived is not None else _OpInstances(co, first_step, kind)
     _LAST_OPS[:] = [(weakref.ref(co), first_step, kind, ops)]
     return ops
 
