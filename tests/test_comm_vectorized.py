@@ -129,3 +129,12 @@ def test_name_starts_with_as_astype_str():
               pd.Series(["pp:0>1", 3, np.nan], dtype=object)):
         for prefix in ("pp:", ("dp", "tp")):
             assert name_starts_with(s, prefix).tolist() == s.astype(str).str.startswith(prefix).fillna(False).tolist()
+
+
+def test_rank_rows_by_mask_then_by_sort():
+    rng = np.random.default_rng(5)
+    frame = pd.DataFrame({"rank": rng.integers(3, 60, 5000).astype(np.int32), "x": np.arange(5000)})
+    rows = comm._RankRows(frame)
+    for r in list(range(0, 64)) + [5, 40]:  # more ranks than FEW: the later ones from the sorted rows
+        pd.testing.assert_frame_equal(rows.of(r), frame[frame["rank"] == r])
+    assert rows.order is not None

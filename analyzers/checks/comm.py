@@ -367,16 +367,28 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
 
 
 class _RankRows:
-    """A frame's rows by rank, grouped once (one stable radix sort): a rank's rows without a mask over every row (the
-    leads hold a row per member of every op: 20 M at 1,024 ranks x 10,000 steps)."""
+    """A frame's rows by rank: by a mask for the first few ranks asked, then grouped once (one stable radix sort),
+    not a mask of every column per lookup (the leads hold a row per member of every op: 20 M at 1,024 ranks x
+    10,000 steps). A rank's rows stay in their order."""
+
+    FEW = 16  # ranks looked up with a mask each (one pass over the rows) before the rows are sorted by rank
 
     def __init__(self, frame: pd.DataFrame):
         self.frame = frame
-        rank = frame["rank"].to_numpy()
-        self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
-        self.sorted_rank = rank[self.order]
+        self.rank = frame["rank"].to_numpy()
+        self.seen: dict[int, np.ndarray] = {}
+        self.order = self.sorted_rank = None
 
     def of(self, r: int) -> pd.DataFrame:
+        if r in self.seen:
+            return self.frame.iloc[self.seen[r]]
+        if len(self.seen) < self.FEW:
+            self.seen[r] = np.flatnonzero(self.rank == r)
+            return self.frame.iloc[self.seen[r]]
+        if self.order is None:
+            rank = self.rank
+            self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
+            self.sorted_rank = rank[self.order]
         lo, hi = np.searchsorted(self.sorted_rank, [r, r + 1])
         return self.frame.iloc[self.order[lo:hi]]
 
@@ -570,7 +582,7 @@ def _busbw_rows(co: pd.DataFrame, base: pd.DataFrame, cfg: CommConfig) -> pd.Dat
     i_grp, i_op, i_gs = grp[first], opc[first], gs_code[first]
     # ranks that recorded it (distinct (instance, rank) pairs)
     rk = co["rank"].to_numpy()[rows].astype(np.int64)
-    pairs = np.unique(inst.astype(np.int64) * (int(rk.max()) + 1) + rk)
+    pairs = pd.unique(inst.astype(np.int64) * (int(rk.max()) + 1) + rk)  # hashed, not sorted: only counted
     n_ranks = np.bincount(pairs // (int(rk.max()) + 1), minlength=m)
     # members: the first non-null group_ranks of its (gkey, seq), as groupby.first takes it
     gr = co["group_ranks"]

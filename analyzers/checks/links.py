@@ -612,15 +612,18 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     rank = leads["rank"].to_numpy().astype(np.int64)
     if "gcode" in leads.columns:  # completion_leads' communicator numbers (sorted gkey order): no strings to factorize
         gkey_code = leads["gcode"].to_numpy().astype(np.int64)
-        first = np.unique(gkey_code, return_index=True)[1]
-        gkey_names = np.full(int(gkey_code.max()) + 1, None, dtype=object)
-        gkey_names[gkey_code[first]] = leads["gkey"].to_numpy(dtype=object)[first]
+        n_codes = int(gkey_code.max()) + 1
+        first = np.full(n_codes, len(gkey_code), np.int64)  # each communicator's first row (no sort of every row)
+        np.minimum.at(first, gkey_code, np.arange(len(gkey_code)))
+        first = first[first < len(gkey_code)]
+        gkey_names = np.full(n_codes, None, dtype=object)
+        gkey_names[gkey_code[first]] = leads["gkey"].iloc[first].to_numpy(dtype=object)
     else:
         gkey_code, gkey_names = pd.factorize(leads["gkey"].astype(str).to_numpy(dtype=object), sort=True)
         gkey_names = np.asarray(gkey_names, dtype=object)
     code_of = {str(k): i for i, k in enumerate(gkey_names) if k is not None}
     pair = rank * len(gkey_names) + gkey_code
-    pairs = np.unique(pair)
+    pairs = np.sort(pd.unique(pair))  # hashed: only the distinct pairs sorted
     pair_rank, pair_key = pairs // len(gkey_names), pairs % len(gkey_names)
     label_order = sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}")
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
