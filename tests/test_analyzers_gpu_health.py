@@ -95,7 +95,8 @@ def test_may_find_by_gpu_codes_same_as_groupby():
     import numpy as np
     import pandas as pd
 
-    from analyzers.checks.gpu_health import GpuHealthConfig, _may_find
+    from analyzers.checks.gpu_health import GpuHealthConfig
+    _may_find = gpu_health._may_find
     rng = np.random.default_rng(0)
     n = 4000
     node, gpu = rng.integers(0, 6, n), rng.integers(0, 8, n)

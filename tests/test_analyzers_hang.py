@@ -123,7 +123,7 @@ def test_last_completed_collective_per_rank_as_a_sort_per_rank():
     import numpy as np
     import pandas as pd
 
-    from analyzers.checks.hang import _last_completed
+    _last_completed = hang._last_completed
     rng = np.random.default_rng(2)
     n = 3000
     co = pd.DataFrame({"rank": rng.integers(0, 40, n), "seq": np.arange(n), "op": rng.choice(["all_reduce", "broadcast"], n),
