@@ -121,8 +121,8 @@ def name_starts_with(names: pd.Series, prefix: str | tuple[str, ...]) -> np.ndar
 def stable_order(*keys: np.ndarray) -> np.ndarray:
     """The stable order of rows sorted by ``keys`` (the first the primary key), as ``np.lexsort(keys[::-1])`` gives,
     for non-negative integer keys: numpy sorts 16-bit integers stably by radix sort in linear time, so each key
-    goes in 16-bit digits, least significant first (a stable sort of 20 M int64 keys takes ~5 s on this kind of
-    box, a 16-bit pass ~0.3 s). A key with negative values or over 48 bits falls back to lexsort."""
+    goes in 16-bit digits, least significant first (a stable comparison sort of tens of millions of wider keys is
+    several times slower). A key with negative values or over 48 bits falls back to lexsort."""
     n = len(keys[0]) if keys else 0
     order = np.arange(n)
     for key in reversed(keys):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzers.checks import comm
+from analyzers.checks import busbw, comm, op_instances
 from analyzers.checks.comm import BUSBW_FACTOR, CommConfig, busbw_gbs
 from analyzers.checks.links import P2P_OPS
 from analyzers.collectives import member_counts, op_counts
@@ -100,7 +100,7 @@ def test_busbw_rows_same_as_the_loop_over_instances():
     for seed in range(3):
         for categorical in (False, True):
             co = records(seed, categorical=categorical)
-            got, want = comm._busbw_rows(co, BASE, cfg), reference_busbw_rows(co, BASE, cfg)
+            got, want = busbw.busbw_rows(co, BASE, cfg), reference_busbw_rows(co, BASE, cfg)
             assert len(want) > 20 and set(want["op"]) == {"all_reduce", "all_gather", "reduce_scatter"}
             pd.testing.assert_frame_equal(_sorted(got)[list(want.columns)], _sorted(want), check_dtype=False,
                                           check_exact=True)
@@ -108,7 +108,7 @@ def test_busbw_rows_same_as_the_loop_over_instances():
 
 def test_busbw_rows_none_without_a_matching_baseline():
     co = records(0)
-    assert comm._busbw_rows(co, BASE.assign(size_bytes=BASE["size_bytes"] * 1000), CommConfig()) is None
+    assert busbw.busbw_rows(co, BASE.assign(size_bytes=BASE["size_bytes"] * 1000), CommConfig()) is None
     assert all(op in BUSBW_FACTOR for op in ("all_reduce", "all_gather", "reduce_scatter"))
 
 
@@ -134,7 +134,7 @@ def test_name_starts_with_as_astype_str():
 def test_rank_rows_by_mask_then_by_sort():
     rng = np.random.default_rng(5)
     frame = pd.DataFrame({"rank": rng.integers(3, 60, 5000).astype(np.int32), "x": np.arange(5000)})
-    rows = comm._RankRows(frame)
+    rows = op_instances.RankRows(frame)
     for r in list(range(0, 64)) + [5, 40]:  # more ranks than FEW: the later ones from the sorted rows
         pd.testing.assert_frame_equal(rows.of(r), frame[frame["rank"] == r])
     assert rows.order is not None

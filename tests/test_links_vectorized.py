@@ -130,8 +130,8 @@ def test_sorted_members_of_shared_and_separate_lists():
 
 
 def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
-    from analyzers.checks import links
-    _OpInstances = links._OpInstances
+    from analyzers.checks import op_instances
+    _OpInstances = op_instances._OpInstances
     for seed in range(2):
         co = window(seed)
         co.loc[co.sample(frac=0.05, random_state=seed).index, "duration_ms"] = np.nan  # records without a duration

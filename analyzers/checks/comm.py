@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
-from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
-                                    last_arriver_ops, latest_finish_ms, op_instances, release_op_instances,
+from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
+from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
                                     slow_communicators)
-from analyzers.collectives import op_counts, stable_order
+from analyzers.checks.op_instances import (RankRows, collective_wait_ms, completion_leads,
+                                           last_arriver_ops, release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
@@ -75,22 +76,6 @@ class CommConfig:
     expect_ib: bool | None = None  # None: expected when any host uses NET/IB
 
 
-BUSBW_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-    "sendrecv": lambda n: 1.0,
-}
-
-
 def coverage(frame: AnalysisFrame, cfg: CommConfig | None = None) -> Coverage:
     """Can this check judge the run? It needs communication timing: ``comm_ms`` / ``sync_wait_ms`` in the step
     records or timed collective records; the wait for a slower peer (``sync_wait_ms``) to tell it from transfer."""
@@ -107,14 +92,6 @@ def coverage(frame: AnalysisFrame, cfg: CommConfig | None = None) -> Coverage:
     if not sig.collectives:
         limits.append("no collective records: bus bandwidth and per-communicator links are not judged")
     return Coverage(NAME, "limited" if limits else "ran", "; ".join(limits))
-
-
-def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float | None:
-    f = BUSBW_FACTOR.get(op.lower().replace("nccl:", ""))
-    if f is None or duration_ms <= 0 or nbytes <= 0 or nranks < 1:
-        return None
-    algbw = nbytes / (duration_ms / 1000.0) / 1e9
-    return algbw * (f(nranks) if nranks > 1 else 1.0)
 
 
 def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[list[Finding], pd.Series]:
@@ -193,7 +170,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
                 continue  # a slow computer, not a slow link: the straggler check owns it
             cr = compute.compute_ratio(r, s0, s1)
             if late_wait is None:
-                late_wait = collective_wait_ms(frame.data.collectives)
+                late_wait = collective_wait_ms(frame.data.collectives, cfg.match_tol_ms)
             if r in late_wait.index:
                 waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
                 if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
@@ -354,7 +331,7 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if rank_leads is None:
-                rank_leads = _RankRows(leads)
+                rank_leads = RankRows(leads)
             if latest_finish_ms(rank_leads.of(int(r)), int(r), s0, s1) >= cfg.min_extra_ms:
                 continue  # it finished after its peers: they were not waiting for its data
             peers_wait = float(np.nanmedian(wait_ref.loc[r, s0:s1]))
@@ -364,75 +341,6 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
                             lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
     return out
-
-
-class _RankRows:
-    """A frame's rows by rank: by a mask for the first few ranks asked, then grouped once (one stable radix sort),
-    not a mask of every column per lookup (the leads hold a row per member of every op: 20 M at 1,024 ranks x
-    10,000 steps). A rank's rows stay in their order."""
-
-    FEW = 16  # ranks looked up with a mask each (one pass over the rows) before the rows are sorted by rank
-
-    def __init__(self, frame: pd.DataFrame):
-        self.frame = frame
-        self.rank = frame["rank"].to_numpy()
-        self.seen: dict[int, np.ndarray] = {}
-        self.order = self.sorted_rank = None
-
-    def of(self, r: int) -> pd.DataFrame:
-        if r in self.seen:
-            return self.frame.iloc[self.seen[r]]
-        if len(self.seen) < self.FEW:
-            self.seen[r] = np.flatnonzero(self.rank == r)
-            return self.frame.iloc[self.seen[r]]
-        if self.order is None:
-            rank = self.rank
-            self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
-            self.sorted_rank = rank[self.order]
-        lo, hi = np.searchsorted(self.sorted_rank, [r, r + 1])
-        return self.frame.iloc[self.order[lo:hi]]
-
-
-def _small_int_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``pd.factorize(values, sort=True)`` of integers: by offset from the smallest where their range is small (no
-    hash table over every record), else factorized."""
-    if len(values) and values.dtype.kind in "iu":
-        lo, hi = int(values.min()), int(values.max())
-        if hi - lo < 4 * len(values) + 1024:
-            present = np.bincount((values - lo).astype(np.int64), minlength=hi - lo + 1) > 0
-            code_of = np.cumsum(present) - 1
-            return code_of[values - lo], np.flatnonzero(present) + lo
-    return pd.factorize(values, sort=True)
-
-
-def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step, the time spent in collectives waiting for a peer that arrived later (ms): for each op all
-    members recorded (and completed within ``match_tol_ms`` of each other), last member's arrival - own arrival.
-    Covers every collective, not only the gradient sync (FSDP all-gathers, TP all-reduces). ``co``: the run's
-    collective records."""
-    if co.empty:
-        return pd.DataFrame()
-    # p2p sends complete locally (their t_done says nothing about the peer): collectives only; grouped by op
-    # instance in numpy (links.op_instances), summed into a rank x step grid (a groupby-transform per column and a
-    # pivot_table over every record cost seconds and several copies of the records at 1,024 ranks x 10,000 steps)
-    ops = op_instances(co, None, kind="not_p2p")
-    ok = ops.complete(CommConfig.match_tol_ms)
-    if not len(ok):
-        return pd.DataFrame()
-    inst = ops.inst[ok]
-    t = ops.t_arrive[ok]
-    latest = np.full(ops.n_inst, np.nan)
-    np.fmax.at(latest, inst, t)  # NaN arrivals left out (groupby max); NaN where an instance has none
-    # a folded record's times are its ops' means: its wait counts once per op it stands for
-    late = (latest[inst] - t) * 1000.0 * ops.weight[ok]
-    rank_code, ranks = _small_int_codes(ops.rank[ok])
-    step_code, steps = _small_int_codes(ops.step[ok])
-    cell = rank_code.astype(np.int64) * len(steps) + step_code
-    # sums as pivot_table's: NaN values left out (0 where a cell has only those), NaN where a cell has no record
-    sums = np.bincount(cell, weights=np.nan_to_num(late, nan=0.0), minlength=len(ranks) * len(steps))
-    sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
-    return pd.DataFrame(sums.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
-                        columns=pd.Index(steps, name="step"))
 
 
 def _merge_direct(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
@@ -545,114 +453,6 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     return out
 
 
-def _busbw_rows(co: pd.DataFrame, base: pd.DataFrame, cfg: CommConfig) -> pd.DataFrame | None:
-    """One row per op instance (communicator, seq, op) with a duration and bytes whose op has a bus bandwidth factor
-    and an nccl-tests baseline row within ``size_match`` of its message size: group, op, step, nbytes (per op), busbw,
-    ops, baseline, baseline_size. Per instance: the shortest duration among its ranks (the last arriver does not
-    wait), the largest per-op bytes, its member count (its first record's members, else the ranks that recorded it).
-    In numpy over the records; Python only per distinct op and message size (a communicator runs the same few
-    messages thousands of times: a Python loop over instances cost minutes at 1,024 ranks x 10,000 steps)."""
-    dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
-    nbytes_all = co["nbytes"].to_numpy(dtype=float, na_value=np.nan)
-    gk_code, _ = pd.factorize(co["gkey"])
-    grp_code, grp_uniq = pd.factorize(co["group"])
-    op_code, op_uniq = pd.factorize(co["op"])
-    keep = ~np.isnan(dur_all) & (nbytes_all > 0) & (gk_code >= 0) & (grp_code >= 0) & (op_code >= 0)
-    rows = np.flatnonzero(keep)
-    if not len(rows):
-        return None
-    weight = op_counts(co).to_numpy()[rows]
-    seq = co["seq"].to_numpy()[rows].astype(np.int64)
-    gk, grp, opc = gk_code[rows].astype(np.int64), grp_code[rows].astype(np.int64), op_code[rows].astype(np.int64)
-    seq0 = seq - seq.min()
-    # (gkey, seq): the members' lookup; (gkey, group, seq, op): the instance (gkey names its group)
-    gs_code, _ = pd.factorize(gk * (int(seq0.max()) + 1) + seq0)
-    inst, _ = pd.factorize(gs_code.astype(np.int64) * (len(grp_uniq) * len(op_uniq)) + grp * len(op_uniq) + opc)
-    m = int(inst.max()) + 1
-    dur = np.full(m, np.inf)
-    np.minimum.at(dur, inst, dur_all[rows])
-    nbytes = np.full(m, -np.inf)
-    np.maximum.at(nbytes, inst, nbytes_all[rows] / weight)  # a folded record's bytes are its ops' total
-    ops = np.zeros(m, np.int64)
-    np.maximum.at(ops, inst, weight)
-    step = np.full(m, np.iinfo(np.int64).max)
-    np.minimum.at(step, inst, co["step"].to_numpy()[rows].astype(np.int64))
-    first = np.full(m, len(rows))
-    np.minimum.at(first, inst, np.arange(len(rows)))
-    i_grp, i_op, i_gs = grp[first], opc[first], gs_code[first]
-    # ranks that recorded it (distinct (instance, rank) pairs)
-    rk = co["rank"].to_numpy()[rows].astype(np.int64)
-    pairs = pd.unique(inst.astype(np.int64) * (int(rk.max()) + 1) + rk)  # hashed, not sorted: only counted
-    n_ranks = np.bincount(pairs // (int(rk.max()) + 1), minlength=m)
-    # members: the first non-null group_ranks of its (gkey, seq), as groupby.first takes it
-    gr = co["group_ranks"]
-    present = np.flatnonzero(gr.notna().to_numpy()[rows])
-    first_gr = np.full(int(gs_code.max()) + 1, -1)
-    if len(present):
-        first_gr[:] = len(rows)
-        np.minimum.at(first_gr, gs_code[present], present)
-        first_gr[first_gr == len(rows)] = -1
-    n_members = np.zeros(len(first_gr), np.int64)
-    has = first_gr >= 0
-    n_members[has] = [len(x) if isinstance(x, (list, np.ndarray)) else 0 for x in gr.to_numpy(dtype=object)[rows[first_gr[has]]]]
-    n = np.where(n_members[i_gs] > 0, n_members[i_gs], n_ranks)
-    parts = []
-    for oc, op_name in enumerate(op_uniq):
-        sel = np.flatnonzero(i_op == oc)
-        op = str(op_name).lower().replace("nccl:", "")
-        f = BUSBW_FACTOR.get(op)
-        b = base[base["op"].str.replace("_", "") == op.replace("_", "")]
-        if not len(sel) or f is None or b.empty:
-            continue
-        sel = sel[(dur[sel] > 0) & (nbytes[sel] > 0) & (n[sel] >= 1)]
-        factor = np.array([f(int(k)) if k > 1 else 1.0 for k in range(int(n[sel].max()) + 1)] if len(sel) else [])
-        algbw = nbytes[sel] / (dur[sel] / 1000.0) / 1e9
-        bw = algbw * factor[n[sel]]
-        # the baseline row nearest each message size (log scale), once per distinct size
-        sizes, size_of = np.unique(nbytes[sel], return_inverse=True)
-        ref_size, ref_bw = np.full(len(sizes), np.nan), np.full(len(sizes), np.nan)
-        for i, nb in enumerate(sizes):
-            idx = (np.log(b["size_bytes"].clip(lower=1)) - np.log(max(nb, 1))).abs().idxmin()
-            ref = b.loc[idx]
-            if max(ref["size_bytes"], nb) / max(min(ref["size_bytes"], nb), 1) <= cfg.size_match:
-                ref_size[i], ref_bw[i] = float(ref["size_bytes"]), float(ref["busbw"])
-        matched = ~np.isnan(ref_size[size_of])
-        sel, bw, size_of = sel[matched], bw[matched], size_of[matched]
-        parts.append(pd.DataFrame({"group": np.asarray(grp_uniq, dtype=object)[i_grp[sel]], "op": op,
-                                   "step": step[sel], "nbytes": nbytes[sel], "busbw": bw, "ops": ops[sel],
-                                   "baseline": ref_bw[size_of], "baseline_size": ref_size[size_of]}))
-    parts = [p for p in parts if len(p)]
-    return pd.concat(parts, ignore_index=True) if parts else None
-
-
-def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
-    out: list[Finding] = []
-    data = frame.data
-    co, base = data.collectives, data.nccl_tests
-    if co.empty or base is None or base.empty:
-        return out
-    df = _busbw_rows(co, base, cfg)
-    if df is None:
-        return out
-    for (grp, op), sub in df.groupby(["group", "op"]):
-        achieved, baseline = float(sub["busbw"].median()), float(sub["baseline"].median())
-        frac = achieved / baseline if baseline > 0 else None
-        sev = "warning" if frac is not None and frac < cfg.busbw_warn_frac else "info"
-        ranks = sorted(int(r) for r in data.collectives[data.collectives["group"] == grp]["rank"].unique())
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks),
-            step_start=int(sub["step"].min()), step_end=int(sub["step"].max()),
-            evidence=dict(scope="collective", cause="busbw", group=grp, op=op, achieved_busbw_gbs=fnum(achieved, 3),
-                          baseline_busbw_gbs=fnum(baseline, 3), fraction_of_baseline=fnum(frac, 3),
-                          message_bytes_median=fnum(sub["nbytes"].median(), 0), collectives=int(sub["ops"].sum())),
-            confidence=0.7,
-            summary=f"{op} on group {grp}: {achieved:.2f} GB/s bus bandwidth, {frac:.0%} of the nccl-tests baseline ({baseline:.2f} GB/s)",
-            recommendation=("Below baseline: check the transport NCCL chose and the links (nccl-tests, NCCL_DEBUG=INFO); larger buckets help small messages."
-                            if sev == "warning" else "Bandwidth is in line with the nccl-tests baseline."),
-        ))
-    return out
-
-
 P2P_DISABLED = re.compile(r"P2P (?:is )?disabled|NCCL_P2P_DISABLE\s*=\s*1|P2P.*not (?:supported|available)", re.I)
 
 
@@ -752,6 +552,6 @@ def _analyze(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
             f.evidence["explained_by"] = [f"slow link of rank(s) {fmt_ranks(g.ranks)}" for g in causes]
             f.summary += f" (explained by the slow link of rank(s) {fmt_ranks(causes[0].ranks)})"
         findings += exposed + links
-    findings += _busbw(frame, cfg)
+    findings += busbw_findings(frame, cfg)
     findings += _transport(frame, cfg)
     return findings

@@ -33,13 +33,14 @@ a slow node).
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.collectives import member_counts, name_starts_with, stable_order
+from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, completion_leads, last_arriver_ops,  # noqa: F401
+                                           op_instances, release_op_instances)
+from analyzers.collectives import name_starts_with, stable_order
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
 
@@ -107,210 +108,9 @@ def reference_sigma(frame: pd.DataFrame, lag: int, quietest: bool = False) -> pd
     return ref.fillna(sig).fillna(0.0)
 
 
-SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
-                 "all_gather_into_tensor", "reduce_scatter_tensor"}
-P2P_OPS = {"send", "recv"}
 P2P_CLASS = "pp link"  # every directed pipeline link is compared with the others
 
 TRANSFER_COLUMNS = ["gkey", "cls", "seq", "rank", "step", "transfer_ms", "suspects"]
-
-
-class _OpInstances:
-    """The completed collectives of ``co`` from ``first_step`` on, grouped by op instance (communicator, seq), with
-    numpy: the rows (positions in ``co``), the communicator of each (``gcode``: its gkey's place in sorted order, as
-    groupby orders them), the instance of each (numbered in (gkey, seq) order), and per instance its record count,
-    member count, spread of completion times and longest duration. ``kind``: "symmetric" (the ``SYMMETRIC_OPS``,
-    with a duration) or "not_p2p" (every op but a p2p send/recv, with or without a duration).
-
-    Per-record arrays are only what the callers read, and per-instance figures stay per instance (an instance holds
-    8 to 32 records of a generated job): at 1,024 ranks x 10,000 steps there are 20 million records, and each
-    per-record float64 array is 160 MB. (pandas groupby-transform over them, and a boolean mask of a frame with
-    Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
-
-    def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
-        t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
-        # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
-        op_code, op_uniq = pd.factorize(co["op"])
-        self.kind = kind
-        dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
-        symmetric = np.r_[np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool), False]  # -1: none
-        if kind == "symmetric":
-            keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & symmetric[op_code]
-        else:  # every op but p2p (a missing op name included, as ``~isin`` keeps it)
-            wanted = np.r_[np.array([o not in P2P_OPS for o in op_uniq], dtype=bool), True]  # the last: code -1
-            keep = ~np.isnan(t_done) & wanted[op_code]
-        step = co["step"].to_numpy()
-        if first_step is not None:
-            keep &= step >= first_step
-        # the communicators, numbered in sorted order over the whole column (an Arrow string or categorical column
-        # factorizes in bulk; a code no kept row has is never used)
-        codes, uniq = pd.factorize(co["gkey"], sort=True)
-        keep &= codes >= 0
-        self.rows = _narrow(np.flatnonzero(keep))
-        del keep
-        self.gcode, self.gkeys = codes[self.rows].astype(np.int32), np.asarray(uniq, dtype=object)
-        del codes
-        self.seq = _narrow(co["seq"].to_numpy()[self.rows])
-        self.rank = _narrow(co["rank"].to_numpy()[self.rows])
-        self.step = _narrow(step[self.rows])
-        self.t_done = t_done[self.rows]
-        del t_done
-        self.dur = dur_all[self.rows]
-        del dur_all
-        # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
-        self.symmetric = symmetric[op_code[self.rows]] if kind != "symmetric" else None
-        del op_code
-        self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
-        self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
-        n = len(self.rows)
-        # each communicator's member count: its records all carry the same members (gkey names them)
-        first_of_key = np.full(len(self.gkeys), n, np.int64)  # each communicator's first kept record (no sort)
-        np.minimum.at(first_of_key, self.gcode, np.arange(n))
-        key_codes = np.flatnonzero(first_of_key < n)
-        size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
-        if n:
-            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key[key_codes]]]).to_numpy()
-        # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
-        # distinct instances sorted (np.unique sorted every record)
-        seq0 = self.seq - (self.seq.min() if n else 0)
-        inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
-        del seq0
-        code, uniq_key = pd.factorize(inst_key)
-        order = np.argsort(uniq_key, kind="stable")
-        rank_of = np.empty(len(uniq_key), np.int64)
-        rank_of[order] = np.arange(len(uniq_key))
-        self.inst = rank_of[code].astype(np.int32 if len(uniq_key) < 2**31 else np.int64)
-        del code, rank_of, inst_key
-        m = len(uniq_key)
-        self.n_inst = m
-        # per instance: its communicator, record count, member count, spread of completion times, longest duration
-        inst_gcode = np.zeros(m, np.int64)
-        inst_gcode[self.inst] = self.gcode
-        self.inst_size = size_of_key[inst_gcode]
-        self._instance_figures()
-
-    def symmetric_from(self, first_step: int | None) -> "_OpInstances":
-        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): the
-        records with a symmetric op and a duration, their instances renumbered in the same (gkey, seq) order and
-        their figures recomputed; what ``_OpInstances(co, first_step, "symmetric")`` gives, without factorizing the
-        columns and numbering the instances again."""
-        keep = self.symmetric & ~np.isnan(self.dur)
-        if first_step is not None:
-            keep &= self.step >= first_step
-        sub = np.flatnonzero(keep)
-        del keep
-        new = object.__new__(_OpInstances)
-        new.kind, new.gkeys, new.symmetric = "symmetric", self.gkeys, None
-        for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight"):
-            setattr(new, name, getattr(self, name)[sub])
-        present = np.bincount(self.inst[sub], minlength=self.n_inst) > 0
-        new.inst = (np.cumsum(present) - 1)[self.inst[sub]].astype(self.inst.dtype)
-        new.n_inst = int(present.sum())
-        new.inst_size = self.inst_size[present]
-        new._instance_figures()
-        return new
-
-    def _instance_figures(self) -> None:
-        """Per instance: record count, spread of completion times, longest duration."""
-        m = self.n_inst
-        self.inst_count = np.bincount(self.inst, minlength=m)
-        tmax = np.full(m, -np.inf)
-        tmin = np.full(m, np.inf)
-        np.maximum.at(tmax, self.inst, self.t_done)
-        np.minimum.at(tmin, self.inst, self.t_done)
-        self.inst_spread_ms = (tmax - tmin) * 1000.0
-        dmax = np.full(m, -np.inf)
-        with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
-            np.maximum.at(dmax, self.inst, self.dur)
-        self.inst_dur_max = dmax
-
-    @property
-    def size(self) -> np.ndarray:
-        """Each record's member count."""
-        return self.inst_size[self.inst]
-
-    def complete(self, tol_ms: float, longest: bool = False) -> np.ndarray:
-        """Positions (into the instance arrays) of the records of instances every member recorded, done within
-        ``tol_ms`` of each other (with ``longest``: within the longer of ``tol_ms`` and the instance's longest
-        duration)."""
-        tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
-        ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
-        return np.flatnonzero(ok[self.inst])
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """An int64 array as int32 where its values fit (half the memory per record; the values unchanged)."""
-    if values.dtype == np.int64 and len(values) and -2**31 <= values.min() and values.max() < 2**31:
-        return values.astype(np.int32)
-    return values
-
-
-def _op_weights(co: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """``op_counts`` of the records at ``rows`` (computed for those rows only)."""
-    if "ops" not in co.columns:
-        return np.ones(len(rows), np.int32)
-    ops = co["ops"].to_numpy()[rows]
-    if ops.dtype.kind in "iu":  # no NaN to fill, nothing to parse: only the clip
-        return np.maximum(ops, 1).astype(np.int32 if len(ops) and ops.max() < 2**31 else np.int64)
-    ops = pd.Series(ops)
-    return pd.to_numeric(ops, errors="coerce").fillna(1).clip(lower=1).astype(np.int64).to_numpy()
-
-
-_LAST_OPS: list = []  # [(weakref to co, first_step, kind, _OpInstances)]: the last one built
-
-
-def op_instances(co: pd.DataFrame, first_step: int | None, kind: str = "symmetric") -> _OpInstances:
-    """``_OpInstances(co, first_step, kind)``, built once for a round's collectives (``last_arriver_ops`` and
-    ``completion_leads`` both start from it; the frame is shared and never modified, see analyzers/builder.py)."""
-    derived = None
-    if _LAST_OPS:
-        ref, first, k, ops = _LAST_OPS[0]
-        if ref() is co and first == first_step and k == kind:
-            return ops
-        if ref() is co and first is None and k == "not_p2p" and kind == "symmetric":
-            derived = ops.symmetric_from(first_step)  # the symmetric ones are a subset of every non-p2p one
-    _LAST_OPS.clear()  # the old one's arrays go before the new one's are built
-    ops = derived if derived is not None else _OpInstances(co, first_step, kind)
-    _LAST_OPS[:] = [(weakref.ref(co), first_step, kind, ops)]
-    return ops
-
-
-def release_op_instances() -> None:
-    """Drop the cached op instances (a check's end: at 20 million records they hold over a GiB)."""
-    _LAST_OPS.clear()
-
-
-def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
-    """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
-
-    The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
-    its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
-    ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
-    pairing is wrong, so such ops are dropped. Rows in (gkey, seq) order; of ties, the first record."""
-    cols = ["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]
-    if co.empty:
-        return pd.DataFrame(columns=cols + ["ops"])
-    ops = op_instances(co, first_step)
-    ok = ops.complete(match_tol_ms)
-    if not len(ok):
-        return pd.DataFrame(columns=cols + ["ops"])
-    # per instance, the latest arrival; of equal ones the first record (groupby idxmax): each instance's latest
-    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records)
-    inst, t = ops.inst[ok], ops.t_arrive[ok]
-    n, m = len(ok), ops.n_inst
-    latest = np.full(m, -np.inf)
-    np.fmax.at(latest, inst, t)  # NaN arrivals left out, as idxmax does
-    at_latest = np.flatnonzero(t == latest[inst])
-    first = np.full(m, n, np.int64)
-    np.minimum.at(first, inst[at_latest], at_latest)
-    first_any = np.full(m, n, np.int64)  # an instance whose every arrival is unknown: its first record
-    np.minimum.at(first_any, inst, np.arange(n))
-    has = first_any < n
-    pick = ok[np.where(first < n, first, first_any)[has]]  # by instance: (gkey, seq) order
-    rows = ops.rows[pick]
-    out = co.iloc[rows, [co.columns.get_loc(c) for c in cols]].reset_index(drop=True)
-    # gcode: the communicator's place in gkey order; row: the record's position in ``co`` (an integer key for joins)
-    return out.assign(ops=ops.weight[pick], gcode=ops.gcode[pick], row=rows)
 
 
 def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
@@ -331,70 +131,6 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
     xfer = (j["t_done"] - np.maximum(j["t_arrive"], j["t_arrive_recv"])) * 1000.0
     return pd.DataFrame({"gkey": j["gkey"], "cls": P2P_CLASS, "seq": j["seq"], "rank": j["rank"], "step": j["step"],
                          "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]], "ops": 1})
-
-
-LEAD_COLUMNS = ["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]
-
-
-def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
-    """One row per member of every completed symmetric collective that all its members recorded: ``lead_ms``, how
-    long before the median of the other members it was done (negative: after them), and its ``duration_ms``.
-
-    The members of one op are all done within the longest member's duration of each other (nobody is done before
-    the last one arrived); records of one (communicator, seq) further apart than that (and ``match_tol_ms``) are
-    not one op (a rank recorded an op its peers did not, and the sequence numbers drifted apart): dropped. Across
-    nodes the completion times are compared on the nodes' clocks, as every arrival time is.
-
-    Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
-    that order, ``row``: the record's position in ``co`` (integer keys for joins)."""
-    if co.empty:
-        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    ops = op_instances(co, first_step)
-    ok = ops.complete(match_tol_ms, longest=True)
-    if not len(ok):
-        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    lead = _leads_ms(ops, ok)
-    order = stable_order(ops.gcode[ok])  # by communicator, records in their order (radix passes, no timsort)
-    ok, lead = ok[order], lead[order]
-    gcode = ops.gcode[ok]
-    # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
-    # seconds to build and to mask, and a pointer per row)
-    # copy=False: the new arrays become the columns as they are (not consolidated into 2-D blocks: a copy of each)
-    return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(ops.gkeys, dtype=object)),
-                         "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
-                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
-                         "ops": ops.weight[ok], "row": ops.rows[ok]}, copy=False)
-
-
-def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
-    """For each record at ``ok`` (of instances every member recorded): the median completion time of the other
-    members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense instance x member
-    matrix per member count (a complete instance has exactly its member count of records): one short sort per
-    instance instead of a lexsort of every record."""
-    inst, done = ops.inst[ok], ops.t_done[ok]
-    size = ops.inst_size[inst]
-    out = np.empty(len(ok))
-    for s in np.unique(size):
-        sel = np.flatnonzero(size == s)
-        # each instance's records together (their order within it does not matter: each row is sorted next)
-        at = sel[np.argsort(inst[sel], kind="quicksort")]
-        mat = done[at].reshape(-1, int(s))
-        out[at] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
-    return out
-
-
-def _row_loo_median(mat: np.ndarray) -> np.ndarray:
-    """Each cell's leave-one-out median over its row (no NaN; rows of 2 or more): the sorted row's middle one or
-    two of the other values, (low + high) / 2 as np.median gives."""
-    n, s = mat.shape
-    order = np.argsort(mat, axis=1, kind="stable")
-    srt = np.take_along_axis(mat, order, axis=1)
-    pos = np.empty_like(order)  # each cell's place in its sorted row
-    np.put_along_axis(pos, order, np.broadcast_to(np.arange(s), (n, s)), axis=1)
-    m = s - 1  # values left
-    lo = np.where((m - 1) // 2 >= pos, (m - 1) // 2 + 1, (m - 1) // 2)  # past the removed value's own place
-    hi = np.where(m // 2 >= pos, m // 2 + 1, m // 2)
-    return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
 
 
 def sorted_members(members: pd.Series) -> list[tuple]:
