@@ -330,7 +330,7 @@ def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataF
     if co.empty:
         return pd.DataFrame()
     # p2p sends complete locally (their t_done says nothing about the peer): collectives only; grouped by op
-    # instance in numpy (links.op_instances), summed into a rank x step grid (a groupby-transform per column and a
+    # instance in numpy (op_instances), summed into a rank x step grid (a groupby-transform per column and a
     # pivot_table over every record cost seconds and several copies of the records at 1,024 ranks x 10,000 steps)
     ops = op_instances(co, None, kind="not_p2p")
     ok = ops.complete(match_tol_ms)
