@@ -89,3 +89,28 @@ def test_node_wide_xid_is_one_finding():
     (f,) = gpu_health.analyze(build_frame(with_records(data, xs)))
     assert f.nodes == [0] and f.ranks == [0, 1] and f.evidence["gpus"] == [0, 1]
     assert f.evidence["xid_count"] == 2 and f.evidence["per_gpu"] == {0: 1, 1: 1}
+
+
+def test_may_find_by_gpu_codes_same_as_groupby():
+    import numpy as np
+    import pandas as pd
+
+    from analyzers.checks.gpu_health import GpuHealthConfig
+    _may_find = gpu_health._may_find
+    rng = np.random.default_rng(0)
+    n = 4000
+    node, gpu = rng.integers(0, 6, n), rng.integers(0, 8, n)
+    # node 1: single-bit errors on GPU 3 (one of them NaN); node 2: throttled; node 3: slow clocks while busy or idle;
+    # node 4: a double-bit error on one sample; node 5 and the rest: clean
+    gp = pd.DataFrame({"node": node, "gpu": gpu,
+                       "ecc_dbe": np.where((node == 4) & (np.arange(n) == np.flatnonzero(node == 4)[0]), 1.0, 0.0),
+                       "ecc_sbe": np.where((node == 1) & (gpu == 3), rng.choice([0.0, 2.0, np.nan], n), 0.0),
+                       "retired_pages": rng.choice([0.0, np.nan], n), "remapped_rows": 0.0,
+                       "throttle_reasons": np.where(node == 2, rng.choice([0, 0x8, 0x20], n), 0),
+                       "util_pct": rng.choice([10.0, 95.0, np.nan], n),
+                       "sm_clock_mhz": np.where(node == 3, rng.choice([900.0, 1900.0], n), 1900.0), "max_sm_clock_mhz": 1980.0})
+    cfg = GpuHealthConfig()
+    got = _may_find(gp, cfg)
+    want = _may_find(gp.astype({"node": float, "gpu": float}), cfg)  # float keys: pandas' groupby path
+    assert 0 < got.sum() < n
+    pd.testing.assert_series_equal(got, want, check_names=False)

@@ -117,3 +117,22 @@ def test_unwaited_op_of_a_rank_that_moved_on_is_not_a_hang():
                              t_arrive=t0 + 100.0)]
     fs = hang.analyze(build_frame(with_records(data, extra + late)))
     assert [(f.ranks, f.evidence["cause"]) for f in fs] == [([2], "missing_ranks")]
+
+
+def test_last_completed_collective_per_rank_as_a_sort_per_rank():
+    import numpy as np
+    import pandas as pd
+
+    _last_completed = hang._last_completed
+    rng = np.random.default_rng(2)
+    n = 3000
+    co = pd.DataFrame({"rank": rng.integers(0, 40, n), "seq": np.arange(n), "op": rng.choice(["all_reduce", "broadcast"], n),
+                       "group": rng.choice(["dp", "tp"], n), "t_arrive": rng.random(n),
+                       "t_done": np.where(rng.random(n) < 0.1, np.nan, 1.0)})
+    co.loc[co.index[:5], "t_arrive"] = np.nan  # an unknown arrival sorts last
+    done = co["t_done"].notna().to_numpy()
+    want = {}
+    for r, sub in co[done].groupby("rank"):
+        row = sub.sort_values("t_arrive").iloc[-1]
+        want[int(r)] = f"{row['op']} seq {int(row['seq'])} on {row['group']}"
+    assert _last_completed(co, done) == want and len(want) == 40

@@ -84,5 +84,64 @@ def test_last_arriver_ops_same_as_groupby_idxmax():
         got, want = last_arriver_ops(co, 3), reference_last(co, 3)
         assert len(got)
         assert (got["ops"] == 1).all()  # unfolded records: one op each
-        pd.testing.assert_frame_equal(got.drop(columns=["group_ranks", "ops"]), want.drop(columns="group_ranks"),
+        pd.testing.assert_frame_equal(got.drop(columns=["group_ranks", "ops", "gcode", "row"]), want.drop(columns="group_ranks"),
                                       check_dtype=False)
+
+
+def test_stable_order_is_lexsort():
+    from analyzers.collectives import stable_order
+    rng = np.random.default_rng(3)
+    for n, hi in ((0, 1), (500, 4), (5000, 70_000), (5000, 2**40)):
+        a, b = rng.integers(0, hi, n), rng.integers(0, 3, n).astype(np.int32)
+        assert (stable_order(a) == np.argsort(a, kind="stable")).all()
+        assert (stable_order(b, a) == np.lexsort((a, b))).all()
+    neg = np.array([3, -1, 2, -1])
+    assert (stable_order(neg) == np.argsort(neg, kind="stable")).all()  # falls back to lexsort
+
+
+def test_windowed_medians_in_slices_of_whole_rows_are_the_same():
+    from analyzers.checks import links
+    from analyzers.stats import windowed_medians
+    rng = np.random.default_rng(4)
+    n = 20_000
+    lab, st, v, w = rng.integers(0, 300, n) * 7, rng.integers(0, 120, n), rng.random(n), rng.integers(1, 3, n)
+    index = sorted(set(lab.tolist()), reverse=True)[:250]  # some labels left out, rows in descending order
+    steps = list(range(5, 120))
+    old = links.CHUNK_ROWS
+    try:
+        links.CHUNK_ROWS = 700  # many slices
+        for window, min_ops, weights in ((3, 4, None), (1, 1, None), (3, 4, w)):
+            want = windowed_medians(lab, st, v, index, steps, window, min_ops, weights=weights)
+            got = links._label_windowed_medians(lab, st, v, index, steps, window, min_ops, weights)
+            assert want.notna().to_numpy().sum() > 1000
+            pd.testing.assert_frame_equal(got, want)
+    finally:
+        links.CHUNK_ROWS = old
+
+
+def test_sorted_members_of_shared_and_separate_lists():
+    from analyzers.checks.links import sorted_members
+    shared = np.array([5, 1, 3])
+    rows = [shared] * 3000 + [np.array([2, 0])] + [np.array([9, 8])] * 2  # shared objects; distinct equal arrays
+    got = sorted_members(pd.Series(rows, dtype=object))
+    assert got[:3000] == [(1, 3, 5)] * 3000 and got[3000:] == [(0, 2), (8, 9), (8, 9)]
+    separate = [np.array([i % 7, 100 - i % 7]) for i in range(5000)]  # all distinct objects: by bytes
+    assert sorted_members(pd.Series(separate, dtype=object)) == [tuple(sorted((i % 7, 100 - i % 7))) for i in range(5000)]
+
+
+def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
+    from analyzers.checks import op_instances
+    _OpInstances = op_instances._OpInstances
+    for seed in range(2):
+        co = window(seed)
+        co.loc[co.sample(frac=0.05, random_state=seed).index, "duration_ms"] = np.nan  # records without a duration
+        co.loc[co["step"] == 11, "op"] = "broadcast"  # a rooted op: not symmetric, but not p2p either
+        for first in (None, 5):
+            want = _OpInstances(co, first, "symmetric")
+            got = _OpInstances(co, None, "not_p2p").symmetric_from(first)
+            assert got.n_inst == want.n_inst and len(got.rows) == len(want.rows) > 100
+            for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight", "inst",
+                         "inst_size", "inst_count", "inst_spread_ms", "inst_dur_max"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+            assert list(got.gkeys) == list(want.gkeys)
+            np.testing.assert_array_equal(got.complete(10.0, longest=True), want.complete(10.0, longest=True))

@@ -9,7 +9,8 @@ not judge the run and why, instead of calling a run healthy that nothing could l
 - ``stragglers``: which rank (node, pipeline stage) computes slowly, and who only waits for it;
 - ``kernel_time``: the same question from the profiler traces' device kernel time (merged into the stragglers
   finding of the same rank and steps);
-- ``comm`` (with ``links``): exposed communication, slow links, bus bandwidth, NCCL transport problems;
+- ``comm`` (with ``links``, ``op_instances`` and ``busbw``): exposed communication, slow links, bus bandwidth, NCCL
+  transport problems;
 - ``pipeline``: pipeline bubbles against the schedule's theory;
 - ``mfu``: MFU drops and their likely cause;
 - ``fp16``: overflow runs, loss-scale collapse, non-finite losses;

@@ -26,9 +26,11 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
-from analyzers.checks.links import (P2P_OPS, STRAGGLER_RATIO, ComputeCheck, completion_leads, early_finishers,
-                                    last_arriver_ops, latest_finish_ms, slow_communicators)
-from analyzers.collectives import member_counts, op_counts
+from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
+from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
+                                    slow_communicators)
+from analyzers.checks.op_instances import (RankRows, collective_wait_ms, completion_leads,
+                                           last_arriver_ops, release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
@@ -74,22 +76,6 @@ class CommConfig:
     expect_ib: bool | None = None  # None: expected when any host uses NET/IB
 
 
-BUSBW_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-    "sendrecv": lambda n: 1.0,
-}
-
-
 def coverage(frame: AnalysisFrame, cfg: CommConfig | None = None) -> Coverage:
     """Can this check judge the run? It needs communication timing: ``comm_ms`` / ``sync_wait_ms`` in the step
     records or timed collective records; the wait for a slower peer (``sync_wait_ms``) to tell it from transfer."""
@@ -106,14 +92,6 @@ def coverage(frame: AnalysisFrame, cfg: CommConfig | None = None) -> Coverage:
     if not sig.collectives:
         limits.append("no collective records: bus bandwidth and per-communicator links are not judged")
     return Coverage(NAME, "limited" if limits else "ran", "; ".join(limits))
-
-
-def busbw_gbs(op: str, nbytes: float, duration_ms: float, nranks: int) -> float | None:
-    f = BUSBW_FACTOR.get(op.lower().replace("nccl:", ""))
-    if f is None or duration_ms <= 0 or nbytes <= 0 or nranks < 1:
-        return None
-    algbw = nbytes / (duration_ms / 1000.0) / 1e9
-    return algbw * (f(nranks) if nranks > 1 else 1.0)
 
 
 def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[list[Finding], pd.Series]:
@@ -192,7 +170,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
                 continue  # a slow computer, not a slow link: the straggler check owns it
             cr = compute.compute_ratio(r, s0, s1)
             if late_wait is None:
-                late_wait = collective_wait_ms(frame.data.collectives)
+                late_wait = collective_wait_ms(frame.data.collectives, cfg.match_tol_ms)
             if r in late_wait.index:
                 waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
                 if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
@@ -205,6 +183,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
+    release_op_instances()  # leads and last arrivers are all the rest reads of them (a GiB at 20 M records)
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
     judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
@@ -343,6 +322,7 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
     floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
     floor = np.maximum(floor, 0.10 * step_ms.reindex(unexplained.columns).fillna(0))
     out = []
+    rank_leads = None  # the leads by rank, grouped on first use
     flag_rows = pd.DataFrame(unexplained.to_numpy(dtype=float) >= floor.to_numpy(dtype=float)[None, :],
                              index=unexplained.index, columns=unexplained.columns)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -350,7 +330,9 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
             continue
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            if latest_finish_ms(leads, int(r), s0, s1) >= cfg.min_extra_ms:
+            if rank_leads is None:
+                rank_leads = RankRows(leads)
+            if latest_finish_ms(rank_leads.of(int(r)), int(r), s0, s1) >= cfg.min_extra_ms:
                 continue  # it finished after its peers: they were not waiting for its data
             peers_wait = float(np.nanmedian(wait_ref.loc[r, s0:s1]))
             out.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(wait.loc[r, s0:s1])), peers=peers_wait,
@@ -359,30 +341,6 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
                             lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
     return out
-
-
-def collective_wait_ms(co: pd.DataFrame) -> pd.DataFrame:
-    """Per rank and step, the time spent in collectives waiting for a peer that arrived later (ms): for each op all
-    members recorded (and completed within ``match_tol_ms`` of each other), last member's arrival - own arrival.
-    Covers every collective, not only the gradient sync (FSDP all-gathers, TP all-reduces). ``co``: the run's
-    collective records."""
-    if co.empty:
-        return pd.DataFrame()
-    # p2p sends complete locally (their t_done says nothing about the peer): collectives only
-    co = co[co["t_done"].notna() & ~co["op"].isin(P2P_OPS)]
-    if co.empty:
-        return pd.DataFrame()
-    g = co.groupby(["gkey", "seq"])
-    size = member_counts(co["group_ranks"])
-    spread = (g["t_done"].transform("max") - g["t_done"].transform("min")) * 1000.0
-    ok = (g["rank"].transform("size") == size) & (size >= 2) & (spread <= CommConfig.match_tol_ms)
-    co = co[ok]
-    if co.empty:
-        return pd.DataFrame()
-    late = (co.groupby(["gkey", "seq"])["t_arrive"].transform("max") - co["t_arrive"]) * 1000.0
-    # a folded record's times are its ops' means: its wait counts once per op it stands for
-    late = late * op_counts(co)
-    return co.assign(late=late).pivot_table(index="rank", columns="step", values="late", aggfunc="sum")
 
 
 def _merge_direct(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
@@ -446,7 +404,15 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     if leads is not None and not last.empty and not leads.empty:
         # a last arriver that is done after the other members was still waiting, for a peer's data that left late:
         # the op says nothing about its own sending (``leads``: links.completion_leads)
-        lead = last.merge(leads[["gkey", "seq", "rank", "lead_ms"]], on=["gkey", "seq", "rank"], how="left")["lead_ms"]
+        if "row" in last.columns and "row" in leads.columns:
+            # the same record of the same collectives: looked up by its position (a merge on (gkey, seq, rank) of the
+            # leads' every member record cost seconds and a GiB at 20 M records)
+            by_row = np.full(int(max(last["row"].max(), leads["row"].max())) + 1, np.nan)
+            by_row[leads["row"].to_numpy()] = leads["lead_ms"].to_numpy(dtype=float)
+            lead = pd.Series(by_row[last["row"].to_numpy()])
+            del by_row
+        else:
+            lead = last.merge(leads[["gkey", "seq", "rank", "lead_ms"]], on=["gkey", "seq", "rank"], how="left")["lead_ms"]
         last = last[~(lead.to_numpy(dtype=float) <= -cfg.min_extra_ms)]
     if last.empty or last["rank"].nunique() < 2:
         return []
@@ -484,60 +450,6 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
                             groups=sorted({str(g) for g in win.loc[win["rank"] == r, "group"]}),
                             groups_keys=sorted({str(g) for g in last.loc[last["rank"] == r, "gkey"]}),
                             confirmed=confirmation_step(flags, s0, cfg.persist)))
-    return out
-
-
-def _busbw(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
-    out: list[Finding] = []
-    data = frame.data
-    co, base = data.collectives, data.nccl_tests
-    if co.empty or base is None or base.empty:
-        return out
-    co = co[co["duration_ms"].notna() & (co["nbytes"] > 0)]
-    if co.empty:
-        return out
-    # per op: a folded record's bytes are its ops' total, its duration their mean
-    co = co.assign(per_op_bytes=co["nbytes"] / op_counts(co), ops=op_counts(co))
-    g = co.groupby(["gkey", "group", "seq", "op"]).agg(dur=("duration_ms", "min"), nbytes=("per_op_bytes", "max"),
-                                               n=("rank", "nunique"), step=("step", "min"), ops=("ops", "max"))
-    g = g.reset_index()
-    gsize = co.groupby(["gkey", "seq"])["group_ranks"].first()
-    rows = []
-    for _, row in g.iterrows():
-        members = gsize.get((row["gkey"], row["seq"]))
-        n = len(members) if isinstance(members, (list, np.ndarray)) and len(members) else int(row["n"])
-        bw = busbw_gbs(str(row["op"]), float(row["nbytes"]), float(row["dur"]), n)
-        if bw is None:
-            continue
-        op = str(row["op"]).lower().replace("nccl:", "")
-        b = base[base["op"].str.replace("_", "") == op.replace("_", "")]
-        if b.empty:
-            continue
-        idx = (np.log(b["size_bytes"].clip(lower=1)) - np.log(max(row["nbytes"], 1))).abs().idxmin()
-        ref = b.loc[idx]
-        if max(ref["size_bytes"], row["nbytes"]) / max(min(ref["size_bytes"], row["nbytes"]), 1) > cfg.size_match:
-            continue
-        rows.append(dict(group=row["group"], op=op, step=int(row["step"]), nbytes=float(row["nbytes"]), busbw=bw, ops=int(row["ops"]),
-                         baseline=float(ref["busbw"]), baseline_size=float(ref["size_bytes"])))
-    if not rows:
-        return out
-    df = pd.DataFrame(rows)
-    for (grp, op), sub in df.groupby(["group", "op"]):
-        achieved, baseline = float(sub["busbw"].median()), float(sub["baseline"].median())
-        frac = achieved / baseline if baseline > 0 else None
-        sev = "warning" if frac is not None and frac < cfg.busbw_warn_frac else "info"
-        ranks = sorted(int(r) for r in data.collectives[data.collectives["group"] == grp]["rank"].unique())
-        out.append(Finding(
-            analyzer=NAME, kind="comm_bottleneck", severity=sev, ranks=ranks, nodes=frame.placement.nodes_of(ranks),
-            step_start=int(sub["step"].min()), step_end=int(sub["step"].max()),
-            evidence=dict(scope="collective", cause="busbw", group=grp, op=op, achieved_busbw_gbs=fnum(achieved, 3),
-                          baseline_busbw_gbs=fnum(baseline, 3), fraction_of_baseline=fnum(frac, 3),
-                          message_bytes_median=fnum(sub["nbytes"].median(), 0), collectives=int(sub["ops"].sum())),
-            confidence=0.7,
-            summary=f"{op} on group {grp}: {achieved:.2f} GB/s bus bandwidth, {frac:.0%} of the nccl-tests baseline ({baseline:.2f} GB/s)",
-            recommendation=("Below baseline: check the transport NCCL chose and the links (nccl-tests, NCCL_DEBUG=INFO); larger buckets help small messages."
-                            if sev == "warning" else "Bandwidth is in line with the nccl-tests baseline."),
-        ))
     return out
 
 
@@ -609,7 +521,13 @@ def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
 
 
 def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding]:
-    cfg = cfg or CommConfig()
+    try:
+        return _analyze(frame, cfg or CommConfig())
+    finally:
+        release_op_instances()  # the op instances of the round's collectives: over a GiB at 20 M records
+
+
+def _analyze(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
     findings: list[Finding] = []
     judged = frame.judged(cfg.warmup_steps)
     if not judged.rows.empty:
@@ -634,6 +552,6 @@ def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding
             f.evidence["explained_by"] = [f"slow link of rank(s) {fmt_ranks(g.ranks)}" for g in causes]
             f.summary += f" (explained by the slow link of rank(s) {fmt_ranks(causes[0].ranks)})"
         findings += exposed + links
-    findings += _busbw(frame, cfg)
+    findings += busbw_findings(frame, cfg)
     findings += _transport(frame, cfg)
     return findings

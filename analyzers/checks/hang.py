@@ -133,15 +133,17 @@ class _GroupMembers:
     """Each communicator's members (by gkey): the union of its records' ``group_ranks``, else the ranks that
     recorded it. Computed on first use, for the communicators of an incomplete op only, and each distinct member
     list is converted once: a window holds one record per op and rank, all with the same list (the head runs this
-    every round, and a set per record cost O(records x group size))."""
+    every round, and a set per record cost O(records x group size)). ``gk_code``/``gk_uniq``: the gkey column
+    factorized (a communicator's records found by its code, not by comparing every row's name)."""
 
-    def __init__(self, co: pd.DataFrame):
-        self.co = co
+    def __init__(self, co: pd.DataFrame, gk_code: np.ndarray, gk_uniq: np.ndarray):
+        self.co, self.gk_code, self.gk_uniq = co, gk_code, gk_uniq
         self.known: dict[str, set[int]] = {}
 
     def __getitem__(self, grp: str) -> set[int]:
         if grp not in self.known:
-            sub = self.co[self.co["gkey"].astype(str) == grp]
+            codes = [i for i, u in enumerate(self.gk_uniq) if str(u) == grp]
+            sub = self.co.iloc[np.flatnonzero(np.isin(self.gk_code, codes))]
             mem: set[int] = set()
             seen: set = set()
             for gr in sub["group_ranks"]:
@@ -164,13 +166,24 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
     if co.empty:
         return []
     out: list[Finding] = []
-    incomplete = co[co["t_done"].isna()]
-    if incomplete.empty:
+    incomplete = np.isnan(co["t_done"].to_numpy(dtype=float, na_value=np.nan))
+    if not incomplete.any():
         return []
-    members_by_group = _GroupMembers(co)
+    # the records of every op instance (gkey, seq) with an incomplete record, found once by integer keys: a mask of
+    # the whole frame per instance cost O(records) each, and a live window ends with every rank's ops in flight
+    gk_code, gk_uniq = pd.factorize(co["gkey"])
+    gk_uniq = np.asarray(gk_uniq, dtype=object)
+    seq = co["seq"].to_numpy().astype(np.int64)
+    seq0 = seq - int(seq.min())
+    key = gk_code.astype(np.int64) * (int(seq0.max()) + 1) + seq0
+    inc_keys = pd.unique(key[incomplete & (gk_code >= 0)])  # a record without a gkey is in no group (as groupby)
+    rel = co.iloc[np.flatnonzero(np.isin(key, inc_keys))]
+    members_by_group = _GroupMembers(co, gk_code, gk_uniq)
     problems = []
-    for (grp, seq), sub in incomplete.groupby(["gkey", "seq"]):
-        allrec = co[(co["gkey"] == grp) & (co["seq"] == seq)]
+    for (grp, seq), allrec in rel.groupby(["gkey", "seq"]):
+        sub = allrec[allrec["t_done"].isna()]
+        if sub.empty:
+            continue
         gr = allrec["group_ranks"].iloc[0]
         members = {int(x) for x in gr} if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) else members_by_group[str(grp)]
         arrived = {int(r) for r in allrec["rank"]}
@@ -180,31 +193,36 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
                              since=float(sub["t_arrive"].min()), step=int(sub["step"].min()),
                              since_head=float(min(t + data.clock_offset_s.get(int(r), 0.0)
                                                   for r, t in zip(sub["rank"], sub["t_arrive"])))))
-    # A waiting rank that later completed another collective on the same communicator was not stuck here:
-    # the record is an op whose completion was never observed (e.g. an async tensor-parallel all-reduce the
-    # trainer did not wait on through its timer), not a hang.
-    done = co[co["t_done"].notna()]
-    moved_on = done.groupby(["gkey", "rank"])["t_arrive"].max().to_dict()
-    problems = [p for p in problems
-                if not all(moved_on.get((p["gkey"], r), -np.inf) > p["since"] for r in p["waiting"])]
-    # nor was a rank that went on to end as planned (an op it never waited on before a clean exit)
-    ended = ended_ranks(data)
-    problems = [p for p in problems if not all(clean_exit(ended.get(r, "?")) for r in p["waiting"])]
     if data.now is not None:
         # live: a collective in flight right now is not a hang until it has waited long enough
         # (waited on the head's clock: each rank's arrival time plus its clock offset, so a skewed node does not
-        # make a fresh op look old)
-        problems = [p for p in problems if data.now - p["since_head"] > _stall_s(data, cfg)]
+        # make a fresh op look old). Judged first: each test below is per op, and this one is the cheapest.
+        stall_s = _stall_s(data, cfg)  # once: a median over every step row
+        problems = [p for p in problems if data.now - p["since_head"] > stall_s]
+    if not problems:
+        return []
+    # A waiting rank that later completed another collective on the same communicator was not stuck here:
+    # the record is an op whose completion was never observed (e.g. an async tensor-parallel all-reduce the
+    # trainer did not wait on through its timer), not a hang. (The latest arrival of each (communicator, rank) at
+    # a completed op, for the communicators of these ops only.)
+    code_of = {str(u): i for i, u in enumerate(gk_uniq)}
+    want = np.flatnonzero(~incomplete & np.isin(gk_code, [code_of[p["gkey"]] for p in problems if p["gkey"] in code_of]))
+    done_arrive = pd.Series(co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[want])
+    moved_on = done_arrive.groupby([gk_code[want], co["rank"].to_numpy()[want]]).max().to_dict()
+    problems = [p for p in problems
+                if not all(moved_on.get((code_of.get(p["gkey"], -1), r), -np.inf) > p["since"] for r in p["waiting"])]
+    # nor was a rank that went on to end as planned (an op it never waited on before a clean exit)
+    ended = ended_ranks(data)
+    problems = [p for p in problems if not all(clean_exit(ended.get(r, "?")) for r in p["waiting"])]
     if not problems:
         return []
     problems.sort(key=lambda p: (not p["missing"], p["since"]))
     first = problems[0]
-    last_coll = {}
-    for r, sub in co[co["t_done"].notna()].groupby("rank"):
-        row = sub.sort_values("t_arrive").iloc[-1]
-        last_coll[int(r)] = f"{row['op']} seq {int(row['seq'])} on {row['group']}"
-    names = co.groupby("group")["gkey"].nunique()
-    if names.get(first["group"], 1) <= 1:
+    last_coll = _last_completed(co, ~incomplete)
+    grp_code, grp_uniq = pd.factorize(co["group"])
+    this = [i for i, g in enumerate(grp_uniq) if str(g) == first["group"]]
+    names = len(set(pd.unique(gk_code[np.isin(grp_code, this)]).tolist()) - {-1}) if this else 1
+    if names <= 1:
         first["gkey"] = first["group"]  # one communicator of that name: say it as the flight recorder does
     else:
         first["gkey"] = first["gkey"].replace("[", " [")
@@ -237,6 +255,34 @@ def _collective_hangs(frame: AnalysisFrame, cfg: HangConfig) -> list[Finding]:
         confidence=0.9 if first["missing"] else 0.7, summary=summary, recommendation=rec,
     ))
     return out
+
+
+def _last_completed(co: pd.DataFrame, done: np.ndarray) -> dict[int, str]:
+    """Per rank, its completed collective with the latest arrival (a record without an arrival time counts as the
+    latest, as a sort puts it last; of equal ones the last record): "op seq N on group". One pass over the records,
+    not a sort per rank."""
+    rows = np.flatnonzero(done)
+    if not len(rows):
+        return {}
+    rank = co["rank"].to_numpy()[rows].astype(np.int64)
+    t = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[rows]
+    r_code, ranks = pd.factorize(rank)
+    pos = np.arange(len(rows))
+    nan = np.isnan(t)
+    latest = np.full(len(ranks), -np.inf)
+    np.fmax.at(latest, r_code, t)
+    pick = np.full(len(ranks), -1, np.int64)
+    at_latest = ~nan & (t == latest[r_code])
+    np.maximum.at(pick, r_code[at_latest], pos[at_latest])
+    # an unknown arrival sorts last: where a rank has one, its last such record
+    has_nan = np.zeros(len(ranks), bool)
+    has_nan[r_code[nan]] = True
+    nan_pick = np.full(len(ranks), -1, np.int64)
+    np.maximum.at(nan_pick, r_code[nan], pos[nan])
+    pick = np.where(has_nan, nan_pick, pick)
+    sel = co.iloc[rows[pick]]
+    return {int(r): f"{op} seq {int(s)} on {g}"
+            for r, op, s, g in zip(ranks, sel["op"].tolist(), sel["seq"].tolist(), sel["group"].tolist())}
 
 
 def _step_hangs(frame: AnalysisFrame, cfg: HangConfig, have: bool) -> list[Finding]:

@@ -33,15 +33,16 @@ a slow node).
 
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.collectives import member_counts, op_counts
+from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, completion_leads, last_arriver_ops,  # noqa: F401
+                                           op_instances, release_op_instances)
+from analyzers.collectives import name_starts_with, stable_order
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import group_loo_median, leave_one_out_median, row_robust_sigmas, windowed_medians
+from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
 
 STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
@@ -107,108 +108,9 @@ def reference_sigma(frame: pd.DataFrame, lag: int, quietest: bool = False) -> pd
     return ref.fillna(sig).fillna(0.0)
 
 
-SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
-                 "all_gather_into_tensor", "reduce_scatter_tensor"}
-P2P_OPS = {"send", "recv"}
 P2P_CLASS = "pp link"  # every directed pipeline link is compared with the others
 
 TRANSFER_COLUMNS = ["gkey", "cls", "seq", "rank", "step", "transfer_ms", "suspects"]
-
-
-class _OpInstances:
-    """The completed symmetric collectives of ``co`` from ``first_step`` on, grouped by op instance (communicator,
-    seq), with numpy: the rows (positions in ``co``), the communicator of each (``gcode``: its gkey's place in sorted
-    order, as groupby orders them), the instance of each, and per instance its record count, member count, and
-    spread of completion times. (pandas groupby-transform over the window's millions of records, and a boolean mask
-    of a frame with Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
-
-    def __init__(self, co: pd.DataFrame, first_step: int | None):
-        t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
-        dur = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
-        op_code, op_uniq = pd.factorize(co["op"].to_numpy(dtype=object))
-        sym = np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool)
-        keep = ~np.isnan(t_done) & ~np.isnan(dur) & (op_code >= 0)
-        keep[keep] = sym[op_code[keep]]
-        step = co["step"].to_numpy()
-        if first_step is not None:
-            keep &= step >= first_step
-        # the communicators, numbered in sorted order over the whole column (an Arrow string column factorizes in
-        # bulk; a code no kept row has is never used)
-        codes, uniq = pd.factorize(co["gkey"], sort=True)
-        keep &= codes >= 0
-        self.rows = np.flatnonzero(keep)
-        self.gcode, self.gkeys = codes[self.rows], np.asarray(uniq, dtype=object)
-        self.seq = co["seq"].to_numpy()[self.rows]
-        self.rank = co["rank"].to_numpy()[self.rows]
-        self.step = step[self.rows]
-        self.t_done, self.dur = t_done[self.rows], dur[self.rows]
-        self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
-        self.weight = op_counts(co).to_numpy()[self.rows]  # ops per record (a node agent's fold: its ops' mean)
-        n = len(self.rows)
-        # each communicator's member count: its records all carry the same members (gkey names them)
-        key_codes, first_of_key = np.unique(self.gcode, return_index=True)
-        size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
-        if n:
-            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key]]).to_numpy()
-        self.size = size_of_key[self.gcode]
-        # op instances: (communicator, seq), numbered in (gkey, seq) order
-        seq0 = self.seq - (self.seq.min() if n else 0)
-        inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
-        _, self.inst = np.unique(inst_key, return_inverse=True)
-        self.inst = self.inst.ravel()
-        m = int(self.inst.max()) + 1 if n else 0
-        self.count = np.bincount(self.inst, minlength=m)[self.inst]
-        tmax = np.full(m, -np.inf)
-        tmin = np.full(m, np.inf)
-        dmax = np.full(m, -np.inf)
-        np.maximum.at(tmax, self.inst, self.t_done)
-        np.minimum.at(tmin, self.inst, self.t_done)
-        np.maximum.at(dmax, self.inst, self.dur)
-        self.spread_ms = ((tmax - tmin) * 1000.0)[self.inst]
-        self.dur_max = dmax[self.inst]
-
-    def complete(self, tol_ms: np.ndarray | float) -> np.ndarray:
-        """Positions (into the instance arrays) of the records of instances every member recorded, done within
-        ``tol_ms`` of each other."""
-        return np.flatnonzero((self.count == self.size) & (self.size >= 2) & (self.spread_ms <= tol_ms))
-
-
-_LAST_OPS: list = []  # [(weakref to co, first_step, _OpInstances)]: the last one built
-
-
-def op_instances(co: pd.DataFrame, first_step: int | None) -> _OpInstances:
-    """``_OpInstances(co, first_step)``, built once for a round's collectives (``last_arriver_ops`` and
-    ``completion_leads`` both start from it; the frame is shared and never modified, see analyzers/builder.py)."""
-    if _LAST_OPS:
-        ref, first, ops = _LAST_OPS[0]
-        if ref() is co and first == first_step:
-            return ops
-    ops = _OpInstances(co, first_step)
-    _LAST_OPS[:] = [(weakref.ref(co), first_step, ops)]
-    return ops
-
-
-def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
-    """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
-
-    The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
-    its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
-    ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
-    pairing is wrong, so such ops are dropped. Rows in (gkey, seq) order; of ties, the first record."""
-    cols = ["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]
-    if co.empty:
-        return pd.DataFrame(columns=cols + ["ops"])
-    ops = op_instances(co, first_step)
-    ok = ops.complete(match_tol_ms)
-    if not len(ok):
-        return pd.DataFrame(columns=cols + ["ops"])
-    # per instance, the latest arrival; of equal ones the first record (groupby idxmax)
-    t = ops.t_arrive[ok]
-    order = np.lexsort((ok, -t, ops.inst[ok]))
-    inst_sorted = ops.inst[ok][order]
-    first = np.r_[True, inst_sorted[1:] != inst_sorted[:-1]]
-    pick = ok[order[first]]
-    return co.iloc[ops.rows[pick]][cols].reset_index(drop=True).assign(ops=ops.weight[pick])
 
 
 def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFrame:
@@ -216,7 +118,7 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
     step, and the transfer time: receiver's completion - max(sender's arrival, receiver's arrival), in ms."""
     if co.empty:
         return pd.DataFrame(columns=TRANSFER_COLUMNS)
-    p = co[co["op"].isin(P2P_OPS) & co["group"].astype(str).str.startswith("pp:")]
+    p = co[co["op"].isin(P2P_OPS).to_numpy(dtype=bool) & name_starts_with(co["group"], "pp:")]
     if first_step is not None:
         p = p[p["step"] >= first_step]
     send = p[p["op"] == "send"][["gkey", "seq", "rank", "step", "t_arrive"]]
@@ -231,43 +133,26 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
                          "transfer_ms": xfer.clip(lower=0.0), "suspects": [(int(r),) for r in j["rank"]], "ops": 1})
 
 
-LEAD_COLUMNS = ["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]
-
-
-def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
-    """One row per member of every completed symmetric collective that all its members recorded: ``lead_ms``, how
-    long before the median of the other members it was done (negative: after them), and its ``duration_ms``.
-
-    The members of one op are all done within the longest member's duration of each other (nobody is done before
-    the last one arrived); records of one (communicator, seq) further apart than that (and ``match_tol_ms``) are
-    not one op (a rank recorded an op its peers did not, and the sequence numbers drifted apart): dropped. Across
-    nodes the completion times are compared on the nodes' clocks, as every arrival time is.
-
-    Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
-    that order (an integer key for joins)."""
-    if co.empty:
-        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    ops = op_instances(co, first_step)
-    ok = ops.complete(np.maximum(match_tol_ms, ops.dur_max))
-    if not len(ok):
-        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    ok = ok[np.argsort(ops.gcode[ok], kind="stable")]
-    done = ops.t_done[ok]
-    lead = (group_loo_median(ops.inst[ok], done) - done) * 1000.0
-    gcode = ops.gcode[ok]
-    # gkey as Python strings (object): an Arrow string column of millions of rows costs seconds to build and to mask
-    return pd.DataFrame({"gkey": pd.Series(np.asarray(ops.gkeys, dtype=object)[gcode], dtype=object),
-                         "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
-                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
-                         "ops": ops.weight[ok]})[LEAD_COLUMNS + ["gcode", "ops"]]
-
-
 def sorted_members(members: pd.Series) -> list[tuple]:
-    """Each row's member ranks as a sorted tuple; each distinct numpy member list converted once (a communicator's
-    ops all carry the same one)."""
+    """Each row's member ranks as a sorted tuple; each distinct member list object converted once (a communicator's
+    ops all carry the same shared array, analyzers/collectives.py ``with_members``), else each distinct numpy member
+    list by its bytes."""
+    values = members.tolist()
+    if not values:
+        return []
+    code, first = pd.factorize(np.fromiter(map(id, values), dtype=np.int64, count=len(values)))
+    if len(first) <= max(1000, len(values) // 8):  # shared objects: one conversion per object
+        firsts = np.full(len(first), len(values), np.int64)
+        np.minimum.at(firsts, code, np.arange(len(values)))
+        conv = _sorted_members_by_value([values[i] for i in firsts])
+        return [conv[c] for c in code]
+    return _sorted_members_by_value(values)
+
+
+def _sorted_members_by_value(values: list) -> list[tuple]:
     cache: dict = {}
     out = []
-    for gr in members:
+    for gr in values:
         look = (gr.dtype.str, gr.tobytes()) if isinstance(gr, np.ndarray) else None
         got = cache.get(look) if look is not None else None
         if got is None:
@@ -463,22 +348,25 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     rank = leads["rank"].to_numpy().astype(np.int64)
     if "gcode" in leads.columns:  # completion_leads' communicator numbers (sorted gkey order): no strings to factorize
         gkey_code = leads["gcode"].to_numpy().astype(np.int64)
-        first = np.unique(gkey_code, return_index=True)[1]
-        gkey_names = np.full(int(gkey_code.max()) + 1, None, dtype=object)
-        gkey_names[gkey_code[first]] = leads["gkey"].to_numpy(dtype=object)[first]
+        n_codes = int(gkey_code.max()) + 1
+        first = np.full(n_codes, len(gkey_code), np.int64)  # each communicator's first row (no sort of every row)
+        np.minimum.at(first, gkey_code, np.arange(len(gkey_code)))
+        first = first[first < len(gkey_code)]
+        gkey_names = np.full(n_codes, None, dtype=object)
+        gkey_names[gkey_code[first]] = leads["gkey"].iloc[first].to_numpy(dtype=object)
     else:
         gkey_code, gkey_names = pd.factorize(leads["gkey"].astype(str).to_numpy(dtype=object), sort=True)
         gkey_names = np.asarray(gkey_names, dtype=object)
     code_of = {str(k): i for i, k in enumerate(gkey_names) if k is not None}
     pair = rank * len(gkey_names) + gkey_code
-    pairs = np.unique(pair)
+    pairs = np.sort(pd.unique(pair))  # hashed: only the distinct pairs sorted
     pair_rank, pair_key = pairs // len(gkey_names), pairs % len(gkey_names)
     label_order = sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}")
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
     step = leads["step"].to_numpy()
     lead_ms = leads["lead_ms"].to_numpy(dtype=float)
-    med = windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops,
-                           weights=leads["ops"].to_numpy() if "ops" in leads.columns else None)
+    weights = leads["ops"].to_numpy() if "ops" in leads.columns else None
+    med = _label_windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops, weights)
     if med.notna().sum(axis=0).max() < 2:
         return []
     thresholds = np.maximum(cfg.link_min_extra_ms, cfg.lead_k * reference_sigma(med, cfg.link_window))
@@ -496,7 +384,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         flags = over.loc[mine].any(axis=0)
         for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
             if per_step is None:
-                per_step = windowed_medians(pair, step, lead_ms, labels, steps, 1, 1)
+                per_step = _label_windowed_medians(pair, step, lead_ms, labels, steps, 1, 1, None)
             confirmed = confirmation_step(flags, s0, cfg.link_persist)
             onset = max(steps[0], s0 - cfg.link_window + 1)
             # its communicators that were ahead over most of the run of flags
@@ -518,3 +406,44 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
                             threshold=float(thresholds.loc[slow].median()),
                             ops=int(len(ops)), groups_keys=keys))
     return out
+
+
+CHUNK_ROWS = 1 << 22  # records per windowed_medians call: bounds its working arrays (~10 per record)
+
+
+def _label_windowed_medians(labels: np.ndarray, step: np.ndarray, values: np.ndarray, index: list, steps: list,
+                            window: int, min_ops: int, weights: np.ndarray | None) -> pd.DataFrame:
+    """``stats.windowed_medians`` of integer ``labels`` (rows ``index``, in that order), over the records sorted by
+    (row, step) and in slices of whole rows of about ``CHUNK_ROWS`` records: the same medians (each row's are its
+    own records'), with its working arrays bounded by a slice instead of every record (a GiB and more at 20 M
+    records), and its own stable sort of the records by cell fast on records already in order."""
+    pos = pd.Index(index).get_indexer(labels)
+    keep = pos >= 0
+    if not keep.all():
+        pos, labels, step, values = pos[keep], labels[keep], step[keep], values[keep]
+        weights = weights[keep] if weights is not None else None
+    steps_arr = np.asarray(steps)
+    g0 = int(steps_arr.min()) - max(int(window), 1) + 1 if len(steps_arr) else 0
+    # records no window reaches are left out first (as windowed_medians does); the step as an offset from g0
+    inside = (step >= g0) & (step <= (int(steps_arr.max()) if len(steps_arr) else -1))
+    if not inside.all():
+        pos, labels, step, values = pos[inside], labels[inside], step[inside], values[inside]
+        weights = weights[inside] if weights is not None else None
+    if len(pos) <= CHUNK_ROWS:
+        return windowed_medians(labels, step, values, index, steps, window, min_ops, weights=weights)
+    order = stable_order(pos, step.astype(np.int64) - g0)
+    pos, labels, step, values = pos[order], labels[order], step[order], values[order]
+    weights = weights[order] if weights is not None else None
+    parts = []
+    lo = 0
+    while lo < len(pos):
+        hi = min(len(pos), lo + CHUNK_ROWS)
+        hi = int(np.searchsorted(pos, pos[hi - 1], side="right"))  # whole rows
+        p0, p1 = int(pos[lo]), int(pos[hi - 1]) + 1
+        parts.append((p0, p1, windowed_medians(labels[lo:hi], step[lo:hi], values[lo:hi], index[p0:p1], steps, window,
+                                               min_ops, weights=weights[lo:hi] if weights is not None else None)))
+        lo = hi
+    out = np.full((len(index), len(steps)), np.nan)
+    for p0, p1, med in parts:
+        out[p0:p1] = med.to_numpy()
+    return pd.DataFrame(out, index=index, columns=steps)

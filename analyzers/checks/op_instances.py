@@ -1,0 +1,354 @@
+"""A round's collective records grouped by op instance (communicator, seq), in numpy: which records make up each
+op, which ops every member recorded and completed together, and what the comm check reads off them: the last rank
+to arrive at each op (``last_arriver_ops``), how far before the other members each member was done
+(``completion_leads``), and how long each rank waited at each op for a later peer (``collective_wait_ms``).
+
+Used by analyzers/checks/links.py and comm.py. A post-mortem run of 1,024 ranks x 10,000 steps has 20 million
+collective records: nothing here runs Python or builds a string per record, integers per record are 32 bits where
+they fit, and the instances built for a round are released when the comm check is done (``release_op_instances``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import pandas as pd
+
+from analyzers.collectives import member_counts, stable_order
+
+SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
+                 "all_gather_into_tensor", "reduce_scatter_tensor"}
+P2P_OPS = {"send", "recv"}
+
+class _OpInstances:
+    """The completed collectives of ``co`` from ``first_step`` on, grouped by op instance (communicator, seq), with
+    numpy: the rows (positions in ``co``), the communicator of each (``gcode``: its gkey's place in sorted order, as
+    groupby orders them), the instance of each (numbered in (gkey, seq) order), and per instance its record count,
+    member count, spread of completion times and longest duration. ``kind``: "symmetric" (the ``SYMMETRIC_OPS``,
+    with a duration) or "not_p2p" (every op but a p2p send/recv, with or without a duration).
+
+    Per-record arrays are only what the callers read, and per-instance figures stay per instance (an instance holds
+    8 to 32 records of a generated job): at 1,024 ranks x 10,000 steps there are 20 million records, and each
+    per-record float64 array is 160 MB. (pandas groupby-transform over them, and a boolean mask of a frame with
+    Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
+
+    def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
+        t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
+        # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
+        op_code, op_uniq = pd.factorize(co["op"])
+        self.kind = kind
+        dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+        symmetric = np.r_[np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool), False]  # -1: none
+        if kind == "symmetric":
+            keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & symmetric[op_code]
+        else:  # every op but p2p (a missing op name included, as ``~isin`` keeps it)
+            wanted = np.r_[np.array([o not in P2P_OPS for o in op_uniq], dtype=bool), True]  # the last: code -1
+            keep = ~np.isnan(t_done) & wanted[op_code]
+        step = co["step"].to_numpy()
+        if first_step is not None:
+            keep &= step >= first_step
+        # the communicators, numbered in sorted order over the whole column (an Arrow string or categorical column
+        # factorizes in bulk; a code no kept row has is never used)
+        codes, uniq = pd.factorize(co["gkey"], sort=True)
+        keep &= codes >= 0
+        self.rows = _narrow(np.flatnonzero(keep))
+        del keep
+        self.gcode, self.gkeys = codes[self.rows].astype(np.int32), np.asarray(uniq, dtype=object)
+        del codes
+        self.seq = _narrow(co["seq"].to_numpy()[self.rows])
+        self.rank = _narrow(co["rank"].to_numpy()[self.rows])
+        self.step = _narrow(step[self.rows])
+        self.t_done = t_done[self.rows]
+        del t_done
+        self.dur = dur_all[self.rows]
+        del dur_all
+        # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
+        self.symmetric = symmetric[op_code[self.rows]] if kind != "symmetric" else None
+        del op_code
+        self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
+        self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
+        n = len(self.rows)
+        # each communicator's member count: its records all carry the same members (gkey names them)
+        first_of_key = np.full(len(self.gkeys), n, np.int64)  # each communicator's first kept record (no sort)
+        np.minimum.at(first_of_key, self.gcode, np.arange(n))
+        key_codes = np.flatnonzero(first_of_key < n)
+        size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
+        if n:
+            size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key[key_codes]]]).to_numpy()
+        # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
+        # distinct instances sorted (np.unique sorted every record)
+        seq0 = self.seq - (self.seq.min() if n else 0)
+        inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
+        del seq0
+        code, uniq_key = pd.factorize(inst_key)
+        order = np.argsort(uniq_key, kind="stable")
+        rank_of = np.empty(len(uniq_key), np.int64)
+        rank_of[order] = np.arange(len(uniq_key))
+        self.inst = rank_of[code].astype(np.int32 if len(uniq_key) < 2**31 else np.int64)
+        del code, rank_of, inst_key
+        m = len(uniq_key)
+        self.n_inst = m
+        # per instance: its communicator, record count, member count, spread of completion times, longest duration
+        inst_gcode = np.zeros(m, np.int64)
+        inst_gcode[self.inst] = self.gcode
+        self.inst_size = size_of_key[inst_gcode]
+        self._instance_figures()
+
+    def symmetric_from(self, first_step: int | None) -> "_OpInstances":
+        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): the
+        records with a symmetric op and a duration, their instances renumbered in the same (gkey, seq) order and
+        their figures recomputed; what ``_OpInstances(co, first_step, "symmetric")`` gives, without factorizing the
+        columns and numbering the instances again."""
+        keep = self.symmetric & ~np.isnan(self.dur)
+        if first_step is not None:
+            keep &= self.step >= first_step
+        sub = np.flatnonzero(keep)
+        del keep
+        new = object.__new__(_OpInstances)
+        new.kind, new.gkeys, new.symmetric = "symmetric", self.gkeys, None
+        for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight"):
+            setattr(new, name, getattr(self, name)[sub])
+        present = np.bincount(self.inst[sub], minlength=self.n_inst) > 0
+        new.inst = (np.cumsum(present) - 1)[self.inst[sub]].astype(self.inst.dtype)
+        new.n_inst = int(present.sum())
+        new.inst_size = self.inst_size[present]
+        new._instance_figures()
+        return new
+
+    def _instance_figures(self) -> None:
+        """Per instance: record count, spread of completion times, longest duration."""
+        m = self.n_inst
+        self.inst_count = np.bincount(self.inst, minlength=m)
+        tmax = np.full(m, -np.inf)
+        tmin = np.full(m, np.inf)
+        np.maximum.at(tmax, self.inst, self.t_done)
+        np.minimum.at(tmin, self.inst, self.t_done)
+        self.inst_spread_ms = (tmax - tmin) * 1000.0
+        dmax = np.full(m, -np.inf)
+        with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
+            np.maximum.at(dmax, self.inst, self.dur)
+        self.inst_dur_max = dmax
+
+    @property
+    def size(self) -> np.ndarray:
+        """Each record's member count."""
+        return self.inst_size[self.inst]
+
+    def complete(self, tol_ms: float, longest: bool = False) -> np.ndarray:
+        """Positions (into the instance arrays) of the records of instances every member recorded, done within
+        ``tol_ms`` of each other (with ``longest``: within the longer of ``tol_ms`` and the instance's longest
+        duration)."""
+        tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
+        ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+        return np.flatnonzero(ok[self.inst])
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """An int64 array as int32 where its values fit (half the memory per record; the values unchanged)."""
+    if values.dtype == np.int64 and len(values) and -2**31 <= values.min() and values.max() < 2**31:
+        return values.astype(np.int32)
+    return values
+
+
+def _op_weights(co: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """``op_counts`` of the records at ``rows`` (computed for those rows only)."""
+    if "ops" not in co.columns:
+        return np.ones(len(rows), np.int32)
+    ops = co["ops"].to_numpy()[rows]
+    if ops.dtype.kind in "iu":  # no NaN to fill, nothing to parse: only the clip
+        return np.maximum(ops, 1).astype(np.int32 if len(ops) and ops.max() < 2**31 else np.int64)
+    ops = pd.Series(ops)
+    return pd.to_numeric(ops, errors="coerce").fillna(1).clip(lower=1).astype(np.int64).to_numpy()
+
+
+_LAST_OPS: list = []  # [(weakref to co, first_step, kind, _OpInstances)]: the last one built
+
+
+def op_instances(co: pd.DataFrame, first_step: int | None, kind: str = "symmetric") -> _OpInstances:
+    """``_OpInstances(co, first_step, kind)``, built once for a round's collectives (``last_arriver_ops`` and
+    ``completion_leads`` both start from it; the frame is shared and never modified, see analyzers/builder.py)."""
+    derived = None
+    if _LAST_OPS:
+        ref, first, k, ops = _LAST_OPS[0]
+        if ref() is co and first == first_step and k == kind:
+            return ops
+        if ref() is co and first is None and k == "not_p2p" and kind == "symmetric":
+            derived = ops.symmetric_from(first_step)  # the symmetric ones are a subset of every non-p2p one
+    _LAST_OPS.clear()  # the old one's arrays go before the new one's are built
+    ops = derived if derived is not None else _OpInstances(co, first_step, kind)
+    _LAST_OPS[:] = [(weakref.ref(co), first_step, kind, ops)]
+    return ops
+
+
+def release_op_instances() -> None:
+    """Drop the cached op instances (a check's end: at 20 million records they hold over a GiB)."""
+    _LAST_OPS.clear()
+
+
+def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """One row per completed collective whose every member recorded it: the last rank to arrive, its duration, the step.
+
+    The last arriver has nobody left to wait for: its duration is the op's own time (transfer), plus any delay of
+    its own before its data leaves (a slow link). Records of one (communicator, seq) must complete within
+    ``match_tol_ms`` of each other; where a rank records an op its peers do not, sequence numbers drift apart and the
+    pairing is wrong, so such ops are dropped. Rows in (gkey, seq) order; of ties, the first record."""
+    cols = ["gkey", "seq", "rank", "step", "duration_ms", "group", "group_ranks"]
+    if co.empty:
+        return pd.DataFrame(columns=cols + ["ops"])
+    ops = op_instances(co, first_step)
+    ok = ops.complete(match_tol_ms)
+    if not len(ok):
+        return pd.DataFrame(columns=cols + ["ops"])
+    # per instance, the latest arrival; of equal ones the first record (groupby idxmax): each instance's latest
+    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records)
+    inst, t = ops.inst[ok], ops.t_arrive[ok]
+    n, m = len(ok), ops.n_inst
+    latest = np.full(m, -np.inf)
+    np.fmax.at(latest, inst, t)  # NaN arrivals left out, as idxmax does
+    at_latest = np.flatnonzero(t == latest[inst])
+    first = np.full(m, n, np.int64)
+    np.minimum.at(first, inst[at_latest], at_latest)
+    first_any = np.full(m, n, np.int64)  # an instance whose every arrival is unknown: its first record
+    np.minimum.at(first_any, inst, np.arange(n))
+    has = first_any < n
+    pick = ok[np.where(first < n, first, first_any)[has]]  # by instance: (gkey, seq) order
+    rows = ops.rows[pick]
+    out = co.iloc[rows, [co.columns.get_loc(c) for c in cols]].reset_index(drop=True)
+    # gcode: the communicator's place in gkey order; row: the record's position in ``co`` (an integer key for joins)
+    return out.assign(ops=ops.weight[pick], gcode=ops.gcode[pick], row=rows)
+
+
+LEAD_COLUMNS = ["gkey", "seq", "rank", "step", "lead_ms", "duration_ms"]
+
+
+def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """One row per member of every completed symmetric collective that all its members recorded: ``lead_ms``, how
+    long before the median of the other members it was done (negative: after them), and its ``duration_ms``.
+
+    The members of one op are all done within the longest member's duration of each other (nobody is done before
+    the last one arrived); records of one (communicator, seq) further apart than that (and ``match_tol_ms``) are
+    not one op (a rank recorded an op its peers did not, and the sequence numbers drifted apart): dropped. Across
+    nodes the completion times are compared on the nodes' clocks, as every arrival time is.
+
+    Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
+    that order, ``row``: the record's position in ``co`` (integer keys for joins)."""
+    if co.empty:
+        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
+    ops = op_instances(co, first_step)
+    ok = ops.complete(match_tol_ms, longest=True)
+    if not len(ok):
+        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
+    lead = _leads_ms(ops, ok)
+    order = stable_order(ops.gcode[ok])  # by communicator, records in their order (radix passes, no timsort)
+    ok, lead = ok[order], lead[order]
+    gcode = ops.gcode[ok]
+    # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
+    # seconds to build and to mask, and a pointer per row)
+    # copy=False: the new arrays become the columns as they are (not consolidated into 2-D blocks: a copy of each)
+    return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(ops.gkeys, dtype=object)),
+                         "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
+                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
+                         "ops": ops.weight[ok], "row": ops.rows[ok]}, copy=False)
+
+
+def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
+    """For each record at ``ok`` (of instances every member recorded): the median completion time of the other
+    members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense instance x member
+    matrix per member count (a complete instance has exactly its member count of records): one short sort per
+    instance instead of a lexsort of every record."""
+    inst, done = ops.inst[ok], ops.t_done[ok]
+    size = ops.inst_size[inst]
+    out = np.empty(len(ok))
+    for s in np.unique(size):
+        sel = np.flatnonzero(size == s)
+        # each instance's records together (their order within it does not matter: each row is sorted next)
+        at = sel[np.argsort(inst[sel], kind="quicksort")]
+        mat = done[at].reshape(-1, int(s))
+        out[at] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
+    return out
+
+
+def _row_loo_median(mat: np.ndarray) -> np.ndarray:
+    """Each cell's leave-one-out median over its row (no NaN; rows of 2 or more): the sorted row's middle one or
+    two of the other values, (low + high) / 2 as np.median gives."""
+    n, s = mat.shape
+    order = np.argsort(mat, axis=1, kind="stable")
+    srt = np.take_along_axis(mat, order, axis=1)
+    pos = np.empty_like(order)  # each cell's place in its sorted row
+    np.put_along_axis(pos, order, np.broadcast_to(np.arange(s), (n, s)), axis=1)
+    m = s - 1  # values left
+    lo = np.where((m - 1) // 2 >= pos, (m - 1) // 2 + 1, (m - 1) // 2)  # past the removed value's own place
+    hi = np.where(m // 2 >= pos, m // 2 + 1, m // 2)
+    return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
+
+
+class RankRows:
+    """A frame's rows by rank: by a mask for the first few ranks asked, then grouped once (one stable radix sort),
+    not a mask of every column per lookup (the leads hold a row per member of every op: 20 M at 1,024 ranks x
+    10,000 steps). A rank's rows stay in their order."""
+
+    FEW = 16  # ranks looked up with a mask each (one pass over the rows) before the rows are sorted by rank
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        self.rank = frame["rank"].to_numpy()
+        self.seen: dict[int, np.ndarray] = {}
+        self.order = self.sorted_rank = None
+
+    def of(self, r: int) -> pd.DataFrame:
+        if r in self.seen:
+            return self.frame.iloc[self.seen[r]]
+        if len(self.seen) < self.FEW:
+            self.seen[r] = np.flatnonzero(self.rank == r)
+            return self.frame.iloc[self.seen[r]]
+        if self.order is None:
+            rank = self.rank
+            self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
+            self.sorted_rank = rank[self.order]
+        lo, hi = np.searchsorted(self.sorted_rank, [r, r + 1])
+        return self.frame.iloc[self.order[lo:hi]]
+
+
+def _small_int_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(values, sort=True)`` of integers: by offset from the smallest where their range is small (no
+    hash table over every record), else factorized."""
+    if len(values) and values.dtype.kind in "iu":
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo < 4 * len(values) + 1024:
+            present = np.bincount((values - lo).astype(np.int64), minlength=hi - lo + 1) > 0
+            code_of = np.cumsum(present) - 1
+            return code_of[values - lo], np.flatnonzero(present) + lo
+    return pd.factorize(values, sort=True)
+
+
+def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """Per rank and step, the time spent in collectives waiting for a peer that arrived later (ms): for each op all
+    members recorded (and completed within ``match_tol_ms`` of each other), last member's arrival - own arrival.
+    Covers every collective, not only the gradient sync (FSDP all-gathers, TP all-reduces). ``co``: the run's
+    collective records."""
+    if co.empty:
+        return pd.DataFrame()
+    # p2p sends complete locally (their t_done says nothing about the peer): collectives only; grouped by op
+    # instance in numpy (op_instances), summed into a rank x step grid (a groupby-transform per column and a
+    # pivot_table over every record cost seconds and several copies of the records at 1,024 ranks x 10,000 steps)
+    ops = op_instances(co, None, kind="not_p2p")
+    ok = ops.complete(match_tol_ms)
+    if not len(ok):
+        return pd.DataFrame()
+    inst = ops.inst[ok]
+    t = ops.t_arrive[ok]
+    latest = np.full(ops.n_inst, np.nan)
+    np.fmax.at(latest, inst, t)  # NaN arrivals left out (groupby max); NaN where an instance has none
+    # a folded record's times are its ops' means: its wait counts once per op it stands for
+    late = (latest[inst] - t) * 1000.0 * ops.weight[ok]
+    rank_code, ranks = _small_int_codes(ops.rank[ok])
+    step_code, steps = _small_int_codes(ops.step[ok])
+    cell = rank_code.astype(np.int64) * len(steps) + step_code
+    # sums as pivot_table's: NaN values left out (0 where a cell has only those), NaN where a cell has no record
+    sums = np.bincount(cell, weights=np.nan_to_num(late, nan=0.0), minlength=len(ranks) * len(steps))
+    sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
+    return pd.DataFrame(sums.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
+                        columns=pd.Index(steps, name="step"))
+
+
