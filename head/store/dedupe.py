@@ -284,12 +284,19 @@ class SetIndex:
     def new_packed(self, arr: np.ndarray, layout: wire.PackedLayout) -> np.ndarray:
         """Bool mask of the packed records in ``arr`` seen for the first time; records them."""
         n = len(arr)
-        keycols = [arr[c].tolist() if c in layout.codes else [layout.defaults.get(c)] * n for c in self.spec.key]
+        if not self.spec.key:
+            return np.ones(n, np.bool_)
+        keycols = [_packed_values(arr, c, layout) if c in layout.codes else [layout.defaults.get(c)] * n
+                   for c in self.spec.key]
         ks = list(zip(*keycols))
-        out = np.zeros(len(ks), np.bool_)
+        keys = self.keys
+        if keys.isdisjoint(ks) and len(set(ks)) == n:  # the common case: all new, no repeats (no Python per row)
+            keys.update(ks)
+            return np.ones(n, np.bool_)
+        out = np.zeros(n, np.bool_)
         for i, k in enumerate(ks):
-            if k not in self.keys:
-                self.keys.add(k)
+            if k not in keys:
+                keys.add(k)
                 out[i] = True
         return out
 
@@ -298,6 +305,23 @@ class SetIndex:
         if not self.spec.key or table.num_rows == 0:
             return
         self.keys.update(self.spec.keys_from_table(table))
+
+
+def _packed_values(arr: np.ndarray, c: str, layout: wire.PackedLayout) -> list:
+    """A packed column as the Python values a decoded record holds (the key tuples of both paths must agree): str
+    for strings, None for nulls."""
+    code = layout.codes[c]
+    col = arr[c]
+    if code.startswith("S"):
+        return [v.decode("utf-8", "replace") for v in col.tolist()]
+    if code == "b1":
+        return (col != 0).tolist()
+    vals = col.tolist()
+    if code == "f8" and np.isnan(col).any():
+        return [None if v != v else v for v in vals]
+    if code == "n8" and (col == wire.NULL_INT).any():
+        return [None if v == wire.NULL_INT else v for v in vals]
+    return vals
 
 
 class CollectiveIndex(SeqIndex):
