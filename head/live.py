@@ -190,7 +190,7 @@ class RunLive:
         if t.num_rows > keep:  # only the last ``maxlen`` would stay in the deque anyway
             t = t.slice(t.num_rows - keep)
         try:
-            rows = msgspec.convert(t.to_pylist(), list[TABLE_TYPES["gpu"]], strict=False)
+            rows = msgspec.convert(t.to_pylist(), list[schema.GpuSample], strict=False)
         except (msgspec.ValidationError, TypeError) as e:
             log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
             return
