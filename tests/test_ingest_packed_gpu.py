@@ -217,3 +217,53 @@ def test_the_agent_ships_its_gpu_samples_packed(tmp_path):
     assert item.layout is not None and item.count == 8
     lay = wire.packed_layout_of("gpu", item.layout)
     assert wire.packed_count(lay, item.body) == 8
+
+
+def test_a_layout_defined_by_a_refused_write_is_defined_again(tmp_path, monkeypatch):
+    """The first batch of a layout carries the layout's definition into the WAL. When the disk refuses that write,
+    the next batch must define it again: an entry naming a layout id the file never defined is unreadable at replay,
+    and its acknowledged rows were lost (the head remembered the id as written)."""
+    from head.store import Store
+
+    st = Store(tmp_path)
+    rs = st.run("r1")
+    lay, body = wire.pack_records("gpu", "", [gpu(0, g, 1.0) for g in range(4)])
+    batch = wire.PackedBatch(wire.packed_layout_of("gpu", lay), body, 4)
+
+    def no_space(*a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(wal_mod.os, "writev", no_space)
+    monkeypatch.setattr(wal_mod.os, "write", no_space)
+    with pytest.raises(wal_mod.WalFull):
+        rs.enqueue_packed("gpu", [batch])
+    monkeypatch.undo()
+    rs.enqueue_packed("gpu", [batch])  # acknowledged
+    del rs, st  # kill -9: no flush
+    st2 = Store(tmp_path)
+    st2.open_existing()
+    st2.close()
+    assert sorted(read_table(tmp_path, "r1", "gpu")["gpu"]) == [0, 1, 2, 3]
+
+
+def test_one_request_is_one_wal_write(tmp_path, monkeypatch):
+    """A request's steps, collectives and GPU samples of one run reach the WAL in one system call."""
+    h = Head(tmp_path, TOKEN, analyzer=None)
+    from tests.test_ingest_columnar import step
+
+    reqs = request([[gpu(0, g, 1.0) for g in range(8)]])
+    reqs.resource_logs.extend(_steps_request([step(r, 0) for r in range(8)]).resource_logs)
+    calls = []
+    real_writev, real_write = os.writev, os.write
+    monkeypatch.setattr(wal_mod.os, "writev", lambda fd, b: calls.append("writev") or real_writev(fd, b))
+    monkeypatch.setattr(wal_mod.os, "write", lambda fd, b: calls.append("write") or real_write(fd, b))
+    assert h.ingest.logs(reqs)[:2] == (16, 0)
+    assert calls == ["writev"]
+    h.close()
+    assert len(read_table(tmp_path, "r1", "gpu")) == 8 and len(read_table(tmp_path, "r1", "steps")) == 8
+
+
+def _steps_request(rows):
+    from tests.test_ingest_columnar import request as steps_request
+
+    return steps_request([rows])

@@ -198,32 +198,36 @@ class RunStore:
 
     def enqueue_rows(self, table: str, chunks: list[tuple[list, bytes | str | None]]) -> None:
         """Queue decoded batches (rows, the JSON they came from); durable (WAL) when this returns."""
-        entries = []
-        for rows, raw in chunks:
-            body = raw.encode() if isinstance(raw, str) else raw
-            entries.append(json_entry(table, body if body is not None else _json.encode(rows)))
-        with self.lock:
-            self.wal.append(b"".join(entries))
-            q = self.q_rows[table]
-            for rows, _ in chunks:
-                q.append(rows)
-                self.pending_rows += len(rows)
-            full = self.buffered + self.pending_rows >= self.flush_rows
-        if full:
-            self.flush()
+        self.enqueue([(table, [], chunks)])
 
     def enqueue_packed(self, table: str, batches: list) -> None:
         """Queue packed batches (``ranksight.wire.PackedBatch``: layout, payload, count); durable (WAL)
         when this returns."""
+        self.enqueue([(table, batches, [])])
+
+    def enqueue(self, work: list[tuple[str, list, list]]) -> None:
+        """Queue one request's batches of this run, ``(table, packed batches, decoded chunks)`` per table, under one
+        lock and in one write-ahead-log write (one system call per request, not one per table); durable when this
+        returns."""
+        entries = []
+        for table, _, chunks in work:
+            for rows, raw in chunks:
+                body = raw.encode() if isinstance(raw, str) else raw
+                entries.append(json_entry(table, body if body is not None else _json.encode(rows)))
         with self.lock:
-            self.wal.append_parts(self.wal.packed_parts(table, batches))
-            q = self.q_packed[table]
-            for b in batches:
-                bufs = q.get(b.layout)
-                if bufs is None:
-                    bufs = q[b.layout] = []
-                bufs.append(b.payload)  # no copy here: the bodies are joined once, when processed
-                self.pending_rows += b.count
+            self.wal.append_entries([(t, p) for t, p, _ in work if p], entries)
+            for table, packed, chunks in work:
+                q = self.q_packed[table]
+                for b in packed:
+                    bufs = q.get(b.layout)
+                    if bufs is None:
+                        bufs = q[b.layout] = []
+                    bufs.append(b.payload)  # no copy here: the bodies are joined once, when processed
+                    self.pending_rows += b.count
+                rq = self.q_rows[table]
+                for rows, _ in chunks:
+                    rq.append(rows)
+                    self.pending_rows += len(rows)
             if self.buffered + self.pending_rows < self.flush_rows:
                 return
         self.flush()

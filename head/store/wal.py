@@ -175,6 +175,22 @@ class WriteAheadLog:
             parts.append(b"\n")
         return parts
 
+    def append_entries(self, packed: list[tuple[str, list]], json_payloads: list[bytes] = ()) -> None:
+        """One request's entries in one write: packed batches per table (``(table, [PackedBatch, ...])``) and JSON
+        entries already made (``json_entry``). A layout first defined here is forgotten again if the write fails, so
+        a later entry never names a layout id whose definition is not in the file."""
+        known = set(self._layout_prefix)
+        parts: list[bytes] = []
+        for table, batches in packed:
+            parts += self.packed_parts(table, batches)
+        parts += json_payloads
+        try:
+            self.append_parts(parts)
+        except BaseException:
+            for k in set(self._layout_prefix) - known:
+                del self._layout_prefix[k]
+            raise
+
     def append_parts(self, parts: list[bytes]) -> None:
         """``append`` of the buffers ``parts`` one after another, in one ``writev`` (no joined copy of the
         request's bodies); the same guarantees: whole or not at all, ``WalFull`` when the disk refuses."""
