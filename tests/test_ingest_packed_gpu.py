@@ -224,11 +224,12 @@ def test_a_layout_defined_by_a_refused_write_is_defined_again(tmp_path, monkeypa
     the next batch must define it again: an entry naming a layout id the file never defined is unreadable at replay,
     and its acknowledged rows were lost (the head remembered the id as written)."""
     from head.store import Store
+    from tests.test_ingest_columnar import step
 
     st = Store(tmp_path)
     rs = st.run("r1")
-    lay, body = wire.pack_records("gpu", "", [gpu(0, g, 1.0) for g in range(4)])
-    batch = wire.PackedBatch(wire.packed_layout_of("gpu", lay), body, 4)
+    lay, body = wire.pack_records("step", "r1", [step(0, s) for s in range(4)])
+    batch = wire.PackedBatch(wire.packed_layout_of("step", lay), body, 4)
 
     def no_space(*a):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -236,14 +237,14 @@ def test_a_layout_defined_by_a_refused_write_is_defined_again(tmp_path, monkeypa
     monkeypatch.setattr(wal_mod.os, "writev", no_space)
     monkeypatch.setattr(wal_mod.os, "write", no_space)
     with pytest.raises(wal_mod.WalFull):
-        rs.enqueue_packed("gpu", [batch])
+        rs.enqueue_packed("steps", [batch])
     monkeypatch.undo()
-    rs.enqueue_packed("gpu", [batch])  # acknowledged
+    rs.enqueue_packed("steps", [batch])  # acknowledged
     del rs, st  # kill -9: no flush
     st2 = Store(tmp_path)
     st2.open_existing()
     st2.close()
-    assert sorted(read_table(tmp_path, "r1", "gpu")["gpu"]) == [0, 1, 2, 3]
+    assert sorted(read_table(tmp_path, "r1", "steps")["step"]) == [0, 1, 2, 3]
 
 
 def test_one_request_is_one_wal_write(tmp_path, monkeypatch):
