@@ -548,6 +548,8 @@ _rejections_decoder = msgspec.json.Decoder(Rejections)
 def rejections_message(entries: list[Rejection], limit: int = MAX_REJECTION_MESSAGE) -> str:
     """The partial-success ``error_message`` for ``entries``, at most ``limit`` bytes: reasons cut to ``MAX_WHY``
     characters, rows to ``MAX_ROWS_LISTED`` per log record, and entries past the limit counted in ``more``."""
+    if not entries:
+        return '{"rejected":[]}'
     out: list[bytes] = []
     size = len(b'{"rejected":[],"more":99999999}')
     for e in sorted(entries, key=lambda e: e.i):
