@@ -24,7 +24,7 @@ REQUEST_TIMEOUT_S = 30.0
 
 # A header line the stdlib's parser (email.feedparser, compat32) reads as ``name: value`` with nothing else to it
 # (no folded continuation, no line it would end the headers at): those are split here directly.
-_PLAIN_HEADER = re.compile(rb"[!-9;-~]+:[^\r\n]*\r?\n\Z")
+_PLAIN_HEADERS = re.compile(rb"(?:[!-9;-~]+:[^\r\n]*\r?\n)*")
 _MAX_HEADER_LINE = 65536  # http.client's _MAXLINE and _MAXHEADERS
 _MAX_HEADERS = 100
 
@@ -44,13 +44,14 @@ def read_headers(rfile) -> http.client.HTTPMessage:
         lines.append(line)
         if len(lines) > _MAX_HEADERS:
             raise http.client.HTTPException(f"got more than {_MAX_HEADERS} headers")
-    if not all(_PLAIN_HEADER.match(x) for x in lines):
-        text = b"".join(lines).decode("iso-8859-1") + line.decode("iso-8859-1")  # with its end, as the stdlib's
+    block = b"".join(lines)
+    if _PLAIN_HEADERS.fullmatch(block) is None:
+        text = (block + line).decode("iso-8859-1")  # with its end, as the stdlib's
         return email.parser.Parser(_class=http.client.HTTPMessage).parsestr(text)
     msg = http.client.HTTPMessage()
-    for line in lines:
-        name, _, value = line.decode("iso-8859-1").partition(":")
-        msg[name] = value.lstrip(" \t").rstrip("\r\n")
+    for text in block.decode("iso-8859-1").split("\n")[:-1]:  # each ends in "\n", perhaps "\r\n", nothing else
+        name, _, value = text.partition(":")
+        msg[name] = value.lstrip(" \t").rstrip("\r")
     msg.set_payload("")
     return msg
 
