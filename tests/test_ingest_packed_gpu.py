@@ -268,3 +268,17 @@ def _steps_request(rows):
     from tests.test_ingest_columnar import request as steps_request
 
     return steps_request([rows])
+
+
+def test_acknowledged_packed_gpu_samples_survive_a_crash_before_flush(tmp_path):
+    from head.store import Store
+
+    rows = samples()
+    h = Head(tmp_path, TOKEN, analyzer=None)
+    assert h.ingest.logs(request([rows[:30], rows[30:]]))[:2] == (60, 0)
+    del h  # kill -9: no flush, no close; the WAL holds the packed bodies and their n8 layout
+    st = Store(tmp_path)
+    st.open_existing()
+    st.close()
+    df = read_table(tmp_path, "r1", "gpu")
+    assert len(df) == 60 and df["mem_used_bytes"].isna().sum() == 3
