@@ -319,6 +319,12 @@ def main() -> None:
           f"{a.ranks} GPU samples, {fleet.nodes} heartbeats in {len(seconds[1])} requests ({per_s:.1f} MB deflated); "
           f"built in {time.time() - t_build:.0f} s", flush=True)
     agent_ms = 1000.0 * sorted(agent_cpu[1:])[len(agent_cpu[1:]) // 2] / fleet.nodes
+    # how each kind travels, as the agents send it (node/sources/spool.py, node/sources/samples.py): packed-v1 where
+    # wire.pack_records packs the batch exactly, else JSON
+    encodings = {kind: ("packed-v1" if wire.pack_records(kind, RUN, rows) else "JSON")
+                 for kind, rows in fleet.node_records(0, 0).items() if rows}
+    print("agents' export: OTLP/HTTP protobuf, deflate; bodies: "
+          + ", ".join(f"{k} {v}" for k, v in encodings.items()) + ", heartbeat JSON", flush=True)
     print(f"agent stage (records made{', folded' if fold else ''}, packed, OTLP, deflate; one node's second): "
           f"{agent_ms:.2f} ms CPU = "
           f"{agent_ms / 10:.2f} % of one core per node", flush=True)

@@ -77,35 +77,39 @@ class Ingest:
                 groups.setdefault((batch.run_id, table), []).append((i, batch))
             except ValueError as e:  # e.g. a run id the store refuses, records of another run
                 refused[i] = wire.Rejection(i=i, why=str(e))
+        by_run: dict[str, list[tuple[str, list[tuple[int, wire.Batch]]]]] = {}
         for (run_id, table), batches in groups.items():
+            by_run.setdefault(run_id, []).append((table, batches))
+        for run_id, tables in by_run.items():
             try:
-                accepted += self._queue(run_id, table, [b for _, b in batches])
+                accepted += self._queue(run_id, [(table, [b for _, b in batches]) for table, batches in tables])
             except ValueError as e:
-                for i, _ in batches:
-                    refused[i] = wire.Rejection(i=i, why=str(e))
+                for _, batches in tables:
+                    for i, _ in batches:
+                        refused[i] = wire.Rejection(i=i, why=str(e))
         rejected = len(refused)
         if rejected:
             stats["rejected"] += rejected
             log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(r.why for r in list(refused.values())[:3]))
         return accepted, rejected, list(refused.values())
 
-    def _queue(self, run_id: str, table: str, batches: list[wire.Batch]) -> int:
-        """Log and queue a request's batches of one (run, table); the store dedupes them at its next
-        processing (every flush, or before a view reads the live window)."""
+    def _queue(self, run_id: str, tables: list[tuple[str, list[wire.Batch]]]) -> int:
+        """Log and queue a request's batches of one run (one write-ahead-log write for all its tables); the store
+        dedupes them at its next processing (every flush, or before a view reads the live window)."""
         rs = self.live.store_of(run_id)
-        packed, decoded, n = [], [], 0
-        for b in batches:
-            it = b.items
-            if type(it) is wire.PackedBatch:
-                packed.append(it)
-                n += it.count
-            else:
-                decoded.append((it, b.body))
-                n += len(it)
-        if packed:
-            rs.enqueue_packed(table, packed)
-        if decoded:
-            rs.enqueue_rows(table, decoded)
+        work, n = [], 0
+        for table, batches in tables:
+            packed, decoded = [], []
+            for b in batches:
+                it = b.items
+                if type(it) is wire.PackedBatch:
+                    packed.append(it)
+                    n += it.count
+                else:
+                    decoded.append((it, b.body))
+                    n += len(it)
+            work.append((table, packed, decoded))
+        rs.enqueue(work)
         self.live.runs[run_id].last_seen = time.time()
         return n
 

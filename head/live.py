@@ -155,7 +155,11 @@ class RunLive:
         self._colls: deque = deque()
         self._colls_rows = 0
         self.agents: dict[int, AgentLive] = {}
-        self.gpu: deque = deque(maxlen=64 * 120)
+        self._gpu: deque = deque(maxlen=64 * 120)
+        # GPU samples that arrived packed (Arrow tables), turned into records only when something reads ``gpu``: at
+        # fleet rate (a sample per GPU per second) most never are, the deque keeping only its last ``maxlen``
+        self._gpu_arrow: deque = deque()
+        self._gpu_arrow_rows = 0
         self.host: deque = deque(maxlen=16 * 120)
         self.events: deque = deque(maxlen=2000)
         self.xid: deque = deque(maxlen=2000)
@@ -169,6 +173,29 @@ class RunLive:
         self.sync: Callable[[], None] | None = None  # set by the head: process queued batches first
         # run_data(): the GPU and host sample deques as Arrow, each sample converted once
         self._converted = {"gpu": ConvertedWindow(run_id, "gpu"), "host": ConvertedWindow(run_id, "host")}
+
+    @property
+    def gpu(self) -> deque:
+        """The GPU samples of the live window (records, oldest first; at most the deque's ``maxlen``)."""
+        with self.lock:
+            if self._gpu_arrow:
+                self._materialize_gpu()
+            return self._gpu
+
+    def _materialize_gpu(self) -> None:
+        chunks = list(self._gpu_arrow)
+        self._gpu_arrow.clear()
+        self._gpu_arrow_rows = 0
+        t = pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
+        keep = self._gpu.maxlen or t.num_rows
+        if t.num_rows > keep:  # only the last ``maxlen`` would stay in the deque anyway
+            t = t.slice(t.num_rows - keep)
+        try:
+            rows = msgspec.convert(t.to_pylist(), list[schema.GpuSample], strict=False)
+        except (msgspec.ValidationError, TypeError) as e:
+            log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
+            return
+        self._gpu.extend(rows)
 
     def _pull(self) -> None:
         if self.sync is not None:
@@ -200,7 +227,9 @@ class RunLive:
                             reason = "evicted" if r.event == "evicted" else str(detail.get("reason", ""))
                             st.record_exit(r.rank, float(r.t), reason)
             elif table == "gpu":
-                self.gpu.extend(rows)
+                if self._gpu_arrow:  # keep arrival order
+                    self._materialize_gpu()
+                self._gpu.extend(rows)
             elif table == "host":
                 self.host.extend(rows)
             elif table == "xid":
@@ -226,6 +255,15 @@ class RunLive:
         if t is None or t.num_rows == 0:
             return
         now = now or time.time()
+        if table == "gpu":
+            with self.lock:
+                self.last_seen = now
+                self._gpu_arrow.append(t)
+                self._gpu_arrow_rows += t.num_rows
+                keep = self._gpu.maxlen or self._gpu_arrow_rows
+                while self._gpu_arrow_rows - self._gpu_arrow[0].num_rows >= keep:  # older ones would be evicted
+                    self._gpu_arrow_rows -= self._gpu_arrow.popleft().num_rows
+            return
         if table not in ("steps", "collectives"):
             try:
                 rows = msgspec.convert(t.to_pylist(), list[TABLE_TYPES[table]], strict=False)

@@ -294,6 +294,8 @@ def logs_response(rejected: int = 0, message: str = "", as_json: bool = False) -
     """The OTLP logs response; with ``rejected`` log records, a partial success whose ``error_message`` says which
     and why (``ranksight.wire.rejections_message``: JSON, bounded in size). ``as_json``: OTLP/JSON, for a JSON
     request."""
+    if not rejected and not as_json:
+        return b""  # a full success: the empty message, whose protobuf encoding is no bytes at all
     resp = ExportLogsServiceResponse()
     if rejected:
         resp.partial_success.CopyFrom(ExportLogsPartialSuccess(rejected_log_records=rejected,

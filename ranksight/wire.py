@@ -7,11 +7,13 @@ of one ship cycle). Two body encodings:
   JSON array of ranksight.schema records exactly as msgspec encodes them (spool
   lines are forwarded byte for byte, never re-encoded). The head decodes it with
   one msgspec call per batch.
-- ``packed-v1`` (attribute ``ranksight.encoding``; step records, the volume kind):
-  the body is bytes holding the records as a little-endian numpy structured array
-  whose fields the attribute ``ranksight.layout`` names (``name:code,...``; codes
-  ``i8`` int64, ``f8`` float64 with NaN for null, ``b1`` bool byte, ``S<n>``
-  UTF-8 padded with NULs). The run id travels only as the attribute. The head
+- ``packed-v1`` (attribute ``ranksight.encoding``; the volume kinds: step records,
+  collective records, GPU samples): the body is bytes holding the records as a
+  little-endian numpy structured array whose fields the attribute ``ranksight.layout``
+  names (``name:code,...``; codes ``i8`` int64, ``n8`` int64 or null (null is
+  -2**63), ``f8`` float64 with NaN for null, ``b1`` bool byte, ``S<n>`` UTF-8 padded
+  with NULs). A field derived from another (a GPU sample's ``throttle_names``, the
+  names of its ``throttle_reasons`` bits) is left out and made again by the head. The run id travels only as the attribute. The head
   checks the layout and the length, logs the bytes and queues them; all batches
   of a flush become one array with one ``np.frombuffer`` call and go to Arrow
   column by column: no Python object per record anywhere on the head.
@@ -33,6 +35,7 @@ import msgspec
 import numpy as np
 
 from ranksight import schema
+from ranksight.simgpu import throttle_names
 
 # Log record event names and attribute keys (the public mapping).
 EVENT_NAME = "ranksight.records"
@@ -102,7 +105,11 @@ _heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
 PACKED_STR_BYTES = 64  # width of string fields an agent packs (longer strings: the batch goes as JSON)
 _MAX_STR_BYTES = 1024  # widest string field the head accepts
 KIND_OF_TABLE = {table: kind for kind, (_, table) in BATCH_KINDS.items() if table}
-_NP = {"i8": "<i8", "f8": "<f8", "b1": "u1"}
+_NP = {"i8": "<i8", "n8": "<i8", "f8": "<f8", "b1": "u1"}
+NULL_INT = -(1 << 63)  # an ``n8`` field's null (a record holding this very value is not packed)
+# Fields a packed body leaves out because they follow from another field: kind -> {field: (source field, function)}.
+# The agent packs a record only when the field equals function(source); the head makes the column from the source.
+DERIVED: dict[str, dict[str, tuple[str, Any]]] = {"gpu": {"throttle_names": ("throttle_reasons", throttle_names)}}
 
 
 def _field_codes(typ) -> dict[str, tuple[str | None, Any]]:
@@ -113,7 +120,8 @@ def _field_codes(typ) -> dict[str, tuple[str | None, Any]]:
         t = f.type
         if isinstance(t, mi.UnionType):
             rest = [x for x in t.types if not isinstance(x, mi.NoneType)]
-            code = "f8" if len(rest) == 1 and isinstance(rest[0], mi.FloatType) else None
+            one = rest[0] if len(rest) == 1 else None
+            code = "f8" if isinstance(one, mi.FloatType) else "n8" if isinstance(one, mi.IntType) else None
         elif isinstance(t, mi.IntType):
             code = "i8"
         elif isinstance(t, mi.FloatType):
@@ -164,6 +172,9 @@ class PackedLayout:
             if default is msgspec.NODEFAULT:
                 raise WireError(f"{kind}: layout lacks the required field {name!r}")
             self.defaults[name] = default
+        # derived fields left out (``DERIVED``) whose source is in the layout: the head makes them from the source
+        self.derived = {n: (src, fn) for n, (src, fn) in DERIVED.get(kind, {}).items()
+                        if n not in self.codes and src in self.codes}
         self.dtype = np.dtype(np_fields)
 
     def __repr__(self) -> str:
@@ -185,9 +196,10 @@ def _default_layout(kind: str) -> str | None:
     return ",".join(parts)
 
 
-# What an agent packs: the volume kinds. Step records; and collective records that name their group by comm_id
-# (their member list, left out of the layout, empty: the communicators table holds it).
-PACKED_LAYOUTS: dict[str, str] = {k: lay for k in ("step", "collective") if (lay := _default_layout(k))}
+# What an agent packs: the volume kinds. Step records; collective records that name their group by comm_id
+# (their member list, left out of the layout, empty: the communicators table holds it); GPU samples (one per GPU
+# per second: at 16,384 GPUs as many as step records).
+PACKED_LAYOUTS: dict[str, str] = {k: lay for k in ("step", "collective", "gpu") if (lay := _default_layout(k))}
 _layouts: dict[tuple[str, str], PackedLayout] = {}
 
 
@@ -221,14 +233,20 @@ def _pack_plan(kind: str, lay: PackedLayout) -> tuple | None:
     plan = _pack_plans.get(kind, False)
     if plan is False:
         names = [f.name for f in msgspec.structs.fields(BATCH_KINDS[kind][0])]
+        derived = DERIVED.get(kind, {})
         keep = [i for i, n in enumerate(names) if n != "run_id" and n in lay.codes]
         # fields the layout leaves out: each packed record must hold the field's default
-        left_out = [(i, lay.defaults[n]) for i, n in enumerate(names) if n != "run_id" and n not in lay.codes]
+        left_out = [(i, lay.defaults[n]) for i, n in enumerate(names)
+                    if n != "run_id" and n not in lay.codes and n not in derived]
+        # derived fields: each packed record must hold function(source)
+        derive = [(names.index(n), names.index(src), fn) for n, (src, fn) in derived.items()
+                  if n not in lay.codes and src in lay.codes]
         plan = None
-        if [names[i] for i in keep] == list(lay.dtype.names):
-            plan = (names.index("run_id"), keep,
+        if [names[i] for i in keep] == list(lay.dtype.names) and len(derive) == len(derived):
+            plan = (names.index("run_id") if "run_id" in names else None, keep,
                     [j for j, i in enumerate(keep) if lay.codes[names[i]].startswith("S")],
-                    [j for j, i in enumerate(keep) if lay.codes[names[i]] == "f8"], left_out)
+                    [j for j, i in enumerate(keep) if lay.codes[names[i]] == "f8"], left_out,
+                    [j for j, i in enumerate(keep) if lay.codes[names[i]] == "n8"], derive)
         _pack_plans[kind] = plan
     return plan
 
@@ -236,7 +254,8 @@ def _pack_plan(kind: str, lay: PackedLayout) -> tuple | None:
 def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | None:
     """(layout, body) for ``records`` of ``kind`` (agent side), or None when they cannot be packed
     exactly (a record of another run, a string longer than the field or holding NUL, an integer
-    beyond int64): the caller then ships them as JSON."""
+    beyond int64, a nullable integer equal to ``NULL_INT``, a derived field that does not follow from its
+    source): the caller then ships them as JSON. ``run_id`` is not checked for kinds without one (GPU samples)."""
     layout = PACKED_LAYOUTS.get(kind)
     if layout is None or not records:
         return None
@@ -245,7 +264,7 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
     plan = _pack_plan(kind, lay)
     if plan is None:
         return None
-    run_idx, keep, str_pos, f8_pos, left_out = plan
+    run_idx, keep, str_pos, f8_pos, left_out, n8_pos, derive = plan
     rows = []
     width = [8] * len(str_pos)
     nan = float("nan")
@@ -253,10 +272,13 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
     try:
         for r in records:
             t = astuple(r)
-            if t[run_idx] != run_id:
+            if run_idx is not None and t[run_idx] != run_id:
                 return None
             for i, d in left_out:
                 if t[i] != d:  # e.g. a collective record that carries its member list: JSON
+                    return None
+            for i, src, fn in derive:
+                if t[i] != fn(t[src]):
                     return None
             row = [t[i] for i in keep]
             for k, j in enumerate(str_pos):
@@ -269,6 +291,11 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
             for j in f8_pos:
                 if row[j] is None:
                     row[j] = nan
+            for j in n8_pos:
+                if row[j] is None:
+                    row[j] = NULL_INT
+                elif row[j] == NULL_INT:
+                    return None
             rows.append(tuple(row))
         if str_pos:  # string fields as wide as this batch needs (a multiple of 8), not PACKED_STR_BYTES
             w = {names[j]: width[k] for k, j in enumerate(str_pos)}
@@ -521,6 +548,8 @@ _rejections_decoder = msgspec.json.Decoder(Rejections)
 def rejections_message(entries: list[Rejection], limit: int = MAX_REJECTION_MESSAGE) -> str:
     """The partial-success ``error_message`` for ``entries``, at most ``limit`` bytes: reasons cut to ``MAX_WHY``
     characters, rows to ``MAX_ROWS_LISTED`` per log record, and entries past the limit counted in ``more``."""
+    if not entries:
+        return '{"rejected":[]}'
     out: list[bytes] = []
     size = len(b'{"rejected":[],"more":99999999}')
     for e in sorted(entries, key=lambda e: e.i):

@@ -163,7 +163,7 @@ def test_the_receiver_answers_503_when_the_wal_refuses(head, monkeypatch):
 
     from head.store import wal as wal_mod
 
-    real_write = wal_mod.os.write
+    real_write, real_writev = wal_mod.os.write, wal_mod.os.writev
 
     def no_space(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -171,8 +171,10 @@ def test_the_receiver_answers_503_when_the_wal_refuses(head, monkeypatch):
     exp = exporter(head)
     recs = log_records("full", steps("full", 0, range(5)))
     monkeypatch.setattr(wal_mod.os, "write", no_space)
+    monkeypatch.setattr(wal_mod.os, "writev", no_space)  # packed bodies go to the WAL in one writev
     assert exp.export(recs) == LogRecordExportResult.FAILURE
     monkeypatch.setattr(wal_mod.os, "write", real_write)
+    monkeypatch.setattr(wal_mod.os, "writev", real_writev)
     assert exp.export(recs) == LogRecordExportResult.SUCCESS
     exp.shutdown()
     head.store.flush_all()

@@ -1,6 +1,6 @@
 """Rows to Arrow tables of the store's schema (``ranksight.tables.SPECS``).
 
-Two sources: packed step records (wire encoding packed-v1, a numpy structured array) become columns
+Two sources: packed records (wire encoding packed-v1, a numpy structured array) become columns
 without a Python object per record; decoded records (msgspec Structs) go through the table's
 ``TableSpec.to_table``, with rows Parquet cannot hold dropped one by one instead of failing the batch.
 """
@@ -42,6 +42,11 @@ def packed_to_table(table: str, run_id: str, arr: np.ndarray, layout: wire.Packe
                               pa.array(col, type=pa.float64()))
             elif code == "i8":
                 arrays.append(pa.array(np.ascontiguousarray(col), type=pa.int64()))
+            elif code == "n8":  # int64 or null (wire.NULL_INT)
+                col = np.ascontiguousarray(col)
+                null = col == wire.NULL_INT
+                arrays.append(pa.array(col, type=pa.int64(), mask=null) if null.any() else
+                              pa.array(col, type=pa.int64()))
             elif code == "b1":
                 arrays.append(pa.array(col != 0, type=pa.bool_()))
             else:  # fixed-width UTF-8 bytes
@@ -53,6 +58,10 @@ def packed_to_table(table: str, run_id: str, arr: np.ndarray, layout: wire.Packe
                     arrays.append(pa.array([v.decode("utf-8", "replace") for v in col.tolist()], pa.string()))
         elif name == RUN_ID_COLUMN:
             arrays.append(_const_string(run_id, n))
+        elif name in layout.derived:  # made from its source column: once per distinct source value
+            src, fn = layout.derived[name]
+            uniq, inv = np.unique(arr[src], return_inverse=True)
+            arrays.append(pa.array([fn(v) for v in uniq.tolist()], type=at).take(pa.array(inv.ravel())))
         else:  # a field the sender's layout does not carry: its default, or null
             d = layout.defaults.get(name)
             if d is None:

@@ -284,12 +284,19 @@ class SetIndex:
     def new_packed(self, arr: np.ndarray, layout: wire.PackedLayout) -> np.ndarray:
         """Bool mask of the packed records in ``arr`` seen for the first time; records them."""
         n = len(arr)
-        keycols = [arr[c].tolist() if c in layout.codes else [layout.defaults.get(c)] * n for c in self.spec.key]
+        if not self.spec.key:
+            return np.ones(n, np.bool_)
+        keycols = [_packed_values(arr, c, layout) if c in layout.codes else [layout.defaults.get(c)] * n
+                   for c in self.spec.key]
         ks = list(zip(*keycols))
-        out = np.zeros(len(ks), np.bool_)
+        keys = self.keys
+        if keys.isdisjoint(ks) and len(set(ks)) == n:  # the common case: all new, no repeats (no Python per row)
+            keys.update(ks)
+            return np.ones(n, np.bool_)
+        out = np.zeros(n, np.bool_)
         for i, k in enumerate(ks):
-            if k not in self.keys:
-                self.keys.add(k)
+            if k not in keys:
+                keys.add(k)
                 out[i] = True
         return out
 
@@ -298,6 +305,49 @@ class SetIndex:
         if not self.spec.key or table.num_rows == 0:
             return
         self.keys.update(self.spec.keys_from_table(table))
+
+
+def _packed_values(arr: np.ndarray, c: str, layout: wire.PackedLayout) -> list:
+    """A packed column as the Python values a decoded record holds (the key tuples of both paths must agree): str
+    for strings, None for nulls."""
+    code = layout.codes[c]
+    col = arr[c]
+    if code.startswith("S"):
+        return [v.decode("utf-8", "replace") for v in col.tolist()]
+    if code == "b1":
+        return (col != 0).tolist()
+    vals = col.tolist()
+    if code == "f8" and np.isnan(col).any():
+        return [None if v != v else v for v in vals]
+    if code == "n8" and (col == wire.NULL_INT).any():
+        return [None if v == wire.NULL_INT else v for v in vals]
+    return vals
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _factorize_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(codes, distinct values) of a fixed-width bytes array, like ``np.unique(values, return_inverse=True)`` but
+    several times faster on a flush's group names (tens of thousands of rows, thousands of names): the names are
+    hashed to one 64-bit word each, the words factorized, and every row checked against its code's value, so a hash
+    collision is caught (None: the caller takes the exact ``np.unique``) and nothing is approximated."""
+    w = values.dtype.itemsize
+    if len(values) == 0 or w == 0:
+        return None
+    padded = -(-w // 8) * 8
+    v = np.ascontiguousarray(values if padded == w else values.astype(f"S{padded}"))
+    words = v.view("<u8").reshape(len(v), padded // 8)
+    h = words[:, 0].copy()
+    for j in range(1, padded // 8):
+        h *= _MIX
+        h ^= words[:, j]
+    hu, first, codes = np.unique(h, return_index=True, return_inverse=True)
+    codes = codes.ravel()
+    uniq = v[first]
+    if not np.array_equal(uniq[codes], v):  # two names with one hash: not seen in practice, but never trusted
+        return None
+    return codes, uniq
 
 
 class CollectiveIndex(SeqIndex):
@@ -313,7 +363,11 @@ class CollectiveIndex(SeqIndex):
         self.names: dict[bytes, int] = {}
 
     def _b(self, attempt: np.ndarray, groups: np.ndarray) -> np.ndarray:
-        uniq, inv = np.unique(groups, return_inverse=True)
+        inv_uniq = _factorize_bytes(groups) if groups.dtype.kind == "S" else None
+        if inv_uniq is None:
+            uniq, inv = np.unique(groups, return_inverse=True)
+        else:
+            inv, uniq = inv_uniq
         ids = np.array([self.names.setdefault(g.encode() if isinstance(g, str) else bytes(g), len(self.names))
                         for g in uniq.tolist()], np.int64)
         return (attempt.astype(np.int64) << self._NAME_BITS) | ids[inv.ravel()]

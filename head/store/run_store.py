@@ -34,6 +34,11 @@ CLOSE_GRACE_S = 60.0
 CLEANUP_DELAY_S = 10.0
 
 
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
+
+
 def part_files(table_dir: Path) -> list[StoreFile]:
     """The files of one table a reader reads (``ranksight.store_layout.table_files``: local Hive partitions and
     flat parts of older stores, plus compacted partitions on object storage; covered files left out)."""
@@ -105,8 +110,8 @@ class RunStore:
         self.buffers: dict[str, list[pa.Table]] = {t: [] for t in SPECS}
         self.buffered_rows: dict[str, int] = {t: 0 for t in SPECS}
         self.buffered = 0
-        # the queue: per table, packed bodies per layout (appended into one bytearray) and decoded row lists
-        self.q_packed: dict[str, dict[Any, bytearray]] = {t: {} for t in SPECS}
+        # the queue: per table, packed bodies per layout (joined into one buffer when processed) and decoded row lists
+        self.q_packed: dict[str, dict[Any, list]] = {t: {} for t in SPECS}
         self.q_rows: dict[str, list[list]] = {t: [] for t in SPECS}
         self.pending_rows = 0
         self.rows_stored: dict[str, int] = {t: 0 for t in SPECS}
@@ -152,7 +157,7 @@ class RunStore:
                     self.q_rows[b.table].append(b.rows)
                     self.pending_rows += len(b.rows)
                 else:
-                    self.q_packed[b.table].setdefault(b.layout, bytearray()).extend(b.payload)
+                    self.q_packed[b.table].setdefault(b.layout, []).append(b.payload)
                     self.pending_rows += b.count
         self._process_locked()
         replayed = self.buffered - before
@@ -193,32 +198,36 @@ class RunStore:
 
     def enqueue_rows(self, table: str, chunks: list[tuple[list, bytes | str | None]]) -> None:
         """Queue decoded batches (rows, the JSON they came from); durable (WAL) when this returns."""
-        entries = []
-        for rows, raw in chunks:
-            body = raw.encode() if isinstance(raw, str) else raw
-            entries.append(json_entry(table, body if body is not None else _json.encode(rows)))
-        with self.lock:
-            self.wal.append(b"".join(entries))
-            q = self.q_rows[table]
-            for rows, _ in chunks:
-                q.append(rows)
-                self.pending_rows += len(rows)
-            full = self.buffered + self.pending_rows >= self.flush_rows
-        if full:
-            self.flush()
+        self.enqueue([(table, [], chunks)])
 
     def enqueue_packed(self, table: str, batches: list) -> None:
         """Queue packed batches (``ranksight.wire.PackedBatch``: layout, payload, count); durable (WAL)
         when this returns."""
+        self.enqueue([(table, batches, [])])
+
+    def enqueue(self, work: list[tuple[str, list, list]]) -> None:
+        """Queue one request's batches of this run, ``(table, packed batches, decoded chunks)`` per table, under one
+        lock and in one write-ahead-log write (one system call per request, not one per table); durable when this
+        returns."""
+        entries = []
+        for table, _, chunks in work:
+            for rows, raw in chunks:
+                body = raw.encode() if isinstance(raw, str) else raw
+                entries.append(json_entry(table, body if body is not None else _json.encode(rows)))
         with self.lock:
-            self.wal.append(self.wal.packed_entries(table, batches))
-            q = self.q_packed[table]
-            for b in batches:
-                buf = q.get(b.layout)
-                if buf is None:
-                    buf = q[b.layout] = bytearray()
-                buf += b.payload
-                self.pending_rows += b.count
+            self.wal.append_entries([(t, p) for t, p, _ in work if p], entries)
+            for table, packed, chunks in work:
+                q = self.q_packed[table]
+                for b in packed:
+                    bufs = q.get(b.layout)
+                    if bufs is None:
+                        bufs = q[b.layout] = []
+                    bufs.append(b.payload)  # no copy here: the bodies are joined once, when processed
+                    self.pending_rows += b.count
+                rq = self.q_rows[table]
+                for rows, _ in chunks:
+                    rq.append(rows)
+                    self.pending_rows += len(rows)
             if self.buffered + self.pending_rows < self.flush_rows:
                 return
         self.flush()
@@ -238,8 +247,8 @@ class RunStore:
                 continue
             self.q_packed[table], self.q_rows[table] = {}, []
             index = self.indexes[table]
-            for lay, buf in packed.items():
-                arr = np.frombuffer(buf, dtype=lay.dtype)
+            for lay, bufs in packed.items():
+                arr = np.frombuffer(bufs[0] if len(bufs) == 1 else b"".join(bufs), dtype=lay.dtype)
                 n = len(arr)
                 self.pending_rows -= n
                 mask = index.new_packed(arr, lay)
@@ -326,7 +335,10 @@ class RunStore:
         self._seq += 1
         name = f"part-{time.time_ns()}-{os.getpid()}-{self._seq:06d}.parquet"
         tmp = d / f".{name}.tmp"
-        pq.write_table(arrow, tmp, write_page_checksum=True)  # CRC per page: corruption is detected on read
+        # CRC per page: corruption is detected on read. Dictionary encoding for the string columns only (run ids,
+        # hosts, group names: few distinct values), not for the float and int columns, where it costs more CPU than
+        # it saves bytes in a part file that compaction rewrites anyway.
+        pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema))
         os.replace(tmp, d / name)
         self.rows_stored[table] += arrow.num_rows
 

@@ -21,6 +21,7 @@ from node.shipping import OtlpMetrics
 from probes.dcgm import DcgmProbe
 from probes.host import HostProbe
 from probes.nvml import build_gpu_probe
+from ranksight import wire
 from ranksight.layout import RunDir
 
 log = logging.getLogger("ranksight.agent")
@@ -123,8 +124,12 @@ class SampleSource:
         for kind in ("gpu", "host", "xid"):
             group = [s for k, s in samples if k == kind]
             if group:
-                items.append(Item(kind=kind, body=msgspec.json.encode(group), count=len(group),
-                                  t_first=min(getattr(s, "t", now) for s in group)))
+                # GPU samples travel packed (the head stores them without a Python object per sample); a batch that
+                # cannot be packed exactly, and the other kinds, as JSON
+                packed = wire.pack_records(kind, "", group) if kind in wire.PACKED_LAYOUTS else None
+                layout, body = packed if packed is not None else (None, msgspec.json.encode(group))
+                items.append(Item(kind=kind, body=body, count=len(group),
+                                  t_first=min(getattr(s, "t", now) for s in group), layout=layout))
         return items
 
     def commit(self, acknowledged: bool) -> bool:
