@@ -17,7 +17,10 @@ def test_datapath_start_run_stop_loses_nothing(tmp_path):
         wait_for(lambda: len(http_json(dp.head_url + "/api/runs/dp1/agents", token=dp.token)[1]) == 2, 30, what="2 agents")
     finally:
         dp.stop()
-    assert dp.head.returncode == 0 and all(a.returncode == 0 for a in dp.agents)
+    logs = {p.name: p.read_text(errors="replace")[-1500:] for p in (store / "dp1" / "logs").glob("*.log")}
+    # on failure, say why: an agent starved at nice 19 on a busy box, killed after stop's timeout (-9), or an error
+    assert dp.head.returncode == 0 and all(a.returncode == 0 for a in dp.agents), (
+        dp.head.returncode, [a.returncode for a in dp.agents], logs)
     want = sorted(spool_keys(store, "dp1"))
     assert len(want) == 160 and sorted(stored_key_list(store, "dp1")) == want
     assert (store / "dp1" / "logs" / "head.log").exists() and (store / "dp1" / "logs" / "agent-node1.log").exists()
