@@ -18,8 +18,8 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
   shared sorted array per communicator, joined by ``comm_id`` code) or the row's own member list (an older writer),
   and its communicator key ``gkey`` computed once per distinct (group, members, attempt) (``attach_members``).
 
-The frames equal ``RunData.normalize``'s up to row order, dtypes (int32 placement columns, 32-bit GPU and host
-telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures'
+The frames equal ``RunData.normalize``'s up to row order, dtypes (``CONVERT``: int32 ranks, steps and placements,
+float32 durations, 32-bit GPU and host telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures'
 runs, on what odd writers leave, and on a generated store).
 """
 
@@ -59,24 +59,33 @@ SKIPPED: dict[str, tuple[str, ...]] = {
 AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ("op", "group")}
 STR = pd.Series(["x"]).dtype
 
-# How each column becomes a numpy array, as ``RunData.normalize`` converts it: (dtype, value for nulls or None
-# to keep them as NaN). Columns not listed keep their stored type (numbers) or become Categoricals (strings).
+# How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
+# ``RunData.normalize`` gives, in narrower types where the checks lose nothing (a frame of 1,024 ranks x 10,000 steps
+# holds 10 M step rows and 20 M collective rows):
+# - durations in ms as float32 (7 significant digits: a 100,000 ms step to the hundredth of a ms); clocks (t_start,
+#   t_end, t_arrive, t_done, sync_arrival: seconds since 1970, which float32 would round to minutes), the loss (a
+#   diverging loss past float32's range must stay finite) and FLOPs stay float64;
+# - ranks, steps, sequence numbers, attempts, placements as int32 (code that combines them into one key casts to
+#   int64 first).
+# Columns not listed keep their stored type (numbers) or become Categoricals (strings).
 _F0 = (np.float64, 0.0)
 _FN = (np.float64, None)
-_I0 = (np.int64, 0)
-_I32 = (np.int32, 0)  # placement columns: small numbers, read by comparisons and group-bys only
+_F32_0 = (np.float32, 0.0)
+_F32N = (np.float32, None)
+_I32 = (np.int32, 0)
 _B = (np.bool_, False)
+STEP_MS = ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "pipeline_wait_ms",
+           "compute_ms")
 CONVERT: dict[str, dict[str, tuple]] = {
-    "steps": {**{c: _F0 for c in ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
-                                  "pipeline_wait_ms", "compute_ms", "flops", "mem_bytes")},
-              **{c: _FN for c in ("sync_arrival", "sync_wait_ms", "loss", "loss_scale", "grad_norm", "t_start",
-                                  "t_end", "device_ms")},
-              **{c: _I0 for c in ("rank", "step", "attempt")},
-              **{c: _I32 for c in ("node", "world_size", "pp_stage", "dp_rank", "tp_rank", "microbatches")},
+    "steps": {**{c: _F32_0 for c in STEP_MS + ("mem_bytes",)}, "flops": _F0,
+              **{c: _F32N for c in ("sync_wait_ms", "device_ms", "loss_scale", "grad_norm")},
+              **{c: _FN for c in ("sync_arrival", "loss", "t_start", "t_end")},
+              **{c: _I32 for c in ("rank", "step", "attempt", "node", "world_size", "pp_stage", "dp_rank", "tp_rank",
+                                   "microbatches")},
               **{c: _B for c in ("loss_nonfinite", "overflow", "skipped", "profiling")}},
-    "collectives": {**{c: _FN for c in ("t_arrive", "t_done", "duration_ms")}, "nbytes": _F0,
-                    **{c: _I0 for c in ("rank", "step", "seq", "attempt")},
-                    "ops": (np.int64, 1)},  # a part written before ops was a field: one op per record
+    "collectives": {**{c: _FN for c in ("t_arrive", "t_done")}, "duration_ms": _F32N, "nbytes": _F0,
+                    **{c: _I32 for c in ("rank", "step", "seq", "attempt")},
+                    "ops": (np.int32, 1)},  # a part written before ops was a field: one op per record
     "gpu": {"t": _FN},
     "host": {"t": _FN},
 }
@@ -143,6 +152,11 @@ def _dataset(files: list, schema: pa.Schema, fmt: ds.ParquetFileFormat) -> ds.Da
     return parts[0] if len(parts) == 1 else ds.dataset(parts)
 
 
+# How far the scan decodes ahead of the conversion (pyarrow's defaults: 4 files, 16 batches each): the batches
+# decoded ahead wait in memory, and on a big run (part files of millions of rows) they added gigabytes to the peak.
+SCAN_READAHEAD = {"fragment_readahead": 1, "batch_readahead": 2}
+
+
 def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, bad: list[int] | None
              ) -> tuple[int, Iterator[pa.RecordBatch]]:
     """(rows, their record batches in file order) of the part files of ``table``, ``wanted_columns`` only: read on
@@ -160,7 +174,7 @@ def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, ba
     def scanned() -> Iterator[pa.RecordBatch]:
         seen: set[str] = set()
         last = None
-        for tagged in dataset.scanner(use_threads=True).scan_batches():
+        for tagged in dataset.scanner(use_threads=True, **SCAN_READAHEAD).scan_batches():
             path = tagged.fragment.path
             if path != last:
                 if last is not None and on_file is not None:
@@ -308,7 +322,8 @@ def _sink(table: str, field: pa.Field, n: int):
     small = table in ("gpu", "host")  # telemetry: percentages, clocks, watts, counters hold in 32 bits
     if pa.types.is_floating(t) or field.name in NULLABLE.get(table, ()):
         return Numbers(n, np.float32 if small else np.float64, None)
-    return Numbers(n, np.int32 if small and field.name in ("node", "gpu") else np.int64, 0)
+    # telemetry counters (throttle reason bits, XID and ECC totals, node and GPU numbers) hold in 32 bits
+    return Numbers(n, np.int32 if small and "bytes" not in field.name else np.int64, 0)
 
 
 def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] | None = None
@@ -528,6 +543,14 @@ def steps_frame(cols: dict[str, object]) -> pd.DataFrame:
     return pd.DataFrame(cols, copy=False)
 
 
+def first_seen_order(codes: np.ndarray) -> np.ndarray:
+    """Categorical ``codes`` renumbered (int64) in the order each first appears, no value (-1) last."""
+    seen = pd.unique(codes[codes >= 0]) if len(codes) else codes
+    lut = np.full(int(codes.max(initial=0)) + 2, len(seen), np.int64)  # the last slot: -1, after every group
+    lut[seen] = np.arange(len(seen))
+    return lut[codes]
+
+
 def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, group_key) -> pd.DataFrame:
     dur, done = cols["duration_ms"], cols["t_done"]
     need = np.isnan(dur) & ~np.isnan(done)
@@ -535,11 +558,11 @@ def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, grou
         dur[need] = (done[need] - cols["t_arrive"][need]) * 1000.0
     # a collective may be written at arrival and again when done: keep the completed one
     group: pd.Categorical = cols["group"]  # type: ignore[assignment]
-    gcode = group.codes.astype(np.int64)
-    gcode[gcode < 0] = len(group.categories)  # no group name sorts last, as NaN does
-    # Rows in (attempt, step, rank, group, seq) order, close to the order the head writes them in; each rank's and
-    # each communicator's rows in sequence order as before. (A duplicate is the same (attempt, step, rank, group,
-    # seq): the step is part of the key here, a copy that names another step is a different record.)
+    gcode = first_seen_order(group.codes)
+    # Rows in (attempt, step, rank, group, seq) order, the groups in the order they first appear: the order the head
+    # writes them in (nothing moves), and each rank's and each communicator's rows in sequence order as before. (A
+    # duplicate is the same (attempt, step, rank, group, seq): the step is part of the key here, a copy that names
+    # another step is a different record.)
     take(cols, sorted_last([cols["attempt"], cols["step"], cols["rank"], gcode, cols["seq"],
                             (~np.isnan(done)).astype(np.int8)], 5))
     del gcode
@@ -573,4 +596,6 @@ def read_tables(table_files: dict[str, list[Path]], communicators: pd.DataFrame,
         else:
             frames[name] = samples_frame(cols)
         del cols
+        # the decoded pages are freed by now; hand the allocator's cached pages back before the next table
+        pa.default_memory_pool().release_unused()
     return frames, bad
