@@ -8,8 +8,8 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
 - the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
   once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
 - strings dictionary-encoded (pandas Categoricals with their categories in sorted order, so a sort by them is the
-  sort by the string), but for the collectives' ``op`` and ``group``, which the checks handle as strings
-  (``AS_STRINGS``);
+  sort by the string), the collectives' ``op`` and ``group`` too (a byte per row instead of an Arrow string's ~14;
+  code that needs them as strings uses ``.str`` or the categories, never a per-row ``.astype(str)``);
 - the sort and the duplicate drop on one integer key per row (``sorted_last``) instead of pandas' multi-column sort,
   in the order the head writes rows (steps by (step, rank), collectives by (attempt, step, rank, group, seq)): each
   rank's rows and each step's rows are in the order ``normalize`` gives them, and rows already in order (the head's
@@ -52,11 +52,10 @@ SKIPPED: dict[str, tuple[str, ...]] = {
     "host": ("cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
 }
 
-# String columns the checks treat as strings (``.astype(str)``, ``.str``, comparisons on every row): pandas' string
-# dtype, as read by pandas, instead of a Categorical (whose ``.astype(str)`` builds every row's string in Python).
-# The others stay Categoricals: ``gkey`` above all (a communicator's name and members, hundreds of characters, on
-# every collective).
-AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ("op", "group")}
+# String columns handed to the checks as pandas' string dtype (``as_strings``) instead of a Categorical: none now.
+# (The collectives' ``op`` and ``group`` were, for checks that called a Categorical's ``.astype(str)``, which builds
+# every row's string in Python; at 20 M rows the strings held ~0.55 GiB.)
+AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ()}
 STR = pd.Series(["x"]).dtype
 
 # How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
