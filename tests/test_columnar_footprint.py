@@ -8,7 +8,6 @@ mode (bench/scale_diagnose.py --load-only).
 - the load-only bench prints the load's time, peak RSS and frame sizes.
 """
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
