@@ -110,12 +110,15 @@ def _read_schema(table: str, columns: list[str]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _file_format(dict_cols: list[str]) -> ds.ParquetFileFormat:
+def _file_format(dict_cols: list[str], local: bool) -> ds.ParquetFileFormat:
     return ds.ParquetFileFormat(
         read_options=ds.ParquetReadOptions(dictionary_columns=dict_cols),
         # page checksums (the head writes them) are verified: a corrupted page fails instead of reading back as
-        # garbage numbers, and its file is skipped
-        default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+        # garbage numbers, and its file is skipped. On local disk no pre-buffering: it reads a file's column chunks
+        # ahead into a cache kept until the file is done, i.e. a compacted file's whole compressed size on top of
+        # the frames; on object storage the coalesced reads are worth it.
+        default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True,
+                                                                    pre_buffer=not local))
 
 
 def _where(f) -> tuple[str, object]:
@@ -137,7 +140,7 @@ def _read_one(f, schema: pa.Schema, dict_cols: list[str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _dataset(files: list, schema: pa.Schema, fmt: ds.ParquetFileFormat) -> ds.Dataset:
+def _dataset(files: list, schema: pa.Schema, dict_cols: list[str]) -> ds.Dataset:
     """One dataset over the files in order: a run of files on one filesystem is one file list (local disk, or the
     object storage a head compacted partitions to)."""
     runs: list[tuple[object, list[str]]] = []
@@ -147,12 +150,13 @@ def _dataset(files: list, schema: pa.Schema, fmt: ds.ParquetFileFormat) -> ds.Da
             runs[-1][1].append(path)
         else:
             runs.append((fs, [path]))
-    parts = [ds.dataset(paths, schema=schema, format=fmt, filesystem=fs) for fs, paths in runs]
+    parts = [ds.dataset(paths, schema=schema, format=_file_format(dict_cols, local=fs is None), filesystem=fs)
+             for fs, paths in runs]
     return parts[0] if len(parts) == 1 else ds.dataset(parts)
 
 
 # How far the scan decodes ahead of the conversion (pyarrow's defaults: 4 files, 16 batches each): the batches
-# decoded ahead wait in memory, and on a big run (part files of millions of rows) they added gigabytes to the peak.
+# decoded ahead wait in memory, and on a big run (part files of millions of rows) they were a good part of the peak.
 SCAN_READAHEAD = {"fragment_readahead": 1, "batch_readahead": 2}
 
 
@@ -166,7 +170,7 @@ def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, ba
     dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
     if bad is not None:
         return _one_by_one(files, schema, dict_cols, on_file, bad)
-    dataset = _dataset(files, schema, _file_format(dict_cols))
+    dataset = _dataset(files, schema, dict_cols)
     rows = dataset.count_rows()  # the footers: the columns are allocated once, at their full length
     by_path = {_where(f)[0]: f for f in files}
 
