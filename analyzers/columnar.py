@@ -234,7 +234,9 @@ class Strings:
     at the end the categories sorted (a sort by the Categorical is the sort by the string)."""
 
     def __init__(self, n: int):
-        self.codes = np.empty(n, np.int32)
+        # codes as narrow as the categories allow, widened when they grow past it (a run's strings are few: hosts,
+        # groups, ops, communicator ids), so the column in the making is not 4 bytes a row
+        self.codes = np.empty(n, np.int8)
         self.index: dict[str, int] = {}
 
     def put(self, arr: pa.ChunkedArray, at: int) -> None:
@@ -245,6 +247,8 @@ class Strings:
             return
         lut = np.array([self.index.setdefault(s, len(self.index)) if s is not None else -1
                         for s in arr.chunk(0).dictionary.to_pylist()] + [-1], dtype=np.int32)  # the last slot: null
+        while len(self.index) >= np.iinfo(self.codes.dtype).max:
+            self.codes = self.codes.astype(np.int16 if self.codes.dtype == np.int8 else np.int32)
         idx = pa.chunked_array([c.indices for c in arr.chunks], type=arr.type.index_type)
         codes = pc.fill_null(idx, -1).to_numpy() if idx.null_count else idx.to_numpy()
         self.codes[at:at + len(arr)] = lut[codes]
@@ -475,17 +479,17 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     own: MemberLists | None = cols.pop("group_ranks", None)  # type: ignore[assignment]
     own_len = own.lengths if own is not None else np.zeros(n, np.int32)
     members: list[np.ndarray] = [np.zeros(0, np.int64)]  # 0: no members known
-    mid = np.zeros(n, np.int64)
+    mid = np.zeros(n, np.int32)  # which of ``members`` each row has
     comm = cols.get("comm_id")
     known = _members_of(communicators)
     if isinstance(comm, pd.Categorical) and known:
-        cat_mid = np.zeros(len(comm.categories) + 1, np.int64)  # the last slot: null comm_id
+        cat_mid = np.zeros(len(comm.categories) + 1, np.int32)  # the last slot: null comm_id
         for i, cid in enumerate(comm.categories):
             m = known.get(str(cid))
             if m is not None:
                 members.append(m)
                 cat_mid[i] = len(members) - 1
-        mid = cat_mid[comm.codes.astype(np.int64)]
+        mid = cat_mid[comm.codes]  # (code -1, no comm_id: the last slot)
         mid[own_len > 0] = 0  # a record's own member list wins, as before
     rows = np.flatnonzero(own_len > 0)
     if len(rows):  # records that carry their member list (an older writer): one array per distinct list
@@ -503,7 +507,7 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     cols["group_ranks"] = obj[mid]
     # gkey: once per distinct (group, members, attempt)
     group: pd.Categorical = cols["group"]  # type: ignore[assignment]
-    gcode = group.codes.astype(np.int64)
+    gcode = group.codes  # (_composite widens to int64 once)
     att = cols["attempt"]
     combo = _composite([gcode, mid, att])
     span = int(np.prod(combo[1], dtype=object)) if combo is not None else 0
@@ -511,20 +515,22 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
         code, uniq = pd.factorize(pd.MultiIndex.from_arrays([gcode, mid, att]))
         firsts = [(int(a), int(b), int(c)) for a, b, c in uniq]
     else:  # few combinations: a lookup table over the composite code (no hashing), decoded back into its parts
-        code = combo[0]
+        code, spans = combo
+        del combo
         present = np.flatnonzero(np.bincount(code, minlength=span))
         lut = np.zeros(span, np.int32)
         lut[present] = np.arange(len(present), dtype=np.int32)
-        code = lut[code]
-        s_mid, s_att = combo[1][1], combo[1][2]
+        code = lut[code]  # (the int64 composite freed here)
+        s_mid, s_att = spans[1], spans[2]
         lo = (int(gcode.min()), int(mid.min()), int(att.min()))
         firsts = [(int(v // (s_mid * s_att)) + lo[0], int(v // s_att % s_mid) + lo[1], int(v % s_att) + lo[2])
                   for v in present]
     names = [group_key(group.categories[g] if g >= 0 else None, members[m], a) for g, m, a in firsts]
     cats = sorted(set(names))
     pos = {k: i for i, k in enumerate(cats)}
-    remap = np.array([pos[k] for k in names], dtype=np.int32)
-    cols["gkey"] = pd.Categorical.from_codes(remap[code], categories=pd.Index(cats, dtype=object))
+    width = np.int8 if len(cats) < 127 else np.int16 if len(cats) < 32767 else np.int32
+    remap = np.array([pos[k] for k in names], dtype=width)  # the codes made once, in the Categorical's own width
+    cols["gkey"] = pd.Categorical.from_codes(remap[code], categories=pd.Index(cats, dtype=object), validate=False)
     for name in AS_STRINGS["collectives"]:
         cols[name] = as_strings(cols[name])
 
