@@ -8,8 +8,8 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
 - the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
   once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
 - strings dictionary-encoded (pandas Categoricals with their categories in sorted order, so a sort by them is the
-  sort by the string), but for the collectives' ``op`` and ``group``, which the checks handle as strings
-  (``AS_STRINGS``);
+  sort by the string), the collectives' ``op`` and ``group`` too (a byte per row instead of an Arrow string's ~14;
+  code that needs them as strings uses ``.str`` or the categories, never a per-row ``.astype(str)``);
 - the sort and the duplicate drop on one integer key per row (``sorted_last``) instead of pandas' multi-column sort,
   in the order the head writes rows (steps by (step, rank), collectives by (attempt, step, rank, group, seq)): each
   rank's rows and each step's rows are in the order ``normalize`` gives them, and rows already in order (the head's
@@ -18,8 +18,8 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
   shared sorted array per communicator, joined by ``comm_id`` code) or the row's own member list (an older writer),
   and its communicator key ``gkey`` computed once per distinct (group, members, attempt) (``attach_members``).
 
-The frames equal ``RunData.normalize``'s up to row order, dtypes (int32 placement columns, 32-bit GPU and host
-telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures'
+The frames equal ``RunData.normalize``'s up to row order, dtypes (``CONVERT``: int32 ranks, steps and placements,
+float32 durations, 32-bit GPU and host telemetry, Categorical strings) and the skipped columns (``tests/test_scale_diagnose.py`` checks it on the fixtures'
 runs, on what odd writers leave, and on a generated store).
 """
 
@@ -52,31 +52,39 @@ SKIPPED: dict[str, tuple[str, ...]] = {
     "host": ("cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
 }
 
-# String columns the checks treat as strings (``.astype(str)``, ``.str``, comparisons on every row): pandas' string
-# dtype, as read by pandas, instead of a Categorical (whose ``.astype(str)`` builds every row's string in Python).
-# The others stay Categoricals: ``gkey`` above all (a communicator's name and members, hundreds of characters, on
-# every collective).
-AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ("op", "group")}
+# String columns handed to the checks as pandas' string dtype (``as_strings``) instead of a Categorical: none now.
+# (The collectives' ``op`` and ``group`` were, for checks that called a Categorical's ``.astype(str)``, which builds
+# every row's string in Python; at 20 M rows the strings held ~0.55 GiB.)
+AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ()}
 STR = pd.Series(["x"]).dtype
 
-# How each column becomes a numpy array, as ``RunData.normalize`` converts it: (dtype, value for nulls or None
-# to keep them as NaN). Columns not listed keep their stored type (numbers) or become Categoricals (strings).
+# How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
+# ``RunData.normalize`` gives, in narrower types where the checks lose nothing (a frame of 1,024 ranks x 10,000 steps
+# holds 10 M step rows and 20 M collective rows):
+# - durations in ms as float32 (7 significant digits: a 100,000 ms step to the hundredth of a ms); clocks (t_start,
+#   t_end, t_arrive, t_done, sync_arrival: seconds since 1970, which float32 would round to minutes), the loss (a
+#   diverging loss past float32's range must stay finite) and FLOPs stay float64;
+# - ranks, steps, sequence numbers, attempts, placements as int32 (code that combines them into one key casts to
+#   int64 first).
+# Columns not listed keep their stored type (numbers) or become Categoricals (strings).
 _F0 = (np.float64, 0.0)
 _FN = (np.float64, None)
-_I0 = (np.int64, 0)
-_I32 = (np.int32, 0)  # placement columns: small numbers, read by comparisons and group-bys only
+_F32_0 = (np.float32, 0.0)
+_F32N = (np.float32, None)
+_I32 = (np.int32, 0)
 _B = (np.bool_, False)
+STEP_MS = ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms", "pipeline_wait_ms",
+           "compute_ms")
 CONVERT: dict[str, dict[str, tuple]] = {
-    "steps": {**{c: _F0 for c in ("step_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "comm_ms",
-                                  "pipeline_wait_ms", "compute_ms", "flops", "mem_bytes")},
-              **{c: _FN for c in ("sync_arrival", "sync_wait_ms", "loss", "loss_scale", "grad_norm", "t_start",
-                                  "t_end", "device_ms")},
-              **{c: _I0 for c in ("rank", "step", "attempt")},
-              **{c: _I32 for c in ("node", "world_size", "pp_stage", "dp_rank", "tp_rank", "microbatches")},
+    "steps": {**{c: _F32_0 for c in STEP_MS + ("mem_bytes",)}, "flops": _F0,
+              **{c: _F32N for c in ("sync_wait_ms", "device_ms", "loss_scale", "grad_norm")},
+              **{c: _FN for c in ("sync_arrival", "loss", "t_start", "t_end")},
+              **{c: _I32 for c in ("rank", "step", "attempt", "node", "world_size", "pp_stage", "dp_rank", "tp_rank",
+                                   "microbatches")},
               **{c: _B for c in ("loss_nonfinite", "overflow", "skipped", "profiling")}},
-    "collectives": {**{c: _FN for c in ("t_arrive", "t_done", "duration_ms")}, "nbytes": _F0,
-                    **{c: _I0 for c in ("rank", "step", "seq", "attempt")},
-                    "ops": (np.int64, 1)},  # a part written before ops was a field: one op per record
+    "collectives": {**{c: _FN for c in ("t_arrive", "t_done")}, "duration_ms": _F32N, "nbytes": _F0,
+                    **{c: _I32 for c in ("rank", "step", "seq", "attempt")},
+                    "ops": (np.int32, 1)},  # a part written before ops was a field: one op per record
     "gpu": {"t": _FN},
     "host": {"t": _FN},
 }
@@ -102,12 +110,15 @@ def _read_schema(table: str, columns: list[str]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _file_format(dict_cols: list[str]) -> ds.ParquetFileFormat:
+def _file_format(dict_cols: list[str], local: bool) -> ds.ParquetFileFormat:
     return ds.ParquetFileFormat(
         read_options=ds.ParquetReadOptions(dictionary_columns=dict_cols),
         # page checksums (the head writes them) are verified: a corrupted page fails instead of reading back as
-        # garbage numbers, and its file is skipped
-        default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+        # garbage numbers, and its file is skipped. On local disk no pre-buffering: it reads a file's column chunks
+        # ahead into a cache kept until the file is done, i.e. a compacted file's whole compressed size on top of
+        # the frames; on object storage the coalesced reads are worth it.
+        default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True,
+                                                                    pre_buffer=not local))
 
 
 def _where(f) -> tuple[str, object]:
@@ -129,7 +140,7 @@ def _read_one(f, schema: pa.Schema, dict_cols: list[str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _dataset(files: list, schema: pa.Schema, fmt: ds.ParquetFileFormat) -> ds.Dataset:
+def _dataset(files: list, schema: pa.Schema, dict_cols: list[str]) -> ds.Dataset:
     """One dataset over the files in order: a run of files on one filesystem is one file list (local disk, or the
     object storage a head compacted partitions to)."""
     runs: list[tuple[object, list[str]]] = []
@@ -139,8 +150,14 @@ def _dataset(files: list, schema: pa.Schema, fmt: ds.ParquetFileFormat) -> ds.Da
             runs[-1][1].append(path)
         else:
             runs.append((fs, [path]))
-    parts = [ds.dataset(paths, schema=schema, format=fmt, filesystem=fs) for fs, paths in runs]
+    parts = [ds.dataset(paths, schema=schema, format=_file_format(dict_cols, local=fs is None), filesystem=fs)
+             for fs, paths in runs]
     return parts[0] if len(parts) == 1 else ds.dataset(parts)
+
+
+# How far the scan decodes ahead of the conversion (pyarrow's defaults: 4 files, 16 batches each): the batches
+# decoded ahead wait in memory, and on a big run (part files of millions of rows) they were a good part of the peak.
+SCAN_READAHEAD = {"fragment_readahead": 1, "batch_readahead": 2}
 
 
 def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, bad: list[int] | None
@@ -153,14 +170,14 @@ def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, ba
     dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
     if bad is not None:
         return _one_by_one(files, schema, dict_cols, on_file, bad)
-    dataset = _dataset(files, schema, _file_format(dict_cols))
+    dataset = _dataset(files, schema, dict_cols)
     rows = dataset.count_rows()  # the footers: the columns are allocated once, at their full length
     by_path = {_where(f)[0]: f for f in files}
 
     def scanned() -> Iterator[pa.RecordBatch]:
         seen: set[str] = set()
         last = None
-        for tagged in dataset.scanner(use_threads=True).scan_batches():
+        for tagged in dataset.scanner(use_threads=True, **SCAN_READAHEAD).scan_batches():
             path = tagged.fragment.path
             if path != last:
                 if last is not None and on_file is not None:
@@ -217,7 +234,9 @@ class Strings:
     at the end the categories sorted (a sort by the Categorical is the sort by the string)."""
 
     def __init__(self, n: int):
-        self.codes = np.empty(n, np.int32)
+        # codes as narrow as the categories allow, widened when they grow past it (a run's strings are few: hosts,
+        # groups, ops, communicator ids), so the column in the making is not 4 bytes a row
+        self.codes = np.empty(n, np.int8)
         self.index: dict[str, int] = {}
 
     def put(self, arr: pa.ChunkedArray, at: int) -> None:
@@ -228,6 +247,8 @@ class Strings:
             return
         lut = np.array([self.index.setdefault(s, len(self.index)) if s is not None else -1
                         for s in arr.chunk(0).dictionary.to_pylist()] + [-1], dtype=np.int32)  # the last slot: null
+        while len(self.index) >= np.iinfo(self.codes.dtype).max:
+            self.codes = self.codes.astype(np.int16 if self.codes.dtype == np.int8 else np.int32)
         idx = pa.chunked_array([c.indices for c in arr.chunks], type=arr.type.index_type)
         codes = pc.fill_null(idx, -1).to_numpy() if idx.null_count else idx.to_numpy()
         self.codes[at:at + len(arr)] = lut[codes]
@@ -308,7 +329,8 @@ def _sink(table: str, field: pa.Field, n: int):
     small = table in ("gpu", "host")  # telemetry: percentages, clocks, watts, counters hold in 32 bits
     if pa.types.is_floating(t) or field.name in NULLABLE.get(table, ()):
         return Numbers(n, np.float32 if small else np.float64, None)
-    return Numbers(n, np.int32 if small and field.name in ("node", "gpu") else np.int64, 0)
+    # telemetry counters (throttle reason bits, XID and ECC totals, node and GPU numbers) hold in 32 bits
+    return Numbers(n, np.int32 if small and "bytes" not in field.name else np.int64, 0)
 
 
 def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] | None = None
@@ -341,6 +363,9 @@ def _fill(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, ob
         at += rows
         buf.clear()
         rows = 0
+        # the converted batches are freed: their pages go back to the system now, not when the allocator gets round
+        # to it (on a big run its cached pages were a good part of the load's peak)
+        pa.default_memory_pool().release_unused()
 
     for b in batches:  # (consumed even without rows: it calls the progress back)
         if b.num_rows:
@@ -454,17 +479,17 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     own: MemberLists | None = cols.pop("group_ranks", None)  # type: ignore[assignment]
     own_len = own.lengths if own is not None else np.zeros(n, np.int32)
     members: list[np.ndarray] = [np.zeros(0, np.int64)]  # 0: no members known
-    mid = np.zeros(n, np.int64)
+    mid = np.zeros(n, np.int32)  # which of ``members`` each row has
     comm = cols.get("comm_id")
     known = _members_of(communicators)
     if isinstance(comm, pd.Categorical) and known:
-        cat_mid = np.zeros(len(comm.categories) + 1, np.int64)  # the last slot: null comm_id
+        cat_mid = np.zeros(len(comm.categories) + 1, np.int32)  # the last slot: null comm_id
         for i, cid in enumerate(comm.categories):
             m = known.get(str(cid))
             if m is not None:
                 members.append(m)
                 cat_mid[i] = len(members) - 1
-        mid = cat_mid[comm.codes.astype(np.int64)]
+        mid = cat_mid[comm.codes]  # (code -1, no comm_id: the last slot)
         mid[own_len > 0] = 0  # a record's own member list wins, as before
     rows = np.flatnonzero(own_len > 0)
     if len(rows):  # records that carry their member list (an older writer): one array per distinct list
@@ -482,7 +507,7 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     cols["group_ranks"] = obj[mid]
     # gkey: once per distinct (group, members, attempt)
     group: pd.Categorical = cols["group"]  # type: ignore[assignment]
-    gcode = group.codes.astype(np.int64)
+    gcode = group.codes  # (_composite widens to int64 once)
     att = cols["attempt"]
     combo = _composite([gcode, mid, att])
     span = int(np.prod(combo[1], dtype=object)) if combo is not None else 0
@@ -490,20 +515,22 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
         code, uniq = pd.factorize(pd.MultiIndex.from_arrays([gcode, mid, att]))
         firsts = [(int(a), int(b), int(c)) for a, b, c in uniq]
     else:  # few combinations: a lookup table over the composite code (no hashing), decoded back into its parts
-        code = combo[0]
+        code, spans = combo
+        del combo
         present = np.flatnonzero(np.bincount(code, minlength=span))
         lut = np.zeros(span, np.int32)
         lut[present] = np.arange(len(present), dtype=np.int32)
-        code = lut[code]
-        s_mid, s_att = combo[1][1], combo[1][2]
+        code = lut[code]  # (the int64 composite freed here)
+        s_mid, s_att = spans[1], spans[2]
         lo = (int(gcode.min()), int(mid.min()), int(att.min()))
         firsts = [(int(v // (s_mid * s_att)) + lo[0], int(v // s_att % s_mid) + lo[1], int(v % s_att) + lo[2])
                   for v in present]
     names = [group_key(group.categories[g] if g >= 0 else None, members[m], a) for g, m, a in firsts]
     cats = sorted(set(names))
     pos = {k: i for i, k in enumerate(cats)}
-    remap = np.array([pos[k] for k in names], dtype=np.int32)
-    cols["gkey"] = pd.Categorical.from_codes(remap[code], categories=pd.Index(cats, dtype=object))
+    width = np.int8 if len(cats) < 127 else np.int16 if len(cats) < 32767 else np.int32
+    remap = np.array([pos[k] for k in names], dtype=width)  # the codes made once, in the Categorical's own width
+    cols["gkey"] = pd.Categorical.from_codes(remap[code], categories=pd.Index(cats, dtype=object), validate=False)
     for name in AS_STRINGS["collectives"]:
         cols[name] = as_strings(cols[name])
 
@@ -528,6 +555,14 @@ def steps_frame(cols: dict[str, object]) -> pd.DataFrame:
     return pd.DataFrame(cols, copy=False)
 
 
+def first_seen_order(codes: np.ndarray) -> np.ndarray:
+    """Categorical ``codes`` renumbered (int64) in the order each first appears, no value (-1) last."""
+    seen = pd.unique(codes[codes >= 0]) if len(codes) else codes
+    lut = np.full(int(codes.max(initial=0)) + 2, len(seen), np.int64)  # the last slot: -1, after every group
+    lut[seen] = np.arange(len(seen))
+    return lut[codes]
+
+
 def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, group_key) -> pd.DataFrame:
     dur, done = cols["duration_ms"], cols["t_done"]
     need = np.isnan(dur) & ~np.isnan(done)
@@ -535,11 +570,11 @@ def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, grou
         dur[need] = (done[need] - cols["t_arrive"][need]) * 1000.0
     # a collective may be written at arrival and again when done: keep the completed one
     group: pd.Categorical = cols["group"]  # type: ignore[assignment]
-    gcode = group.codes.astype(np.int64)
-    gcode[gcode < 0] = len(group.categories)  # no group name sorts last, as NaN does
-    # Rows in (attempt, step, rank, group, seq) order, close to the order the head writes them in; each rank's and
-    # each communicator's rows in sequence order as before. (A duplicate is the same (attempt, step, rank, group,
-    # seq): the step is part of the key here, a copy that names another step is a different record.)
+    gcode = first_seen_order(group.codes)
+    # Rows in (attempt, step, rank, group, seq) order, the groups in the order they first appear: the order the head
+    # writes them in (nothing moves), and each rank's and each communicator's rows in sequence order as before. (A
+    # duplicate is the same (attempt, step, rank, group, seq): the step is part of the key here, a copy that names
+    # another step is a different record.)
     take(cols, sorted_last([cols["attempt"], cols["step"], cols["rank"], gcode, cols["seq"],
                             (~np.isnan(done)).astype(np.int8)], 5))
     del gcode
@@ -573,4 +608,6 @@ def read_tables(table_files: dict[str, list[Path]], communicators: pd.DataFrame,
         else:
             frames[name] = samples_frame(cols)
         del cols
+        # the decoded pages are freed by now; hand the allocator's cached pages back before the next table
+        pa.default_memory_pool().release_unused()
     return frames, bad

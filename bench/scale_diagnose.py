@@ -19,6 +19,10 @@ Then once per tree, the time split in a subprocess that does what ``diagnose`` d
 RunData), the builder's eager part (``build_frame``) and each check (the frame's matrices are built on first use,
 inside the first check that asks), the logs stored with the run, and the report (model + JSON). ``--profile`` runs
 the checks under cProfile and prints the top functions.
+
+``--load-only``: instead of the CLI, a subprocess per tree and round that only loads the run (store -> ``RunData``,
+as ``diagnose`` does): wall and CPU time of the load, the process's peak RSS, and each frame's rows and size
+(``--profile`` then profiles the load). The baseline runs at every size in this mode.
 """
 
 from __future__ import annotations
@@ -108,6 +112,57 @@ print("PHASES " + json.dumps(out))
 """
 
 
+LOAD_ONLY = r"""
+import cProfile, io, json, pstats, resource, sys, time
+store, run, profile = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+from analyzers.loader import load_run
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+out = {"rss_before_gib": rss()}
+prof = cProfile.Profile() if profile else None
+if prof: prof.enable()
+t, c = time.perf_counter(), time.process_time()
+data = load_run(store, run, progress=False)
+out["load_s"], out["load_cpu_s"] = time.perf_counter() - t, time.process_time() - c
+if prof: prof.disable()
+out["maxrss_gib"] = rss()
+names = ("steps", "collectives", "gpu", "host")
+out["rows"] = {n: len(getattr(data, n)) for n in names}
+out["frames_gib"] = {n: float(getattr(data, n).memory_usage(deep=False).sum()) / 2**30 for n in names}
+if prof:
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(40)
+    out["profile"] = s.getvalue()
+print("LOAD " + json.dumps(out))
+"""
+
+
+def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Namespace) -> list[tuple]:
+    """``--load-only`` at one store: per round and tree a fresh process that loads the run; returns report rows."""
+    got: dict[str, list[dict]] = {t: [] for t in trees}
+    for i in range(rounds):
+        for t, tree in trees.items():
+            r = run_measured([sys.executable, "-c", LOAD_ONLY, str(store), RUN, "1" if a.profile else "0"], tree,
+                             a.max_rss_gb, a.timeout, keep_stdout=True)
+            line = next((x for x in r["stdout"].splitlines() if x.startswith("LOAD ")), None)
+            if line is None:
+                print(f"   round {i + 1} {t:8s} failed ({r['killed'] or r['rc']}):\n{r['stderr'][-1500:]}", flush=True)
+                continue
+            o = json.loads(line[5:])
+            o["proc_maxrss_gib"] = r["maxrss_gib"]
+            got[t].append(o)
+            print(f"   round {i + 1} {t:8s} load {o['load_s']:6.1f} s (CPU {o['load_cpu_s']:6.1f} s), peak RSS "
+                  f"{r['maxrss_gib']:5.2f} GiB; frames " + ", ".join(f"{n} {v:.2f}" for n, v in o["frames_gib"].items())
+                  + f" GiB; load average {os.getloadavg()[0]:.1f}", flush=True)
+            if o.get("profile"):
+                print(o["profile"])
+    rows = []
+    for t, rs in got.items():
+        if rs:
+            rows.append((t, [r["load_s"] for r in rs], [r["load_cpu_s"] for r in rs],
+                         max(r["proc_maxrss_gib"] for r in rs), rs[-1]["frames_gib"], rs[-1]["rows"]))
+    return rows
+
+
 def parse_size(s: str) -> tuple[int, int]:
     r, _, st = s.lower().partition("x")
     return int(r), int(st)
@@ -184,6 +239,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="cProfile the checks (the analysis time then includes "
                                                            "the profiler's overhead)")
     ap.add_argument("--no-split", action="store_true", help="skip the time split")
+    ap.add_argument("--load-only", action="store_true", help="time only the load (store -> RunData): wall, CPU, peak "
+                                                             "RSS and frame sizes, baseline at every size")
     a = ap.parse_args()
     trees = {"now": ROOT}
     if a.baseline:
@@ -195,6 +252,14 @@ def main() -> None:
         ranks, steps = parse_size(size)
         job = Job(ranks=ranks, steps=steps)
         store = cached(job, Path(a.cache))
+        if a.load_only:
+            print(f"\n== load only: {ranks} ranks x {steps} steps; store {store}", flush=True)
+            for t, walls, cpus, rss, frames, nrows in load_only(store, trees, a.rounds, a):
+                print(f"   {t:8s} load wall min {min(walls):.1f} median {statistics.median(walls):.1f} s, CPU min "
+                      f"{min(cpus):.1f} median {statistics.median(cpus):.1f} s, peak RSS {rss:.2f} GiB; frames "
+                      + ", ".join(f"{n} {v:.2f}" for n, v in frames.items()) + f" GiB (total "
+                      f"{sum(frames.values()):.2f}); rows {nrows}", flush=True)
+            continue
         use = [t for t in trees if t == "now" or ranks * steps <= br * bs]
         print(f"\n== {ranks} ranks x {steps} steps (TP {job.tp} x PP {job.pp} x DP {job.dp}; straggler rank "
               f"{job.straggler} x{job.factor} from step {job.start}); store {store} "
@@ -244,6 +309,8 @@ def main() -> None:
                 print(sp["profile"])
                 print(sp["profile_tottime"])
     print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    if a.load_only:
+        return
     print(f"\n{'size':>11s} {'tree':>8s} {'wall min':>8s} {'median':>7s} {'peak RSS':>9s} {'load':>6s} "
           f"{'analysis':>8s} {'report':>6s}")
     base = {size: r for size, t, *r in rows if t == "baseline"}
