@@ -91,7 +91,10 @@ def check_straggler(code: int, report: dict, slow_rank: int) -> None:
     assert [f["ranks"] for f in stragglers] == [[slow_rank]], report["findings"]
     assert abs(stragglers[0]["step_start"] - 5) <= 3, stragglers[0]
     for f in report["findings"]:
-        if f["severity"] != "info" and f["kind"] in CULPRIT_KINDS:
+        # A job-wide finding (scope "world": every rank) accuses no other rank. On this busy 2-core box the last
+        # arriver's all-reduce can really slow down mid-run (a world comm_growth warning against a 3-step baseline
+        # that happened to be quiet); a finding that names another rank is what must not happen.
+        if f["severity"] != "info" and f["kind"] in CULPRIT_KINDS and f["evidence"].get("scope") != "world":
             assert f["ranks"] == [slow_rank], f
 
 
