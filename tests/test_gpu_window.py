@@ -9,11 +9,12 @@ import pyarrow as pa
 from analyzers.builder import build_frame
 from analyzers.checks import gpu_health
 from head import live as live_mod
-from head.live import GPU_SAMPLES_PER_GPU, RunLive
+from head.live import RunLive
 from ranksight.simgpu import THROTTLE_HW_SLOWDOWN
 from ranksight.tables import SPECS
 
 NODES, GPUS = 2048, 8  # 16,384 GPUs
+GPU_SAMPLES_PER_GPU = getattr(live_mod, "GPU_SAMPLES_PER_GPU", 60)
 
 
 def fleet_second(t: float, nodes: int = NODES, throttled=(2000, 3)) -> pa.Table:
@@ -25,13 +26,16 @@ def fleet_second(t: float, nodes: int = NODES, throttled=(2000, 3)) -> pa.Table:
     cols = {
         "run_id": pa.array(["r1"] * n), "node": node, "host": pa.array([f"node{i}" for i in node]), "gpu": gpu,
         "t": np.full(n, t), "source": pa.array(["nvml"] * n), "simulated": np.zeros(n, bool),
+        "name": pa.array(["NVIDIA H100 80GB HBM3"] * n), "uuid": pa.array([f"GPU-{i}" for i in range(n)]),
         "util_pct": np.full(n, 97.0), "mem_total_bytes": np.full(n, 80 << 30, np.int64),
         "sm_clock_mhz": np.where(bad, 1100.0, 1980.0), "max_sm_clock_mhz": np.full(n, 1980.0),
         "throttle_reasons": np.where(bad, THROTTLE_HW_SLOWDOWN, 0).astype(np.int64), "temp_c": np.full(n, 60.0),
+        "throttle_names": pa.array([["hw_slowdown"] if b else [] for b in bad], pa.list_(pa.string())),
     }
     schema = SPECS["gpu"].schema
-    return pa.table([pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(n, f.type) for f in schema],
-                    schema=schema)
+    zero = {pa.int64(): np.zeros(n, np.int64), pa.string(): pa.array([""] * n)}  # fields an agent always sends
+    return pa.table([pa.array(cols[f.name], f.type) if f.name in cols else zero.get(f.type, pa.nulls(n, f.type))
+                     for f in schema], schema=schema)
 
 
 def test_16384_gpus_keep_their_window_and_a_throttled_gpu_is_found_live():
@@ -42,14 +46,12 @@ def test_16384_gpus_keep_their_window_and_a_throttled_gpu_is_found_live():
         t = fleet_second(1000.0 + s)
         for k in range(0, t.num_rows, 256 * GPUS):
             live.add_arrow("gpu", t.slice(k, 256 * GPUS), now=2000.0 + s)
-    g = live.gpu_table()
-    per_gpu = np.bincount(g.column("node").to_numpy() * GPUS + g.column("gpu").to_numpy())
-    assert len(per_gpu) == NODES * GPUS and per_gpu.min() >= min(seconds, GPU_SAMPLES_PER_GPU)
-    assert live.gpu_rows_cut == 0
     data = live.run_data(now=1010.0)
-    assert len(data.gpu) == NODES * GPUS * seconds
+    per_gpu = np.bincount(data.gpu["node"].to_numpy() * GPUS + data.gpu["gpu"].to_numpy(), minlength=NODES * GPUS)
+    assert per_gpu.min() >= min(seconds, GPU_SAMPLES_PER_GPU) and len(data.gpu) == NODES * GPUS * seconds
     found = [f for f in gpu_health.analyze(build_frame(data)) if f.evidence.get("cause") == "throttle"]
     assert [(f.evidence["node"], f.evidence["gpu"]) for f in found] == [(2000, 3)]
+    assert live.gpu_rows_cut == 0
 
 
 def test_each_gpu_keeps_its_last_samples_only():
