@@ -212,6 +212,24 @@ class RunLive:
             log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
         return out
 
+    def gpu_latest(self) -> list:
+        """The newest sample (largest ``t``; the later arrival on a tie) of each (node, gpu) in the live window, as
+        records, in (node, gpu) order."""
+        with self.lock:
+            chunks = list(self._gpu_arrow)
+        if not chunks:
+            return []
+        t = _concat_gpu(chunks)
+        code = _gpu_codes(t)
+        ts = np.nan_to_num(numpy_column(t, "t").astype(np.float64), nan=-np.inf)
+        order = np.lexsort((np.arange(len(code)), ts, code))  # by GPU, then time, then arrival
+        last = order[np.r_[code[order][1:] != code[order][:-1], True]]
+        try:
+            return msgspec.convert(t.take(pa.array(last)).to_pylist(), list[schema.GpuSample], strict=False)
+        except (msgspec.ValidationError, TypeError) as e:
+            log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
+            return []
+
     def gpu_table(self, per_gpu: int = GPU_SAMPLES_PER_GPU) -> pa.Table | None:
         """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order) of each
         (node, gpu). None when there are none."""

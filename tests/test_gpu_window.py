@@ -75,3 +75,17 @@ def test_the_memory_cap_cuts_and_says_so(monkeypatch, caplog):
     assert any("gpu_rows_cut" in r.getMessage() for r in caplog.records)
     (f,) = [f for f in gpu_health.analyze(build_frame(live.run_data(now=1030.0))) if f.evidence.get("cause") == "throttle"]
     assert (f.evidence["node"], f.evidence["gpu"]) == (7, 1)
+
+
+def test_the_gpus_api_shows_every_gpu_of_a_16384_gpu_fleet():
+    from head.api import gpu_states
+
+    live = RunLive("r1")
+    for s in range(3):
+        t = fleet_second(1000.0 + s)
+        for k in range(0, t.num_rows, 256 * GPUS):
+            live.add_arrow("gpu", t.slice(k, 256 * GPUS), now=2000.0 + s)
+    out = gpu_states(live, now=1003.0)
+    assert len(out) == NODES * GPUS and {g["t"] for g in out} == {1002.0}
+    (bad,) = [g for g in out if g["throttled"]]
+    assert (bad["node"], bad["gpu"]) == (2000, 3)
