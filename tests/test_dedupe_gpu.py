@@ -88,3 +88,10 @@ def test_a_resend_after_the_horizon_is_not_stored_twice_and_is_counted(tmp_path)
     h2.close()
     df = read_table(tmp_path, "r1", "gpu")
     assert len(df) == len(first) + 4 * 20 and not df.duplicated(["node", "gpu", "t"]).any()
+
+
+def test_keys_out_of_the_codes_range_keep_the_exact_set():
+    idx = make_index("gpu")
+    odd = [gpu(-1, 0, 5.0), gpu(2, 1 << 21, 5.0), gpu(1, 0, 5.0)]
+    assert idx.new_rows(odd) == odd
+    assert idx.new_rows(odd) == [] and len(idx.keys) == 2  # the two odd ones in the exact set
