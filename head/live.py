@@ -230,11 +230,17 @@ class RunLive:
             log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
             return []
 
-    def gpu_table(self, per_gpu: int = GPU_SAMPLES_PER_GPU) -> pa.Table | None:
-        """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order) of each
-        (node, gpu). None when there are none."""
+    def _gpu_per_gpu(self) -> int:
+        """Samples kept per GPU: ``GPU_SAMPLES_PER_GPU``, more on a small fleet (the ``GPU_RECORDS_VIEW`` samples a
+        global bound kept before are shared among its GPUs, so a small fleet keeps as much as it did)."""
+        return max(GPU_SAMPLES_PER_GPU, -(-GPU_RECORDS_VIEW // max(1, len(self._gpu_keys))))
+
+    def gpu_table(self, per_gpu: int | None = None) -> pa.Table | None:
+        """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order; default
+        ``_gpu_per_gpu()``) of each (node, gpu). None when there are none."""
         with self.lock:
             chunks = list(self._gpu_arrow)
+            per_gpu = self._gpu_per_gpu() if per_gpu is None else per_gpu
         if not chunks:
             return None
         t = _concat_gpu(chunks)
@@ -246,7 +252,7 @@ class RunLive:
         self._gpu_arrow.append(t)
         self._gpu_arrow_rows += t.num_rows
         self._gpu_keys.update(np.unique(_gpu_codes(t)).tolist())
-        want = GPU_SAMPLES_PER_GPU * max(1, len(self._gpu_keys))
+        want = self._gpu_per_gpu() * max(1, len(self._gpu_keys))
         cap = min(want, MAX_GPU_ROWS)
         while len(self._gpu_arrow) > 1 and self._gpu_arrow_rows - self._gpu_arrow[0].num_rows >= cap:
             n = self._gpu_arrow.popleft().num_rows
@@ -255,7 +261,7 @@ class RunLive:
                 if self.gpu_rows_cut == 0:
                     log.warning("live %s: %d GPUs x %d samples is over the live window's cap of %d GPU samples: "
                                 "the oldest are dropped (counted in gpu_rows_cut)", self.run_id,
-                                len(self._gpu_keys), GPU_SAMPLES_PER_GPU, MAX_GPU_ROWS)
+                                len(self._gpu_keys), self._gpu_per_gpu(), MAX_GPU_ROWS)
                 self.gpu_rows_cut += n
 
     def _pull(self) -> None:

@@ -57,11 +57,18 @@ def test_16384_gpus_keep_their_window_and_a_throttled_gpu_is_found_live():
 def test_each_gpu_keeps_its_last_samples_only():
     live = RunLive("r1")
     for s in range(GPU_SAMPLES_PER_GPU + 40):
-        live.add_arrow("gpu", fleet_second(1000.0 + s, nodes=4), now=2000.0 + s)
+        live.add_arrow("gpu", fleet_second(1000.0 + s, nodes=64), now=2000.0 + s)
     g = live.gpu_table()
-    assert g.num_rows == 4 * GPUS * GPU_SAMPLES_PER_GPU
+    assert g.num_rows == 64 * GPUS * GPU_SAMPLES_PER_GPU
     assert g.column("t").to_numpy().min() == 1000.0 + 40
-    assert live._gpu_arrow_rows <= 4 * GPUS * (GPU_SAMPLES_PER_GPU + 1)  # older batches dropped, not just hidden
+    assert live._gpu_arrow_rows <= 64 * GPUS * (GPU_SAMPLES_PER_GPU + 1)  # older batches dropped, not just hidden
+
+
+def test_a_small_fleet_keeps_at_least_what_the_global_bound_kept():
+    live = RunLive("r1")
+    for s in range(400):  # 16 GPUs: 7,680 samples are 480 s of them
+        live.add_arrow("gpu", fleet_second(1000.0 + s, nodes=2, throttled=(1, 1)), now=2000.0 + s)
+    assert live.gpu_table().num_rows == 16 * 400
 
 
 def test_the_memory_cap_cuts_and_says_so(monkeypatch, caplog):
