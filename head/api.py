@@ -85,7 +85,7 @@ def gpu_states(live, now: float | None = None) -> list[dict]:
         except Exception:  # serve what is there
             log.exception("gpus: processing queued batches failed")
     with live.lock:
-        samples = list(live.gpu)
+        samples = live.gpu_latest()  # every GPU's newest, however many GPUs (``live.gpu`` holds the newest 7,680)
         xids = list(live.xid)
         manifest = live.manifest
     latest: dict[tuple[int, int], object] = {}

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from head.live_frames import (ConvertedWindow, analysis_frame, numpy_column, tail_per_rank, to_pandas_shared_lists,
-                              window_rows)
+from head.live_frames import (ConvertedWindow, _tail_mask, analysis_frame, numpy_column, tail_per_rank,
+                              to_pandas_shared_lists, window_rows)
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -46,6 +46,13 @@ DEFAULT_WINDOW = 512  # steps per rank kept in memory
 MAX_COMMUNICATORS = 1 << 20  # process groups kept (a 16,384-rank job with its pipeline links has ~50,000)
 TRACES_KEPT = 8192  # trace summaries kept: the last few captures of a large job
 _MAX_RANK = 1 << 22  # ranks above this are kept in the windows but get no per-rank state
+# GPU samples kept per (node, gpu): the GPU checks (analyzers/checks/gpu_health.py: a share of throttled samples, at
+# least 3; memory_pressure: each GPU's capacity) judge each GPU on its own recent samples, so the bound is per GPU
+# (a minute at the agents' 1 s sampling), not global (a global one holds under a second of a 16,384-GPU fleet)
+GPU_SAMPLES_PER_GPU = 60
+# the memory cap over all GPUs (~128 per GPU of a 16,384-GPU fleet); over it the oldest batches go, logged and counted
+MAX_GPU_ROWS = 1 << 21
+GPU_RECORDS_VIEW = 64 * 120  # the newest samples ``RunLive.gpu`` shows as records (the API and run summary read it)
 
 
 @dataclass
@@ -155,11 +162,13 @@ class RunLive:
         self._colls: deque = deque()
         self._colls_rows = 0
         self.agents: dict[int, AgentLive] = {}
-        self._gpu: deque = deque(maxlen=64 * 120)
-        # GPU samples that arrived packed (Arrow tables), turned into records only when something reads ``gpu``: at
-        # fleet rate (a sample per GPU per second) most never are, the deque keeping only its last ``maxlen``
+        # GPU samples as Arrow tables (one per batch, oldest first), trimmed to about ``GPU_SAMPLES_PER_GPU`` rows per
+        # GPU seen (cut exactly per GPU when read) and at most ``MAX_GPU_ROWS``; records are made only for the views
         self._gpu_arrow: deque = deque()
         self._gpu_arrow_rows = 0
+        self._gpu_keys: set[int] = set()  # the (node, gpu) pairs seen, as node << 20 | gpu
+        self.gpu_rows_cut = 0  # samples dropped by the memory cap before their GPU had its window
+        self._gpu_view: tuple = (None, deque(maxlen=GPU_RECORDS_VIEW))  # (newest batch it was made from, records)
         self.host: deque = deque(maxlen=16 * 120)
         self.events: deque = deque(maxlen=2000)
         self.xid: deque = deque(maxlen=2000)
@@ -171,31 +180,89 @@ class RunLive:
         self.manifest: schema.Manifest | None = None
         self.last_seen = 0.0
         self.sync: Callable[[], None] | None = None  # set by the head: process queued batches first
-        # run_data(): the GPU and host sample deques as Arrow, each sample converted once
-        self._converted = {"gpu": ConvertedWindow(run_id, "gpu"), "host": ConvertedWindow(run_id, "host")}
+        # run_data(): the host sample deque as Arrow, each sample converted once
+        self._converted = {"host": ConvertedWindow(run_id, "host")}
 
     @property
     def gpu(self) -> deque:
-        """The GPU samples of the live window (records, oldest first; at most the deque's ``maxlen``)."""
+        """The newest GPU samples of the live window as records (oldest first; at most ``GPU_RECORDS_VIEW``). The same
+        objects until a new batch arrives."""
         with self.lock:
-            if self._gpu_arrow:
-                self._materialize_gpu()
-            return self._gpu
+            newest = self._gpu_arrow[-1] if self._gpu_arrow else None
+            if newest is not self._gpu_view[0]:
+                self._gpu_view = (newest, self._gpu_records(GPU_RECORDS_VIEW))
+            return self._gpu_view[1]
 
-    def _materialize_gpu(self) -> None:
-        chunks = list(self._gpu_arrow)
-        self._gpu_arrow.clear()
-        self._gpu_arrow_rows = 0
-        t = pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
-        keep = self._gpu.maxlen or t.num_rows
-        if t.num_rows > keep:  # only the last ``maxlen`` would stay in the deque anyway
-            t = t.slice(t.num_rows - keep)
+    def _gpu_records(self, limit: int) -> deque:
+        out: deque = deque(maxlen=limit)
+        chunks, n = [], 0
+        for t in reversed(self._gpu_arrow):  # only the newest ``limit`` rows are converted
+            chunks.append(t)
+            n += t.num_rows
+            if n >= limit:
+                break
+        if not chunks:
+            return out
+        t = _concat_gpu(chunks[::-1])
+        if t.num_rows > limit:
+            t = t.slice(t.num_rows - limit)
         try:
-            rows = msgspec.convert(t.to_pylist(), list[schema.GpuSample], strict=False)
+            out.extend(msgspec.convert(t.to_pylist(), list[schema.GpuSample], strict=False))
         except (msgspec.ValidationError, TypeError) as e:
             log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
-            return
-        self._gpu.extend(rows)
+        return out
+
+    def gpu_latest(self) -> list:
+        """The newest sample (largest ``t``; the later arrival on a tie) of each (node, gpu) in the live window, as
+        records, in (node, gpu) order."""
+        with self.lock:
+            chunks = list(self._gpu_arrow)
+        if not chunks:
+            return []
+        t = _concat_gpu(chunks)
+        code = _gpu_codes(t)
+        ts = np.nan_to_num(numpy_column(t, "t").astype(np.float64), nan=-np.inf)
+        order = np.lexsort((np.arange(len(code)), ts, code))  # by GPU, then time, then arrival
+        last = order[np.r_[code[order][1:] != code[order][:-1], True]]
+        try:
+            return msgspec.convert(t.take(pa.array(last)).to_pylist(), list[schema.GpuSample], strict=False)
+        except (msgspec.ValidationError, TypeError) as e:
+            log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
+            return []
+
+    def _gpu_per_gpu(self) -> int:
+        """Samples kept per GPU: ``GPU_SAMPLES_PER_GPU``, more on a small fleet (the ``GPU_RECORDS_VIEW`` samples a
+        global bound kept before are shared among its GPUs, so a small fleet keeps as much as it did)."""
+        return max(GPU_SAMPLES_PER_GPU, -(-GPU_RECORDS_VIEW // max(1, len(self._gpu_keys))))
+
+    def gpu_table(self, per_gpu: int | None = None) -> pa.Table | None:
+        """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order; default
+        ``_gpu_per_gpu()``) of each (node, gpu). None when there are none."""
+        with self.lock:
+            chunks = list(self._gpu_arrow)
+            per_gpu = self._gpu_per_gpu() if per_gpu is None else per_gpu
+        if not chunks:
+            return None
+        t = _concat_gpu(chunks)
+        keep = _tail_mask(_gpu_codes(t), per_gpu)
+        return t if keep.all() else t.filter(pa.array(keep))
+
+    def _add_gpu(self, t: pa.Table) -> None:
+        """Append a batch of GPU samples (Arrow, the store's schema) and trim the window (under ``self.lock``)."""
+        self._gpu_arrow.append(t)
+        self._gpu_arrow_rows += t.num_rows
+        self._gpu_keys.update(np.unique(_gpu_codes(t)).tolist())
+        want = self._gpu_per_gpu() * max(1, len(self._gpu_keys))
+        cap = min(want, MAX_GPU_ROWS)
+        while len(self._gpu_arrow) > 1 and self._gpu_arrow_rows - self._gpu_arrow[0].num_rows >= cap:
+            n = self._gpu_arrow.popleft().num_rows
+            self._gpu_arrow_rows -= n
+            if want > MAX_GPU_ROWS:  # the per-GPU window does not fit the memory cap: say so
+                if self.gpu_rows_cut == 0:
+                    log.warning("live %s: %d GPUs x %d samples is over the live window's cap of %d GPU samples: "
+                                "the oldest are dropped (counted in gpu_rows_cut)", self.run_id,
+                                len(self._gpu_keys), self._gpu_per_gpu(), MAX_GPU_ROWS)
+                self.gpu_rows_cut += n
 
     def _pull(self) -> None:
         if self.sync is not None:
@@ -227,9 +294,7 @@ class RunLive:
                             reason = "evicted" if r.event == "evicted" else str(detail.get("reason", ""))
                             st.record_exit(r.rank, float(r.t), reason)
             elif table == "gpu":
-                if self._gpu_arrow:  # keep arrival order
-                    self._materialize_gpu()
-                self._gpu.extend(rows)
+                self._add_gpu(_concat_gpu([SPECS["gpu"].to_table(self.run_id, rows)]))
             elif table == "host":
                 self.host.extend(rows)
             elif table == "xid":
@@ -258,11 +323,7 @@ class RunLive:
         if table == "gpu":
             with self.lock:
                 self.last_seen = now
-                self._gpu_arrow.append(t)
-                self._gpu_arrow_rows += t.num_rows
-                keep = self._gpu.maxlen or self._gpu_arrow_rows
-                while self._gpu_arrow_rows - self._gpu_arrow[0].num_rows >= keep:  # older ones would be evicted
-                    self._gpu_arrow_rows -= self._gpu_arrow.popleft().num_rows
+                self._add_gpu(t)
             return
         if table not in ("steps", "collectives"):
             try:
@@ -457,7 +518,7 @@ class RunLive:
         self._pull()
         with self.lock:
             steps, colls = list(self._steps), list(self._colls)
-            gpu, host, events, xid = list(self.gpu), list(self.host), list(self.events), list(self.xid)
+            host, events, xid = list(self.host), list(self.events), list(self.xid)
             traces = list(self.traces)
             comms = list(self.comms.values())
             manifest = self.manifest
@@ -474,6 +535,7 @@ class RunLive:
                 return self._converted[table].table(rows).to_pandas()
             return SPECS[table].to_table(self.run_id, rows).to_pandas()
 
+        gpu_t = self.gpu_table()
         prepared = set()
         communicators = records("communicators", comms)
 
@@ -496,7 +558,8 @@ class RunLive:
         colls_df = columnar("collectives", colls, 4 * k, k if k < self.window else None)
         return RunData(
             run_id=self.run_id, manifest=manifest, steps=steps_df, collectives=colls_df,
-            events=records("events", events), gpu=records("gpu", gpu), host=records("host", host),
+            events=records("events", events),
+            gpu=_empty_frame("gpu") if gpu_t is None else gpu_t.to_pandas(), host=records("host", host),
             xid=records("xid", xid), trace_summaries=records("trace_summaries", traces),
             communicators=communicators, source="live",
             now=time.time() if now is None else now,
@@ -507,3 +570,23 @@ def _empty_frame(table: str) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame({n: [] for n in SPECS[table].schema.names})
+
+
+def _concat_gpu(chunks: list) -> pa.Table:
+    """GPU sample batches as one table in the store's schema (a batch from decoded records and one that arrived
+    packed may differ in column types)."""
+    schema_ = SPECS["gpu"].schema
+    out = []
+    for t in chunks:
+        if not t.schema.equals(schema_):
+            t = t.select([n for n in schema_.names if n in t.column_names]).cast(
+                pa.schema([schema_.field(n) for n in schema_.names if n in t.column_names]))
+        out.append(t)
+    return pa.concat_tables(out, promote_options="default") if len(out) > 1 else out[0]
+
+
+def _gpu_codes(t: pa.Table) -> np.ndarray:
+    """Each sample's (node, gpu) as one integer (node << 20 | gpu; -1 parts for nulls)."""
+    node = np.nan_to_num(numpy_column(t, "node").astype(np.float64), nan=-1).astype(np.int64)
+    gpu = np.nan_to_num(numpy_column(t, "gpu").astype(np.float64), nan=-1).astype(np.int64)
+    return (node << 20) | (gpu & 0xFFFFF)

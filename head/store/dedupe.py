@@ -13,6 +13,8 @@ hi+2, ... of its group) extends ``hi`` without any Python per row. Anything irre
 per-group Python path that merges intervals exactly; nothing is ever approximated.
 
 Collectives are ordered the same way (``CollectiveIndex``: per rank, attempt and group, their sequence numbers).
+GPU samples, the fleet-rate table (a sample per GPU per second), are ordered by time per GPU: ``GpuIndex`` keeps
+per (node, gpu) the newest sample time seen and the exact keys of the last ``GPU_HORIZON_S`` seconds below it.
 Other tables (lower volume, keys without such an order: GPU sample times, NCCL lines, ...)
 keep an exact set of key tuples (``SetIndex``).
 
@@ -24,12 +26,16 @@ stored part file, marked seen at start).
 from __future__ import annotations
 
 import bisect
+import logging
+import math
 
 import numpy as np
 import pyarrow as pa
 
 from ranksight import wire
 from ranksight.tables import SPECS, TableSpec
+
+log = logging.getLogger("ranksight.store")
 
 _GBITS = 20  # attempt bits in the packed group key (rank << 20 | attempt)
 _MAX_RANK = 1 << 42
@@ -408,9 +414,161 @@ class CollectiveIndex(SeqIndex):
                       col("seq").astype(np.int64))
 
 
+# How far below a GPU's newest sample time a sample may still arrive for the first time. One probe per agent samples
+# each GPU in time order, and the agent ships in order: a fresh batch only once its outbox (node/outbox.py: oldest
+# segment first, removed once acknowledged) is empty. So a sample older than its GPU's newest is a resend (an
+# acknowledged export whose reply was lost, an outbox segment re-shipped after a crash); the exact keys of the last
+# few minutes also keep samples that arrive a little out of order (a node clock stepped back, one batch split).
+GPU_HORIZON_S = 300.0
+_GPU_BITS = 20  # gpu index bits of a GPU code (node << 20 | gpu)
+
+
+class GpuIndex(SetIndex):
+    """Seen GPU sample keys (node, gpu, t) with memory bounded by GPUs x ``horizon`` seconds, not by samples.
+
+    Per GPU (``node << 20 | gpu``): the newest sample time seen (``hwm``) and, in numpy chunks, the (gpu, t) keys of
+    the samples within ``horizon`` seconds below it. A sample newer than its GPU's newest is new (the common case,
+    answered for a whole batch with a few vectorized operations); one within the horizon is looked up exactly; one
+    older than the horizon is taken for a resend, not stored, and counted in ``stale`` (logged): it cannot be told
+    apart exactly any more. Rows whose node, gpu or time is missing or out of range keep the exact key set."""
+
+    def __init__(self, spec: TableSpec, horizon: float = GPU_HORIZON_S):
+        super().__init__(spec)
+        self.horizon = float(horizon)
+        self.hwm: dict[int, float] = {}
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (codes, times) of the samples kept exactly
+        self._recent = 0
+        self._after_prune = 0
+        self.stale = 0  # samples older than their GPU's newest by more than the horizon: dropped, counted
+
+    def __len__(self) -> int:
+        return self._recent + len(self.hwm) + len(self.keys)
+
+    def nbytes(self) -> int:
+        return 16 * self._recent + 100 * len(self.hwm) + 120 * len(self.keys)
+
+    def new_rows(self, rows: list) -> list:
+        n = len(rows)
+        if n == 0:
+            return []
+        node = np.array([r.node if isinstance(r.node, int) else -1 for r in rows], np.int64)
+        gpu = np.array([r.gpu if isinstance(r.gpu, int) else -1 for r in rows], np.int64)
+        t = np.array([float(r.t) if isinstance(r.t, (int, float)) else math.nan for r in rows], np.float64)
+        ok = _regular(node, gpu, t)
+        out = np.zeros(n, np.bool_)
+        out[ok] = self._new_mask(_code(node[ok], gpu[ok]), t[ok])
+        if not ok.all():
+            odd = [rows[i] for i in np.flatnonzero(~ok)]
+            fresh = {id(r) for r in super().new_rows(odd)}
+            out[~ok] = [id(r) in fresh for r in odd]
+        return [r for r, k in zip(rows, out) if k]
+
+    def new_packed(self, arr: np.ndarray, layout: wire.PackedLayout) -> np.ndarray:
+        n = len(arr)
+
+        def col(c, null, dtype):
+            if c not in layout.codes:
+                d = layout.defaults.get(c)
+                return np.full(n, null if d is None else d, dtype)
+            v = arr[c].astype(dtype)
+            if layout.codes[c] == "n8":
+                v[arr[c] == wire.NULL_INT] = null
+            return v
+
+        node, gpu, t = col("node", -1, np.int64), col("gpu", -1, np.int64), col("t", math.nan, np.float64)
+        ok = _regular(node, gpu, t)
+        out = np.zeros(n, np.bool_)
+        out[ok] = self._new_mask(_code(node[ok], gpu[ok]), t[ok])
+        if not ok.all():
+            out[~ok] = super().new_packed(arr[~ok], layout)
+        return out
+
+    def add_table(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+
+        def col(c, null, dtype):
+            return np.nan_to_num(table.column(c).to_numpy(zero_copy_only=False).astype(np.float64), nan=null).astype(dtype)
+
+        node, gpu, t = col("node", -1, np.int64), col("gpu", -1, np.int64), col("t", math.nan, np.float64)
+        ok = _regular(node, gpu, t)
+        self._new_mask(_code(node[ok], gpu[ok]), t[ok], stored=True)
+        if not ok.all():
+            super().add_table(table.filter(pa.array(~ok)))
+
+    def _new_mask(self, code: np.ndarray, t: np.ndarray, stored: bool = False) -> np.ndarray:
+        """Which of these samples (all with a regular key) are seen for the first time; records them."""
+        n = len(code)
+        if n == 0:
+            return np.zeros(0, np.bool_)
+        uniq, inv = np.unique(code, return_inverse=True)
+        hw = np.array([self.hwm.get(c, -math.inf) for c in uniq.tolist()], np.float64)
+        h = hw[inv]
+        # a key repeated within the batch: its first row only
+        order = np.lexsort((t, code))
+        rep = np.zeros(n, np.bool_)
+        rep[1:] = (code[order][1:] == code[order][:-1]) & (t[order][1:] == t[order][:-1])
+        first = np.ones(n, np.bool_)
+        first[order[rep]] = False
+        new = t > h
+        stale = t <= h - self.horizon
+        middle = np.flatnonzero(~new & ~stale)
+        if len(middle):
+            seen = self._recent_keys(np.unique(code[middle]))
+            new[middle] = [k not in seen for k in zip(code[middle].tolist(), t[middle].tolist())]
+        new &= first
+        if stale.any() and not stored:
+            k = int(stale.sum())
+            if self.stale == 0 or (self.stale + k) // 10_000 > self.stale // 10_000:
+                log.warning("gpu samples older than their GPU's newest by over %.0f s: %d taken for resends and "
+                            "not stored (%d so far)", self.horizon, k, self.stale + k)
+            self.stale += k
+        if new.any():
+            c, tt = code[new], t[new]
+            self._chunks.append((c, tt))
+            self._recent += len(c)
+            top = np.full(len(uniq), -math.inf)
+            np.maximum.at(top, inv[new], tt)
+            for i in np.flatnonzero(top > hw).tolist():
+                self.hwm[int(uniq[i])] = float(top[i])
+            if self._recent > max(2 * self._after_prune, 1 << 16):
+                self._prune()
+        return new
+
+    def _recent_keys(self, codes: np.ndarray) -> set:
+        """The exactly kept (code, t) keys of these GPUs."""
+        out: set = set()
+        for c, t in self._chunks:
+            m = np.isin(c, codes)
+            if m.any():
+                out.update(zip(c[m].tolist(), t[m].tolist()))
+        return out
+
+    def _prune(self) -> None:
+        """Keep exactly only the keys within the horizon below their GPU's newest time."""
+        code = np.concatenate([c for c, _ in self._chunks])
+        t = np.concatenate([x for _, x in self._chunks])
+        uniq, inv = np.unique(code, return_inverse=True)
+        hw = np.array([self.hwm[c] for c in uniq.tolist()], np.float64)
+        keep = t > hw[inv] - self.horizon
+        self._chunks = [(code[keep], t[keep])]
+        self._recent = self._after_prune = int(keep.sum())
+
+
+def _regular(node: np.ndarray, gpu: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Rows whose key fits a GPU code and a finite time."""
+    return (node >= 0) & (node < (1 << 42)) & (gpu >= 0) & (gpu < (1 << _GPU_BITS)) & np.isfinite(t)
+
+
+def _code(node: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    return (node << _GPU_BITS) | gpu
+
+
 def make_index(table: str) -> SeqIndex | SetIndex:
     """The dedupe index of a store table: intervals for ``steps`` and ``collectives``, an exact key set for the
     others."""
     if table == "steps":
         return SeqIndex()
+    if table == "gpu":
+        return GpuIndex(SPECS[table])
     return CollectiveIndex() if table == "collectives" else SetIndex(SPECS[table])
