@@ -30,9 +30,12 @@ def check_slow_rank(code, obj, rank, start):
     assert f["ranks"] == [rank]  # that rank and no other
     assert abs(f["step_start"] - start) <= 3
     assert f["evidence"]["ratio"] > 1.2
-    # no other finding of warning or worse accuses another rank
+    # no other finding of warning or worse accuses another rank. A job-wide one (scope "world": every rank) accuses
+    # none: under a busy suite the last arriver's all-reduce on this shared 2-core box really slows mid-run, and a
+    # world comm_growth warning may stand beside the straggler
     for g in obj["findings"]:
-        if g["severity"] != "info" and g["kind"] in ("straggler", "comm_bottleneck", "data_stall", "hang", "gpu_health"):
+        if g["severity"] != "info" and g["kind"] in ("straggler", "comm_bottleneck", "data_stall", "hang", "gpu_health") \
+                and g["evidence"].get("scope") != "world":
             assert g["ranks"] == [rank], g
     assert obj["faults"][0]["found"]
 
