@@ -42,7 +42,7 @@ class RankStepMatrix:
             return self.frame(), []
         size = max(1, math.ceil(n / max_cols))
         starts = range(0, n, size)
-        out = np.empty((len(self.ranks), len(starts)))
+        out = np.empty((len(self.ranks), len(starts)), dtype=self.values.dtype)
         with warnings.catch_warnings():  # a rank without a value in a bucket: NaN, as pandas' median gives
             warnings.simplefilter("ignore", RuntimeWarning)
             for k, i in enumerate(starts):
@@ -56,7 +56,9 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
     """``frame[col]`` per rank and step: the last record's non-missing value of each (rank, step)."""
     if frame.empty or col not in frame.columns:
         return RankStepMatrix.empty()
-    v = frame[col].to_numpy(dtype=float, na_value=np.nan)
+    # float32 stays float32 (a store's *_ms columns are): the pivot kept it, and its medians were float32 ones
+    kind = np.float32 if str(frame[col].dtype).lower() == "float32" else np.float64
+    v = frame[col].to_numpy(dtype=kind, na_value=np.nan)
     keep = ~np.isnan(v)
     v = v[keep]
     ranks, rc = _codes(frame["rank"].to_numpy()[keep])
@@ -69,7 +71,7 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
         _, first_in_rev = np.unique(rev, return_index=True)
         last = len(cell) - 1 - first_in_rev
         cell, v = cell[last], v[last]
-    values = np.full(cells, np.nan)
+    values = np.full(cells, np.nan, dtype=kind)
     values[cell] = v
     return RankStepMatrix(ranks, steps, values.reshape(len(ranks), len(steps)))
 
