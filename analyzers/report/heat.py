@@ -61,8 +61,8 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
     v = frame[col].to_numpy(dtype=kind, na_value=np.nan)
     keep = ~np.isnan(v)
     v = v[keep]
-    ranks, rc = _codes(frame["rank"].to_numpy()[keep])
-    steps, sc = _codes(frame["step"].to_numpy()[keep])
+    ranks, rc = sorted_codes(frame["rank"].to_numpy()[keep])
+    steps, sc = sorted_codes(frame["step"].to_numpy()[keep])
     cell = rc * len(steps) + sc
     cells = len(ranks) * len(steps)
     if len(cell) and np.bincount(cell, minlength=cells).max() > 1:
@@ -76,7 +76,7 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
     return RankStepMatrix(ranks, steps, values.reshape(len(ranks), len(steps)))
 
 
-def _codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sorted_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct values of ``x`` and each element's index among them (``np.unique(return_inverse=True)``,
     without its sort when ``x`` holds integers of a compact range: steps and ranks do)."""
     if len(x) == 0:
