@@ -19,6 +19,7 @@ from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
+from analyzers.report.heat import RankStepMatrix, rank_step_matrix
 from analyzers.report.series import Event, PlotData, band, events, focus, plot_data
 from analyzers.score import detection_step, matches
 from analyzers.trace_windows import grouped, trace_windows
@@ -77,26 +78,20 @@ class DiagnoseReport:
     summary: Summary
     platform: str | None  # "backend/device" from the manifest (None without one)
     compute_label: str  # what ``compute`` measures, as the heat map's title says it
-    compute: pd.DataFrame  # rank x step: each rank's compute signal per step
+    cells: RankStepMatrix  # rank x step: each rank's compute signal per step (``compute`` as a frame)
     over_time: pd.DataFrame  # per step: step_ms, tflops, mfu (analyzers.checks.mfu.series)
     plots: PlotData = field(default_factory=PlotData)  # the other plots' series and the events (analyzers.report.series)
     rank_node: dict[int, int] = field(default_factory=dict)  # each rank's node (the placement), for "rank 3 (node 1)"
 
+    @property
+    def compute(self) -> pd.DataFrame:
+        """Rank x step: each rank's compute signal per step (a frame of ``cells``; big on a big run)."""
+        return self.cells.frame()
+
     def heat_map(self, max_cols: int) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
         """Rank x step-bucket matrix of each rank's median compute signal (at most ``max_cols`` buckets), and each
         bucket's (first, last) step."""
-        piv = self.compute
-        steps = list(piv.columns)
-        if not steps:
-            return piv, []
-        size = max(1, math.ceil(len(steps) / max_cols))
-        buckets = [steps[i:i + size] for i in range(0, len(steps), size)]
-        cols = {}
-        spans = []
-        for b in buckets:
-            cols[b[0]] = piv[b].median(axis=1)
-            spans.append((int(b[0]), int(b[-1])))
-        return pd.DataFrame(cols), spans
+        return self.cells.bucket_medians(max_cols)
 
     def heat_view(self, max_cols: int, max_rows: int = HEAT_ROWS) -> "HeatView":
         """``heat_map(max_cols)`` with at most ``max_rows`` rows: every rank when they fit; else the ranks the findings
@@ -143,6 +138,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     w = worst_severity(findings)
     m = data.manifest
     hist = history(data)
+    placement = Placement(data)  # its rank -> node map is a pass over the step records: build it once
     plots = (plot_data(data, findings, hist, fault_events(data)) if with_plots else
              PlotData(events=events(findings, hist, fault_events(data))))  # the marks only: the summary lists them
     what_happened = history_line(hist)
@@ -154,7 +150,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "checks_not_run": not_run,
         "faults": fault_rows(data, findings),
         "history": hist,
-        "traces": grouped(trace_windows(data.trace_summaries.itertuples(index=False), Placement(data).rank_node.get,
+        "traces": grouped(trace_windows(data.trace_summaries.itertuples(index=False), placement.rank_node.get,
                                         windows=TRACE_WINDOWS)),
         "simulated": simulated,
         "worst_severity": w,
@@ -177,11 +173,10 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "events": [dict(step=e.step, kind=e.kind, label=e.label) for e in plots.events],
     }
     signal = data.compute_signal()
-    compute = data.steps.pivot_table(index="rank", columns="step", values=signal, aggfunc="last").sort_index(axis=1)
     return DiagnoseReport(
         summary=summary, platform=f"{m.backend}/{m.device}" if m is not None else None,
         compute_label=data.device_time_label() if signal == "device_ms" else "compute time",
-        compute=compute, over_time=ser, plots=plots, rank_node=dict(Placement(data).rank_node))
+        cells=rank_step_matrix(data.steps, signal), over_time=ser, plots=plots, rank_node=dict(placement.rank_node))
 
 
 def _builtin(x: Any) -> Any:

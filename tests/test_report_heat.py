@@ -1,0 +1,99 @@
+"""The heat map's rank x step matrix without ``pivot_table`` (issue 15): the same cells and bucket medians as the
+pivot the report used to build (last non-missing record per rank and step, ranks and steps without a value left
+out), and a report built on a run without calling pandas' pivot at all."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers.loader import load_run
+from analyzers.report.heat import rank_step_matrix, sorted_codes
+from analyzers.report.model import build_report
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+
+
+def pivot_reference(frame: pd.DataFrame, col: str) -> pd.DataFrame:
+    """What model.py computed before: the pivot, then its columns in step order."""
+    return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
+
+
+def bucket_reference(piv: pd.DataFrame, max_cols: int) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
+    steps = list(piv.columns)
+    size = max(1, math.ceil(len(steps) / max_cols))
+    buckets = [steps[i:i + size] for i in range(0, len(steps), size)]
+    return (pd.DataFrame({b[0]: piv[b].median(axis=1) for b in buckets}),
+            [(int(b[0]), int(b[-1])) for b in buckets])
+
+
+def messy_steps(seed: int, ranks: int = 37, steps: int = 211) -> pd.DataFrame:
+    """Records with gaps in ranks and steps, repeated (rank, step) records (a replay), missing values, a rank and a
+    step with no value at all, shuffled."""
+    rng = np.random.default_rng(seed)
+    r = np.repeat(np.arange(ranks) * 3 + 5, steps)
+    s = np.tile(np.arange(steps) * 2 + 100, ranks)
+    v = rng.lognormal(3.0, 0.3, len(r)).round(2)  # rounded: equal values, so medians hit ties
+    v[rng.random(len(v)) < 0.1] = np.nan
+    v[r == 5 + 3 * 7] = np.nan  # a rank without any value
+    v[s == 100 + 2 * 50] = np.nan  # a step without any value
+    f = pd.DataFrame({"rank": r, "step": s, "compute_ms": v})
+    again = f.sample(frac=0.2, random_state=seed).assign(compute_ms=lambda d: d["compute_ms"] * 1.5)
+    again.loc[again.index[::7], "compute_ms"] = np.nan  # a replayed record without a value: the earlier one stays
+    return pd.concat([f, again]).sample(frac=1.0, random_state=seed + 1).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_matrix_is_the_pivot(seed):
+    f = messy_steps(seed)
+    m = rank_step_matrix(f, "compute_ms")
+    ref = pivot_reference(f, "compute_ms")
+    got = m.frame()
+    assert list(got.index) == list(ref.index) and list(got.columns) == list(ref.columns)
+    assert 5 + 3 * 7 not in got.index and 200 not in got.columns
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy(dtype=float))
+
+
+@pytest.mark.parametrize("max_cols", [1, 7, 48, 120, 1000])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_bucket_medians_are_the_old_heat_map(max_cols, dtype):
+    f = messy_steps(3).astype({"compute_ms": dtype})  # a store's *_ms columns are float32: so were the medians
+    heat, spans = rank_step_matrix(f, "compute_ms").bucket_medians(max_cols)
+    ref, ref_spans = bucket_reference(pivot_reference(f, "compute_ms"), max_cols)
+    assert spans == ref_spans
+    assert list(heat.index) == list(ref.index) and list(heat.columns) == list(ref.columns)
+    assert (heat.dtypes == ref.dtypes).all()
+    np.testing.assert_array_equal(heat.to_numpy(), ref.to_numpy())
+
+
+def test_no_value_no_matrix():
+    f = pd.DataFrame({"rank": [0, 1], "step": [1, 1], "compute_ms": [np.nan, np.nan]})
+    heat, spans = rank_step_matrix(f, "compute_ms").bucket_medians(10)
+    assert heat.empty and spans == []
+    assert rank_step_matrix(f.iloc[:0], "compute_ms").frame().empty
+
+
+def test_codes_of_sparse_and_compact_values_are_sorted_unique():
+    for x in (np.array([7, 3, 3, 9, 7]), np.array([10**12, 5, 10**12, -3])):
+        uniq, codes = sorted_codes(x)
+        ref_uniq, ref_codes = np.unique(x, return_inverse=True)
+        np.testing.assert_array_equal(uniq, ref_uniq)
+        np.testing.assert_array_equal(codes, ref_codes)
+
+
+def test_the_report_builds_no_pivot(monkeypatch):
+    # pandas' pivot (and its per-bucket DataFrame.median) cost seconds on a thousand ranks x ten thousand steps
+    data = load_run(str(FIXTURES), "real-4rank-slow", progress=False)
+    ref, _ = bucket_reference(pivot_reference(data.steps, data.compute_signal()), 48)
+
+    def no_pivot(*a, **k):
+        raise AssertionError("the report called pivot_table")
+
+    monkeypatch.setattr(pd.DataFrame, "pivot_table", no_pivot)
+    report = build_report(data, [], [], None, with_plots=False)
+    heat, _ = report.heat_map(48)
+    np.testing.assert_array_equal(heat.to_numpy(), ref.to_numpy(dtype=float))
