@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from cli.head_options import DEFAULT_HEAD, HeadToken, HeadUrl, TlsCa, TlsClientCert, TlsClientKey
+
 EXIT_ACCEPTED = 0  # the head accepted the action (its status says whether it reached the agent yet)
 EXIT_REFUSED = 3  # the head refused it: the policy's limits (409) or a bad request (400)
 EXIT_UNREACHABLE = 4  # no answer from the head, or an error it could not serve (401/403/5xx)
@@ -31,13 +33,11 @@ def action(
     by: str = typer.Option("", "--by", envvar="USER", help="Who asks, for the audit (default $USER)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Record what would be done; send nothing to the job."),
     as_json: bool = typer.Option(False, "--json", help="Print the action (or the refusal) as one JSON object."),
-    head: str = typer.Option("http://127.0.0.1:4318", "--head", envvar="RANKSIGHT_HEAD", help="The head's base URL."),
-    token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN", help="Bearer token the head requires."),
-    tls_ca: str = typer.Option("", "--tls-ca", envvar="RANKSIGHT_TLS_CA", help="CA (PEM) to verify an https head."),
-    tls_client_cert: str = typer.Option("", "--tls-client-cert", envvar="RANKSIGHT_TLS_CLIENT_CERT",
-                                        help="Mutual TLS: the certificate to present to the head."),
-    tls_client_key: str = typer.Option("", "--tls-client-key", envvar="RANKSIGHT_TLS_CLIENT_KEY",
-                                       help="The private key of --tls-client-cert."),
+    head: HeadUrl = DEFAULT_HEAD,
+    token: HeadToken = "",
+    tls_ca: TlsCa = "",
+    tls_client_cert: TlsClientCert = "",
+    tls_client_key: TlsClientKey = "",
 ) -> None:
     import msgspec
 

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 
 import typer
 
+from cli.head_options import DEFAULT_HEAD, HeadToken, HeadUrl, TlsCa, TlsClientCert, TlsClientKey
+
 EXIT_OK = 0
 EXIT_REFUSED = 3  # the head (or the agent) refused the query: a bad range (400), an unknown rank or run (404)
 EXIT_UNREACHABLE = 4  # no answer from the head, its token refused, or the agent unreachable (502)
@@ -39,13 +41,11 @@ def ops(
     op: str = typer.Option("", "--op", help="Only this op kind (all_reduce, reduce_scatter, ...)."),
     limit: int = typer.Option(10_000, "--limit", help="At most this many records (the answer says when cut)."),
     as_json: bool = typer.Option(False, "--json", help="Print the answer as one JSON object."),
-    head: str = typer.Option("http://127.0.0.1:4318", "--head", envvar="RANKSIGHT_HEAD", help="The head's base URL."),
-    token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN", help="Bearer token the head requires."),
-    tls_ca: str = typer.Option("", "--tls-ca", envvar="RANKSIGHT_TLS_CA", help="CA (PEM) to verify an https head."),
-    tls_client_cert: str = typer.Option("", "--tls-client-cert", envvar="RANKSIGHT_TLS_CLIENT_CERT",
-                                        help="Mutual TLS: the certificate to present to the head."),
-    tls_client_key: str = typer.Option("", "--tls-client-key", envvar="RANKSIGHT_TLS_CLIENT_KEY",
-                                       help="The private key of --tls-client-cert."),
+    head: HeadUrl = DEFAULT_HEAD,
+    token: HeadToken = "",
+    tls_ca: TlsCa = "",
+    tls_client_cert: TlsClientCert = "",
+    tls_client_key: TlsClientKey = "",
     timeout: float = typer.Option(90.0, "--timeout", help="Seconds to wait for the answer (a node's first query "
                                                           "indexes the rank's spool)."),
 ) -> None:

@@ -135,18 +135,23 @@ def window_rows(t: pa.Table, k: int, steps_k: int | None = None) -> pa.Table:
 
 def _tail_mask(rank: np.ndarray, k: int) -> np.ndarray:
     """Rows among the last ``k`` (arrival order) of their rank."""
+    order, _, from_end = _from_end(rank)
+    keep = np.zeros(len(rank), np.bool_)
+    keep[order[from_end < k]] = True
+    return keep
+
+
+def _from_end(rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the rows in rank order, their ranks, each row's position from the end of its rank's rows): a stable sort by
+    rank keeps arrival order within a rank."""
     n = len(rank)
-    # position from the end within each rank: stable sort by rank keeps arrival order
     order = np.argsort(rank, kind="stable")
     rs = rank[order]
     ends = np.ones(n, np.bool_)
     ends[:-1] = rs[1:] != rs[:-1]
     end_idx = np.nonzero(ends)[0]
     grp = np.searchsorted(end_idx, np.arange(n))
-    from_end = end_idx[grp] - np.arange(n)
-    keep = np.zeros(n, np.bool_)
-    keep[order[from_end < k]] = True
-    return keep
+    return order, rs, end_idx[grp] - np.arange(n)
 
 
 def _last_steps_mask(rank: np.ndarray, step: np.ndarray, k: int) -> np.ndarray:
@@ -225,15 +230,8 @@ def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None) ->
 
 def _tail_mask_by(rank: np.ndarray, room: np.ndarray) -> np.ndarray:
     """Rows among the last ``room[rank]`` (arrival order) of their rank in one chunk (``rank``: 0-based)."""
-    n = len(rank)
-    order = np.argsort(rank, kind="stable")
-    rs = rank[order]
-    ends = np.ones(n, np.bool_)
-    ends[:-1] = rs[1:] != rs[:-1]
-    end_idx = np.nonzero(ends)[0]
-    grp = np.searchsorted(end_idx, np.arange(n))
-    from_end = end_idx[grp] - np.arange(n)
-    keep = np.zeros(n, np.bool_)
+    order, rs, from_end = _from_end(rank)
+    keep = np.zeros(len(rank), np.bool_)
     keep[order[from_end < room[rs]]] = True
     return keep
 
