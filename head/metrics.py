@@ -149,3 +149,17 @@ class _HeadCollector:
         yield states
         yield lag
         yield age
+        yield self._stale_gpu()
+
+    def _stale_gpu(self):
+        """GPU samples older than their GPU's newest by more than the dedupe horizon (``GpuIndex``): taken for resends
+        and not stored. They are also in the duplicate count; a rise here with no agent resending means a node's
+        clock stepped back (its samples are the ones dropped)."""
+        fam = CounterMetricFamily("ranksight_head_gpu_samples_stale",
+                                  "GPU samples older than their GPU's newest by more than the dedupe horizon: "
+                                  "taken for resends, not stored", labels=("run_id",))
+        for run_id, rs in list(self.head.store.runs.items()):
+            stale = getattr(rs.indexes.get("gpu"), "stale", None)
+            if stale is not None:
+                fam.add_metric([run_id], stale)
+        return fam

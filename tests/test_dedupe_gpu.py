@@ -80,6 +80,11 @@ def test_a_resend_after_the_horizon_is_not_stored_twice_and_is_counted(tmp_path)
     h.store.flush_all()
     assert h.stats["duplicates"] - before == 2 * len(first)
     assert h.store.runs["r1"].indexes["gpu"].stale == 2 * len(first)
+    # ... and the head's /metrics says so, per run
+    from prometheus_client import generate_latest
+
+    text = generate_latest(h.metrics.registry).decode()
+    assert f'ranksight_head_gpu_samples_stale_total{{run_id="r1"}} {float(2 * len(first))}' in text, text[-2000:]
     h.close()
     h2 = Head(tmp_path, TOKEN, analyzer=None)  # after a restart the keys come back from the part files
     h2.ingest.logs(request([first]))
