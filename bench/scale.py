@@ -40,7 +40,6 @@ import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ import msgspec  # noqa: E402
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs  # noqa: E402
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 
+from cli.local_cluster import free_port  # noqa: E402
 from node.sources.spool import FOLD_ABOVE_RANKS  # noqa: E402
 from ranksight import schema, wire  # noqa: E402
 from ranksight.collective_fold import fold_per_step  # noqa: E402
@@ -206,14 +206,6 @@ def ingest_by_kind(fleet: Fleet, seconds: int = 4) -> dict[str, float]:
             head.close()
             shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def scrape(url: str) -> dict[str, float]:

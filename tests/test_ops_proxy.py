@@ -5,13 +5,13 @@ say which part failed."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 from typer.testing import CliRunner
 
 from agent_helpers import TOKEN, api_get, serving
 from cli.main import main as ranksight_main
+from conftest import free_port  # a port nothing listens on: an unreachable agent or head
 from cli.ops import ops_table
 from head.service import Head
 from ops_helpers import TP, agent_endpoint, write_steps
@@ -36,14 +36,6 @@ def _beat(head, node: int, url: str, ranks: list[int]) -> None:
     head.live.run(RUN).heartbeat(wire.Heartbeat(node=node, host=f"n{node}", url=url, t=time.time(), ranks=ranks))
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _spools(store, ranks=(0, 1), steps=range(40)):
     rd = RunDir(store, RUN)
     for r in ranks:
@@ -58,7 +50,7 @@ def test_the_head_forwards_to_the_rank_s_node_and_says_what_failed(tmp_path):
             serving(_head(store)) as head:
         _beat(head, 0, agent.url, [0, 1])
         _beat(head, 1, "", [2, 3])
-        _beat(head, 2, f"http://127.0.0.1:{_closed_port()}", [4])
+        _beat(head, 2, f"http://127.0.0.1:{free_port()}", [4])
         _beat(head, 3, stranger.url, [6])  # rank 6: known from this heartbeat alone
         base = f"{head.url}/api/runs/{RUN}/ops"
         status, body = api_get(f"{base}?rank=1&steps=10-14&op=all_reduce")
@@ -129,7 +121,7 @@ def test_the_cli_prints_an_80_column_table_or_the_json_answer(tmp_path):
     _spools(store, ranks=(0, 1))
     with agent_endpoint(store, RUN, [0, 1], node=0) as agent, serving(_head(store)) as head:
         _beat(head, 0, agent.url, [0, 1])
-        _beat(head, 2, f"http://127.0.0.1:{_closed_port()}", [4])
+        _beat(head, 2, f"http://127.0.0.1:{free_port()}", [4])
         common = ["--head", head.url, "--token", TOKEN]
         code, out, _ = _cli(RUN, "--rank", "1", "--steps", "3-4", *common)
         assert code == 0, out
@@ -172,7 +164,7 @@ def test_the_table_reports_damaged_lines_and_an_empty_range():
 
 
 def test_an_unreachable_head_is_exit_4():
-    code, out, _ = _cli("r", "--rank", "0", "--steps", "0-5", "--head", f"http://127.0.0.1:{_closed_port()}",
+    code, out, _ = _cli("r", "--rank", "0", "--steps", "0-5", "--head", f"http://127.0.0.1:{free_port()}",
                         "--json")
     assert code == 4 and json.loads(out)["status"] is None
 
