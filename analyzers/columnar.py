@@ -339,16 +339,18 @@ def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] 
     how many files could not be read. Each column is allocated once at its full length and filled batch by batch
     as the files are decoded: the peak holds the columns and the batches in flight, not the table twice."""
     try:
-        return _fill(table, *_batches(table, files, on_file, None)), 0
+        return fill_columns(table, *_batches(table, files, on_file, None)), 0
     except (pa.ArrowException, OSError, ValueError, TypeError):  # a damaged or foreign file: one by one
         bad = [0]
-        return _fill(table, *_batches(table, files, on_file, bad)), bad[0]
+        return fill_columns(table, *_batches(table, files, on_file, bad)), bad[0]
 
 
 CHUNK_ROWS = 1 << 18  # batches (a part file's each) gathered into this many rows before they are converted
 
 
-def _fill(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, object] | None:
+def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, object] | None:
+    """``n`` rows of ``table`` from ``batches`` (a store's part files, or the head's live window) into the columns
+    the analyzers read (``wanted_columns``), each converted once into a preallocated numpy/Categorical column; None when there is no row."""
     sinks = {f.name: _sink(table, f, n) for f in _read_schema(table, wanted_columns(table))} if n else {}
     at = 0
     buf: list[pa.RecordBatch] = []

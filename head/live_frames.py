@@ -255,7 +255,7 @@ def analysis_frame(table: str, chunks: list[pa.Table], k: int, steps_k: int | No
     n = sum(c.num_rows for c in kept)
     if n == 0:
         return None
-    cols = columnar._fill(table, n, (b for c in kept for b in c.to_batches()))
+    cols = columnar.fill_columns(table, n, (b for c in kept for b in c.to_batches()))
     if table == "steps":
         return columnar.steps_frame(cols)
     return columnar.collectives_frame(cols, communicators, group_key)
