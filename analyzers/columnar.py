@@ -52,12 +52,6 @@ SKIPPED: dict[str, tuple[str, ...]] = {
     "host": ("cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
 }
 
-# String columns handed to the checks as pandas' string dtype (``as_strings``) instead of a Categorical: none now.
-# (The collectives' ``op`` and ``group`` were, for checks that called a Categorical's ``.astype(str)``, which builds
-# every row's string in Python; at 20 M rows the strings held ~0.55 GiB.)
-AS_STRINGS: dict[str, tuple[str, ...]] = {"collectives": ()}
-STR = pd.Series(["x"]).dtype
-
 # How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
 # ``RunData.normalize`` gives, in narrower types where the checks lose nothing (a frame of 1,024 ranks x 10,000 steps
 # holds 10 M step rows and 20 M collective rows):
@@ -263,12 +257,6 @@ class Strings:
                                          validate=False)
 
 
-def as_strings(cat: pd.Categorical) -> pd.Series:
-    """A Categorical as pandas' string column (Arrow strings, built in C from the categories and codes)."""
-    values = pa.array(list(cat.categories), pa.string()).take(pa.array(cat.codes, mask=cat.codes < 0))
-    return pd.Series(values, dtype=STR)
-
-
 class Lists:
     """A list column (collectives' ``group_ranks``): each row's length; the lists themselves only where one is not
     empty (records of an older writer that carry their member list)."""
@@ -350,7 +338,8 @@ CHUNK_ROWS = 1 << 18  # batches (a part file's each) gathered into this many row
 
 def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, object] | None:
     """``n`` rows of ``table`` from ``batches`` (a store's part files, or the head's live window) into the columns
-    the analyzers read (``wanted_columns``), each converted once into a preallocated numpy/Categorical column; None when there is no row."""
+    the analyzers read (``wanted_columns``), each converted once into a preallocated numpy/Categorical column; None
+    when there is no row."""
     sinks = {f.name: _sink(table, f, n) for f in _read_schema(table, wanted_columns(table))} if n else {}
     at = 0
     buf: list[pa.RecordBatch] = []
@@ -533,8 +522,6 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
     width = np.int8 if len(cats) < 127 else np.int16 if len(cats) < 32767 else np.int32
     remap = np.array([pos[k] for k in names], dtype=width)  # the codes made once, in the Categorical's own width
     cols["gkey"] = pd.Categorical.from_codes(remap[code], categories=pd.Index(cats, dtype=object), validate=False)
-    for name in AS_STRINGS["collectives"]:
-        cols[name] = as_strings(cols[name])
 
 
 # --------------------------------------------------------------------------
