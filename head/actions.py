@@ -48,7 +48,7 @@ class ActionsBook:
     def __init__(self, store: Store, live: LiveRuns, token: str, tls: ssl.SSLContext | None = None):
         self.store = store
         self.live = live
-        self.token = token  # sent to the agents' /control
+        self.token = token  # sent to the agents' endpoints (/control, /ops)
         # For agents whose control URL is https: verifies them (and presents the head's client certificate under
         # mutual TLS); None: the system's CAs. Plain http URLs do not use it.
         self.tls = tls
@@ -146,6 +146,17 @@ class ActionsBook:
             return f"node {node} was already evicted" if node in policy.evicted else None
         return policy.manual_limit(node, now)
 
+    def open_agent(self, url: str, path: str, *, data: bytes | None = None, timeout: float):
+        """A request to an agent's endpoint (``url`` as its heartbeat gave it, ``path`` with its query) with the
+        head's token and TLS options: POST of JSON ``data``, else GET. ``urllib.request.urlopen``'s response, to be
+        used in a ``with``; its errors as urlopen raises them."""
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        req = urllib.request.Request(url.rstrip("/") + path, data=data, headers=headers,
+                                     method="POST" if data is not None else "GET")
+        return urllib.request.urlopen(req, timeout=timeout, context=self.tls)
+
     def _send(self, a: schema.Action) -> schema.Action:
         """POST the action's ``ControlRequest`` to the chosen agent; the action as it stands after (``failed`` with
         the reason when no agent could take it)."""
@@ -154,10 +165,7 @@ class ActionsBook:
             return msgspec.structs.replace(a, status="failed", reason=(a.reason + " [no live agent for this run]").strip())
         creq = schema.ControlRequest(id=a.id, action=a.action, t=a.t, steps=a.steps, node=a.node, reason=a.reason)
         try:
-            r = urllib.request.Request(agent.url.rstrip("/") + "/control", data=schema.encode(creq), method="POST",
-                                       headers={"Authorization": f"Bearer {self.token}",
-                                                "Content-Type": "application/json"})
-            with urllib.request.urlopen(r, timeout=5, context=self.tls) as resp:
+            with self.open_agent(agent.url, "/control", data=schema.encode(creq), timeout=5) as resp:
                 resp.read()
         except (urllib.error.URLError, OSError) as e:
             a = msgspec.structs.replace(a, status="failed",

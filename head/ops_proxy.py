@@ -5,7 +5,7 @@ The head stores what the agents ship (folded per step above 256 ranks); the reco
 This finds the node of rank R in the run's live window (its step records, else the manifest's placement, else the
 ranks an agent's heartbeat lists), and forwards the query to that node's agent (``GET /ops`` on the endpoint whose
 URL the agent's heartbeat gave) with the token and TLS options the head uses for ``/control``
-(``head.actions.ActionsBook``). The agent's answer (``ranksight.ops_query.OpsAnswer``) is passed on as it came.
+(``head.actions.ActionsBook.open_agent``). The agent's answer (``ranksight.ops_query.OpsAnswer``) is passed on as it came.
 
 Errors say what is wrong: a bad query 400 (checked here before anything is sent), a rank no node of the run is
 known to hold 404, no agent URL or an agent that cannot be reached or fails 502 with the reason.
@@ -19,7 +19,6 @@ import logging
 import socket
 import urllib.error
 import urllib.parse
-import urllib.request
 
 from head.receiver import HttpError
 from ranksight.ops_query import parse_ops_query
@@ -62,11 +61,8 @@ def forward_ops(head, run_id: str, query: dict[str, str]) -> bytes:
     if not url:
         raise HttpError(502, f"rank {q.rank} is on node {node}, whose agent has not told the head its URL (it runs "
                              f"without --metrics-port, or has not reached the head yet)")
-    target = url.rstrip("/") + "/ops?" + urllib.parse.urlencode(q.params())
-    req = urllib.request.Request(target, headers={"Authorization": f"Bearer {head.actions.token}",
-                                                  "Accept": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=AGENT_TIMEOUT_S, context=head.actions.tls) as r:
+        with head.actions.open_agent(url, "/ops?" + urllib.parse.urlencode(q.params()), timeout=AGENT_TIMEOUT_S) as r:
             return r.read()
     except urllib.error.HTTPError as e:
         reason = _error_text(e)
