@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from datetime import datetime, timezone
 
 import typer
@@ -51,17 +48,17 @@ def ops(
 ) -> None:
     from ranksight.ops_query import decode_answer, parse_ops_query
     from ranksight.tls import ClientTls, TlsConfigError
+    from tui.client import ClientError, HeadClient, HeadError
 
     params = {"rank": str(rank), "steps": steps, "limit": str(limit), "comm": comm, "op": op}
     try:
         q = parse_ops_query(params)  # the head's own check, here first: a usage error costs no request
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    if "://" not in head:
-        head = "http://" + head
     try:
-        ctx = ClientTls.from_options(tls_ca, tls_client_cert, tls_client_key).context() \
-            if head.startswith("https://") else None
+        client = HeadClient(head, token=token, timeout=timeout,
+                            tls=ClientTls.from_options(tls_ca, tls_client_cert, tls_client_key)
+                            if head.startswith("https://") else None)
     except TlsConfigError as e:
         raise typer.BadParameter(str(e)) from None
 
@@ -72,25 +69,16 @@ def ops(
             sys.stderr.write((f"refused ({status}): " if status else "error: ") + msg + "\n")
         raise typer.Exit(code)
 
-    url = (head.rstrip("/") + f"/api/runs/{urllib.parse.quote(run_id, safe='')}/ops?"
-           + urllib.parse.urlencode(q.params()))
-    req = urllib.request.Request(url, headers={"Accept": "application/json",
-                                               **({"Authorization": f"Bearer {token}"} if token else {})})
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
-            body = r.read()
-    except urllib.error.HTTPError as e:
-        try:
-            msg = str(json.loads(e.read() or b"{}").get("error") or e.reason)
-        except (ValueError, AttributeError, OSError):
-            msg = str(e.reason)
-        fail(e.code, msg, EXIT_REFUSED if e.code in (400, 404) else EXIT_UNREACHABLE)
-    except (urllib.error.URLError, OSError) as e:
-        fail(None, f"{head}: {getattr(e, 'reason', e)}", EXIT_UNREACHABLE)
+        body = client.ops(run_id, q.params())
+    except HeadError as e:
+        fail(e.status, e.message, EXIT_REFUSED if e.status in (400, 404) else EXIT_UNREACHABLE)
+    except ClientError as e:
+        fail(None, str(e), EXIT_UNREACHABLE)
     try:
         answer = decode_answer(body)
     except ValueError as e:
-        fail(None, f"{head}: {e}", EXIT_UNREACHABLE)
+        fail(None, f"{client.base_url}: {e}", EXIT_UNREACHABLE)
     if as_json:
         sys.stdout.buffer.write(body + b"\n")
         sys.stdout.flush()

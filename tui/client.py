@@ -325,6 +325,14 @@ class HeadClient:
 
     # -- transport ----------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None, auth: bool = False) -> Any:
+        raw = self._fetch(method, path, body, auth)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise MalformedResponse(f"{method} {path}: response is not JSON ({raw[:60]!r})") from None
+
+    def _fetch(self, method: str, path: str, body: dict | None = None, auth: bool = False) -> bytes:
+        """The answer's bytes; ``HeadError`` (the head's ``error`` text) or ``HeadUnreachable`` otherwise."""
         url = self.base_url + path
         headers = {"Accept": "application/json"}
         data = None
@@ -351,10 +359,7 @@ class HeadClient:
             raise HeadUnreachable(f"{self.base_url}: {e}") from None
         except Exception as e:  # http.client.RemoteDisconnected/BadStatusLine and friends
             raise HeadUnreachable(f"{self.base_url}: {type(e).__name__}: {e}") from None
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise MalformedResponse(f"{method} {path}: response is not JSON ({raw[:60]!r})") from None
+        return raw
 
     def _get_list(self, path: str, parse: Callable[[Any], T], skipped: dict[str, int] | None = None) -> list[T]:
         data = self._request("GET", path)
@@ -435,6 +440,11 @@ class HeadClient:
             body["ranks"] = list(ranks)
         d = self._request("POST", f"/api/runs/{self._rid(run_id)}/actions", body, auth=True)
         return _parse_action(d)
+
+    def ops(self, run_id: str, params: dict[str, str]) -> bytes:
+        """``GET /api/runs/<id>/ops``: the drill-down's answer as the head passed it on (JSON bytes of a
+        ``ranksight.ops_query.OpsAnswer``); ``params`` as ``OpsQuery.params`` gives them."""
+        return self._fetch("GET", f"/api/runs/{self._rid(run_id)}/ops?{urllib.parse.urlencode(params)}")
 
     def fetch(self, run_id: str, window: int = 60, cache: "StepWindow | None" = None, traces: bool = False) -> Fetched:
         """Everything one refresh of the run view needs. Raises ClientError if the head cannot be read.
