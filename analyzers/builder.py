@@ -45,7 +45,7 @@ def _is_float(values: pd.Series) -> bool:
     return isinstance(values.dtype, np.dtype) and values.dtype.kind == "f"
 
 
-def _distinct_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def distinct_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(x, return_inverse=True)`` of integers without a sort where their span is not much wider than
     their count (ranks, steps): each present value marked, its code the count of present values below it."""
     x = np.asarray(x)
@@ -65,8 +65,8 @@ class RankStepCells:
     last row of each (rank, step) cell. Worked out once, it places any column of those rows."""
 
     def __init__(self, rank: np.ndarray, step: np.ndarray):
-        self.ranks, ri = _distinct_codes(rank)
-        self.steps, si = _distinct_codes(step)
+        self.ranks, ri = distinct_codes(rank)
+        self.steps, si = distinct_codes(step)
         cell = ri.astype(np.int64) * len(self.steps) + si
         n_cells = len(self.ranks) * len(self.steps)
         if n_cells <= 4 * len(cell) + 1024:
@@ -84,11 +84,15 @@ class RankStepCells:
         self.take = order[last]
         self.cell = cell[self.take]
 
+    def values(self, x: np.ndarray, dtype=np.float64) -> np.ndarray:
+        """The rows' values ``x`` as a ranks x steps array of ``dtype`` (NaN where a cell has no row)."""
+        out = np.full(len(self.ranks) * len(self.steps), np.nan, dtype=dtype)
+        out[self.cell] = x[self.take]
+        return out.reshape(len(self.ranks), len(self.steps))
+
     def matrix(self, x: np.ndarray) -> pd.DataFrame:
         """The matrix of the rows' values ``x`` (float)."""
-        out = np.full(len(self.ranks) * len(self.steps), np.nan)
-        out[self.cell] = x[self.take]
-        return pd.DataFrame(out.reshape(len(self.ranks), len(self.steps)), index=pd.Index(self.ranks, name="rank"),
+        return pd.DataFrame(self.values(x), index=pd.Index(self.ranks, name="rank"),
                             columns=pd.Index(self.steps, name="step"))
 
 

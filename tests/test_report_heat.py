@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from analyzers.loader import load_run
-from analyzers.report.heat import rank_step_matrix, sorted_codes
+from analyzers.builder import distinct_codes
+from analyzers.report.heat import rank_step_matrix
 from analyzers.report.model import build_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
@@ -79,7 +80,7 @@ def test_no_value_no_matrix():
 
 def test_codes_of_sparse_and_compact_values_are_sorted_unique():
     for x in (np.array([7, 3, 3, 9, 7]), np.array([10**12, 5, 10**12, -3])):
-        uniq, codes = sorted_codes(x)
+        uniq, codes = distinct_codes(x)
         ref_uniq, ref_codes = np.unique(x, return_inverse=True)
         np.testing.assert_array_equal(uniq, ref_uniq)
         np.testing.assert_array_equal(codes, ref_codes)

@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 import pandas as pd
 
+from analyzers.builder import distinct_codes
 from analyzers.collectives import member_counts, stable_order
 
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",
@@ -310,18 +311,6 @@ class RankRows:
         return self.frame.iloc[self.order[lo:hi]]
 
 
-def _small_int_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``pd.factorize(values, sort=True)`` of integers: by offset from the smallest where their range is small (no
-    hash table over every record), else factorized."""
-    if len(values) and values.dtype.kind in "iu":
-        lo, hi = int(values.min()), int(values.max())
-        if hi - lo < 4 * len(values) + 1024:
-            present = np.bincount((values - lo).astype(np.int64), minlength=hi - lo + 1) > 0
-            code_of = np.cumsum(present) - 1
-            return code_of[values - lo], np.flatnonzero(present) + lo
-    return pd.factorize(values, sort=True)
-
-
 def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataFrame:
     """Per rank and step, the time spent in collectives waiting for a peer that arrived later (ms): for each op all
     members recorded (and completed within ``match_tol_ms`` of each other), last member's arrival - own arrival.
@@ -342,8 +331,9 @@ def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataF
     np.fmax.at(latest, inst, t)  # NaN arrivals left out (groupby max); NaN where an instance has none
     # a folded record's times are its ops' means: its wait counts once per op it stands for
     late = (latest[inst] - t) * 1000.0 * ops.weight[ok]
-    rank_code, ranks = _small_int_codes(ops.rank[ok])
-    step_code, steps = _small_int_codes(ops.step[ok])
+    ranks, rank_code = distinct_codes(ops.rank[ok])
+    steps, step_code = distinct_codes(ops.step[ok])
+    ranks, steps = ranks.astype(np.int64), steps.astype(np.int64)  # the index as pivot_table's (records are int32)
     cell = rank_code.astype(np.int64) * len(steps) + step_code
     # sums as pivot_table's: NaN values left out (0 where a cell has only those), NaN where a cell has no record
     sums = np.bincount(cell, weights=np.nan_to_num(late, nan=0.0), minlength=len(ranks) * len(steps))

@@ -1,8 +1,8 @@
 """The heat map's rank x step matrix, built with numpy codes rather than ``pivot_table``.
 
 On a big run (a thousand ranks x ten thousand steps, or sixteen thousand ranks) pandas' pivot and a per-bucket
-``DataFrame.median`` cost seconds; here each record's rank and step become integer codes, the matrix is filled by
-one assignment, and a step bucket's median per rank is one ``nanmedian`` over a slice. The values are the same as
+``DataFrame.median`` cost seconds; here each record's rank and step become integer codes and the matrix is filled by
+one assignment (``analyzers.builder.RankStepCells``, as the checks' matrices), and a step bucket's median per rank is one ``nanmedian`` over a slice. The values are the same as
 ``steps.pivot_table(index="rank", columns="step", values=col, aggfunc="last")``: a cell holds the last non-missing
 record of that rank and step, and ranks or steps without any value have no row or column.
 """
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from analyzers.builder import RankStepCells
 
 
 @dataclass
@@ -53,41 +55,13 @@ class RankStepMatrix:
 
 
 def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
-    """``frame[col]`` per rank and step: the last record's non-missing value of each (rank, step)."""
+    """``frame[col]`` per rank and step: the last record's non-missing value of each (rank, step) (the builder's
+    ``RankStepCells``, in the column's own float width)."""
     if frame.empty or col not in frame.columns:
         return RankStepMatrix.empty()
     # float32 stays float32 (a store's *_ms columns are): the pivot kept it, and its medians were float32 ones
     kind = np.float32 if str(frame[col].dtype).lower() == "float32" else np.float64
     v = frame[col].to_numpy(dtype=kind, na_value=np.nan)
     keep = ~np.isnan(v)
-    v = v[keep]
-    ranks, rc = sorted_codes(frame["rank"].to_numpy()[keep])
-    steps, sc = sorted_codes(frame["step"].to_numpy()[keep])
-    cell = rc * len(steps) + sc
-    cells = len(ranks) * len(steps)
-    if len(cell) and np.bincount(cell, minlength=cells).max() > 1:
-        # a rank and step recorded more than once (a restarted attempt's replay): the last record wins
-        rev = cell[::-1]
-        _, first_in_rev = np.unique(rev, return_index=True)
-        last = len(cell) - 1 - first_in_rev
-        cell, v = cell[last], v[last]
-    values = np.full(cells, np.nan, dtype=kind)
-    values[cell] = v
-    return RankStepMatrix(ranks, steps, values.reshape(len(ranks), len(steps)))
-
-
-def sorted_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The sorted distinct values of ``x`` and each element's index among them (``np.unique(return_inverse=True)``,
-    without its sort when ``x`` holds integers of a compact range: steps and ranks do)."""
-    if len(x) == 0:
-        return x[:0], np.zeros(0, dtype=np.int64)
-    if np.issubdtype(x.dtype, np.integer):
-        lo, hi = int(x.min()), int(x.max())
-        if hi - lo <= 4 * len(x) + 4096:
-            off = (x - lo).astype(np.int64)
-            present = np.zeros(hi - lo + 1, dtype=bool)
-            present[off] = True
-            uniq = (np.flatnonzero(present) + lo).astype(x.dtype)
-            return uniq, (np.cumsum(present) - 1)[off]
-    uniq, inv = np.unique(x, return_inverse=True)
-    return uniq, inv.astype(np.int64)
+    cells = RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep])
+    return RankStepMatrix(cells.ranks, cells.steps, cells.values(v[keep], kind))
