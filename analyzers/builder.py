@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
+from analyzers.collectives import name_starts_with
 from analyzers.loader import RunData
 from analyzers.stats import leave_one_out_median
 
@@ -462,12 +463,7 @@ class AnalysisFrame:
         check that needs a few of those rows, without copying them all (``collectives_of``)."""
         key = ("mask", prefixes)
         if key not in self._collectives_of:
-            co = self.data.collectives
-            try:  # .str on the column as it is (a str column, a Categorical of strings): no string built per row
-                hit = co["group"].str.startswith(prefixes, na=False)
-            except AttributeError:  # not strings (numbers, only None): as strings, as before
-                hit = co["group"].astype(str).str.startswith(prefixes)
-            self._collectives_of[key] = hit.to_numpy(dtype=bool)
+            self._collectives_of[key] = name_starts_with(self.data.collectives["group"], prefixes)
         return self._collectives_of[key]
 
 

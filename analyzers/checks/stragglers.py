@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage, StepView
+from analyzers.builder import AnalysisFrame, Coverage, StepView, distinct_codes
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
@@ -149,7 +149,7 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if rank is None:
         tp = co[keep]
     else:
-        all_steps = _distinct(step[keep])  # the whole matrix's steps
+        all_steps = distinct_codes(step[keep])[0]  # the whole matrix's steps
         rank_col = co["rank"].to_numpy()
         gr = co["group_ranks"].iloc[np.flatnonzero(keep & (rank_col == rank))].dropna()
         gr = gr.iloc[0] if len(gr) else None
@@ -165,17 +165,6 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if all_steps is not None and len(w.columns) != len(all_steps):
         w = w.reindex(columns=pd.Index(all_steps, name="step"))
     return w, members
-
-
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """``np.unique`` of integers, by marking each present value (no sort) where their span is not much wider than
-    their count."""
-    if len(values) == 0:
-        return np.unique(values)
-    lo, hi = int(values.min()), int(values.max())
-    if hi - lo > 4 * len(values) + 1024:
-        return np.unique(values)
-    return (np.flatnonzero(np.bincount(values - lo, minlength=hi - lo + 1)) + lo).astype(values.dtype)
 
 
 def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
