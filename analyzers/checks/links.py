@@ -33,7 +33,6 @@ a slow node).
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 

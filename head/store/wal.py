@@ -149,19 +149,20 @@ class WriteAheadLog:
             if self.fsync:
                 os.fsync(self._fd)
         except OSError as e:
-            try:
-                os.ftruncate(self._fd, start)
-            except OSError:
-                log.error("store: could not cut the WAL back after a failed write: a torn entry stays at %d", start)
-            raise WalFull(f"cannot write the write-ahead log ({e.strerror or e}); nothing of this request was kept") from e
+            self._refuse(start, "write", e)
 
-    def packed_entries(self, table: str, batches: list) -> bytes:
-        """The entries of packed batches (``ranksight.wire.PackedBatch``); a layout is defined once per file."""
-        return b"".join(self.packed_parts(table, batches))
+    def _refuse(self, start: int, what: str, e: OSError) -> None:
+        """Cut the file back to where the failed entry began (no torn entry hides the ones after it) and raise
+        ``WalFull``."""
+        try:
+            os.ftruncate(self._fd, start)
+        except OSError:
+            log.error("store: could not cut the WAL back after a failed %s: a torn entry stays at %d", what, start)
+        raise WalFull(f"cannot write the write-ahead log ({e.strerror or e}); nothing of this request was kept") from e
 
     def packed_parts(self, table: str, batches: list) -> list[bytes]:
-        """``packed_entries`` as a list of buffers (headers and the bodies themselves, not copied) for
-        ``append_parts``."""
+        """The entries of packed batches (``ranksight.wire.PackedBatch``; a layout is defined once per file) as a
+        list of buffers (headers and the bodies themselves, not copied) for ``append_parts``."""
         parts: list[bytes] = []
         for b in batches:
             pre = self._layout_prefix.get((table, b.layout))
@@ -205,13 +206,7 @@ class WriteAheadLog:
                 try:
                     os.fsync(self._fd)
                 except OSError as e:
-                    try:
-                        os.ftruncate(self._fd, start)
-                    except OSError:
-                        log.error("store: could not cut the WAL back after a failed fsync: a torn entry stays at %d",
-                                  start)
-                    raise WalFull(f"cannot write the write-ahead log ({e.strerror or e}); nothing of this request "
-                                  "was kept") from e
+                    self._refuse(start, "fsync", e)
             return
         # a short write (a full disk, more buffers than one writev takes): the rest through ``append``, from where
         # this entry began, so the file holds it whole or not at all
