@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import msgspec
 
 from head.findings_book import FindingsBook, latest_per_id
+from head.history import analysis_due
 from head.runs import LiveRuns
 from head.store import Store
 from ranksight import schema
@@ -183,6 +184,8 @@ class LiveAnalysis:
         if live is None or self.analyzer is None:
             return False
         now = time.monotonic() if now is None else now
+        if not analysis_due(live, now):
+            return False  # only the stored history of a run (head/history.py): no live verdict on it yet
         mark = live.data_mark()
         if all(m is None for m in mark[:4]):
             return False  # nothing to analyze yet

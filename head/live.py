@@ -180,6 +180,10 @@ class RunLive:
         self.manifest: schema.Manifest | None = None
         self.last_seen = 0.0
         self.sync: Callable[[], None] | None = None  # set by the head: process queued batches first
+        # a window filled from the store's history (head/history.py): its data_mark() then, and when (monotonic);
+        # None once new records arrived
+        self.restored_mark: tuple | None = None
+        self.restored_at = 0.0
         # run_data(): the host sample deque as Arrow, each sample converted once
         self._converted = {"host": ConvertedWindow(run_id, "host")}
 
@@ -373,6 +377,23 @@ class RunLive:
             self.agents[hb.node] = a
             self.last_seen = max(self.last_seen, now)
 
+    def mark_restored(self, rank: np.ndarray, t_end: np.ndarray) -> None:
+        """The window now holds restored history (head/history.py): each rank was last seen at its last stored
+        step's end (``rank``/``t_end``: the restored step rows), the run at the newest."""
+        with self.lock:
+            st = self.state
+            rank = np.asarray(rank, np.int64)
+            ok = (rank >= 0) & (rank < _MAX_RANK) & np.isfinite(t_end)
+            if ok.any():
+                st.ensure(int(rank[ok].max()))
+                seen = np.zeros(st.n)
+                np.maximum.at(seen, rank[ok], t_end[ok])
+                has = seen > 0
+                st.last_seen[has] = seen[has]
+                self.last_seen = float(seen.max())
+            self.restored_mark = self._mark()
+            self.restored_at = time.monotonic()
+
     # -- views ------------------------------------------------------------------
     def _steps_table(self) -> pa.Table | None:
         with self.lock:
@@ -501,9 +522,12 @@ class RunLive:
         heartbeats are not part of it."""
         self._pull()
         with self.lock:
-            return (self._steps[-1] if self._steps else None, self._colls[-1] if self._colls else None,
-                    self.events[-1] if self.events else None, self.xid[-1] if self.xid else None,
-                    self.traces[-1] if self.traces else None, self.manifest)
+            return self._mark()
+
+    def _mark(self) -> tuple:
+        return (self._steps[-1] if self._steps else None, self._colls[-1] if self._colls else None,
+                self.events[-1] if self.events else None, self.xid[-1] if self.xid else None,
+                self.traces[-1] if self.traces else None, self.manifest)
 
     def run_data(self, window: int | None = None, now: float | None = None) -> RunData:
         """The live window as the analyzers' input: ``analyzers.loader.RunData(source="live", now=...)``.

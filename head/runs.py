@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
 import pyarrow as pa
 
+from head.history import has_history, restore_window
 from head.live import DEFAULT_WINDOW, RunLive
 from head.store import RunStore, Store
 from ranksight import schema
 from ranksight.peaks import gpu_peak
+
+log = logging.getLogger("ranksight.head")
 
 
 def _gpu_simulated(live: RunLive | None) -> bool | None:
@@ -59,16 +63,35 @@ class LiveRuns:
         self._lock = threading.Lock()
 
     def run(self, run_id: str) -> RunLive:
-        """The run's live window, created on first use (with the stored manifest, if any)."""
+        """The run's live window, created on first use: with the stored manifest, if any, and the run's stored
+        recent history (head/history.py: a restarted head shows what it showed before)."""
         rl = self.runs.get(run_id)
-        if rl is None:
-            with self._lock:
-                rl = self.runs.get(run_id)
-                if rl is None:
-                    rl = self.runs[run_id] = RunLive(run_id, self.window)
-                    # Views of the live window first process the run's queued packed batches.
-                    rl.sync = lambda run_id=run_id: self._sync(run_id)
-                    rl.manifest = schema.read_manifest(self.store.root / run_id / "run.json")
+        if rl is not None:
+            return rl
+        with self._lock:
+            rl = self.runs.get(run_id)
+            if rl is not None:
+                return rl
+            rl = RunLive(run_id, self.window)
+            # Views of the live window first process the run's queued packed batches (after any history: they wait
+            # for the lock below, and are newer).
+            rl.sync = lambda run_id=run_id: self._sync(run_id)
+            rl.manifest = schema.read_manifest(self.store.root / run_id / "run.json")
+            restore = has_history(self.store.root, run_id)
+            if restore:
+                # held while the history is read, so nothing (a view, a new batch) sees or adds to a half-filled
+                # window; other runs only wait for the moment it is published
+                rl.lock.acquire()
+            self.runs[run_id] = rl
+        try:
+            if restore:
+                try:
+                    restore_window(rl, self.store.root, run_id)
+                except Exception:  # noqa: BLE001 - a store that cannot be read leaves an empty window, not a dead head
+                    log.exception("live %s: the stored history was not restored", run_id)
+        finally:
+            if restore:
+                rl.lock.release()
         return rl
 
     def store_of(self, run_id: str) -> RunStore:
