@@ -21,7 +21,8 @@
 
 Every endpoint but ``/api/health`` needs ``Authorization: Bearer <token>`` (401 without, 403 wrong): run data, the
 agents' control URLs and the counters are not for whoever can reach the port. ``public_read`` (``ranksight head
---public-read``) opens the GETs again, for a head behind an authenticating proxy. A bad request gets a 4xx JSON
+--public-read``) opens the GETs again, for a head behind an authenticating proxy, all but ``/ops`` (it makes the
+head call a node's agent with the head's token). A bad request gets a 4xx JSON
 error and a log line; no request can stop the server.
 """
 
@@ -310,6 +311,10 @@ class HeadHandler(NoDelayHandler):
             elif what == "actions":
                 self._json(200, head.actions.current(run_id))
             elif what == "ops":  # forwarded to the agent of the rank's node; its answer passed on as it came
+                if head.public_read:
+                    # not a read of the head's own data: the head asks a training node's agent with its token, so
+                    # the caller needs the token even where --public-read opens the GETs
+                    rx.check_token(self.headers, head.token)
                 self._send(200, forward_ops(head, run_id, q), "application/json")
             else:
                 raise HttpError(404, f"no such endpoint: GET {path}")

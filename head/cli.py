@@ -22,7 +22,7 @@ def head(
     token: str = typer.Option("", "--token", envvar="RANKSIGHT_TOKEN",
                               help="Shared token agents and API clients must send (Bearer). Generated if absent and "
                                    "written to <store>/.head-token (mode 0600), never printed."),
-    public_read: bool = typer.Option(False, "--public-read", help="Serve the GET API without the token (only behind a "
+    public_read: bool = typer.Option(False, "--public-read", help="Serve the GET API but the drill-down (/ops) without the token (only behind a "
                                                                    "proxy that authenticates)."),
     bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on. Anything but loopback exposes the API, "
                                                            "and needs TLS (--tls-cert/--tls-key) or --insecure-bind."),

@@ -3,7 +3,8 @@
 The live window (``head.live.RunLive``) is memory only. When the head meets a run its store already holds (the head
 restarted, or a run is opened from the store), ``restore_window`` reads the newest part files of each table, newest
 first, and stops as soon as it has what the window keeps: each rank's last ``window`` steps (and their collectives),
-the last few minutes of GPU and host samples, the newest events, XIDs and trace summaries, and every communicator.
+the last two minutes of GPU samples, the newest host samples, events, XIDs and trace summaries, and every
+communicator.
 Those rows enter the window through its usual ``add_arrow``, oldest first, so the views (ranks, steps, GPUs, the
 TUI's panels) answer as they did before the restart.
 
@@ -37,7 +38,7 @@ log = logging.getLogger("ranksight.history")
 # each GPU at the agents' 1 s sampling)
 SAMPLE_HORIZON_S = 120.0
 # events, XIDs and trace summaries: the newest this many rows (what the window's deques hold)
-RECENT_ROWS = {"events": 2000, "xid": 2000, "trace_summaries": 8192}
+RECENT_ROWS = {"events": 2000, "xid": 2000, "trace_summaries": 8192, "host": 16 * 120}
 # A restored window is analyzed once new records arrived, or once an agent has heartbeated and this long has passed
 # since the restore: the agents' backlog (their outboxes resend what the dead head missed) is in by then, so silence
 # is the run's, not the head's.
@@ -188,10 +189,11 @@ def restore_window(live: RunLive, store_root, run_id: str) -> Restored:
             out.rows["collectives"] = colls.num_rows
     gpu = reader.read("gpu", _time_floor("t", SAMPLE_HORIZON_S))
     if gpu is not None:
+        t = numpy_column(gpu, "t")
+        gpu = gpu.filter(pa.array(t >= np.nanmax(t) - SAMPLE_HORIZON_S))
         live.add_arrow("gpu", gpu, now=seen)  # kept as Arrow by the window
         out.rows["gpu"] = gpu.num_rows
     recent = [("communicators", lambda got: False)]  # every group: collective records name theirs by id
-    recent.append(("host", _time_floor("t", SAMPLE_HORIZON_S)))
     recent += [(table, _row_count(n)) for table, n in RECENT_ROWS.items()]
     for table, enough in recent:
         t = reader.read(table, enough)

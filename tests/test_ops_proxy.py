@@ -85,6 +85,19 @@ def test_the_head_forwards_to_the_rank_s_node_and_says_what_failed(tmp_path):
         assert status == 404
 
 
+def test_public_read_does_not_open_the_drill_down(tmp_path):
+    """--public-read opens the head's own GETs, not the route that makes the head call an agent with its token."""
+    store = tmp_path / "store"
+    _spools(store, ranks=(0, 1))
+    with agent_endpoint(store, RUN, [0, 1], node=0) as agent, serving(_head(store, public_read=True)) as head:
+        _beat(head, 0, agent.url, [0, 1])
+        assert api_get(f"{head.url}/api/runs/{RUN}/ranks", headers={})[0] == 200
+        base = f"{head.url}/api/runs/{RUN}/ops?rank=1&steps=10-14"
+        assert api_get(base, headers={})[0] == 401
+        status, body = api_get(base)
+        assert status == 200 and body["ops"] and {o["rank"] for o in body["ops"]} == {1}
+
+
 def test_an_https_agent_is_reached_with_the_head_s_tls_options(tmp_path):
     import trustme
 
