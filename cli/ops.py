@@ -86,61 +86,29 @@ def ops(
     sys.stdout.write("\n".join(ops_table(answer)) + "\n")
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
-
-
-def _fold_key(r) -> tuple:
-    """What an agent folds into one record (``ranksight.collective_fold``): a rank's ops of one attempt's step, of
-    one kind, on one communicator."""
-    return r.attempt, r.step, r.op, r.comm_id or r.group
-
-
 def ops_table(answer) -> list[str]:
-    """The answer as lines of at most 80 columns: a header, one row per op, what was cut or lost, the communicators."""
-    ops = answer.ops
-    steps = (f"step {answer.step_from}" if answer.step_from == answer.step_to
-             else f"steps {answer.step_from}-{answer.step_to}")
-    head = f"run {answer.run_id}  rank {answer.rank} (node {answer.node})  {steps}"
-    if answer.comm:
-        head += f"  comm {answer.comm}"
-    if answer.op:
-        head += f"  op {answer.op}"
-    lines = [head[:80]]
-    if not ops:
+    """The answer as lines of at most 80 columns: a header, one row per op, what was cut or lost, the communicators
+    (the rows: ``tui.ops_model``, which the TUI's ops screen shows too)."""
+    from tui.ops_model import fmt_bytes, ops_model
+
+    m = ops_model(answer)
+    lines = [m.title[:80]]
+    if not m.rows:
         lines.append("no collective records in this range")
     else:
-        t0 = min(r.t_arrive for r in ops)
-        lines.append(f"{len(ops)} op(s); times in ms after t0 = "
-                     f"{datetime.fromtimestamp(t0, timezone.utc).strftime('%Y-%m-%d %H:%M:%S.%f')} UTC")
-        attempts = sorted({r.attempt for r in ops})
-        if len(attempts) > 1:  # a restarted job ran these steps again: each attempt's rows, in the file's order
-            lines.append(f"steps run more than once: attempts {', '.join(map(str, attempts))}, in the file's order")
-        # the mean duration of each fold group: the rank's ops of one step, kind and communicator
-        groups: dict[tuple, list[float]] = {}
-        for r in ops:
-            if r.duration_ms is not None:
-                groups.setdefault(_fold_key(r), []).append(r.duration_ms)
-        means = {k: sum(v) / len(v) for k, v in groups.items()}
+        lines.append(f"{len(m.rows)} op(s); times in ms after t0 = "
+                     f"{datetime.fromtimestamp(m.t0, timezone.utc).strftime('%Y-%m-%d %H:%M:%S.%f')} UTC")
+        if len(m.attempts) > 1:  # a restarted job ran these steps again: each attempt's rows, in the file's order
+            lines.append(f"steps run more than once: attempts {', '.join(map(str, m.attempts))}, in the file's order")
         lines.append(f"{'step':>6} {'seq':>6} {'op':<10} {'comm':<8} {'nbytes':>7} {'arrive':>10} {'done':>10} "
                      f"{'dur':>8} {'vs mean':>7}")
-        for r in ops:
-            done = f"{(r.t_done - t0) * 1e3:10.3f}" if r.t_done is not None else f"{'-':>10}"
-            dur = f"{r.duration_ms:8.3f}" if r.duration_ms is not None else f"{'-':>8}"
-            mean = means.get(_fold_key(r))
-            vs = f"{r.duration_ms - mean:+7.2f}" if mean is not None and r.duration_ms is not None else f"{'-':>7}"
-            lines.append(f"{r.step:>6} {r.seq:>6} {r.op[:10]:<10} {r.group[:8]:<8} {_bytes(r.nbytes):>7} "
-                         f"{(r.t_arrive - t0) * 1e3:10.3f} {done} {dur} {vs}")
-    if answer.truncated:
-        lines.append(f"cut at {answer.limit} records: ask for fewer steps, a --comm or an --op")
-    if answer.damaged_lines:
-        lines.append(f"{answer.damaged_lines} damaged spool line(s) in or next to this range (records lost there):")
-        for g in answer.gaps[:5]:
-            lines.append(f"  {g.lines} line(s), {g.nbytes} bytes at offset {g.offset}, after step {g.after_step}")
-    comms = sorted({(r.group, r.comm_id) for r in ops if r.comm_id})
-    for g, c in comms:
+        for r in m.rows:
+            done = f"{r.done_ms:10.3f}" if r.done_ms is not None else f"{'-':>10}"
+            dur = f"{r.dur_ms:8.3f}" if r.dur_ms is not None else f"{'-':>8}"
+            vs = f"{r.vs_mean_ms:+7.2f}" if r.vs_mean_ms is not None else f"{'-':>7}"
+            lines.append(f"{r.step:>6} {r.seq:>6} {r.op[:10]:<10} {r.group[:8]:<8} {fmt_bytes(r.nbytes):>7} "
+                         f"{r.arrive_ms:10.3f} {done} {dur} {vs}")
+    lines += m.notes
+    for g, c in m.comms:
         lines.append(f"communicator {g}: {c}")
     return [ln if len(ln) <= 80 else ln[:79] + "…" for ln in lines]

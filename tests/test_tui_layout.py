@@ -237,7 +237,9 @@ async def test_an_ended_user_run_shows_finished_and_its_ranks_done():
 async def test_help_lists_every_binding_with_what_it_does(small):
     from tui.app import RanksightApp
 
-    screens = (RanksightApp, RankScreen, TraceScreen, RunPicker, ActionModal)
+    from tui.ops_screen import OpsScreen
+
+    screens = (RanksightApp, RankScreen, TraceScreen, OpsScreen, RunPicker, ActionModal)
     missing = [(cls.__name__, b.action) for cls in screens for b in cls.BINDINGS if action_name(b.action) not in HELP]
     assert missing == []
     app = make_app(small)

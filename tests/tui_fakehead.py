@@ -175,6 +175,7 @@ class FakeHead:
         # answers when the evict policy's limits forbid it
         self.refuse_evict: str | None = None
         self.old_findings = False  # True: findings without evidence_sentences, as a head before them served
+        self.ops = None  # GET .../ops: a function of the query -> (status, body); None: 404 (no such endpoint)
         fake = self
 
         class H(BaseHTTPRequestHandler):
@@ -220,6 +221,9 @@ class FakeHead:
                         return self._send(200, json.dumps(d[what]).encode())
                     if what == "traces" and "traces" in d:  # absent: a head from before the endpoint (404)
                         return self._send(200, json.dumps(traces_answer(d, q)).encode())
+                    if what == "ops" and fake.ops is not None:  # the drill-down: (status, answer) from the test
+                        status, answer = fake.ops(q)
+                        return self._send(status, json.dumps(answer).encode())
                 self._send(404, json.dumps({"error": f"no such endpoint: GET {url.path}"}).encode())
 
             def do_POST(self):

@@ -24,6 +24,7 @@ from tui.client import ClientError, HeadClient, HeadError, HeadUnreachable, RunS
 from tui.model import RunView, build_view
 from tui.help import HelpScreen
 from tui.nodes import aggregated
+from tui.ops_screen import OpsScreen
 from tui.rank_screen import RankScreen
 from tui.screens import ActionModal, ActionRequest, RunPicker
 from tui.trace_model import build_trace_view
@@ -55,6 +56,7 @@ class RanksightApp(App):
         Binding("a", "request_action", "Action"),
         Binding("g", "pick_run", "Runs"),
         Binding("t", "show_traces", "Traces"),
+        Binding("o", "ops", "Raw ops", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -231,10 +233,10 @@ class RanksightApp(App):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Over the run picker or the action dialog only quit, pause and refresh apply.
         # Over the traces screen, also the action dialog (its empty state says "press a").
-        if action in ("request_action", "help") and isinstance(self.screen, (TraceScreen, RankScreen)):
+        if action in ("request_action", "help", "ops") and isinstance(self.screen, (TraceScreen, RankScreen)):
             return True
         if action in ("request_action", "focus_findings", "pick_run", "show_traces", "drill", "zoom", "unzoom",
-                      "help") and self.screen is not self.screen_stack[0]:
+                      "help", "ops") and self.screen is not self.screen_stack[0]:
             return False
         if action == "unzoom":
             return self.zoom_node is not None
@@ -287,6 +289,24 @@ class RanksightApp(App):
     def _rank_closed(self, _result: None) -> None:
         self._rank_screen = None
 
+    def action_ops(self) -> None:
+        """The raw-ops screen of the selected rank (the drill-down's rank, the traces screen's row, the table's):
+        its raw collective records over its last steps, read from its node on demand."""
+        screen = self.screen
+        rank = screen.selected_rank() if isinstance(screen, (TraceScreen, RankScreen)) else None
+        if rank is None:
+            rank = self.query_one(RankTable).selected_rank()
+        v = self.view
+        if v is None or rank is None:
+            self.notify("no rank selected", severity="warning")
+            return
+        row = next((r for r in v.rows if r.rank == rank), None)
+        last = row.last_step if row is not None else None
+        if last is None:
+            self.notify(f"rank {rank} has no step in the live window yet", severity="warning")
+            return
+        self.push_screen(OpsScreen(self.client, v.run_id, rank, last))
+
     def action_zoom(self) -> None:
         """Into the selected node's ranks (a large job's node rows); zoomed already: back out."""
         if self.zoom_node is not None:
@@ -316,6 +336,7 @@ class RanksightApp(App):
         sections.append(("main view", list(self.BINDINGS)))
         sections += [(name, list(cls.BINDINGS)) for name, cls in
                      (("rank drill-down (d / Enter)", RankScreen), ("traces screen (t)", TraceScreen),
+                      ("raw ops (o)", OpsScreen),
                       ("run picker (g)", RunPicker), ("action dialog (a)", ActionModal))
                      if cls is not type(screen)]
         self.push_screen(HelpScreen(sections))

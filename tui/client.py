@@ -331,8 +331,11 @@ class HeadClient:
         except ValueError:
             raise MalformedResponse(f"{method} {path}: response is not JSON ({raw[:60]!r})") from None
 
-    def _fetch(self, method: str, path: str, body: dict | None = None, auth: bool = False) -> bytes:
-        """The answer's bytes; ``HeadError`` (the head's ``error`` text) or ``HeadUnreachable`` otherwise."""
+    def _fetch(self, method: str, path: str, body: dict | None = None, auth: bool = False,
+               timeout: float | None = None) -> bytes:
+        """The answer's bytes; ``HeadError`` (the head's ``error`` text) or ``HeadUnreachable`` otherwise.
+        ``timeout``: instead of the client's."""
+        timeout = self.timeout if timeout is None else timeout
         url = self.base_url + path
         headers = {"Accept": "application/json"}
         data = None
@@ -343,7 +346,7 @@ class HeadClient:
             headers["Authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self.ssl_context) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.ssl_context) as r:
                 raw = r.read()
         except urllib.error.HTTPError as e:
             try:
@@ -354,7 +357,7 @@ class HeadClient:
         except urllib.error.URLError as e:
             raise HeadUnreachable(f"{self.base_url}: {e.reason}") from None
         except (socket.timeout, TimeoutError):
-            raise HeadUnreachable(f"{self.base_url}: timed out after {self.timeout:g}s") from None
+            raise HeadUnreachable(f"{self.base_url}: timed out after {timeout:g}s") from None
         except (ConnectionError, OSError) as e:
             raise HeadUnreachable(f"{self.base_url}: {e}") from None
         except Exception as e:  # http.client.RemoteDisconnected/BadStatusLine and friends
@@ -441,10 +444,12 @@ class HeadClient:
         d = self._request("POST", f"/api/runs/{self._rid(run_id)}/actions", body, auth=True)
         return _parse_action(d)
 
-    def ops(self, run_id: str, params: dict[str, str]) -> bytes:
+    def ops(self, run_id: str, params: dict[str, str], timeout: float | None = None) -> bytes:
         """``GET /api/runs/<id>/ops``: the drill-down's answer as the head passed it on (JSON bytes of a
-        ``ranksight.ops_query.OpsAnswer``); ``params`` as ``OpsQuery.params`` gives them."""
-        return self._fetch("GET", f"/api/runs/{self._rid(run_id)}/ops?{urllib.parse.urlencode(params)}")
+        ``ranksight.ops_query.OpsAnswer``); ``params`` as ``OpsQuery.params`` gives them. ``timeout``: instead of
+        the client's (a node's first query indexes the rank's spool)."""
+        return self._fetch("GET", f"/api/runs/{self._rid(run_id)}/ops?{urllib.parse.urlencode(params)}",
+                           timeout=timeout)
 
     def fetch(self, run_id: str, window: int = 60, cache: "StepWindow | None" = None, traces: bool = False) -> Fetched:
         """Everything one refresh of the run view needs. Raises ClientError if the head cannot be read.

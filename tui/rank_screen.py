@@ -82,7 +82,8 @@ def findings_text(d: RankDetail) -> Text:
 class RankScreen(Screen):
     BINDINGS = [Binding("escape,d", "back", "Back"), Binding("left_square_bracket", "step(-1)", "Prev rank"),
                 Binding("right_square_bracket", "step(1)", "Next rank"),
-                Binding("a", "app.request_action", "Action"), Binding("r", "app.refresh_now", "Refresh"),
+                Binding("a", "app.request_action", "Action"), Binding("o", "app.ops", "Raw ops"),
+                Binding("r", "app.refresh_now", "Refresh"),
                 Binding("p", "app.toggle_pause", "Pause"), Binding("question_mark", "app.help", "Help"),
                 Binding("q", "app.quit", "Quit")]
 
