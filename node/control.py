@@ -17,6 +17,7 @@ import logging
 import re
 import socket
 import ssl
+import time
 from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
@@ -121,30 +122,35 @@ class ControlHandler(NoDelayHandler):
         return False
 
     def _ops(self) -> None:
-        """``GET /ops``: the raw collective records of one local rank over a step range (the head's drill-down)."""
+        """``GET /ops``: the raw collective records of one local rank over a step range (the head's drill-down),
+        counted by status with the time it took (``ranksight_agent_ops_queries``, ``..._ops_seconds``)."""
         if not self._authorized():
             return
+        t0 = time.monotonic()
+        status, body = self._ops_answer()
+        self._send(status, body)
+        node = str(self.server.node)
+        self.server.metrics.ops_queries.labels(node, str(status)).inc()
+        self.server.metrics.ops_seconds.labels(node).inc(time.monotonic() - t0)
+
+    def _ops_answer(self) -> tuple[int, bytes]:
         srv = self.server
         try:
             q = parse_ops_query({k: v[-1] for k, v in parse_qs(urlsplit(self.path).query).items()})
         except ValueError as e:
-            self._send(400, json.dumps({"error": str(e)}).encode())
-            return
+            return 400, json.dumps({"error": str(e)}).encode()
         local = srv.local_ranks()
         if q.rank not in local:
-            self._send(404, json.dumps({"error": f"rank {q.rank} is not on node {srv.node} (its ranks: "
-                                                 f"{_ranks_text(local)})"}).encode())
-            return
+            return 404, json.dumps({"error": f"rank {q.rank} is not on node {srv.node} (its ranks: "
+                                             f"{_ranks_text(local)})"}).encode()
         try:
             answer = read_ops(srv.spool_indexes.of(srv.rd.spool(q.rank)), q, srv.rd.run_id, srv.node)
         except FileNotFoundError:
-            self._send(404, json.dumps({"error": f"rank {q.rank} has no spool file on node {srv.node}"}).encode())
-            return
+            return 404, json.dumps({"error": f"rank {q.rank} has no spool file on node {srv.node}"}).encode()
         except OSError as e:
             log.warning("agent: reading rank %d's spool for /ops failed: %s", q.rank, e)
-            self._send(500, json.dumps({"error": f"reading rank {q.rank}'s spool failed: {e}"}).encode())
-            return
-        self._send(200, schema.encode(answer))
+            return 500, json.dumps({"error": f"reading rank {q.rank}'s spool failed: {e}"}).encode()
+        return 200, schema.encode(answer)
 
     def do_POST(self):
         self.close_connection = True

@@ -181,6 +181,10 @@ class AgentMetrics:
         self.ranks = Gauge("ranksight_agent_local_ranks", "Ranks this agent tails", al, registry=r)
         self.control = Counter("ranksight_agent_control_requests", "Control requests written for the trainer",
                                al + ("action",), registry=r)
+        self.ops_queries = Counter("ranksight_agent_ops_queries", "Drill-down queries (GET /ops) answered, by HTTP "
+                                   "status", al + ("status",), registry=r)
+        self.ops_seconds = Counter("ranksight_agent_ops_seconds", "Wall time spent answering drill-down queries "
+                                   "(a spool's first query indexes it)", al, registry=r)
 
     # -- updates -------------------------------------------------------------------------------
     def observe_steps(self, recs) -> None:

@@ -62,6 +62,15 @@ def test_range_filters_and_bad_queries(tmp_path):
             assert status == 400 and body["error"], bad
         status, body = api_get(f"{srv.url}/ops?rank=3&steps=1-2")  # a rank of another node
         assert status == 404 and "not on node 0" in body["error"]
+        # each answered query counted by its status on the agent's /metrics (refused tokens are not queries)
+        import urllib.request
+
+        with urllib.request.urlopen(f"{srv.url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert 'ranksight_agent_ops_queries_total{node="0",status="200"} 5.0' in text
+        assert 'ranksight_agent_ops_queries_total{node="0",status="400"} 9.0' in text
+        assert 'ranksight_agent_ops_queries_total{node="0",status="404"} 1.0' in text
+        assert 'ranksight_agent_ops_seconds_total{node="0"}' in text
 
 
 def test_limit_cuts_and_says_so(tmp_path):
