@@ -124,9 +124,10 @@ def read_ops(index: SpoolStepIndex, q: OpsQuery, run_id: str, node: int) -> OpsA
     prev_step = -1  # the last good record's step (in the blocks read back to back)
     bad: OpsGap | None = None  # the run of damaged lines since that record
 
-    def close_gap() -> None:
+    def close_gap(next_in_range: bool = False) -> None:
+        # a gap counts for the range when a record on either side of it is in the range
         nonlocal damaged, bad
-        if bad is not None and q.step_from <= prev_step <= q.step_to:
+        if bad is not None and (next_in_range or q.step_from <= prev_step <= q.step_to):
             gaps.append(bad)
             damaged += bad.lines
         bad = None
@@ -159,12 +160,7 @@ def read_ops(index: SpoolStepIndex, q: OpsQuery, run_id: str, node: int) -> OpsA
                     bad.nbytes += len(line) + 1
                     continue
                 in_range = q.step_from <= rec.step <= q.step_to
-                if bad is not None:
-                    # a gap counts for the range when a record on either side of it is in the range
-                    if in_range or q.step_from <= prev_step <= q.step_to:
-                        gaps.append(bad)
-                        damaged += bad.lines
-                    bad = None
+                close_gap(in_range)
                 prev_step = rec.step
                 if in_range and isinstance(rec, CollectiveRecord) and q.matches(rec):
                     if len(ops) == q.limit:
