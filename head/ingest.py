@@ -99,15 +99,24 @@ class Ingest:
         rs = self.live.store_of(run_id)
         work, n = [], 0
         for table, batches in tables:
-            packed, decoded = [], []
+            by_layout: dict[wire.PackedLayout, list[wire.PackedBatch]] = {}
+            decoded = []
             for b in batches:
                 it = b.items
                 if type(it) is wire.PackedBatch:
-                    packed.append(it)
+                    same = by_layout.get(it.layout)
+                    if same is None:
+                        by_layout[it.layout] = [it]
+                    else:
+                        same.append(it)
                     n += it.count
                 else:
                     decoded.append((it, b.body))
                     n += len(it)
+            # the request's bodies of one layout joined: one WAL entry and one queued buffer each, not one per agent
+            packed = [g[0] if len(g) == 1 else wire.PackedBatch(lay, b"".join([x.payload for x in g]),
+                                                                 sum([x.count for x in g]))
+                      for lay, g in by_layout.items()]
             work.append((table, packed, decoded))
         rs.enqueue(work)
         self.live.runs[run_id].last_seen = time.time()
