@@ -311,9 +311,50 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
             w = {names[j]: width[k] for k, j in enumerate(str_pos)}
             layout = ",".join(f"{n}:S{-(-w[n] // 8) * 8}" if n in w else f"{n}:{lay.codes[n]}" for n in names)
             lay = packed_layout_of(kind, layout)
-        return layout, np.array(rows, dtype=lay.dtype).tobytes()
+        arr = np.array(rows, dtype=lay.dtype)
+        # fields every record of this batch leaves at their default (a timing the trainer does not measure, a GPU
+        # figure the device does not report) are left out of the layout: the head fills the default
+        out = [n for n in names if not _all_default(arr[n], lay.codes[n], _defaults_of(kind).get(n, _NO_DEFAULT))]
+        if len(out) < len(names):
+            layout = ",".join(f"{n}:{lay.codes[n]}" for n in out)
+            lay = packed_layout_of(kind, layout)
+            slim = np.empty(len(arr), dtype=lay.dtype)
+            for n in out:
+                slim[n] = arr[n]
+            arr = slim
+        return layout, arr.tobytes()
     except (OverflowError, TypeError, ValueError, AttributeError):
         return None
+
+
+_NO_DEFAULT = object()
+_kind_defaults: dict[str, dict[str, Any]] = {}
+
+
+def _defaults_of(kind: str) -> dict[str, Any]:
+    """field -> default of ``kind``'s record type, for the fields that have one."""
+    d = _kind_defaults.get(kind)
+    if d is None:
+        d = _kind_defaults[kind] = {n: dflt for n, (_, dflt) in _field_codes(BATCH_KINDS[kind][0]).items()
+                                    if dflt is not msgspec.NODEFAULT}
+    return d
+
+
+def _all_default(col: np.ndarray, code: str, default: Any) -> bool:
+    """Whether every packed value of a column holds the field's default (so the layout can leave it out)."""
+    if default is _NO_DEFAULT or isinstance(default, list):
+        return False
+    if default is None:
+        if code == "f8":
+            return bool(np.isnan(col).all())
+        return code == "n8" and bool((col == NULL_INT).all())
+    if code.startswith("S"):
+        return isinstance(default, str) and bool((col == default.encode()).all())
+    if code == "f8":  # a float default: equal, and not -0.0 for 0.0 (the head would store 0.0)
+        return bool((col == default).all()) and not bool(np.signbit(col).any() and default == 0)
+    if isinstance(default, bool) or code == "b1":
+        return bool((col == int(default)).all())
+    return bool((col == default).all())
 
 
 @dataclass(slots=True)
