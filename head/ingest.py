@@ -44,12 +44,21 @@ class Ingest:
         refused: dict[int, wire.Rejection] = {}  # log record index -> what of it was refused
         accepted = 0
         groups: dict[tuple[str, str], list[tuple[int, wire.Batch]]] = {}
+        packed_type = wire.PackedBatch
         for i, batch, reason in wire.iter_indexed(request):
             if batch is None:
                 refused[i] = wire.Rejection(i=i, why=reason or "refused")
                 continue
+            table = _TABLE_OF_KIND.get(batch.kind)
+            if table is not None and type(batch.items) is packed_type:  # the volume path: straight to its group
+                key = (batch.run_id, table)
+                same = groups.get(key)
+                if same is None:
+                    groups[key] = [(i, batch)]
+                else:
+                    same.append((i, batch))
+                continue
             try:
-                table = _TABLE_OF_KIND.get(batch.kind)
                 if table is None:
                     accepted += self._apply_control(batch)
                     continue

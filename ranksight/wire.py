@@ -36,7 +36,7 @@ knows nothing of HTTP.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgspec
@@ -429,7 +429,9 @@ def _section_kind(key: bytes) -> tuple[str, str]:
     """(kind, layout text) of a section's ``kind TAB layout`` (cached: one agent sends the same few every cycle)."""
     got = _section_kinds.get(key)
     if got is None:
-        kind, _, layout = key.partition(b"\t")
+        kind, tab, layout = key.partition(b"\t")
+        if not tab:
+            raise WireError("bundle: section header without a layout field")
         try:
             got = (kind.decode(), layout.decode())
         except UnicodeDecodeError:
@@ -495,8 +497,9 @@ class Batch:
     items: Any  # list of records, a PackedBatch, a Manifest, or a Heartbeat
     attrs: dict[str, Any]  # the ranksight.* attributes only
     body: bytes | str = b""  # the body as received: the head logs it as is when nothing was a duplicate
-    # rows of the body the head refused (index in the body's array, why); ``items`` holds the others
-    refused: list[tuple[int, str]] = field(default_factory=list)
+    # rows of the body the head refused (index in the body's array, why); ``items`` holds the others (a shared
+    # empty tuple by default: no list made per batch)
+    refused: list[tuple[int, str]] | tuple = ()
 
 
 def any_value(v) -> Any:
@@ -642,20 +645,43 @@ def _bundle_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Bat
 
 
 def _sections_to_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Batch]:
+    """``_raw_sections`` and the batches in one pass (this runs per agent and cycle at fleet rate)."""
+    if not isinstance(body, bytes) or not body:
+        raise WireError("bundle: empty body")
     out = []
-    for key, count, payload in _raw_sections(body):
-        kind, layout = _section_kind(key)
+    kinds = _section_kinds
+    pos, n = 0, len(body)
+    find = body.find
+    while pos < n:
+        nl = find(b"\n", pos, pos + 8192)
+        if nl < 0:
+            raise WireError(f"bundle: section header at byte {pos} does not end (truncated or not a bundle)")
+        parts = body[pos:nl].rsplit(b"\t", 2)
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            count, size = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise WireError(f"bundle: section header at byte {pos} does not parse") from None
+        start = nl + 1
+        pos = start + size
+        if count < 0 or size < 0 or pos > n:
+            raise WireError(f"bundle: section at byte {start - 1} claims {size} bytes, {n - start} left (truncated)")
+        key = parts[0]
+        kind, layout = kinds.get(key) or _section_kind(key)
         if kind == KIND_BUNDLE:
             raise WireError("bundle: a bundle inside a bundle")
+        payload = body[start:pos]
         if layout:
             lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
-            size = lay.dtype.itemsize
-            if not payload or count * size != len(payload):
-                n = packed_count(lay, payload)  # raises with the reason when it is not whole records
-                raise WireError(f"bundle: {kind} section holds {n} records, its header says {count}")
+            if not size or count * lay.dtype.itemsize != size:
+                k = packed_count(lay, payload)  # raises with the reason when it is not whole records
+                raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
             out.append(Batch(run_id, kind, PackedBatch(lay, payload, count), attrs))
         else:
-            out.append(Batch(run_id=run_id, kind=kind, items=decode_body(kind, payload), attrs=attrs, body=payload))
+            out.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
+        if len(out) > MAX_BUNDLE_SECTIONS:
+            raise WireError(f"bundle: more than {MAX_BUNDLE_SECTIONS} sections")
     return out
 
 

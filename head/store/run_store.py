@@ -39,6 +39,13 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
             or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
 
 
+def _statistics_columns(table: str, schema: pa.Schema) -> list[str] | bool:
+    """The columns a part file keeps min/max statistics for: the table's key (and its time column)."""
+    spec = SPECS.get(table)
+    want = [c for c in (*(spec.key if spec else ()), "step", "t", "t_start") if c in schema.names]
+    return list(dict.fromkeys(want)) or True
+
+
 def part_files(table_dir: Path) -> list[StoreFile]:
     """The files of one table a reader reads (``ranksight.store_layout.table_files``: local Hive partitions and
     flat parts of older stores, plus compacted partitions on object storage; covered files left out)."""
@@ -335,8 +342,10 @@ class RunStore:
         tmp = d / f".{name}.tmp"
         # CRC per page: corruption is detected on read. Dictionary encoding for the string columns only (run ids,
         # hosts, group names: few distinct values), not for the float and int columns, where it costs more CPU than
-        # it saves bytes in a part file that compaction rewrites anyway.
-        pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema))
+        # it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max statistics for
+        # the key columns only (a reader filtering on them skips parts; the compacted file has them all).
+        pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema),
+                       write_statistics=_statistics_columns(table, arrow.schema))
         os.replace(tmp, d / name)
         self.rows_stored[table] += arrow.num_rows
 
