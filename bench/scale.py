@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/scale.py [--ranks 16384] [--tp 8] [--pp 4] [--seconds 30] [--warmup 8]
         [--agents-per-request 1] [--tp-ops 16] [--dp-ops 4] [--collectives auto]
-        [--connections 8] [--by-kind]
+        [--connections 8] [--by-kind] [--no-bundle]
 
 The fleet (synthetic, every figure below is from this generated telemetry, not from a GPU job): ``--ranks`` ranks
 in TP × PP × DP (``--tp`` ranks of one tensor-parallel group per node: 8 ranks per node agent; ``--pp`` pipeline
@@ -15,7 +15,8 @@ writes the group's member list once (the ``communicators`` table: 2,048 TP group
 links at 16,384 ranks). The agents ship the collectives as their ``--collectives`` mode would
 (``node/sources/spool.py``: by default one record per op up to 256 ranks, folded per step above:
 ``ranksight/collective_fold.py``). Each agent also ships one simulated GPU sample per GPU per second and a
-heartbeat. Rank 3 computes 1.3× from second ``--slow-from`` (its DP peers wait for it): the head must name it.
+heartbeat; its packed batches (steps, collectives, GPU samples) and the heartbeat travel in one ``bundle-v1`` log
+record, as ``node.shipping`` sends them (``--no-bundle``: one log record each, as older agents do). Rank 3 computes 1.3× from second ``--slow-from`` (its DP peers wait for it): the head must name it.
 
 The agent stage: the CPU one node agent spends turning a second of its ranks' records into its export (records
 made, folded where they are, packed, OTLP, deflate: what ``node.shipping`` sends), measured on the bodies this
