@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/scale.py [--ranks 16384] [--tp 8] [--pp 4] [--seconds 30] [--warmup 8]
         [--agents-per-request 1] [--tp-ops 16] [--dp-ops 4] [--collectives auto]
-        [--connections 8] [--by-kind]
+        [--connections 8] [--by-kind] [--no-bundle]
 
 The fleet (synthetic, every figure below is from this generated telemetry, not from a GPU job): ``--ranks`` ranks
 in TP × PP × DP (``--tp`` ranks of one tensor-parallel group per node: 8 ranks per node agent; ``--pp`` pipeline
@@ -15,7 +15,8 @@ writes the group's member list once (the ``communicators`` table: 2,048 TP group
 links at 16,384 ranks). The agents ship the collectives as their ``--collectives`` mode would
 (``node/sources/spool.py``: by default one record per op up to 256 ranks, folded per step above:
 ``ranksight/collective_fold.py``). Each agent also ships one simulated GPU sample per GPU per second and a
-heartbeat. Rank 3 computes 1.3× from second ``--slow-from`` (its DP peers wait for it): the head must name it.
+heartbeat; its packed batches (steps, collectives, GPU samples) and the heartbeat travel in one ``bundle-v1`` log
+record, as ``node.shipping`` sends them (``--no-bundle``: one log record each, as older agents do). Rank 3 computes 1.3× from second ``--slow-from`` (its DP peers wait for it): the head must name it.
 
 The agent stage: the CPU one node agent spends turning a second of its ranks' records into its export (records
 made, folded where they are, packed, OTLP, deflate: what ``node.shipping`` sends), measured on the bodies this
@@ -136,31 +137,42 @@ class Fleet:
         return {"step": steps, "collective": colls, "gpu": gpus, "communicator": comms}
 
 
-def agent_log_records(fleet: Fleet, node: int, step: int, resource) -> list:
-    """One agent's OTLP log records for one second, as node/shipping.py makes them."""
-    recs = []
+def agent_log_records(fleet: Fleet, node: int, step: int, resource, bundle: bool = True) -> list:
+    """One agent's OTLP log records for one second, as node/shipping.py makes them: the packed batches and the
+    heartbeat in one bundle-v1 log record (``bundle``; else one log record each, as older agents send them), the
+    JSON batches one log record each."""
+    recs, sections = [], []
     for kind, rows in fleet.node_records(node, step).items():
         if not rows:
             continue
         packed = wire.pack_records(kind, RUN, rows)
         layout, body = packed if packed is not None else (None, wire.join_array([schema.encode(x) for x in rows]))
+        if bundle and layout is not None:
+            sections.append((kind, layout, body, len(rows)))
+            continue
         recs.append(wire.make_log_record(RUN, kind, body, node=node, count=len(rows), step_min=step, step_max=step,
                                          resource=resource, layout=layout))
     hb = wire.Heartbeat(node=node, host=f"node{node:05d}", url="", t=T0 + step,
                         ranks=list(range(node * fleet.tp, (node + 1) * fleet.tp)), lag_s=0.0, spooled_records=0,
                         dropped_records=0, ship_errors=0, garbage_lines=0, rejected_records=0)
-    recs.append(wire.make_log_record(RUN, "heartbeat", msgspec.json.encode(hb), node=node, resource=resource))
+    if bundle:
+        sections.append(("heartbeat", None, msgspec.json.encode(hb), 1))
+        recs.insert(0, wire.make_log_record(RUN, wire.KIND_BUNDLE, wire.pack_bundle(sections), node=node,
+                                            count=sum(c for *_, c in sections), resource=resource, bundle=True))
+    else:
+        recs.append(wire.make_log_record(RUN, "heartbeat", msgspec.json.encode(hb), node=node, resource=resource))
     return recs
 
 
-def build_second(fleet: Fleet, step: int, per_request: int, resources: list) -> tuple[list[bytes], float]:
+def build_second(fleet: Fleet, step: int, per_request: int, resources: list,
+                 bundle: bool = True) -> tuple[list[bytes], float]:
     """The second's request bodies (deflate'd protobuf, as the agents' exporter sends them) and the CPU seconds
     the agents' side of it took (records packed, OTLP encoded, compressed)."""
     bodies, cpu = [], 0.0
     for n0 in range(0, fleet.nodes, per_request):
         t0 = time.process_time()
         recs = [r for n in range(n0, min(n0 + per_request, fleet.nodes))
-                for r in agent_log_records(fleet, n, step, resources[n])]
+                for r in agent_log_records(fleet, n, step, resources[n], bundle)]
         bodies.append(zlib.compress(encode_logs(recs).SerializeToString(), 6))
         cpu += time.process_time() - t0
     return bodies, cpu
@@ -182,7 +194,7 @@ def ingest_by_kind(fleet: Fleet, seconds: int = 4) -> dict[str, float]:
     res = [Resource.create({"service.name": "ranksight-agent", wire.R_NODE: n}) for n in range(fleet.nodes)]
 
     def bodies(step: int, kinds: tuple) -> list[bytes]:
-        return [zlib.compress(encode_logs([r for r in agent_log_records(fleet, n, step, res[n])
+        return [zlib.compress(encode_logs([r for r in agent_log_records(fleet, n, step, res[n], bundle=False)
                                            if r.log_record.attributes.get(wire.A_KIND) in kinds]).SerializeToString(), 6)
                 for n in range(fleet.nodes)]
 
@@ -284,6 +296,8 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--analyze-interval", type=float, default=5.0, help="the head's; 0: no live analysis")
     ap.add_argument("--slow-from", type=int, default=10, help="the second from which rank 3 computes 1.3x")
+    ap.add_argument("--no-bundle", action="store_true",
+                    help="one log record per batch, as agents before bundle-v1 (and agents facing an older head) send")
     ap.add_argument("--by-kind", action="store_true",
                     help="first, in this process on one core without HTTP: the head's ingest CPU per kind of record")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -298,7 +312,7 @@ def main() -> None:
                  for n in range(fleet.nodes)]
     seconds, agent_cpu = [], []
     for s in range(a.seconds):
-        bodies, cpu = build_second(fleet, s, a.agents_per_request, resources)
+        bodies, cpu = build_second(fleet, s, a.agents_per_request, resources, bundle=not a.no_bundle)
         seconds.append(bodies)
         agent_cpu.append(cpu)
     per_s = sum(len(b) for b in seconds[1]) / 1e6
@@ -316,7 +330,9 @@ def main() -> None:
     encodings = {kind: ("packed-v1" if wire.pack_records(kind, RUN, rows) else "JSON")
                  for kind, rows in fleet.node_records(0, 0).items() if rows}
     print("agents' export: OTLP/HTTP protobuf, deflate; bodies: "
-          + ", ".join(f"{k} {v}" for k, v in encodings.items()) + ", heartbeat JSON", flush=True)
+          + ", ".join(f"{k} {v}" for k, v in encodings.items()) + ", heartbeat JSON"
+          + ("" if a.no_bundle else "; the packed batches and the heartbeat in one bundle-v1 log record per agent"),
+          flush=True)
     print(f"agent stage (records made{', folded' if fold else ''}, packed, OTLP, deflate; one node's second): "
           f"{agent_ms:.2f} ms CPU = "
           f"{agent_ms / 10:.2f} % of one core per node", flush=True)
@@ -389,7 +405,7 @@ def main() -> None:
     print(f"straggler findings naming rank {SLOW_RANK}: "
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
     if a.json:
-        a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request,
+        a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle,
                                           seconds=a.seconds, span_s=span, share_pct=share, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
                                           findings=named), indent=1))

@@ -44,12 +44,21 @@ class Ingest:
         refused: dict[int, wire.Rejection] = {}  # log record index -> what of it was refused
         accepted = 0
         groups: dict[tuple[str, str], list[tuple[int, wire.Batch]]] = {}
+        packed_type = wire.PackedBatch
         for i, batch, reason in wire.iter_indexed(request):
             if batch is None:
                 refused[i] = wire.Rejection(i=i, why=reason or "refused")
                 continue
+            table = _TABLE_OF_KIND.get(batch.kind)
+            if table is not None and type(batch.items) is packed_type:  # the volume path: straight to its group
+                key = (batch.run_id, table)
+                same = groups.get(key)
+                if same is None:
+                    groups[key] = [(i, batch)]
+                else:
+                    same.append((i, batch))
+                continue
             try:
-                table = _TABLE_OF_KIND.get(batch.kind)
                 if table is None:
                     accepted += self._apply_control(batch)
                     continue
@@ -99,15 +108,24 @@ class Ingest:
         rs = self.live.store_of(run_id)
         work, n = [], 0
         for table, batches in tables:
-            packed, decoded = [], []
+            by_layout: dict[wire.PackedLayout, list[wire.PackedBatch]] = {}
+            decoded = []
             for b in batches:
                 it = b.items
                 if type(it) is wire.PackedBatch:
-                    packed.append(it)
+                    same = by_layout.get(it.layout)
+                    if same is None:
+                        by_layout[it.layout] = [it]
+                    else:
+                        same.append(it)
                     n += it.count
                 else:
                     decoded.append((it, b.body))
                     n += len(it)
+            # the request's bodies of one layout joined: one WAL entry and one queued buffer each, not one per agent
+            packed = [g[0] if len(g) == 1 else wire.PackedBatch(lay, b"".join([x.payload for x in g]),
+                                                                 sum([x.count for x in g]))
+                      for lay, g in by_layout.items()]
             work.append((table, packed, decoded))
         rs.enqueue(work)
         self.live.runs[run_id].last_seen = time.time()

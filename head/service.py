@@ -48,7 +48,7 @@ class Head:
 
     def __init__(self, store_dir, token: str, *, window: int = DEFAULT_WINDOW, flush_interval: float = 1.0,
                  analyzer: AnalyzerFn | None | str = "auto", analyzer_interval: float = 5.0,
-                 flush_rows: int = 50_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
+                 flush_rows: int = 250_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
                  idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False,
                  agent_tls: ssl.SSLContext | None = None, compact_to: str | None = None,
                  compact_interval: float = 60.0):

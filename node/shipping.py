@@ -98,6 +98,9 @@ class Shipper:
                                         **exporter_tls_kwargs(self.tls))
         self.scope = InstrumentationScope("ranksight.agent", __version__)
         self._resource: tuple[tuple, Resource] | None = None
+        # One bundle-v1 log record per export for the packed batches and the heartbeat (the head reads one record's
+        # attributes per agent and cycle, not one per kind); off for good once a head refuses bundles (an older one).
+        self.bundle = True
 
     def resource_attributes(self) -> dict[str, Any]:
         return {"service.name": "ranksight-agent", wire.R_NODE: self.node, wire.R_HOST: self.host,
@@ -125,13 +128,72 @@ class Shipper:
                  for s in snapshots or []]
         return recs
 
+    def bundled_records(self, items: list[Item], snapshots: list | None = None) -> tuple[list, list[list[int]]]:
+        """The export's log records with the packed items and the heartbeat in one ``bundle-v1`` record (first),
+        and for each log record the positions (in ``items`` then ``snapshots``) of what it holds. Without two such
+        parts, or with bundles off, the same as ``log_records``."""
+        snapshots = snapshots or []
+        inside = [j for j, it in enumerate(items) if it.layout is not None]
+        inside += [len(items) + j for j, s in enumerate(snapshots) if s.kind == "heartbeat" and not s.attributes]
+        if not self.bundle or len(inside) < 2:
+            return self.log_records(items, snapshots), [[j] for j in range(len(items) + len(snapshots))]
+        sections = []
+        for j in inside:
+            if j < len(items):
+                it = items[j]
+                sections.append((it.kind, it.layout, it.body, it.count))
+            else:
+                s = snapshots[j - len(items)]
+                sections.append((s.kind, None, s.body, 1))
+        res = self.resource()
+        taken = set(inside)
+        rest_items = [it for j, it in enumerate(items) if j not in taken]
+        rest_snaps = [s for j, s in enumerate(snapshots) if len(items) + j not in taken]
+        bundle = wire.make_log_record(self.run_id, wire.KIND_BUNDLE, wire.pack_bundle(sections), node=self.node,
+                                      count=sum(c for *_, c in sections), resource=res, scope=self.scope,
+                                      bundle=True)
+        parts = [inside] + [[j] for j in range(len(items)) if j not in taken] + \
+            [[len(items) + j] for j in range(len(snapshots)) if len(items) + j not in taken]
+        return [bundle] + self.log_records(rest_items, rest_snaps), parts
+
     def export(self, items: list[Item], snapshots: list | None = None) -> Exported:
         """One synchronous OTLP logs export. ``ok`` when the head acknowledged it (or there was nothing to send);
         the log records it refused in ``refused``, by index into ``items`` then ``snapshots`` (one resource and one
-        scope per export, so the request holds them in that order)."""
-        recs = self.log_records(items, snapshots)
+        scope per export, so the request holds them in that order: a refused bundle names each of its parts)."""
+        snapshots = snapshots or []
+        recs, parts = self.bundled_records(items, snapshots)
         if not recs:
             return Exported(ok=True)
+        res = self._export(recs)
+        if not res.ok or len(parts) == len(items) + len(snapshots):  # nothing bundled
+            return res
+        bundle_refused = [r for r in res.refused if r.i == 0]
+        if bundle_refused and _older_head(bundle_refused[0].why) or (res.unlisted and not res.refused):
+            # a head that does not know bundles: its parts again, one log record each, and no more bundles
+            log.warning("agent: the head refused a bundle (%s): sending one log record per batch from now on",
+                        bundle_refused[0].why if bundle_refused else "no reason given")
+            self.bundle = False
+            inner = [items[j] for j in parts[0] if j < len(items)]
+            inner_snaps = [snapshots[j - len(items)] for j in parts[0] if j >= len(items)]
+            again = self._export(self.log_records(inner, inner_snaps))
+            if not again.ok:  # the rest was acknowledged; the bundle's parts are not: the caller keeps all of them
+                return Exported(ok=False)
+            refused = [wire.Rejection(i=parts[0][r.i], why=r.why, rows=r.rows, rows_more=r.rows_more)
+                       for r in again.refused if 0 <= r.i < len(parts[0])]
+            refused += [wire.Rejection(i=parts[r.i][0], why=r.why, rows=r.rows, rows_more=r.rows_more)
+                        for r in res.refused if 0 < r.i < len(parts)]
+            return Exported(ok=True, refused=refused, unlisted=again.unlisted + max(0, res.unlisted - 1))
+        refused = []
+        for r in res.refused:
+            if not 0 <= r.i < len(parts):
+                continue
+            if r.i == 0:  # a bundle is taken or refused whole: each of its parts refused, for the same reason
+                refused += [wire.Rejection(i=j, why=r.why) for j in parts[0]]
+            else:
+                refused.append(wire.Rejection(i=parts[r.i][0], why=r.why, rows=r.rows, rows_more=r.rows_more))
+        return Exported(ok=True, refused=refused, unlisted=res.unlisted)
+
+    def _export(self, recs: list) -> Exported:
         object.__setattr__(self.session, "last_body", None)
         try:
             ok = self.exporter.export(recs) == LogRecordExportResult.SUCCESS
@@ -167,6 +229,12 @@ class Shipper:
 
     def close(self) -> None:
         self.exporter.shutdown()
+
+
+def _older_head(why: str) -> bool:
+    """Whether a bundle's rejection comes from a head that does not know the bundle encoding (it names the packed
+    encoding it expected, or the kind it does not know)."""
+    return "expected packed-v1" in why or "unknown ranksight.kind" in why
 
 
 class OtlpMetrics:

@@ -18,6 +18,14 @@ of one ship cycle). Two body encodings:
   of a flush become one array with one ``np.frombuffer`` call and go to Arrow
   column by column: no Python object per record anywhere on the head.
 
+- ``bundle-v1`` (kind ``bundle``): one log record holding an agent's batches of one ship cycle (its packed
+  step, collective and GPU batches and its heartbeat), so the head reads one log record's attributes per agent
+  and cycle, not one per kind. The body is a sequence of sections, each
+  ``<kind> TAB <layout> TAB <count> TAB <bytes> LF <payload>``: a packed-v1 payload when ``layout`` is
+  given, else the kind's JSON body. The head takes a bundle whole or refuses it whole (one rejection for the log
+  record); an older head refuses the unknown encoding, and the agent then sends the batches one log record each
+  (``node.shipping``).
+
 Attributes say what is inside (run, kind, rank, count, step range) so a
 Collector can route or filter without parsing the body.
 
@@ -28,7 +36,7 @@ knows nothing of HTTP.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgspec
@@ -51,6 +59,8 @@ A_MTIME = "ranksight.manifest_mtime"
 A_ENCODING = "ranksight.encoding"
 A_LAYOUT = "ranksight.layout"
 ENC_PACKED = "packed-v1"
+ENC_BUNDLE = "bundle-v1"
+KIND_BUNDLE = "bundle"  # one log record holding several batches (``pack_bundle``)
 # Resource attributes of an agent.
 R_NODE = "ranksight.node"
 R_HOST = "host.name"
@@ -301,9 +311,50 @@ def pack_records(kind: str, run_id: str, records: list) -> tuple[str, bytes] | N
             w = {names[j]: width[k] for k, j in enumerate(str_pos)}
             layout = ",".join(f"{n}:S{-(-w[n] // 8) * 8}" if n in w else f"{n}:{lay.codes[n]}" for n in names)
             lay = packed_layout_of(kind, layout)
-        return layout, np.array(rows, dtype=lay.dtype).tobytes()
+        arr = np.array(rows, dtype=lay.dtype)
+        # fields every record of this batch leaves at their default (a timing the trainer does not measure, a GPU
+        # figure the device does not report) are left out of the layout: the head fills the default
+        out = [n for n in names if not _all_default(arr[n], lay.codes[n], _defaults_of(kind).get(n, _NO_DEFAULT))]
+        if len(out) < len(names):
+            layout = ",".join(f"{n}:{lay.codes[n]}" for n in out)
+            lay = packed_layout_of(kind, layout)
+            slim = np.empty(len(arr), dtype=lay.dtype)
+            for n in out:
+                slim[n] = arr[n]
+            arr = slim
+        return layout, arr.tobytes()
     except (OverflowError, TypeError, ValueError, AttributeError):
         return None
+
+
+_NO_DEFAULT = object()
+_kind_defaults: dict[str, dict[str, Any]] = {}
+
+
+def _defaults_of(kind: str) -> dict[str, Any]:
+    """field -> default of ``kind``'s record type, for the fields that have one."""
+    d = _kind_defaults.get(kind)
+    if d is None:
+        d = _kind_defaults[kind] = {n: dflt for n, (_, dflt) in _field_codes(BATCH_KINDS[kind][0]).items()
+                                    if dflt is not msgspec.NODEFAULT}
+    return d
+
+
+def _all_default(col: np.ndarray, code: str, default: Any) -> bool:
+    """Whether every packed value of a column holds the field's default (so the layout can leave it out)."""
+    if default is _NO_DEFAULT or isinstance(default, list):
+        return False
+    if default is None:
+        if code == "f8":
+            return bool(np.isnan(col).all())
+        return code == "n8" and bool((col == NULL_INT).all())
+    if code.startswith("S"):
+        return isinstance(default, str) and bool((col == default.encode()).all())
+    if code == "f8":  # a float default: equal, and not -0.0 for 0.0 (the head would store 0.0)
+        return bool((col == default).all()) and not bool(np.signbit(col).any() and default == 0)
+    if isinstance(default, bool) or code == "b1":
+        return bool((col == int(default)).all())
+    return bool((col == default).all())
 
 
 @dataclass(slots=True)
@@ -323,18 +374,91 @@ def join_array(items: list[bytes]) -> bytes:
     return b"[" + b",".join(items) + b"]"
 
 
+MAX_BUNDLE_SECTIONS = 4096  # sections one bundle may hold (the head refuses more)
+
+
+def pack_bundle(sections: list[tuple[str, str | None, bytes, int]]) -> bytes:
+    """A ``bundle-v1`` body from ``(kind, packed-v1 layout or None for JSON, body, record count)`` sections."""
+    out = []
+    for kind, layout, body, count in sections:
+        if "\t" in kind or "\n" in kind or (layout and ("\t" in layout or "\n" in layout)):
+            raise ValueError(f"{kind}: a tab or newline in a bundle section's kind or layout")
+        out.append(b"%s\t%s\t%d\t%d\n" % (kind.encode(), (layout or "").encode(), count, len(body)))
+        out.append(body)
+    return b"".join(out)
+
+
+def bundle_sections(body: bytes) -> list[tuple[str, str, int, bytes]]:
+    """The sections of a ``bundle-v1`` body: ``(kind, layout ("" for JSON), count, payload)``; raises WireError on a
+    truncated or malformed body (the head then refuses the whole log record)."""
+    return [(*_section_kind(key), count, payload) for key, count, payload in _raw_sections(body)]
+
+
+def _raw_sections(body: bytes) -> list[tuple[bytes, int, bytes]]:
+    """(``kind TAB layout`` as bytes, count, payload) of each section of a bundle body."""
+    if not isinstance(body, bytes) or not body:
+        raise WireError("bundle: empty body")
+    out = []
+    pos, n = 0, len(body)
+    find = body.find
+    while pos < n:
+        nl = find(b"\n", pos, pos + 8192)
+        if nl < 0:
+            raise WireError(f"bundle: section header at byte {pos} does not end (truncated or not a bundle)")
+        parts = body[pos:nl].rsplit(b"\t", 2)
+        try:
+            if len(parts) != 3 or b"\t" not in parts[0]:
+                raise ValueError
+            count, size = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise WireError(f"bundle: section header at byte {pos} does not parse") from None
+        start = nl + 1
+        if count < 0 or size < 0 or start + size > n:
+            raise WireError(f"bundle: section at byte {pos} claims {size} bytes, {n - start} left (truncated)")
+        out.append((parts[0], count, body[start:start + size]))
+        if len(out) > MAX_BUNDLE_SECTIONS:
+            raise WireError(f"bundle: more than {MAX_BUNDLE_SECTIONS} sections")
+        pos = start + size
+    return out
+
+
+_section_kinds: dict[bytes, tuple[str, str]] = {}
+
+
+def _section_kind(key: bytes) -> tuple[str, str]:
+    """(kind, layout text) of a section's ``kind TAB layout`` (cached: one agent sends the same few every cycle)."""
+    got = _section_kinds.get(key)
+    if got is None:
+        kind, tab, layout = key.partition(b"\t")
+        if not tab:
+            raise WireError("bundle: section header without a layout field")
+        try:
+            got = (kind.decode(), layout.decode())
+        except UnicodeDecodeError:
+            raise WireError("bundle: a section's kind or layout is not UTF-8") from None
+        if "\t" in got[1]:
+            raise WireError("bundle: section header with a tab in its layout")
+        if len(_section_kinds) < 256:
+            _section_kinds[key] = got
+    return got
+
+
 def make_log_record(run_id: str, kind: str, body: bytes, *, rank: int | None = None, node: int | None = None,
                     count: int | None = None, step_min: int | None = None, step_max: int | None = None,
-                    extra: dict[str, Any] | None = None, resource=None, scope=None, layout: str | None = None):
+                    extra: dict[str, Any] | None = None, resource=None, scope=None, layout: str | None = None,
+                    bundle: bool = False):
     """One SDK ReadableLogRecord for the OTLP exporter (agent side).
 
-    ``layout``: the body is packed-v1 records of that layout (sent as bytes_value); otherwise
-    it is JSON (sent as string_value)."""
+    ``layout``: the body is packed-v1 records of that layout (sent as bytes_value); ``bundle``: the body is a
+    ``bundle-v1`` body (``pack_bundle``, sent as bytes_value, ``kind`` should be ``bundle``); otherwise it is JSON
+    (sent as string_value)."""
     from opentelemetry._logs import LogRecord
     from opentelemetry.sdk._logs import ReadableLogRecord
 
     attrs: dict[str, Any] = {A_RUN: run_id, A_KIND: kind}
-    if layout is not None:
+    if bundle:
+        attrs[A_ENCODING] = ENC_BUNDLE  # third, so the head can stop reading attributes here (iter_indexed)
+    elif layout is not None:
         # First, so the head can stop reading attributes once it has these four (iter_batches).
         attrs[A_ENCODING] = ENC_PACKED
         attrs[A_LAYOUT] = layout
@@ -351,7 +475,8 @@ def make_log_record(run_id: str, kind: str, body: bytes, *, rank: int | None = N
     if extra:
         attrs.update(extra)
     now = time.time_ns()
-    rec = LogRecord(timestamp=now, observed_timestamp=now, body=bytes(body) if layout is not None else body.decode("utf-8"),
+    binary = layout is not None or bundle
+    rec = LogRecord(timestamp=now, observed_timestamp=now, body=bytes(body) if binary else body.decode("utf-8"),
                     attributes=attrs, event_name=EVENT_NAME)
     return ReadableLogRecord(log_record=rec, resource=resource, instrumentation_scope=scope)
 
@@ -372,8 +497,9 @@ class Batch:
     items: Any  # list of records, a PackedBatch, a Manifest, or a Heartbeat
     attrs: dict[str, Any]  # the ranksight.* attributes only
     body: bytes | str = b""  # the body as received: the head logs it as is when nothing was a duplicate
-    # rows of the body the head refused (index in the body's array, why); ``items`` holds the others
-    refused: list[tuple[int, str]] = field(default_factory=list)
+    # rows of the body the head refused (index in the body's array, why); ``items`` holds the others (a shared
+    # empty tuple by default: no list made per batch)
+    refused: list[tuple[int, str]] | tuple = ()
 
 
 def any_value(v) -> Any:
@@ -439,6 +565,8 @@ def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
                         kind = kv.value.string_value
                     elif k == A_ENCODING:
                         enc = kv.value.string_value
+                        if enc == ENC_BUNDLE and kind is not None and run_id is not None:
+                            break  # a bundle: its sections say the rest
                     elif k == A_LAYOUT:
                         layout = kv.value.string_value
                         if kind is not None and run_id is not None and enc is not None:
@@ -458,6 +586,18 @@ def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
                     attrs[A_MTIME] = mtime
                 body_v = lr.body
                 which = body_v.WhichOneof("value")
+                if enc == ENC_BUNDLE:
+                    if kind != KIND_BUNDLE or which != _BYTES:
+                        yield i, None, f"{kind}: encoding {enc!r} with a {which} body (expected kind bundle, bytes)"
+                        continue
+                    try:
+                        batches = _bundle_batches(run_id, attrs, body_v.bytes_value)
+                    except WireError as e:
+                        yield i, None, str(e)
+                        continue
+                    for b in batches:
+                        yield i, b, None
+                    continue
                 if enc is not None:
                     if enc != ENC_PACKED or which != _BYTES:
                         yield i, None, f"{kind}: encoding {enc!r} with a {which} body (expected {ENC_PACKED} bytes)"
@@ -493,6 +633,56 @@ def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
                                        refused=refused), None
                     continue
                 yield i, Batch(run_id=run_id, kind=kind, items=items, attrs=attrs, body=body), None
+
+
+def _bundle_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Batch]:
+    """The batches of a bundle's sections; raises WireError when any section is wrong (the bundle is refused
+    whole, so the rejection names one log record and the sender keeps aside all of it)."""
+    try:
+        return _sections_to_batches(run_id, attrs, body)
+    except WireError as e:
+        raise WireError(str(e) if str(e).startswith("bundle") else f"bundle: {e}") from None
+
+
+def _sections_to_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Batch]:
+    """``_raw_sections`` and the batches in one pass (this runs per agent and cycle at fleet rate)."""
+    if not isinstance(body, bytes) or not body:
+        raise WireError("bundle: empty body")
+    out = []
+    kinds = _section_kinds
+    pos, n = 0, len(body)
+    find = body.find
+    while pos < n:
+        nl = find(b"\n", pos, pos + 8192)
+        if nl < 0:
+            raise WireError(f"bundle: section header at byte {pos} does not end (truncated or not a bundle)")
+        parts = body[pos:nl].rsplit(b"\t", 2)
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            count, size = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise WireError(f"bundle: section header at byte {pos} does not parse") from None
+        start = nl + 1
+        pos = start + size
+        if count < 0 or size < 0 or pos > n:
+            raise WireError(f"bundle: section at byte {start - 1} claims {size} bytes, {n - start} left (truncated)")
+        key = parts[0]
+        kind, layout = kinds.get(key) or _section_kind(key)
+        if kind == KIND_BUNDLE:
+            raise WireError("bundle: a bundle inside a bundle")
+        payload = body[start:pos]
+        if layout:
+            lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
+            if not size or count * lay.dtype.itemsize != size:
+                k = packed_count(lay, payload)  # raises with the reason when it is not whole records
+                raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
+            out.append(Batch(run_id, kind, PackedBatch(lay, payload, count), attrs))
+        else:
+            out.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
+        if len(out) > MAX_BUNDLE_SECTIONS:
+            raise WireError(f"bundle: more than {MAX_BUNDLE_SECTIONS} sections")
+    return out
 
 
 def _salvage_rows(kind: str, body: bytes | str) -> tuple[list, list[bytes], list[tuple[int, str]]] | None:

@@ -90,12 +90,12 @@ def test_outbox_is_bounded_and_drops_are_counted(tmp_path):
     store = tmp_path / "store"
     rd = RunDir(store, "r1")
     a = NodeAgent(rd, 0, f"http://127.0.0.1:{free_port()}", TOKEN, sim_gpu="off", ship_timeout=0.2,
-                  outbox_bytes=6000, otlp_metrics=False)
+                  outbox_bytes=3000, otlp_metrics=False)
     try:
         for i in range(6):
             write_steps(rd, 0, 0, range(i * 10, i * 10 + 10))
             a.cycle()
-        assert a.outbox.bytes() <= 6000
+        assert a.outbox.bytes() <= 3000
         assert a.outbox.dropped_records > 0
         assert a.outbox.records() + a.outbox.dropped_records == 60
         text = a.metrics.registry.get_sample_value("ranksight_agent_dropped_records_total", {"node": "0"})

@@ -39,7 +39,7 @@ __all__ = ["RunStore", "Store"]
 class Store:
     """All runs under one store directory."""
 
-    def __init__(self, root: str | os.PathLike, flush_rows: int = 50_000, fsync: bool = False,
+    def __init__(self, root: str | os.PathLike, flush_rows: int = 250_000, fsync: bool = False,
                  compact_to: str | None = None, **run_options):
         """``compact_to``: a directory or URI (``s3://bucket/prefix``) the runs' compacted partitions go to instead of
         ``root`` (the write-ahead log and fresh parts stay on local disk). ``run_options``: for each ``RunStore``

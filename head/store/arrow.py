@@ -24,6 +24,49 @@ def _const_string(value: str, n: int) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b * n))
 
 
+def merge_packed(kind: str, chunks: list[tuple[wire.PackedLayout, bytes]]) -> tuple[np.ndarray, wire.PackedLayout]:
+    """One structured array, in the order of ``chunks``, from packed bodies of one kind in several layouts (string
+    fields of another width, fields one sender left at their default): the union of their fields, each string as
+    wide as its widest, a field a chunk lacks filled with its default (null as the packed codes write it). The live
+    window keeps rows in arrival order, so a flush's rows must not be regrouped by layout."""
+    layouts = {lay for lay, _ in chunks}
+    if len(layouts) == 1:
+        lay = chunks[0][0]
+        return np.frombuffer(chunks[0][1] if len(chunks) == 1 else b"".join([c for _, c in chunks]), lay.dtype), lay
+    width: dict[str, int] = {}
+    codes: dict[str, str] = {}
+    for lay in layouts:
+        for name, code in lay.codes.items():
+            codes[name] = code
+            if code.startswith("S"):
+                width[name] = max(width.get(name, 0), int(code[1:]))
+    order = [f.name for f in SPECS[wire.BATCH_KINDS[kind][1]].schema if f.name in codes]
+    order += [n for n in codes if n not in order]
+    text = ",".join(f"{n}:S{width[n]}" if n in width else f"{n}:{codes[n]}" for n in order)
+    union = wire.packed_layout_of(kind, text)
+    arrs = [np.frombuffer(body, lay.dtype) for lay, body in chunks]
+    out = np.empty(sum(len(a) for a in arrs), union.dtype)
+    pos = 0
+    for (lay, _), a in zip(chunks, arrs):
+        k = len(a)
+        for name in order:
+            if name in lay.codes:
+                out[name][pos:pos + k] = a[name]
+            else:
+                out[name][pos:pos + k] = _packed_default(union.codes[name], lay.defaults.get(name))
+        pos += k
+    return out, union
+
+
+def _packed_default(code: str, default) -> object:
+    """A field's default as its packed code writes it."""
+    if default is None:
+        return np.nan if code == "f8" else wire.NULL_INT if code == "n8" else 0
+    if isinstance(default, str):
+        return default.encode()
+    return int(default) if code in ("b1", "i8", "n8") else default
+
+
 def packed_to_table(table: str, run_id: str, arr: np.ndarray, layout: wire.PackedLayout) -> pa.Table:
     """Arrow table of the store schema from a numpy structured array of packed records."""
     spec = SPECS[table]

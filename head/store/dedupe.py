@@ -367,6 +367,10 @@ class CollectiveIndex(SeqIndex):
     def __init__(self):
         super().__init__(("rank", "attempt"), "seq")
         self.names: dict[bytes, int] = {}
+        # the same numbers as ``names``, sorted by name, for ``_name_ids``'s vectorized look-up
+        self._sorted_names = np.array([], "S1")
+        self._sorted_ids = np.zeros(0, np.int64)
+        self._no_sorted = False  # two names that differ only in trailing NULs: the dict alone, always
 
     def _b(self, attempt: np.ndarray, groups: np.ndarray) -> np.ndarray:
         inv_uniq = _factorize_bytes(groups) if groups.dtype.kind == "S" else None
@@ -374,9 +378,33 @@ class CollectiveIndex(SeqIndex):
             uniq, inv = np.unique(groups, return_inverse=True)
         else:
             inv, uniq = inv_uniq
+        return (attempt.astype(np.int64) << self._NAME_BITS) | self._name_ids(uniq)[inv.ravel()]
+
+    def _name_ids(self, uniq: np.ndarray) -> np.ndarray:
+        """The number of each distinct group name: names already numbered are looked up in one sorted array (a
+        flush names thousands of p2p groups: one Python call per name cost more than the rest of the dedupe); only
+        names seen for the first time go through the dict."""
+        if uniq.dtype.kind == "S" and len(self._sorted_names):
+            width = max(uniq.dtype.itemsize, self._sorted_names.dtype.itemsize)
+            known = self._sorted_names.astype(f"S{width}", copy=False)
+            u = uniq.astype(f"S{width}", copy=False)
+            pos = np.minimum(np.searchsorted(known, u), len(known) - 1)
+            hit = known[pos] == u
+            if hit.all():
+                return self._sorted_ids[pos]
         ids = np.array([self.names.setdefault(g.encode() if isinstance(g, str) else bytes(g), len(self.names))
                         for g in uniq.tolist()], np.int64)
-        return (attempt.astype(np.int64) << self._NAME_BITS) | ids[inv.ravel()]
+        if len(self.names) != len(self._sorted_ids) and not self._no_sorted:  # new names (rare: names are few)
+            keys = list(self.names)
+            if any(k.endswith(b"\0") for k in keys):  # numpy's S dtype cuts trailing NULs: the dict alone, always
+                self._no_sorted = True
+                self._sorted_names, self._sorted_ids = np.array([], "S1"), np.zeros(0, np.int64)
+            else:
+                names = np.array(keys, dtype=f"S{max(1, max(len(k) for k in keys))}")
+                order = np.argsort(names, kind="stable")
+                self._sorted_names = names[order]
+                self._sorted_ids = np.fromiter(self.names.values(), np.int64, len(keys))[order]
+        return ids
 
     def new_rows(self, rows: list) -> list:
         if not rows:
@@ -435,17 +463,20 @@ class GpuIndex(SetIndex):
     def __init__(self, spec: TableSpec, horizon: float = GPU_HORIZON_S):
         super().__init__(spec)
         self.horizon = float(horizon)
-        self.hwm: dict[int, float] = {}
+        # per GPU code, the newest sample time: two arrays sorted by code (a flush holds every GPU's samples: a
+        # look-up and an update per GPU in Python cost more than the rest of the dedupe)
+        self._hw_codes = np.zeros(0, np.int64)
+        self._hw_t = np.zeros(0, np.float64)
         self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # (codes, times) of the samples kept exactly
         self._recent = 0
         self._after_prune = 0
         self.stale = 0  # samples older than their GPU's newest by more than the horizon: dropped, counted
 
     def __len__(self) -> int:
-        return self._recent + len(self.hwm) + len(self.keys)
+        return self._recent + len(self._hw_codes) + len(self.keys)
 
     def nbytes(self) -> int:
-        return 16 * self._recent + 100 * len(self.hwm) + 120 * len(self.keys)
+        return 16 * self._recent + 16 * len(self._hw_codes) + 120 * len(self.keys)
 
     def new_rows(self, rows: list) -> list:
         n = len(rows)
@@ -502,7 +533,7 @@ class GpuIndex(SetIndex):
         if n == 0:
             return np.zeros(0, np.bool_)
         uniq, inv = np.unique(code, return_inverse=True)
-        hw = np.array([self.hwm.get(c, -math.inf) for c in uniq.tolist()], np.float64)
+        hw = self._hwm_of(uniq)
         h = hw[inv]
         # a key repeated within the batch: its first row only
         order = np.lexsort((t, code))
@@ -529,11 +560,40 @@ class GpuIndex(SetIndex):
             self._recent += len(c)
             top = np.full(len(uniq), -math.inf)
             np.maximum.at(top, inv[new], tt)
-            for i in np.flatnonzero(top > hw).tolist():
-                self.hwm[int(uniq[i])] = float(top[i])
+            up = top > hw
+            self._raise_hwm(uniq[up], top[up])
             if self._recent > max(2 * self._after_prune, 1 << 16):
                 self._prune()
         return new
+
+    @property
+    def hwm(self) -> dict[int, float]:
+        """Each GPU code's newest sample time (a copy, for inspection)."""
+        return dict(zip(self._hw_codes.tolist(), self._hw_t.tolist()))
+
+    def _hwm_of(self, codes: np.ndarray) -> np.ndarray:
+        """The newest sample time of each of these distinct, sorted codes (-inf for a GPU not seen yet)."""
+        out = np.full(len(codes), -math.inf)
+        if len(self._hw_codes):
+            pos = np.minimum(np.searchsorted(self._hw_codes, codes), len(self._hw_codes) - 1)
+            hit = self._hw_codes[pos] == codes
+            out[hit] = self._hw_t[pos[hit]]
+        return out
+
+    def _raise_hwm(self, codes: np.ndarray, newest: np.ndarray) -> None:
+        """Set the newest sample time of these distinct, sorted codes (each >= its old value)."""
+        if len(self._hw_codes):
+            pos = np.minimum(np.searchsorted(self._hw_codes, codes), len(self._hw_codes) - 1)
+            hit = self._hw_codes[pos] == codes
+            self._hw_t[pos[hit]] = newest[hit]
+            codes, newest = codes[~hit], newest[~hit]
+            if not len(codes):
+                return
+            all_codes = np.concatenate([self._hw_codes, codes])
+            order = np.argsort(all_codes, kind="stable")
+            self._hw_codes, self._hw_t = all_codes[order], np.concatenate([self._hw_t, newest])[order]
+        else:
+            self._hw_codes, self._hw_t = codes.astype(np.int64), newest.astype(np.float64)
 
     def _recent_keys(self, codes: np.ndarray) -> set:
         """The exactly kept (code, t) keys of these GPUs."""
@@ -549,7 +609,7 @@ class GpuIndex(SetIndex):
         code = np.concatenate([c for c, _ in self._chunks])
         t = np.concatenate([x for _, x in self._chunks])
         uniq, inv = np.unique(code, return_inverse=True)
-        hw = np.array([self.hwm[c] for c in uniq.tolist()], np.float64)
+        hw = self._hwm_of(uniq)
         keep = t > hw[inv] - self.horizon
         self._chunks = [(code[keep], t[keep])]
         self._recent = self._after_prune = int(keep.sum())

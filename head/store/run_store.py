@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from head.store import compaction
-from head.store.arrow import packed_to_table, rows_to_table
+from head.store.arrow import merge_packed, packed_to_table, rows_to_table
 from head.store.dedupe import make_index
 from head.store.wal import WriteAheadLog, json_entry, read_batches
-from ranksight import schema, store_layout
+from ranksight import schema, store_layout, wire
 from ranksight.layout import atomic_write
 from ranksight.store_layout import StoreFile
 from ranksight.tables import SPECS, TableSpec
@@ -37,6 +37,13 @@ CLEANUP_DELAY_S = 10.0
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
             or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
+
+
+def _statistics_columns(table: str, schema: pa.Schema) -> list[str] | bool:
+    """The columns a part file keeps min/max statistics for: the table's key (and its time column)."""
+    spec = SPECS.get(table)
+    want = [c for c in (*(spec.key if spec else ()), "step", "t", "t_start") if c in schema.names]
+    return list(dict.fromkeys(want)) or True
 
 
 def part_files(table_dir: Path) -> list[StoreFile]:
@@ -110,8 +117,9 @@ class RunStore:
         self.buffers: dict[str, list[pa.Table]] = {t: [] for t in SPECS}
         self.buffered_rows: dict[str, int] = {t: 0 for t in SPECS}
         self.buffered = 0
-        # the queue: per table, packed bodies per layout (joined into one buffer when processed) and decoded row lists
-        self.q_packed: dict[str, dict[Any, list]] = {t: {} for t in SPECS}
+        # the queue: per table, packed bodies (layout, body) in arrival order (one array when processed) and decoded
+        # row lists
+        self.q_packed: dict[str, list[tuple[Any, bytes]]] = {t: [] for t in SPECS}
         self.q_rows: dict[str, list[list]] = {t: [] for t in SPECS}
         self.pending_rows = 0
         self.rows_stored: dict[str, int] = {t: 0 for t in SPECS}
@@ -157,7 +165,7 @@ class RunStore:
                     self.q_rows[b.table].append(b.rows)
                     self.pending_rows += len(b.rows)
                 else:
-                    self.q_packed[b.table].setdefault(b.layout, []).append(b.payload)
+                    self.q_packed[b.table].append((b.layout, b.payload))
                     self.pending_rows += b.count
         self._process_locked()
         replayed = self.buffered - before
@@ -219,10 +227,7 @@ class RunStore:
             for table, packed, chunks in work:
                 q = self.q_packed[table]
                 for b in packed:
-                    bufs = q.get(b.layout)
-                    if bufs is None:
-                        bufs = q[b.layout] = []
-                    bufs.append(b.payload)  # no copy here: the bodies are joined once, when processed
+                    q.append((b.layout, b.payload))  # no copy here: the bodies are joined once, when processed
                     self.pending_rows += b.count
                 rq = self.q_rows[table]
                 for rows, _ in chunks:
@@ -245,10 +250,10 @@ class RunStore:
             packed, rowlists = self.q_packed[table], self.q_rows[table]
             if not packed and not rowlists:
                 continue
-            self.q_packed[table], self.q_rows[table] = {}, []
+            self.q_packed[table], self.q_rows[table] = [], []
             index = self.indexes[table]
-            for lay, bufs in packed.items():
-                arr = np.frombuffer(bufs[0] if len(bufs) == 1 else b"".join(bufs), dtype=lay.dtype)
+            if packed:  # one array in arrival order, whatever the layouts (the live window keeps arrival order)
+                arr, lay = merge_packed(wire.KIND_OF_TABLE[table], packed)
                 n = len(arr)
                 self.pending_rows -= n
                 mask = index.new_packed(arr, lay)
@@ -337,8 +342,10 @@ class RunStore:
         tmp = d / f".{name}.tmp"
         # CRC per page: corruption is detected on read. Dictionary encoding for the string columns only (run ids,
         # hosts, group names: few distinct values), not for the float and int columns, where it costs more CPU than
-        # it saves bytes in a part file that compaction rewrites anyway.
-        pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema))
+        # it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max statistics for
+        # the key columns only (a reader filtering on them skips parts; the compacted file has them all).
+        pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema),
+                       write_statistics=_statistics_columns(table, arrow.schema))
         os.replace(tmp, d / name)
         self.rows_stored[table] += arrow.num_rows
 
