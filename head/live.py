@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from head.live_frames import (ConvertedWindow, _tail_mask, analysis_frame, numpy_column, tail_per_rank,
-                              to_pandas_shared_lists, window_rows)
+from head.live_frames import (ConvertedWindow, analysis_frame, numpy_column, samples_frame_of,
+                              tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -53,6 +53,11 @@ GPU_SAMPLES_PER_GPU = 60
 # the memory cap over all GPUs (~128 per GPU of a 16,384-GPU fleet); over it the oldest batches go, logged and counted
 MAX_GPU_ROWS = 1 << 21
 GPU_RECORDS_VIEW = 64 * 120  # the newest samples ``RunLive.gpu`` shows as records (the API and run summary read it)
+# The GPU window's string columns, kept dictionary-encoded (a node's host, the device name, the source and run id are
+# the same in every sample of a GPU, and a 16,384-GPU window holds a million samples); each column's dictionary is
+# shared by the batches while it stays under GPU_DICT_MAX values (a GPU's uuid: one per GPU), then starts anew
+GPU_DICT_COLUMNS = ("run_id", "host", "source", "name", "uuid")
+GPU_DICT_MAX = 1 << 18
 
 
 @dataclass
@@ -167,6 +172,7 @@ class RunLive:
         self._gpu_arrow: deque = deque()
         self._gpu_arrow_rows = 0
         self._gpu_keys: set[int] = set()  # the (node, gpu) pairs seen, as node << 20 | gpu
+        self._gpu_dicts: dict[str, pa.Array] = {}  # GPU_DICT_COLUMNS: the dictionary the newest batches share
         self.gpu_rows_cut = 0  # samples dropped by the memory cap before their GPU had its window
         self._gpu_view: tuple = (None, deque(maxlen=GPU_RECORDS_VIEW))  # (newest batch it was made from, records)
         self.host: deque = deque(maxlen=16 * 120)
@@ -242,17 +248,22 @@ class RunLive:
     def gpu_table(self, per_gpu: int | None = None) -> pa.Table | None:
         """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order; default
         ``_gpu_per_gpu()``) of each (node, gpu). None when there are none."""
+        kept = self._gpu_window(per_gpu)
+        return _concat_gpu(kept) if kept else None
+
+    def _gpu_window(self, per_gpu: int | None = None) -> list[pa.Table]:
+        """The batches of the GPU window cut to the last ``per_gpu`` samples (arrival order; default
+        ``_gpu_per_gpu()``) of each (node, gpu), without sorting the window (``window_chunks`` on a GPU key)."""
         with self.lock:
             chunks = list(self._gpu_arrow)
             per_gpu = self._gpu_per_gpu() if per_gpu is None else per_gpu
         if not chunks:
-            return None
-        t = _concat_gpu(chunks)
-        keep = _tail_mask(_gpu_codes(t), per_gpu)
-        return t if keep.all() else t.filter(pa.array(keep))
+            return []
+        return window_chunks(chunks, per_gpu, keys=_dense_gpu_keys(chunks))
 
     def _add_gpu(self, t: pa.Table) -> None:
         """Append a batch of GPU samples (Arrow, the store's schema) and trim the window (under ``self.lock``)."""
+        t = self._gpu_encoded(_concat_gpu([t]))
         self._gpu_arrow.append(t)
         self._gpu_arrow_rows += t.num_rows
         self._gpu_keys.update(np.unique(_gpu_codes(t)).tolist())
@@ -267,6 +278,44 @@ class RunLive:
                                 "the oldest are dropped (counted in gpu_rows_cut)", self.run_id,
                                 len(self._gpu_keys), self._gpu_per_gpu(), MAX_GPU_ROWS)
                 self.gpu_rows_cut += n
+
+    def _gpu_encoded(self, t: pa.Table) -> pa.Table:
+        """``t`` with its GPU_DICT_COLUMNS dictionary-encoded against the dictionaries the window's batches share
+        (values not seen yet are added to them)."""
+        for name in GPU_DICT_COLUMNS:
+            i = t.schema.get_field_index(name)
+            if i < 0:
+                continue
+            col = t.column(i).combine_chunks()
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(pa.string())
+            known = self._gpu_dicts.get(name)
+            if known is None or len(known) >= GPU_DICT_MAX:
+                known = pa.array([], pa.string())
+            idx = pc.index_in(col, value_set=known)
+            if idx.null_count > col.null_count:  # values not in the dictionary yet
+                new = pc.unique(col.filter(pc.and_(pc.is_null(idx), pc.is_valid(col))))
+                known = pa.concat_arrays([known, new])
+                idx = pc.index_in(col, value_set=known)
+            self._gpu_dicts[name] = known
+            t = t.set_column(i, name, pa.DictionaryArray.from_arrays(idx.cast(pa.int32()), known))
+        return t
+
+    def gpu_recent(self, n: int) -> pa.Table | None:
+        """The newest ``n`` GPU samples of the live window (arrival order) as an Arrow table; None when there are
+        none. Nothing is converted to records (the runs list asks it on every call)."""
+        self._pull()
+        with self.lock:
+            chunks, rows = [], 0
+            for t in reversed(self._gpu_arrow):
+                chunks.append(t)
+                rows += t.num_rows
+                if rows >= n:
+                    break
+        if not chunks:
+            return None
+        t = _concat_gpu(chunks[::-1])
+        return t.slice(max(0, t.num_rows - n))
 
     def _pull(self) -> None:
         if self.sync is not None:
@@ -529,6 +578,19 @@ class RunLive:
                 self.events[-1] if self.events else None, self.xid[-1] if self.xid else None,
                 self.traces[-1] if self.traces else None, self.manifest)
 
+    def _gpu_frame(self) -> pd.DataFrame | None:
+        """The GPU window (each GPU's last samples) as the analyzers' frame: converted column by column as the
+        store's columnar reader does (``samples_frame_of``), or row-wise by ``to_pandas`` (``RunData.normalize``
+        after) when a batch lacks a column it reads. None when there are no samples."""
+        kept = self._gpu_window()
+        if not kept:
+            return None
+        df = samples_frame_of("gpu", kept)
+        if df is not None:
+            return df
+        t = _concat_gpu(kept)
+        return t.to_pandas() if t.num_rows else None
+
     def run_data(self, window: int | None = None, now: float | None = None) -> RunData:
         """The live window as the analyzers' input: ``analyzers.loader.RunData(source="live", now=...)``.
 
@@ -559,8 +621,8 @@ class RunLive:
                 return self._converted[table].table(rows).to_pandas()
             return SPECS[table].to_table(self.run_id, rows).to_pandas()
 
-        gpu_t = self.gpu_table()
-        prepared = set()
+        gpu_df = self._gpu_frame()
+        prepared = set() if gpu_df is None else {"gpu"}
         communicators = records("communicators", comms)
 
         def columnar(table, chunks, k, steps_k=None):
@@ -583,11 +645,23 @@ class RunLive:
         return RunData(
             run_id=self.run_id, manifest=manifest, steps=steps_df, collectives=colls_df,
             events=records("events", events),
-            gpu=_empty_frame("gpu") if gpu_t is None else gpu_t.to_pandas(), host=records("host", host),
+            gpu=_empty_frame("gpu") if gpu_df is None else gpu_df, host=records("host", host),
             xid=records("xid", xid), trace_summaries=records("trace_summaries", traces),
             communicators=communicators, source="live",
             now=time.time() if now is None else now,
             clock_offset_s=offsets, prepared=frozenset(prepared))
+
+
+def _dense_gpu_keys(chunks: list[pa.Table]) -> list[np.ndarray]:
+    """Each batch's samples' GPU as a small integer, (node + 1) * (largest gpu + 2) + gpu + 1 (a null node or gpu as
+    -1): one per (node, gpu), dense enough to count per GPU with ``np.bincount``."""
+    def col(t, name):
+        return np.nan_to_num(numpy_column(t, name).astype(np.float64), nan=-1).astype(np.int64)
+
+    nodes = [col(t, "node") for t in chunks]
+    gpus = [col(t, "gpu") for t in chunks]
+    width = max((int(g.max()) for g in gpus if len(g)), default=0) + 2
+    return [(n + 1) * width + g + 1 for n, g in zip(nodes, gpus)]
 
 
 def _empty_frame(table: str) -> pd.DataFrame:
@@ -596,13 +670,25 @@ def _empty_frame(table: str) -> pd.DataFrame:
     return pd.DataFrame({n: [] for n in SPECS[table].schema.names})
 
 
+def _window_schema() -> pa.Schema:
+    """The GPU window's schema: the store's, with GPU_DICT_COLUMNS dictionary-encoded."""
+    s = SPECS["gpu"].schema
+    for name in GPU_DICT_COLUMNS:
+        i = s.get_field_index(name)
+        s = s.set(i, pa.field(name, pa.dictionary(pa.int32(), pa.string())))
+    return s
+
+
+_GPU_WINDOW_SCHEMA = _window_schema()
+
+
 def _concat_gpu(chunks: list) -> pa.Table:
-    """GPU sample batches as one table in the store's schema (a batch from decoded records and one that arrived
-    packed may differ in column types)."""
+    """GPU sample batches as one table in the store's schema, or the window's (its batches are kept with their strings
+    dictionary-encoded); a batch from decoded records and one that arrived packed may differ in column types."""
     schema_ = SPECS["gpu"].schema
     out = []
     for t in chunks:
-        if not t.schema.equals(schema_):
+        if not (t.schema.equals(schema_) or t.schema.equals(_GPU_WINDOW_SCHEMA)):
             t = t.select([n for n in schema_.names if n in t.column_names]).cast(
                 pa.schema([schema_.field(n) for n in schema_.names if n in t.column_names]))
         out.append(t)

@@ -3,8 +3,9 @@
 ``RunLive.run_data`` builds each analysis round's input with these: ``analysis_frame`` cuts the steps and
 collectives (a deque of Arrow batches) to each rank's last rows without sorting the window (``window_chunks``)
 and converts what is left column by column into the frames ``RunData.normalize`` would give
-(``analyzers.columnar``, as ``diagnose`` reads a store), and ``ConvertedWindow`` turns the GPU and host sample
-deques into Arrow tables, converting each sample once across rounds. ``window_rows`` and
+(``analyzers.columnar``, as ``diagnose`` reads a store), ``samples_frame_of`` does the same for the GPU samples
+(each GPU's last ones, cut by ``window_chunks`` on a GPU key), and ``ConvertedWindow`` turns the host sample deque
+into an Arrow table, converting each sample once across rounds. ``window_rows`` and
 ``to_pandas_shared_lists`` are the row-wise way (a window whose batches lack a column the columnar reader
 wants).
 """
@@ -170,22 +171,33 @@ def _last_steps_mask(rank: np.ndarray, step: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
-def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None) -> list[pa.Table]:
+def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None,
+                  keys: list[np.ndarray] | None = None) -> list[pa.Table]:
     """``window_rows(pa.concat_tables(chunks), k, steps_k)`` as a list of the chunks' kept rows, without sorting
     the window by rank: the chunks (in arrival order) are walked from the newest, counting each rank's rows
     (``np.bincount``), so a chunk whose every row is still within its rank's last ``k`` is kept whole, one whose
     ranks all have their ``k`` already is dropped, and only a chunk that straddles a rank's cut is ranked row by
     row. The step cut takes each rank's newest step in one ``np.maximum.at``. At 16,384 ranks a stable sort of the
-    window by rank costs about a second; this is a few passes over the rank column."""
-    ranks = [numpy_column(c, "rank").astype(np.int64, copy=False) if c.num_rows else np.zeros(0, np.int64)
-             for c in chunks]
+    window by rank costs about a second; this is a few passes over the rank column.
+
+    ``keys``: each chunk's rows' key (an integer array per chunk) to cut by instead of the rank column (the GPU
+    samples' window: each GPU's last ``k``; no step cut then)."""
+    if keys is None:
+        ranks = [numpy_column(c, "rank").astype(np.int64, copy=False) if c.num_rows else np.zeros(0, np.int64)
+                 for c in chunks]
+    else:
+        ranks = [np.asarray(r, np.int64) for r in keys]
     some = [r for r in ranks if len(r)]
     if not some:
         return []
     lo = min(int(r.min()) for r in some)
     n_ranks = max(int(r.max()) for r in some) - lo + 1
     if n_ranks > 4 * sum(len(r) for r in some) + 4096:  # ranks spread far wider than the rows: counts per rank would
-        return [window_rows(pa.concat_tables(chunks), k, steps_k)]  # dwarf the window; the sort is cheaper then
+        if keys is not None:  # dwarf the window; the sort is cheaper then
+            t = pa.concat_tables(chunks)
+            keep = _tail_mask(np.concatenate(ranks), k)
+            return [t if keep.all() else t.filter(pa.array(keep))]
+        return [window_rows(pa.concat_tables(chunks), k, steps_k)]
     remaining = np.full(n_ranks, k, np.int64)
     keeps: list[np.ndarray | bool] = [False] * len(chunks)
     for i in range(len(chunks) - 1, -1, -1):
@@ -259,3 +271,20 @@ def analysis_frame(table: str, chunks: list[pa.Table], k: int, steps_k: int | No
     if table == "steps":
         return columnar.steps_frame(cols)
     return columnar.collectives_frame(cols, communicators, group_key)
+
+
+def samples_frame_of(table: str, chunks: list[pa.Table]) -> pd.DataFrame | None:
+    """The GPU (or host) samples in ``chunks`` (Arrow batches in the store's schema, arrival order) as the frame the
+    store's columnar reader gives ``diagnose`` (``analyzers.columnar``: the columns the analyzers read, numbers as
+    numpy arrays, strings as Categoricals, sorted by time), converted column by column with no Python object per
+    row. None when there is no row or a batch lacks one of those columns (the caller converts row-wise then)."""
+    from analyzers import columnar  # imported on use: the head runs (without live analysis) without the analyzers
+
+    want = columnar.wanted_columns(table)
+    if any(name not in c.column_names for c in chunks for name in want):
+        return None
+    n = sum(c.num_rows for c in chunks)
+    if n == 0:
+        return None
+    cols = columnar.fill_columns(table, n, (b for c in chunks for b in c.select(want).to_batches()))
+    return None if cols is None else columnar.samples_frame(cols)
