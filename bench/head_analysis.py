@@ -374,13 +374,25 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
 
 
 def window_mib(live) -> str:
-    """The live window's Arrow buffers in MiB: steps / collectives / GPU samples ("-" where the window is not kept
-    as Arrow batches)."""
+    """The live window's Arrow buffers in MiB: steps / collectives / GPU samples, each buffer counted once however
+    many batches share it (a dictionary) ("-" where the window is not kept as Arrow batches)."""
+    def walk(arr, seen):
+        for b in arr.buffers():
+            if b is not None:
+                seen[b.address] = b.size
+        if pa.types.is_dictionary(arr.type):
+            walk(arr.dictionary, seen)
+
     def mib(name):
         chunks = getattr(live, name, None)
         if chunks is None:
             return "-"
-        return f"{sum(t.get_total_buffer_size() for t in chunks) / 2**20:,.0f}"
+        seen: dict[int, int] = {}
+        for t in chunks:
+            for col in t.columns:
+                for chunk in col.chunks:
+                    walk(chunk, seen)
+        return f"{sum(seen.values()) / 2**20:,.0f}"
     return " / ".join(mib(n) for n in ("_steps", "_colls", "_gpu_arrow"))
 
 
