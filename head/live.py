@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from head.live_frames import (ConvertedWindow, analysis_frame, numpy_column, samples_frame_of,
-                              tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
+from head.live_frames import (ConvertedWindow, SharedDictionaries, analysis_frame, numpy_column, plain_strings,
+                              samples_frame_of, tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -53,11 +53,13 @@ GPU_SAMPLES_PER_GPU = 60
 # the memory cap over all GPUs (~128 per GPU of a 16,384-GPU fleet); over it the oldest batches go, logged and counted
 MAX_GPU_ROWS = 1 << 21
 GPU_RECORDS_VIEW = 64 * 120  # the newest samples ``RunLive.gpu`` shows as records (the API and run summary read it)
-# The GPU window's string columns, kept dictionary-encoded (a node's host, the device name, the source and run id are
-# the same in every sample of a GPU, and a 16,384-GPU window holds a million samples); each column's dictionary is
-# shared by the batches while it stays under GPU_DICT_MAX values (a GPU's uuid: one per GPU), then starts anew
+# The window's string columns, kept dictionary-encoded against dictionaries its batches share (live_frames.
+# SharedDictionaries): the run id, a rank's host, a collective's op, group and communicator id, a GPU's host, source,
+# device name and uuid are the same in row after row (a 16,384-rank window holds 8 M steps, 16 M collectives, a
+# million GPU samples)
 GPU_DICT_COLUMNS = ("run_id", "host", "source", "name", "uuid")
-GPU_DICT_MAX = 1 << 18
+DICT_COLUMNS = {"steps": ("run_id", "host"), "collectives": ("run_id", "op", "group", "comm_id"),
+                "gpu": GPU_DICT_COLUMNS}
 
 
 @dataclass
@@ -172,7 +174,7 @@ class RunLive:
         self._gpu_arrow: deque = deque()
         self._gpu_arrow_rows = 0
         self._gpu_keys: set[int] = set()  # the (node, gpu) pairs seen, as node << 20 | gpu
-        self._gpu_dicts: dict[str, pa.Array] = {}  # GPU_DICT_COLUMNS: the dictionary the newest batches share
+        self._dicts = {table: SharedDictionaries(cols) for table, cols in DICT_COLUMNS.items()}
         self.gpu_rows_cut = 0  # samples dropped by the memory cap before their GPU had its window
         self._gpu_view: tuple = (None, deque(maxlen=GPU_RECORDS_VIEW))  # (newest batch it was made from, records)
         self.host: deque = deque(maxlen=16 * 120)
@@ -263,7 +265,7 @@ class RunLive:
 
     def _add_gpu(self, t: pa.Table) -> None:
         """Append a batch of GPU samples (Arrow, the store's schema) and trim the window (under ``self.lock``)."""
-        t = self._gpu_encoded(_concat_gpu([t]))
+        t = self._dicts["gpu"].encode(_concat_gpu([t]))
         self._gpu_arrow.append(t)
         self._gpu_arrow_rows += t.num_rows
         self._gpu_keys.update(np.unique(_gpu_codes(t)).tolist())
@@ -278,28 +280,6 @@ class RunLive:
                                 "the oldest are dropped (counted in gpu_rows_cut)", self.run_id,
                                 len(self._gpu_keys), self._gpu_per_gpu(), MAX_GPU_ROWS)
                 self.gpu_rows_cut += n
-
-    def _gpu_encoded(self, t: pa.Table) -> pa.Table:
-        """``t`` with its GPU_DICT_COLUMNS dictionary-encoded against the dictionaries the window's batches share
-        (values not seen yet are added to them)."""
-        for name in GPU_DICT_COLUMNS:
-            i = t.schema.get_field_index(name)
-            if i < 0:
-                continue
-            col = t.column(i).combine_chunks()
-            if pa.types.is_dictionary(col.type):
-                col = col.cast(pa.string())
-            known = self._gpu_dicts.get(name)
-            if known is None or len(known) >= GPU_DICT_MAX:
-                known = pa.array([], pa.string())
-            idx = pc.index_in(col, value_set=known)
-            if idx.null_count > col.null_count:  # values not in the dictionary yet
-                new = pc.unique(col.filter(pc.and_(pc.is_null(idx), pc.is_valid(col))))
-                known = pa.concat_arrays([known, new])
-                idx = pc.index_in(col, value_set=known)
-            self._gpu_dicts[name] = known
-            t = t.set_column(i, name, pa.DictionaryArray.from_arrays(idx.cast(pa.int32()), known))
-        return t
 
     def gpu_recent(self, n: int) -> pa.Table | None:
         """The newest ``n`` GPU samples of the live window (arrival order) as an Arrow table; None when there are
@@ -389,6 +369,7 @@ class RunLive:
         rank = numpy_column(t, "rank").astype(np.int64)
         ok = (rank >= 0) & (rank < _MAX_RANK)
         with self.lock:
+            t = self._dicts[table].encode(t)  # strings held once per value, not per row
             self.last_seen = now
             st = self.state
             if ok.any():
@@ -636,7 +617,7 @@ class RunLive:
             # row-wise (an empty window, or batches without a column the columnar reader wants): the rows cut
             # in one filter, one contiguous table (converting a table of hundreds of chunks costs several times
             # more than copying it once), RunData.normalize after
-            t = window_rows(pa.concat_tables(chunks), k, steps_k).combine_chunks()
+            t = plain_strings(window_rows(pa.concat_tables(chunks), k, steps_k).combine_chunks())
             return to_pandas_shared_lists(t, "group_ranks") if table == "collectives" else t.to_pandas()
 
         steps_df = columnar("steps", steps, k)

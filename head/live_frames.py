@@ -25,6 +25,53 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+# a column's shared dictionary starts anew past this many values (a GPU's uuid: one per GPU; a communicator's id: one
+# per communicator), so values that churn do not pile up in it
+DICT_MAX = 1 << 18
+
+
+class SharedDictionaries:
+    """The string columns ``columns`` of a live window's batches, dictionary-encoded (int32 indices) against one
+    dictionary per column that the batches share: a value (a run id, host, op, group, communicator id, device name)
+    is held once, not once per row. A batch's values not in the dictionary yet are appended to it (a new dictionary
+    array, which the next batches share); past ``DICT_MAX`` values the dictionary starts anew. ``encode`` runs under
+    the window's lock (one batch at a time)."""
+
+    def __init__(self, columns: tuple[str, ...]):
+        self.columns = columns
+        self.values: dict[str, pa.Array] = {}
+
+    def encode(self, t: pa.Table) -> pa.Table:
+        for name in self.columns:
+            i = t.schema.get_field_index(name)
+            if i < 0:
+                continue
+            col = t.column(i).combine_chunks()
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            if not pa.types.is_string(col.type):
+                continue
+            known = self.values.get(name)
+            if known is None or len(known) >= DICT_MAX:
+                known = pa.array([], pa.string())
+            idx = pc.index_in(col, value_set=known)
+            if idx.null_count > col.null_count:  # values not in the dictionary yet
+                new = pc.unique(col.filter(pc.and_(pc.is_null(idx), pc.is_valid(col))))
+                known = pa.concat_arrays([known, new])
+                idx = pc.index_in(col, value_set=known)
+            self.values[name] = known
+            t = t.set_column(i, name, pa.DictionaryArray.from_arrays(idx.cast(pa.int32()), known))
+        return t
+
+
+def plain_strings(t: pa.Table) -> pa.Table:
+    """``t`` with its dictionary-encoded columns as plain ones (the row-wise conversion's input)."""
+    for i, f in enumerate(t.schema):
+        if pa.types.is_dictionary(f.type):
+            t = t.set_column(i, f.name, t.column(i).cast(f.type.value_type))
+    return t
+
+
 def numpy_column(t: pa.Table, name: str) -> np.ndarray:
     """Column ``name`` of ``t`` as one numpy array."""
     return t.column(name).to_numpy(zero_copy_only=False)

@@ -10,7 +10,7 @@ import pytest
 from analyzers import columnar
 from analyzers.checks import gpu_health
 from analyzers.loader import RunData
-from head import live as live_mod
+from head import live_frames
 from head.live import RunLive
 from ranksight import schema
 from ranksight.simgpu import THROTTLE_HW_SLOWDOWN
@@ -114,7 +114,7 @@ def test_the_window_keeps_each_string_once_not_once_per_sample():
 
 
 def test_a_dictionary_that_outgrows_its_cap_starts_anew(monkeypatch):
-    monkeypatch.setattr(live_mod, "GPU_DICT_MAX", 100)  # fewer than the window's 128 GPUs' uuids
+    monkeypatch.setattr(live_frames, "DICT_MAX", 100)  # fewer than the window's 128 GPUs' uuids
     live = window(seconds=3, nodes=16)
     t = live.gpu_table()
     assert t.num_rows == 3 * 16 * GPUS
@@ -165,3 +165,50 @@ def test_gpu_groups_of_the_flagged_gpus_only_are_the_same_groups(seed):
     assert [k for k, _ in got] == [k for k, _ in want]
     for (_, a), (_, b) in zip(got, want):
         pd.testing.assert_frame_equal(a, b)
+
+
+def _steps_batch(step: int, ranks: int) -> tuple[pa.Table, pa.Table]:
+    """One step of every rank (steps and two collectives each), the store's schema, strings per row as they arrive."""
+    r = np.arange(ranks)
+    steps = SPECS["steps"].to_table("r1", [
+        schema.StepRecord(run_id="r1", rank=int(i), step=step, node=int(i) // 8, host=f"node-{int(i) // 8:04d}.cluster",
+                          world_size=ranks, t_start=step * 1.0, t_end=step * 1.0 + 0.9, step_ms=900.0, compute_ms=800.0)
+        for i in r])
+    colls = SPECS["collectives"].to_table("r1", [
+        schema.CollectiveRecord(run_id="r1", rank=int(i), step=step, seq=2 * step + j, op="all_reduce" if j else "broadcast",
+                                group="dp" if j else "tp", comm_id=f"{int(i) // 8 + 1000 * j:016x}", nbytes=1 << 20,
+                                t_arrive=step + 0.5, t_done=step + 0.6, duration_ms=100.0)
+        for i in r for j in (0, 1)])
+    return steps, colls
+
+
+def test_steps_and_collectives_keep_their_strings_once_and_the_views_read_them():
+    live = RunLive("r1")
+    ranks = 64
+    for s in range(30):
+        steps, colls = _steps_batch(s, ranks)
+        live.add_arrow("steps", steps)
+        live.add_arrow("collectives", colls)
+    for name, table in (("_steps", "steps"), ("_colls", "collectives")):
+        for col in live_mod_dict_columns()[table]:
+            types = {t.schema.field(col).type for t in getattr(live, name)}
+            assert types == {pa.dictionary(pa.int32(), pa.string())}, (table, col)
+        # one dictionary array per column, shared by every batch
+        first, last = getattr(live, name)[0], getattr(live, name)[-1]
+        for col in live_mod_dict_columns()[table]:
+            assert first.column(col).chunk(0).dictionary.buffers()[2].address == \
+                last.column(col).chunk(0).dictionary.buffers()[2].address
+    (st,) = [s for s in live.rank_states(now=40.0) if s["rank"] == 17]
+    assert st["host"] == "node-0002.cluster" and st["step"] == 29
+    rows = live.steps_since(27, rank=9)
+    assert [(r.step, r.host, r.run_id) for r in rows] == [(28, "node-0001.cluster", "r1"), (29, "node-0001.cluster", "r1")]
+    data = live.run_data(now=40.0)
+    co = data.collectives
+    assert set(co["op"].astype(str)) == {"all_reduce", "broadcast"} and set(co["group"].astype(str)) == {"dp", "tp"}
+    assert len(data.steps) == 30 * ranks and data.steps["host"].astype(str).iloc[0].startswith("node-")
+
+
+def live_mod_dict_columns():
+    from head.live import DICT_COLUMNS
+
+    return DICT_COLUMNS
