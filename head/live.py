@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from head.live_frames import (ConvertedWindow, SharedDictionaries, analysis_frame, numpy_column, plain_strings,
                               samples_frame_of, tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
+from head.live_gpu import GPU_DICT_COLUMNS, concat_gpu, dense_gpu_keys, gpu_codes
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -57,7 +58,6 @@ GPU_RECORDS_VIEW = 64 * 120  # the newest samples ``RunLive.gpu`` shows as recor
 # SharedDictionaries): the run id, a rank's host, a collective's op, group and communicator id, a GPU's host, source,
 # device name and uuid are the same in row after row (a 16,384-rank window holds 8 M steps, 16 M collectives, a
 # million GPU samples)
-GPU_DICT_COLUMNS = ("run_id", "host", "source", "name", "uuid")
 DICT_COLUMNS = {"steps": ("run_id", "host"), "collectives": ("run_id", "op", "group", "comm_id"),
                 "gpu": GPU_DICT_COLUMNS}
 
@@ -215,7 +215,7 @@ class RunLive:
                 break
         if not chunks:
             return out
-        t = _concat_gpu(chunks[::-1])
+        t = concat_gpu(chunks[::-1])
         if t.num_rows > limit:
             t = t.slice(t.num_rows - limit)
         try:
@@ -231,8 +231,8 @@ class RunLive:
             chunks = list(self._gpu_arrow)
         if not chunks:
             return []
-        t = _concat_gpu(chunks)
-        code = _gpu_codes(t)
+        t = concat_gpu(chunks)
+        code = gpu_codes(t)
         ts = np.nan_to_num(numpy_column(t, "t").astype(np.float64), nan=-np.inf)
         order = np.lexsort((np.arange(len(code)), ts, code))  # by GPU, then time, then arrival
         last = order[np.r_[code[order][1:] != code[order][:-1], True]]
@@ -251,7 +251,7 @@ class RunLive:
         """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order; default
         ``_gpu_per_gpu()``) of each (node, gpu). None when there are none."""
         kept = self._gpu_window(per_gpu)
-        return _concat_gpu(kept) if kept else None
+        return concat_gpu(kept) if kept else None
 
     def _gpu_window(self, per_gpu: int | None = None) -> list[pa.Table]:
         """The batches of the GPU window cut to the last ``per_gpu`` samples (arrival order; default
@@ -261,14 +261,14 @@ class RunLive:
             per_gpu = self._gpu_per_gpu() if per_gpu is None else per_gpu
         if not chunks:
             return []
-        return window_chunks(chunks, per_gpu, keys=_dense_gpu_keys(chunks))
+        return window_chunks(chunks, per_gpu, keys=dense_gpu_keys(chunks))
 
     def _add_gpu(self, t: pa.Table) -> None:
         """Append a batch of GPU samples (Arrow, the store's schema) and trim the window (under ``self.lock``)."""
-        t = self._dicts["gpu"].encode(_concat_gpu([t]))
+        t = self._dicts["gpu"].encode(concat_gpu([t]))
         self._gpu_arrow.append(t)
         self._gpu_arrow_rows += t.num_rows
-        self._gpu_keys.update(np.unique(_gpu_codes(t)).tolist())
+        self._gpu_keys.update(np.unique(gpu_codes(t)).tolist())
         want = self._gpu_per_gpu() * max(1, len(self._gpu_keys))
         cap = min(want, MAX_GPU_ROWS)
         while len(self._gpu_arrow) > 1 and self._gpu_arrow_rows - self._gpu_arrow[0].num_rows >= cap:
@@ -294,7 +294,7 @@ class RunLive:
                     break
         if not chunks:
             return None
-        t = _concat_gpu(chunks[::-1])
+        t = concat_gpu(chunks[::-1])
         return t.slice(max(0, t.num_rows - n))
 
     def _pull(self) -> None:
@@ -327,7 +327,7 @@ class RunLive:
                             reason = "evicted" if r.event == "evicted" else str(detail.get("reason", ""))
                             st.record_exit(r.rank, float(r.t), reason)
             elif table == "gpu":
-                self._add_gpu(_concat_gpu([SPECS["gpu"].to_table(self.run_id, rows)]))
+                self._add_gpu(concat_gpu([SPECS["gpu"].to_table(self.run_id, rows)]))
             elif table == "host":
                 self.host.extend(rows)
             elif table == "xid":
@@ -569,7 +569,7 @@ class RunLive:
         df = samples_frame_of("gpu", kept)
         if df is not None:
             return df
-        t = _concat_gpu(kept)
+        t = concat_gpu(kept)
         return t.to_pandas() if t.num_rows else None
 
     def run_data(self, window: int | None = None, now: float | None = None) -> RunData:
@@ -633,51 +633,7 @@ class RunLive:
             clock_offset_s=offsets, prepared=frozenset(prepared))
 
 
-def _dense_gpu_keys(chunks: list[pa.Table]) -> list[np.ndarray]:
-    """Each batch's samples' GPU as a small integer, (node + 1) * (largest gpu + 2) + gpu + 1 (a null node or gpu as
-    -1): one per (node, gpu), dense enough to count per GPU with ``np.bincount``."""
-    def col(t, name):
-        return np.nan_to_num(numpy_column(t, name).astype(np.float64), nan=-1).astype(np.int64)
-
-    nodes = [col(t, "node") for t in chunks]
-    gpus = [col(t, "gpu") for t in chunks]
-    width = max((int(g.max()) for g in gpus if len(g)), default=0) + 2
-    return [(n + 1) * width + g + 1 for n, g in zip(nodes, gpus)]
-
-
 def _empty_frame(table: str) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame({n: [] for n in SPECS[table].schema.names})
-
-
-def _window_schema() -> pa.Schema:
-    """The GPU window's schema: the store's, with GPU_DICT_COLUMNS dictionary-encoded."""
-    s = SPECS["gpu"].schema
-    for name in GPU_DICT_COLUMNS:
-        i = s.get_field_index(name)
-        s = s.set(i, pa.field(name, pa.dictionary(pa.int32(), pa.string())))
-    return s
-
-
-_GPU_WINDOW_SCHEMA = _window_schema()
-
-
-def _concat_gpu(chunks: list) -> pa.Table:
-    """GPU sample batches as one table in the store's schema, or the window's (its batches are kept with their strings
-    dictionary-encoded); a batch from decoded records and one that arrived packed may differ in column types."""
-    schema_ = SPECS["gpu"].schema
-    out = []
-    for t in chunks:
-        if not (t.schema.equals(schema_) or t.schema.equals(_GPU_WINDOW_SCHEMA)):
-            t = t.select([n for n in schema_.names if n in t.column_names]).cast(
-                pa.schema([schema_.field(n) for n in schema_.names if n in t.column_names]))
-        out.append(t)
-    return pa.concat_tables(out, promote_options="default") if len(out) > 1 else out[0]
-
-
-def _gpu_codes(t: pa.Table) -> np.ndarray:
-    """Each sample's (node, gpu) as one integer (node << 20 | gpu; -1 parts for nulls)."""
-    node = np.nan_to_num(numpy_column(t, "node").astype(np.float64), nan=-1).astype(np.int64)
-    gpu = np.nan_to_num(numpy_column(t, "gpu").astype(np.float64), nan=-1).astype(np.int64)
-    return (node << 20) | (gpu & 0xFFFFF)
