@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 7ccdc35]
         [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64] [--layout flat|3d]
-    # a 3-D parallel job at scale (TP 8, PP 4, DP the rest: 512-rank DP groups at 16,384 ranks)
+    # a 3-D parallel job at scale (TP 8, PP 4, DP the rest: 512-rank DP groups at 16,384 ranks), every GPU's last
+    # 60 s of samples in the window (--gpu-seconds)
     .venv/bin/python bench/head_analysis.py --layout 3d --ranks 1024,4096,16384 --before-max-ranks 1024
 
 ``--layout 3d`` (``build_3d``) builds the window column-wise, as the head's store processing hands it Arrow
