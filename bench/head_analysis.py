@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/head_analysis.py [--ranks 8,64,256,1024] [--rounds 5] [--before-rev 7ccdc35]
         [--before-max-ranks 256] [--window 512] [--analyze-window 256] [--group-size 64] [--layout flat|3d]
-    # a 3-D parallel job at scale (TP 8, PP 4, DP the rest: 512-rank DP groups at 16,384 ranks)
+    # a 3-D parallel job at scale (TP 8, PP 4, DP the rest: 512-rank DP groups at 16,384 ranks), every GPU's last
+    # 60 s of samples in the window (--gpu-seconds)
     .venv/bin/python bench/head_analysis.py --layout 3d --ranks 1024,4096,16384 --before-max-ranks 1024
 
 ``--layout 3d`` (``build_3d``) builds the window column-wise, as the head's store processing hands it Arrow
@@ -30,7 +31,8 @@ to just after the last step, so no round sees a silent job; fewer rounds at 256 
 ``rounds_for``; the same number for both). Reported: the steps per rank a round looked at, the median main-thread CPU ms per round (pyarrow
 on one thread), the ratio, the worker's peak RSS (the live window, the synthetic run it came from, a round), the
 findings of the fresh head (they must be the same), and the cost of a round the head skips because nothing
-new arrived (``LiveAnalysis.analyze_if_due``). Ratios, not absolute times, are what carries over: the machine is
+new arrived (``LiveAnalysis.analyze_if_due``) and the live window's size (steps / collectives / GPU samples, MiB of
+Arrow buffers). Ratios, not absolute times, are what carries over: the machine is
 shared and noisy.
 """
 
@@ -139,14 +141,15 @@ def layout_3d(ranks: int, tp: int = 8, pp: int = 4) -> tuple[int, int, int]:
     return tp, pp, max(1, ranks // (tp * pp))
 
 
-def build_3d(ranks: int, steps: int, seed: int = 1, t_last: float | None = None) -> dict:
+def build_3d(ranks: int, steps: int, seed: int = 1, t_last: float | None = None,
+             gpu_seconds: int = 60) -> dict:
     """The synthetic run of a 3-D parallel job, built column-wise (Arrow tables, as the head's store processing hands
     them to the live window): TP 8 (one node's GPUs), PP 4, DP the rest (512 ranks per DP group at 16,384 ranks).
     Megatron's rank order: tp fastest, then dp, then pp. Each step, each rank records its gradient sync (an
     all_reduce on its DP communicator, where it waits for the slowest rank) and a tensor-parallel all_reduce on its TP
     communicator; both name their communicator by ``comm_id`` (``CommunicatorRecord``s, one per group), as
-    ``ranksight.instrument`` writes them. Rank 3 computes 1.3x from step ``ONSET``. GPU and host samples: only those
-    the live window's bounded deques keep."""
+    ``ranksight.instrument`` writes them. Rank 3 computes 1.3x from step ``ONSET``. GPU samples: ``gpu_seconds`` of
+    every GPU (``fleet_gpu_batches``); host samples: those the live window's bounded deque keeps."""
     import numpy as np
     import pyarrow as pa
 
@@ -231,22 +234,67 @@ def build_3d(ranks: int, steps: int, seed: int = 1, t_last: float | None = None)
         ccols["comm_id"] = pa.array(np.where(which == 0, dp_cid[rr], tp_cid[rr]).tolist(), pa.string())
         crows = pa.Table.from_arrays([ccols[k] for k in co_schema.names], schema=co_schema)
         batches.append((srows, crows))
-    # the GPU and host samples the live window keeps (its deques are bounded): the newest seconds' only
-    gpu, host = [], []
+    # GPU samples as a fleet sends them: every GPU once a second, one batch per second of the whole fleet (as the
+    # head's store processing hands them to the live window), ``gpu_seconds`` of them (the live window keeps about
+    # GPU_SAMPLES_PER_GPU per GPU); host samples: those the live window's bounded deque keeps
+    gpu = fleet_gpu_batches(ranks, t_last, gpu_seconds, seed=seed)
+    host = []
     secs = int(steps * STEP_S) + 1
     for sec in range(secs - 1, -1, -1):
-        if len(gpu) >= 64 * 120 and len(host) >= 16 * 120:
+        if len(host) >= 16 * 120:
             break
         t = t0 + sec
-        gpu[:0] = [schema.GpuSample(node=r // per_node, host=f"n{r // per_node}", gpu=r % per_node, t=t, source="sim",
-                                    simulated=True, name="Simulated GPU", uuid=f"GPU-{r}", util_pct=90.0,
-                                    mem_used_bytes=2 << 30, mem_total_bytes=80 << 30, power_w=300.0, power_limit_w=700.0,
-                                    temp_c=60.0, sm_clock_mhz=1980.0, max_sm_clock_mhz=1980.0, throttle_reasons=0,
-                                    xid_total=0) for r in range(ranks)] if len(gpu) < 64 * 120 else []
         host[:0] = [schema.HostSample(node=nd, host=f"n{nd}", t=t, cpu_pct=50.0, load1=2.0, mem_used_bytes=1 << 33,
                                       mem_total_bytes=1 << 35, net_rx_bytes=0, net_tx_bytes=0, disk_read_bytes=0,
-                                      disk_write_bytes=0) for nd in range(int(node.max()) + 1)] if len(host) < 16 * 120 else []
+                                      disk_write_bytes=0) for nd in range(int(node.max()) + 1)]
     return {"manifest": manifest, "batches": batches, "gpu": gpu, "host": host, "comms": comms, "now": t_last + 0.5}
+
+
+THROTTLED_GPU = (-1, 5)  # (node, gpu) throttled in the 3-D run's GPU samples: the last node's GPU 5 (not rank 3's)
+
+
+def fleet_gpu_batches(ranks: int, t_last: float, seconds: int, seed: int = 1, per_node: int = 8) -> list:
+    """GPU samples of a ``ranks``-GPU fleet (one GPU per rank, ``per_node`` per node) as an NVML agent sends them:
+    every GPU once a second for ``seconds`` seconds up to ``t_last``, one Arrow table (the store's schema) per second of
+    the whole fleet. The readings vary a little from sample to sample; one GPU (``THROTTLED_GPU``) is held at a low
+    clock by HW slowdown, which the gpu_health check must name. Simulated (the run's ranks are CPU processes), so the
+    findings do not depend on a real device's peak."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ranksight.simgpu import THROTTLE_HW_SLOWDOWN
+    from ranksight.tables import SPECS
+
+    rng = np.random.default_rng(seed + 7)
+    spec = SPECS["gpu"].schema
+    g = np.arange(ranks, dtype=np.int64)
+    node, local = g // per_node, g % per_node
+    bad = (node == (int(node.max()) if THROTTLED_GPU[0] < 0 else THROTTLED_GPU[0])) & (local == THROTTLED_GPU[1])
+    hosts = pa.array([f"n{n}" for n in node])
+    uuids = pa.array([f"GPU-{i:08x}-5a1e-4c2b-9f3d-{i:012x}" for i in g])
+    out = []
+    for sec in range(seconds):
+        t = t_last - (seconds - 1 - sec)
+        n = ranks
+        f = lambda v: pa.array(np.asarray(v, np.float64))  # noqa: E731
+        cols = dict(
+            run_id=pa.array([RUN] * n), node=pa.array(node), host=hosts, gpu=pa.array(local), t=f(np.full(n, t)),
+            source=pa.array(["sim"] * n), simulated=pa.array(np.ones(n, bool)), name=pa.array(["Simulated GPU"] * n),
+            uuid=uuids, util_pct=f(rng.uniform(88, 99, n).round(0)), mem_util_pct=f(rng.uniform(30, 60, n).round(0)),
+            mem_used_bytes=pa.array(np.full(n, 62 << 30, np.int64)), mem_total_bytes=pa.array(np.full(n, 80 << 30, np.int64)),
+            power_w=f(rng.uniform(280, 340, n).round(1)), power_limit_w=f(np.full(n, 700.0)),
+            temp_c=f(rng.uniform(55, 68, n).round(0)), sm_clock_mhz=f(np.where(bad, 1100.0, 1980.0)),
+            mem_clock_mhz=f(np.full(n, 2619.0)), max_sm_clock_mhz=f(np.full(n, 1980.0)),
+            throttle_reasons=pa.array(np.where(bad, THROTTLE_HW_SLOWDOWN, 0).astype(np.int64)),
+            throttle_names=pa.array([["hw_slowdown"] if b else [] for b in bad], pa.list_(pa.string())),
+            ecc_sbe=pa.array(np.zeros(n, np.int64)), ecc_dbe=pa.array(np.zeros(n, np.int64)),
+            retired_pages=pa.array(np.zeros(n, np.int64)), remapped_rows=pa.array(np.zeros(n, np.int64)),
+            pcie_tx_bytes_s=f(rng.uniform(1e9, 2e9, n).round(0)), pcie_rx_bytes_s=f(rng.uniform(1e9, 2e9, n).round(0)),
+            nvlink_tx_bytes_s=f(rng.uniform(5e10, 8e10, n).round(0)), nvlink_rx_bytes_s=f(rng.uniform(5e10, 8e10, n).round(0)),
+            xid_total=pa.array(np.zeros(n, np.int64)))
+        out.append(pa.Table.from_arrays([pa.array(cols[k], spec.field(k).type) if not isinstance(cols[k], pa.Array)
+                                         else cols[k].cast(spec.field(k).type) for k in spec.names], schema=spec))
+    return out
 
 
 def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -> Head:
@@ -271,7 +319,11 @@ def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -
         else:  # Arrow tables (build_3d), as the head's store processing hands them over
             live.add_arrow("steps", srows)
             live.add_arrow("collectives", crows)
-    live.add("gpu", data["gpu"])
+    if data["gpu"] and not isinstance(data["gpu"][0], schema.GpuSample):  # Arrow batches (build_3d)
+        for t in data["gpu"]:
+            live.add_arrow("gpu", t)
+    else:
+        live.add("gpu", data["gpu"])
     live.add("host", data["host"])
     return h
 
@@ -287,12 +339,13 @@ def rounds_for(ranks: int, rounds: int) -> int:
     return rounds if ranks < 256 else max(1, min(rounds, 3))
 
 
-def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int, layout: str = "flat") -> dict:
+def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size: int, layout: str = "flat",
+           gpu_seconds: int = 60) -> dict:
     """One head over one synthetic run: CPU ms of each round, its findings, a skipped round's cost."""
     tune_gc()  # as ranksight head does
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-"))
     try:
-        data = build_3d(ranks, window) if layout == "3d" else build(ranks, window, group_size=group_size)
+        data = build_3d(ranks, window, gpu_seconds=gpu_seconds) if layout == "3d" else build(ranks, window, group_size=group_size)
         h = make_head(tmp / "head", data, window, analyze_window)
         analysis = getattr(h, "analysis", h)  # a head from before head/analysis.py analyzes itself
         del data
@@ -309,7 +362,8 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
                 k = round_window(analysis.window, h.live.run(RUN).n_ranks(), analysis.round_rows)
             except (ImportError, AttributeError):
                 k = analyze_window
-            return dict(times=times, skip=skip, analysed=k,
+            live = h.live.run(RUN) if hasattr(h, "live") else None
+            return dict(times=times, skip=skip, analysed=k, window_mib=window_mib(live),
                         peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
                         straggler=", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none",
                         findings=", ".join(sorted(f"{e.analyzer}/{e.kind}" for e in eps)))
@@ -320,11 +374,34 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def window_mib(live) -> str:
+    """The live window's Arrow buffers in MiB: steps / collectives / GPU samples, each buffer counted once however
+    many batches share it (a dictionary) ("-" where the window is not kept as Arrow batches)."""
+    def walk(arr, seen):
+        for b in arr.buffers():
+            if b is not None:
+                seen[b.address] = b.size
+        if pa.types.is_dictionary(arr.type):
+            walk(arr.dictionary, seen)
+
+    def mib(name):
+        chunks = getattr(live, name, None)
+        if chunks is None:
+            return "-"
+        seen: dict[int, int] = {}
+        for t in chunks:
+            for col in t.columns:
+                for chunk in col.chunks:
+                    walk(chunk, seen)
+        return f"{sum(seen.values()) / 2**20:,.0f}"
+    return " / ".join(mib(n) for n in ("_steps", "_colls", "_gpu_arrow"))
+
+
 def run_worker(code: Path, args, ranks: int, rounds: int) -> dict:
     env = dict(os.environ, RS_BENCH_CODE=str(code), PYTHONPATH=str(code))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ranks", str(ranks), "--rounds", str(rounds),
            "--window", str(args.window), "--analyze-window", str(args.analyze_window), "--group-size", str(args.group_size),
-           "--layout", args.layout]
+           "--layout", args.layout, "--gpu-seconds", str(args.gpu_seconds)]
     out = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"worker for {ranks} ranks at {code} failed:\n{out.stderr[-3000:]}")
@@ -341,13 +418,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layout", choices=("flat", "3d"), default="flat",
                     help="flat: one kind of communicator, --group-size consecutive ranks, member lists in every record "
                          "(the H1-H4 rows); 3d: TP 8 x PP 4 x DP the rest, communicators named by comm_id (build_3d)")
+    ap.add_argument("--gpu-seconds", type=int, default=60,
+                    help="--layout 3d: seconds of GPU samples in the live window, every GPU once a second (the window "
+                         "keeps head.live.GPU_SAMPLES_PER_GPU per GPU)")
     ap.add_argument("--before-rev", default="7ccdc35", help="the code before (a git revision; '' for none)")
     ap.add_argument("--before-max-ranks", type=int, default=256)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(int(args.ranks), args.rounds, args.window, args.analyze_window, args.group_size,
-                                args.layout)))
+                                args.layout, args.gpu_seconds)))
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="rs-head-analysis-rev-"))
     before = None
@@ -356,13 +436,15 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, capture_output=True)
         before = tmp / "before"
     print(f"bench/head_analysis.py: live window {args.window}, analysis window {args.analyze_window} steps per rank, "
-          + (f"communicators of {args.group_size} ranks" if args.layout == "flat" else "TP 8 x PP 4 x DP (build_3d)")
+          + (f"communicators of {args.group_size} ranks" if args.layout == "flat"
+             else f"TP 8 x PP 4 x DP (build_3d), {args.gpu_seconds} s of every GPU's samples")
           + f"; before = {args.before_rev or '-'}; load average "
           f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print("| ranks | rounds | steps per rank a round looks at (before / now) | before: CPU ms per round, median "
           "[min, max] | now: CPU ms per round | before / now | peak RSS GiB (before / now) | findings of a fresh head "
-          "(now) | same as before | a round skipped (nothing new), CPU ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
+          "(now) | same as before | a round skipped (nothing new), CPU ms | live window MiB: steps / collectives / GPU "
+          "(before; now) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|")
     try:
         for n in [int(x) for x in args.ranks.split(",")]:
             k = rounds_for(n, args.rounds)
@@ -376,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {n} | {len(old['times']) if old else '-'} / {k} | {old.get('analysed', '-') if old else '-'} / "
                   f"{new.get('analysed')} | {fmt(old) if old else '-'} | {fmt(new)} | {ratio} | "
                   f"{old.get('peak_rss_gib', '-') if old else '-'} / {new.get('peak_rss_gib')} | "
-                  f"{new['findings']}; straggler {new['straggler']} | {same} | {new['skip']:.3f} |", flush=True)
+                  f"{new['findings']}; straggler {new['straggler']} | {same} | {new['skip']:.3f} | "
+                  f"{old.get('window_mib', '-') if old else '-'}; {new.get('window_mib', '-')} |", flush=True)
     finally:
         if before is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT, capture_output=True)

@@ -9,8 +9,10 @@ stored in the ``findings`` table and handed to the finding listeners (alerts).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -50,6 +52,31 @@ MIN_ANALYZE_WINDOW = 64
 # one runs at least this often while the run is not finished: the live hang check judges silence
 # against the clock (60 s at least), so it must still look at a run that went quiet.
 IDLE_RECHECK_S = 15.0
+
+
+# The C allocator's settings while live analysis runs (glibc's mallopt): blocks up to 32 MiB (its largest mmap
+# threshold; a round's columns and rank x step matrices at 16,384 ranks are 4-16 MiB each) come from the heap, and up
+# to 1 GiB freed at its top stays there. glibc's defaults hand a round's freed arrays back to the system and the next
+# round faults every page in again: a second of kernel time a round at 16,384 ranks (bench/head_analysis.py).
+MALLOC_MMAP_THRESHOLD = 32 << 20
+MALLOC_TRIM_THRESHOLD = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def keep_freed_memory() -> bool:
+    """Let the C allocator keep what a round frees for the next round (``MALLOC_MMAP_THRESHOLD``,
+    ``MALLOC_TRIM_THRESHOLD``): the head's resident memory stays near its high-water mark instead of going down and up
+    again every round. True where it was set (glibc), False elsewhere (the defaults stay)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
 def round_window(window: int | None, ranks: int, max_rows: int = ROUND_STEP_ROWS) -> int | None:
@@ -103,6 +130,8 @@ class LiveAnalysis:
         # Called with every round's full list of current findings (head.policy_runner.PolicyRunner).
         self.round_hooks: list[Callable[[str, list[schema.Finding], schema.Manifest | None], Any]] = []
         self._marks: dict[str, tuple[tuple, float]] = {}  # run id -> (RunLive.data_mark(), monotonic time)
+        if analyzer is not None:
+            keep_freed_memory()
 
     def analyze_once(self, run_id: str) -> list[schema.Finding]:
         """One round on the run's live window. Returns the episodes it opened."""

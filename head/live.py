@@ -30,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from head.live_frames import (ConvertedWindow, _tail_mask, analysis_frame, numpy_column, tail_per_rank,
-                              to_pandas_shared_lists, window_rows)
+from head.live_frames import (ConvertedWindow, SharedDictionaries, analysis_frame, numpy_column, plain_strings,
+                              samples_frame_of, tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
+from head.live_gpu import GPU_DICT_COLUMNS, concat_gpu, dense_gpu_keys, gpu_codes
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -53,6 +54,12 @@ GPU_SAMPLES_PER_GPU = 60
 # the memory cap over all GPUs (~128 per GPU of a 16,384-GPU fleet); over it the oldest batches go, logged and counted
 MAX_GPU_ROWS = 1 << 21
 GPU_RECORDS_VIEW = 64 * 120  # the newest samples ``RunLive.gpu`` shows as records (the API and run summary read it)
+# The window's string columns, kept dictionary-encoded against dictionaries its batches share (live_frames.
+# SharedDictionaries): the run id, a rank's host, a collective's op, group and communicator id, a GPU's host, source,
+# device name and uuid are the same in row after row (a 16,384-rank window holds 8 M steps, 16 M collectives, a
+# million GPU samples)
+DICT_COLUMNS = {"steps": ("run_id", "host"), "collectives": ("run_id", "op", "group", "comm_id"),
+                "gpu": GPU_DICT_COLUMNS}
 
 
 @dataclass
@@ -167,6 +174,7 @@ class RunLive:
         self._gpu_arrow: deque = deque()
         self._gpu_arrow_rows = 0
         self._gpu_keys: set[int] = set()  # the (node, gpu) pairs seen, as node << 20 | gpu
+        self._dicts = {table: SharedDictionaries(cols) for table, cols in DICT_COLUMNS.items()}
         self.gpu_rows_cut = 0  # samples dropped by the memory cap before their GPU had its window
         self._gpu_view: tuple = (None, deque(maxlen=GPU_RECORDS_VIEW))  # (newest batch it was made from, records)
         self.host: deque = deque(maxlen=16 * 120)
@@ -207,7 +215,7 @@ class RunLive:
                 break
         if not chunks:
             return out
-        t = _concat_gpu(chunks[::-1])
+        t = concat_gpu(chunks[::-1])
         if t.num_rows > limit:
             t = t.slice(t.num_rows - limit)
         try:
@@ -223,8 +231,8 @@ class RunLive:
             chunks = list(self._gpu_arrow)
         if not chunks:
             return []
-        t = _concat_gpu(chunks)
-        code = _gpu_codes(t)
+        t = concat_gpu(chunks)
+        code = gpu_codes(t)
         ts = np.nan_to_num(numpy_column(t, "t").astype(np.float64), nan=-np.inf)
         order = np.lexsort((np.arange(len(code)), ts, code))  # by GPU, then time, then arrival
         last = order[np.r_[code[order][1:] != code[order][:-1], True]]
@@ -242,20 +250,25 @@ class RunLive:
     def gpu_table(self, per_gpu: int | None = None) -> pa.Table | None:
         """The GPU samples of the live window as one Arrow table: the last ``per_gpu`` (arrival order; default
         ``_gpu_per_gpu()``) of each (node, gpu). None when there are none."""
+        kept = self._gpu_window(per_gpu)
+        return concat_gpu(kept) if kept else None
+
+    def _gpu_window(self, per_gpu: int | None = None) -> list[pa.Table]:
+        """The batches of the GPU window cut to the last ``per_gpu`` samples (arrival order; default
+        ``_gpu_per_gpu()``) of each (node, gpu), without sorting the window (``window_chunks`` on a GPU key)."""
         with self.lock:
             chunks = list(self._gpu_arrow)
             per_gpu = self._gpu_per_gpu() if per_gpu is None else per_gpu
         if not chunks:
-            return None
-        t = _concat_gpu(chunks)
-        keep = _tail_mask(_gpu_codes(t), per_gpu)
-        return t if keep.all() else t.filter(pa.array(keep))
+            return []
+        return window_chunks(chunks, per_gpu, keys=dense_gpu_keys(chunks))
 
     def _add_gpu(self, t: pa.Table) -> None:
         """Append a batch of GPU samples (Arrow, the store's schema) and trim the window (under ``self.lock``)."""
+        t = self._dicts["gpu"].encode(concat_gpu([t]))
         self._gpu_arrow.append(t)
         self._gpu_arrow_rows += t.num_rows
-        self._gpu_keys.update(np.unique(_gpu_codes(t)).tolist())
+        self._gpu_keys.update(np.unique(gpu_codes(t)).tolist())
         want = self._gpu_per_gpu() * max(1, len(self._gpu_keys))
         cap = min(want, MAX_GPU_ROWS)
         while len(self._gpu_arrow) > 1 and self._gpu_arrow_rows - self._gpu_arrow[0].num_rows >= cap:
@@ -267,6 +280,22 @@ class RunLive:
                                 "the oldest are dropped (counted in gpu_rows_cut)", self.run_id,
                                 len(self._gpu_keys), self._gpu_per_gpu(), MAX_GPU_ROWS)
                 self.gpu_rows_cut += n
+
+    def gpu_recent(self, n: int) -> pa.Table | None:
+        """The newest ``n`` GPU samples of the live window (arrival order) as an Arrow table; None when there are
+        none. Nothing is converted to records (the runs list asks it on every call)."""
+        self._pull()
+        with self.lock:
+            chunks, rows = [], 0
+            for t in reversed(self._gpu_arrow):
+                chunks.append(t)
+                rows += t.num_rows
+                if rows >= n:
+                    break
+        if not chunks:
+            return None
+        t = concat_gpu(chunks[::-1])
+        return t.slice(max(0, t.num_rows - n))
 
     def _pull(self) -> None:
         if self.sync is not None:
@@ -298,7 +327,7 @@ class RunLive:
                             reason = "evicted" if r.event == "evicted" else str(detail.get("reason", ""))
                             st.record_exit(r.rank, float(r.t), reason)
             elif table == "gpu":
-                self._add_gpu(_concat_gpu([SPECS["gpu"].to_table(self.run_id, rows)]))
+                self._add_gpu(concat_gpu([SPECS["gpu"].to_table(self.run_id, rows)]))
             elif table == "host":
                 self.host.extend(rows)
             elif table == "xid":
@@ -340,6 +369,7 @@ class RunLive:
         rank = numpy_column(t, "rank").astype(np.int64)
         ok = (rank >= 0) & (rank < _MAX_RANK)
         with self.lock:
+            t = self._dicts[table].encode(t)  # strings held once per value, not per row
             self.last_seen = now
             st = self.state
             if ok.any():
@@ -529,6 +559,19 @@ class RunLive:
                 self.events[-1] if self.events else None, self.xid[-1] if self.xid else None,
                 self.traces[-1] if self.traces else None, self.manifest)
 
+    def _gpu_frame(self) -> pd.DataFrame | None:
+        """The GPU window (each GPU's last samples) as the analyzers' frame: converted column by column as the
+        store's columnar reader does (``samples_frame_of``), or row-wise by ``to_pandas`` (``RunData.normalize``
+        after) when a batch lacks a column it reads. None when there are no samples."""
+        kept = self._gpu_window()
+        if not kept:
+            return None
+        df = samples_frame_of("gpu", kept)
+        if df is not None:
+            return df
+        t = concat_gpu(kept)
+        return t.to_pandas() if t.num_rows else None
+
     def run_data(self, window: int | None = None, now: float | None = None) -> RunData:
         """The live window as the analyzers' input: ``analyzers.loader.RunData(source="live", now=...)``.
 
@@ -559,8 +602,8 @@ class RunLive:
                 return self._converted[table].table(rows).to_pandas()
             return SPECS[table].to_table(self.run_id, rows).to_pandas()
 
-        gpu_t = self.gpu_table()
-        prepared = set()
+        gpu_df = self._gpu_frame()
+        prepared = set() if gpu_df is None else {"gpu"}
         communicators = records("communicators", comms)
 
         def columnar(table, chunks, k, steps_k=None):
@@ -574,7 +617,7 @@ class RunLive:
             # row-wise (an empty window, or batches without a column the columnar reader wants): the rows cut
             # in one filter, one contiguous table (converting a table of hundreds of chunks costs several times
             # more than copying it once), RunData.normalize after
-            t = window_rows(pa.concat_tables(chunks), k, steps_k).combine_chunks()
+            t = plain_strings(window_rows(pa.concat_tables(chunks), k, steps_k).combine_chunks())
             return to_pandas_shared_lists(t, "group_ranks") if table == "collectives" else t.to_pandas()
 
         steps_df = columnar("steps", steps, k)
@@ -583,7 +626,7 @@ class RunLive:
         return RunData(
             run_id=self.run_id, manifest=manifest, steps=steps_df, collectives=colls_df,
             events=records("events", events),
-            gpu=_empty_frame("gpu") if gpu_t is None else gpu_t.to_pandas(), host=records("host", host),
+            gpu=_empty_frame("gpu") if gpu_df is None else gpu_df, host=records("host", host),
             xid=records("xid", xid), trace_summaries=records("trace_summaries", traces),
             communicators=communicators, source="live",
             now=time.time() if now is None else now,
@@ -594,23 +637,3 @@ def _empty_frame(table: str) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame({n: [] for n in SPECS[table].schema.names})
-
-
-def _concat_gpu(chunks: list) -> pa.Table:
-    """GPU sample batches as one table in the store's schema (a batch from decoded records and one that arrived
-    packed may differ in column types)."""
-    schema_ = SPECS["gpu"].schema
-    out = []
-    for t in chunks:
-        if not t.schema.equals(schema_):
-            t = t.select([n for n in schema_.names if n in t.column_names]).cast(
-                pa.schema([schema_.field(n) for n in schema_.names if n in t.column_names]))
-        out.append(t)
-    return pa.concat_tables(out, promote_options="default") if len(out) > 1 else out[0]
-
-
-def _gpu_codes(t: pa.Table) -> np.ndarray:
-    """Each sample's (node, gpu) as one integer (node << 20 | gpu; -1 parts for nulls)."""
-    node = np.nan_to_num(numpy_column(t, "node").astype(np.float64), nan=-1).astype(np.int64)
-    gpu = np.nan_to_num(numpy_column(t, "gpu").astype(np.float64), nan=-1).astype(np.int64)
-    return (node << 20) | (gpu & 0xFFFFF)

@@ -3,8 +3,9 @@
 ``RunLive.run_data`` builds each analysis round's input with these: ``analysis_frame`` cuts the steps and
 collectives (a deque of Arrow batches) to each rank's last rows without sorting the window (``window_chunks``)
 and converts what is left column by column into the frames ``RunData.normalize`` would give
-(``analyzers.columnar``, as ``diagnose`` reads a store), and ``ConvertedWindow`` turns the GPU and host sample
-deques into Arrow tables, converting each sample once across rounds. ``window_rows`` and
+(``analyzers.columnar``, as ``diagnose`` reads a store), ``samples_frame_of`` does the same for the GPU samples
+(each GPU's last ones, cut by ``window_chunks`` on a GPU key), and ``ConvertedWindow`` turns the host sample deque
+into an Arrow table, converting each sample once across rounds. ``window_rows`` and
 ``to_pandas_shared_lists`` are the row-wise way (a window whose batches lack a column the columnar reader
 wants).
 """
@@ -22,6 +23,53 @@ from ranksight.tables import SPECS
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+# a column's shared dictionary starts anew past this many values (a GPU's uuid: one per GPU; a communicator's id: one
+# per communicator), so values that churn do not pile up in it
+DICT_MAX = 1 << 18
+
+
+class SharedDictionaries:
+    """The string columns ``columns`` of a live window's batches, dictionary-encoded (int32 indices) against one
+    dictionary per column that the batches share: a value (a run id, host, op, group, communicator id, device name)
+    is held once, not once per row. A batch's values not in the dictionary yet are appended to it (a new dictionary
+    array, which the next batches share); past ``DICT_MAX`` values the dictionary starts anew. ``encode`` runs under
+    the window's lock (one batch at a time)."""
+
+    def __init__(self, columns: tuple[str, ...]):
+        self.columns = columns
+        self.values: dict[str, pa.Array] = {}
+
+    def encode(self, t: pa.Table) -> pa.Table:
+        for name in self.columns:
+            i = t.schema.get_field_index(name)
+            if i < 0:
+                continue
+            col = t.column(i).combine_chunks()
+            if pa.types.is_dictionary(col.type):
+                col = col.cast(col.type.value_type)
+            if not pa.types.is_string(col.type):
+                continue
+            known = self.values.get(name)
+            if known is None or len(known) >= DICT_MAX:
+                known = pa.array([], pa.string())
+            idx = pc.index_in(col, value_set=known)
+            if idx.null_count > col.null_count:  # values not in the dictionary yet
+                new = pc.unique(col.filter(pc.and_(pc.is_null(idx), pc.is_valid(col))))
+                known = pa.concat_arrays([known, new])
+                idx = pc.index_in(col, value_set=known)
+            self.values[name] = known
+            t = t.set_column(i, name, pa.DictionaryArray.from_arrays(idx.cast(pa.int32()), known))
+        return t
+
+
+def plain_strings(t: pa.Table) -> pa.Table:
+    """``t`` with its dictionary-encoded columns as plain ones (the row-wise conversion's input)."""
+    for i, f in enumerate(t.schema):
+        if pa.types.is_dictionary(f.type):
+            t = t.set_column(i, f.name, t.column(i).cast(f.type.value_type))
+    return t
 
 
 def numpy_column(t: pa.Table, name: str) -> np.ndarray:
@@ -170,22 +218,33 @@ def _last_steps_mask(rank: np.ndarray, step: np.ndarray, k: int) -> np.ndarray:
     return keep
 
 
-def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None) -> list[pa.Table]:
+def window_chunks(chunks: list[pa.Table], k: int, steps_k: int | None = None,
+                  keys: list[np.ndarray] | None = None) -> list[pa.Table]:
     """``window_rows(pa.concat_tables(chunks), k, steps_k)`` as a list of the chunks' kept rows, without sorting
     the window by rank: the chunks (in arrival order) are walked from the newest, counting each rank's rows
     (``np.bincount``), so a chunk whose every row is still within its rank's last ``k`` is kept whole, one whose
     ranks all have their ``k`` already is dropped, and only a chunk that straddles a rank's cut is ranked row by
     row. The step cut takes each rank's newest step in one ``np.maximum.at``. At 16,384 ranks a stable sort of the
-    window by rank costs about a second; this is a few passes over the rank column."""
-    ranks = [numpy_column(c, "rank").astype(np.int64, copy=False) if c.num_rows else np.zeros(0, np.int64)
-             for c in chunks]
+    window by rank costs about a second; this is a few passes over the rank column.
+
+    ``keys``: each chunk's rows' key (an integer array per chunk) to cut by instead of the rank column (the GPU
+    samples' window: each GPU's last ``k``; no step cut then)."""
+    if keys is None:
+        ranks = [numpy_column(c, "rank").astype(np.int64, copy=False) if c.num_rows else np.zeros(0, np.int64)
+                 for c in chunks]
+    else:
+        ranks = [np.asarray(r, np.int64) for r in keys]
     some = [r for r in ranks if len(r)]
     if not some:
         return []
     lo = min(int(r.min()) for r in some)
     n_ranks = max(int(r.max()) for r in some) - lo + 1
     if n_ranks > 4 * sum(len(r) for r in some) + 4096:  # ranks spread far wider than the rows: counts per rank would
-        return [window_rows(pa.concat_tables(chunks), k, steps_k)]  # dwarf the window; the sort is cheaper then
+        if keys is not None:  # dwarf the window; the sort is cheaper then
+            t = pa.concat_tables(chunks)
+            keep = _tail_mask(np.concatenate(ranks), k)
+            return [t if keep.all() else t.filter(pa.array(keep))]
+        return [window_rows(pa.concat_tables(chunks), k, steps_k)]
     remaining = np.full(n_ranks, k, np.int64)
     keeps: list[np.ndarray | bool] = [False] * len(chunks)
     for i in range(len(chunks) - 1, -1, -1):
@@ -259,3 +318,20 @@ def analysis_frame(table: str, chunks: list[pa.Table], k: int, steps_k: int | No
     if table == "steps":
         return columnar.steps_frame(cols)
     return columnar.collectives_frame(cols, communicators, group_key)
+
+
+def samples_frame_of(table: str, chunks: list[pa.Table]) -> pd.DataFrame | None:
+    """The GPU (or host) samples in ``chunks`` (Arrow batches in the store's schema, arrival order) as the frame the
+    store's columnar reader gives ``diagnose`` (``analyzers.columnar``: the columns the analyzers read, numbers as
+    numpy arrays, strings as Categoricals, sorted by time), converted column by column with no Python object per
+    row. None when there is no row or a batch lacks one of those columns (the caller converts row-wise then)."""
+    from analyzers import columnar  # imported on use: the head runs (without live analysis) without the analyzers
+
+    want = columnar.wanted_columns(table)
+    if any(name not in c.column_names for c in chunks for name in want):
+        return None
+    n = sum(c.num_rows for c in chunks)
+    if n == 0:
+        return None
+    cols = columnar.fill_columns(table, n, (b for c in chunks for b in c.select(want).to_batches()))
+    return None if cols is None else columnar.samples_frame(cols)

@@ -18,21 +18,30 @@ from ranksight.peaks import gpu_peak
 log = logging.getLogger("ranksight.head")
 
 
-def _gpu_simulated(live: RunLive | None) -> bool | None:
-    """True when the run's recent GPU samples come from the simulator, None when there are none."""
-    if live is None or not live.gpu:
+def _recent_gpu(live: RunLive | None) -> list[dict] | None:
+    """The run's newest 64 GPU samples' ``simulated`` and ``name`` (oldest first), read from the live window's Arrow
+    batches (no record made per call); None when there are none."""
+    t = live.gpu_recent(64) if live is not None else None
+    if t is None or t.num_rows == 0:
         return None
-    return any(getattr(g, "simulated", False) for g in list(live.gpu)[-64:])
+    return t.select(["simulated", "name"]).to_pylist()
 
 
-def _sampled_peak(live: RunLive | None) -> tuple[float, str] | None:
+def _gpu_simulated(live: RunLive | None, recent: list[dict] | None = None) -> bool | None:
+    """True when the run's recent GPU samples come from the simulator, None when there are none."""
+    recent = _recent_gpu(live) if recent is None else recent
+    if not recent:
+        return None
+    return any(bool(g["simulated"]) for g in recent)
+
+
+def _sampled_peak(live: RunLive | None, recent: list[dict] | None = None) -> tuple[float, str] | None:
     """(peak FLOP/s, source) of the real GPU the run's recent samples name (``ranksight.peaks``), for a run whose
     manifest gives none."""
-    if live is None or not live.gpu:
-        return None
-    for g in reversed(list(live.gpu)[-64:]):
-        if not getattr(g, "simulated", False) and getattr(g, "name", ""):
-            return gpu_peak(g.name)
+    recent = _recent_gpu(live) if recent is None else recent
+    for g in reversed(recent or []):
+        if not g["simulated"] and g["name"]:
+            return gpu_peak(g["name"])
     return None
 
 
@@ -132,7 +141,8 @@ class LiveRuns:
             # without a manifest (or without these in it): what the step records and the GPU samples say
             world, nodes = live.world() if live is not None else (None, None)
             peak = (m.peak_flops, m.peak_source, m.peak_simulated) if m is not None and m.peak_flops else None
-            if peak is None and (sampled := _sampled_peak(live)) is not None:
+            recent = _recent_gpu(live)
+            if peak is None and (sampled := _sampled_peak(live, recent)) is not None:
                 peak = (sampled[0], sampled[1], False)
             out.append({"run_id": run_id, "status": status,
                         "start_time": m.start_time if m else None,
@@ -145,8 +155,8 @@ class LiveRuns:
                         "peak_flops": peak[0] if peak else None,
                         "peak_source": peak[1] if peak else "",
                         "peak_simulated": peak[2] if peak else None,
-                        "device": m.device if m else ("cuda" if _gpu_simulated(live) is False else ""),
-                        "gpu_simulated": _gpu_simulated(live)})
+                        "device": m.device if m else ("cuda" if _gpu_simulated(live, recent) is False else ""),
+                        "gpu_simulated": _gpu_simulated(live, recent)})
         return out
 
 

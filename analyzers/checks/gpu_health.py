@@ -91,6 +91,13 @@ def _gpu_groups(gp: pd.DataFrame, rows: pd.Series):
     flag = rows.to_numpy(dtype=bool)
     if not flag.any():
         return
+    code = _gpu_codes(gp)
+    if code is not None:  # grouped: only the samples of those GPUs (a handful of a fleet's million), in their order
+        hit = np.zeros(int(code.max()) + 1, np.bool_)
+        hit[code[flag]] = True
+        keep = hit[code]
+        if not keep.all():
+            gp, flag = gp[keep], flag[keep]
     for key, idx in sorted(gp.groupby(["node", "gpu"]).indices.items()):
         if flag[idx].any():
             yield key, gp.iloc[idx]
@@ -120,6 +127,8 @@ def _may_find(gp: pd.DataFrame, cfg: GpuHealthConfig) -> pd.Series:
     out = may.to_numpy(dtype=bool).copy()
     for c in ("ecc_sbe", "retired_pages", "remapped_rows"):
         v = gp[c].to_numpy(dtype=float, na_value=np.nan)
+        if not len(v) or np.isnan(v).all() or np.nanmax(v) == np.nanmin(v):
+            continue  # one value in every sample (all 0 on a healthy fleet): no GPU's can have grown
         hi, lo = np.full(m, -np.inf), np.full(m, np.inf)
         np.fmax.at(hi, code, v)  # NaN left out, as groupby max / min do (a GPU without values: never moved)
         np.fmin.at(lo, code, v)
@@ -134,6 +143,19 @@ def _gpu_codes(gp: pd.DataFrame) -> np.ndarray | None:
     if node.dtype.kind not in "iu" or gpu.dtype.kind not in "iu" or not len(node) or node.min() < 0 or gpu.min() < 0:
         return None
     return node.astype(np.int64) * (int(gpu.max()) + 1) + gpu
+
+
+_NUMERIC = ("ecc_dbe", "ecc_sbe", "retired_pages", "remapped_rows", "sm_clock_mhz", "max_sm_clock_mhz", "util_pct",
+            "temp_c")
+
+
+def _judged_columns(gp: pd.DataFrame) -> pd.DataFrame:
+    """The columns of the GPU samples this check reads, as numbers (anything else NaN; throttle reasons 0), in a new
+    frame that shares the sample columns instead of copying the whole table (a million samples at 16,384 GPUs)."""
+    cols = {c: gp[c] for c in ("node", "gpu", "t")}
+    cols.update({c: gp[c] if gp[c].dtype.kind in "fiu" else pd.to_numeric(gp[c], errors="coerce") for c in _NUMERIC})
+    cols["throttle_reasons"] = pd.to_numeric(gp["throttle_reasons"], errors="coerce").fillna(0).astype(int)
+    return pd.DataFrame(cols, copy=False)
 
 
 def _xid_advice(place, node: int) -> str:
@@ -195,10 +217,7 @@ def analyze(frame: AnalysisFrame, cfg: GpuHealthConfig | None = None) -> list[Fi
     gp = data.gpu
     if gp.empty:
         return out
-    gp = gp.copy()
-    for c in ("ecc_dbe", "ecc_sbe", "retired_pages", "remapped_rows", "sm_clock_mhz", "max_sm_clock_mhz", "util_pct", "temp_c", "power_w"):
-        gp[c] = pd.to_numeric(gp[c], errors="coerce")
-    gp["throttle_reasons"] = pd.to_numeric(gp["throttle_reasons"], errors="coerce").fillna(0).astype(int)
+    gp = _judged_columns(gp)
     for (node, gpu), sub in _gpu_groups(gp, _may_find(gp, cfg)):
         node, gpu = int(node), int(gpu)
         ranks = place.gpu_ranks(node, gpu)
