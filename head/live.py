@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from head.live_frames import (ConvertedWindow, SharedDictionaries, analysis_frame, numpy_column, plain_strings,
                               samples_frame_of, tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
-from head.live_gpu import GPU_DICT_COLUMNS, concat_gpu, dense_gpu_keys, gpu_codes
+from head.live_gpu import GPU_DICT_COLUMNS, concat_gpu, dense_gpu_keys, gpu_codes, gpu_records
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -218,10 +218,7 @@ class RunLive:
         t = concat_gpu(chunks[::-1])
         if t.num_rows > limit:
             t = t.slice(t.num_rows - limit)
-        try:
-            out.extend(msgspec.convert(t.to_pylist(), list[schema.GpuSample], strict=False))
-        except (msgspec.ValidationError, TypeError) as e:
-            log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
+        out.extend(gpu_records(t, self.run_id))
         return out
 
     def gpu_latest(self) -> list:
@@ -236,11 +233,7 @@ class RunLive:
         ts = np.nan_to_num(numpy_column(t, "t").astype(np.float64), nan=-np.inf)
         order = np.lexsort((np.arange(len(code)), ts, code))  # by GPU, then time, then arrival
         last = order[np.r_[code[order][1:] != code[order][:-1], True]]
-        try:
-            return msgspec.convert(t.take(pa.array(last)).to_pylist(), list[schema.GpuSample], strict=False)
-        except (msgspec.ValidationError, TypeError) as e:
-            log.error("live %s: gpu rows not shown live: %s", self.run_id, e)
-            return []
+        return gpu_records(t.take(pa.array(last)), self.run_id)
 
     def _gpu_per_gpu(self) -> int:
         """Samples kept per GPU: ``GPU_SAMPLES_PER_GPU``, more on a small fleet (the ``GPU_RECORDS_VIEW`` samples a

@@ -6,11 +6,17 @@ samples; its views (the analysis round's frame, every GPU's newest sample, the r
 
 from __future__ import annotations
 
+import logging
+
+import msgspec
 import numpy as np
 import pyarrow as pa
 
 from head.live_frames import numpy_column
+from ranksight import schema
 from ranksight.tables import SPECS
+
+log = logging.getLogger("ranksight.live")
 
 # the GPU samples' string columns kept dictionary-encoded in the window (head.live.DICT_COLUMNS)
 GPU_DICT_COLUMNS = ("run_id", "host", "source", "name", "uuid")
@@ -58,3 +64,23 @@ def gpu_codes(t: pa.Table) -> np.ndarray:
     node = np.nan_to_num(numpy_column(t, "node").astype(np.float64), nan=-1).astype(np.int64)
     gpu = np.nan_to_num(numpy_column(t, "gpu").astype(np.float64), nan=-1).astype(np.int64)
     return (node << 20) | (gpu & 0xFFFFF)
+
+
+def gpu_records(t: pa.Table, run_id: str) -> list[schema.GpuSample]:
+    """GPU sample rows as records for the views. A null where the record has a default (a sender that left a list or
+    a count out) takes the default; a row that still does not convert is left out and logged, never the whole view."""
+    rows = t.to_pylist()
+    try:
+        return msgspec.convert(rows, list[schema.GpuSample], strict=False)
+    except (msgspec.ValidationError, TypeError):
+        pass
+    out, bad = [], 0
+    for row in rows:
+        try:
+            out.append(msgspec.convert({k: v for k, v in row.items() if v is not None}, schema.GpuSample,
+                                       strict=False))
+        except (msgspec.ValidationError, TypeError):
+            bad += 1
+    if bad:
+        log.error("live %s: %d gpu row(s) not shown live: they do not convert to GPU samples", run_id, bad)
+    return out

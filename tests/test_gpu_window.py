@@ -96,3 +96,22 @@ def test_the_gpus_api_shows_every_gpu_of_a_16384_gpu_fleet():
     assert len(out) == NODES * GPUS and {g["t"] for g in out} == {1002.0}
     (bad,) = [g for g in out if g["throttled"]]
     assert (bad["node"], bad["gpu"]) == (2000, 3)
+
+
+def test_a_null_where_a_sample_has_a_default_does_not_blank_the_gpu_views(caplog):
+    """A sender that leaves throttle_names (a list with a default) null: the views show the samples with the
+    default, instead of logging "not shown" and returning none; a row that cannot be a sample is left out alone."""
+    t = fleet_second(100.0, nodes=2)
+    t = t.set_column(t.schema.get_field_index("throttle_names"), "throttle_names",
+                     pa.nulls(t.num_rows, pa.list_(pa.string())))
+    live = RunLive("r1")
+    live.add_arrow("gpu", t)
+    latest = live.gpu_latest()
+    assert len(latest) == 2 * GPUS and all(g.throttle_names == [] for g in latest)
+    assert len(live.gpu) == 2 * GPUS
+    bad = fleet_second(101.0, nodes=1)
+    bad = bad.set_column(bad.schema.get_field_index("node"), "node", pa.array([None] + [0] * (GPUS - 1), pa.int64()))
+    with caplog.at_level(logging.ERROR):
+        live.add_arrow("gpu", bad)
+        assert len(live.gpu) == 2 * GPUS + GPUS - 1  # the row without a node is the only one left out
+    assert "1 gpu row(s) not shown live" in caplog.text
