@@ -41,7 +41,7 @@ from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, completion_le
                                            op_instances, release_op_instances)
 from analyzers.collectives import name_starts_with, stable_order
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
+from analyzers.stats import leave_one_out_median, row_robust_sigmas, rows_with_window_count, windowed_medians
 
 STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
@@ -428,6 +428,16 @@ def _label_windowed_medians(labels: np.ndarray, step: np.ndarray, values: np.nda
     if not inside.all():
         pos, labels, step, values = pos[inside], labels[inside], step[inside], values[inside]
         weights = weights[inside] if weights is not None else None
+    # rows with no window of enough ops are NaN throughout: their records are left out before any sort (with one op
+    # per communicator and step, every row of a 3-step window of at least 4 ops)
+    weighted = weights is not None and len(weights) and np.nanmax(weights) > 1
+    need = rows_with_window_count(pos, step, len(index), steps_arr, window, max(min_ops, 1),
+                                  weights if weighted else None)[pos] if len(pos) else np.zeros(0, bool)
+    if not need.all():
+        pos, labels, step, values = pos[need], labels[need], step[need], values[need]
+        weights = weights[need] if weights is not None else None
+    if not len(pos):
+        return pd.DataFrame(np.full((len(index), len(steps)), np.nan), index=index, columns=steps)
     if len(pos) <= CHUNK_ROWS:
         return windowed_medians(labels, step, values, index, steps, window, min_ops, weights=weights)
     order = stable_order(pos, step.astype(np.int64) - g0)
