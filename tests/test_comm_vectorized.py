@@ -137,4 +137,4 @@ def test_rank_rows_by_mask_then_by_sort():
     rows = op_instances.RankRows(frame)
     for r in list(range(0, 64)) + [5, 40]:  # more ranks than FEW: the later ones from the sorted rows
         pd.testing.assert_frame_equal(rows.of(r), frame[frame["rank"] == r])
-    assert rows.order is not None
+    assert rows.positions.order is not None

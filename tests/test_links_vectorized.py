@@ -145,3 +145,31 @@ def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
                 np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
             assert list(got.gkeys) == list(want.gkeys)
             np.testing.assert_array_equal(got.complete(10.0, longest=True), want.complete(10.0, longest=True))
+
+
+def test_completion_leads_for_a_subset_are_those_of_the_whole():
+    """``CompletionLeads`` works out the leads of the records asked for (their ops' members only): the same floats
+    as ``completion_leads`` of every record, looked up by position, by rank and by row of ``co``."""
+    from analyzers.checks.op_instances import CompletionLeads, release_op_instances
+    for seed in (0, 1):
+        co = window(seed)
+        release_op_instances()
+        whole = completion_leads(co, 2)
+        release_op_instances()
+        leads = CompletionLeads(co, 2)
+        by_row = pd.Series(whole["lead_ms"].to_numpy(), index=whole["row"].to_numpy())
+        rng = np.random.default_rng(seed)
+        sel = np.sort(rng.choice(len(leads), 37, replace=False))
+        frame = leads.frame(sel)
+        assert frame["lead_ms"].tolist() == by_row.loc[frame["row"]].tolist()
+        assert leads.lead_ms(sel).tolist() == frame["lead_ms"].tolist()
+        for r in (0, 6, 9):
+            mine = leads.of_rank(r)
+            assert (mine["rank"] == r).all() and len(mine) == int((whole["rank"] == r).sum())
+            assert mine["lead_ms"].tolist() == by_row.loc[mine["row"]].tolist()
+        rows = np.r_[whole["row"].to_numpy()[:50], len(co) + 5, -1]  # two rows that are no complete record
+        got = leads.at_rows(rows)
+        assert got[:50].tolist() == whole["lead_ms"].to_numpy()[:50].tolist() and np.isnan(got[50:]).all()
+        # a rooted op's record (the broadcast, not symmetric) has no lead
+        rooted = np.flatnonzero(co["op"].to_numpy() == "broadcast")
+        assert np.isnan(leads.at_rows(rooted)).all()

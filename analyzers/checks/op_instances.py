@@ -233,34 +233,114 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     nodes the completion times are compared on the nodes' clocks, as every arrival time is.
 
     Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
-    that order, ``row``: the record's position in ``co`` (integer keys for joins)."""
-    if co.empty:
+    that order, ``row``: the record's position in ``co`` (integer keys for joins). ``CompletionLeads``: the same
+    figures for the records a caller reads."""
+    leads = CompletionLeads(co, first_step, match_tol_ms)
+    if leads.empty:
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    ops = op_instances(co, first_step)
-    ok = ops.complete(match_tol_ms, longest=True)
-    if not len(ok):
-        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    lead = _leads_ms(ops, ok)
-    order = stable_order(ops.gcode[ok])  # by communicator, records in their order (radix passes, no timsort)
-    ok, lead = ok[order], lead[order]
-    gcode = ops.gcode[ok]
-    # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
-    # seconds to build and to mask, and a pointer per row)
-    # copy=False: the new arrays become the columns as they are (not consolidated into 2-D blocks: a copy of each)
-    return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(ops.gkeys, dtype=object)),
-                         "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
-                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
-                         "ops": ops.weight[ok], "row": ops.rows[ok]}, copy=False)
+    return leads.frame(stable_order(leads.gcode))  # by communicator, records in their order (radix passes)
 
 
-def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
-    """For each record at ``ok`` (of instances every member recorded): the median completion time of the other
-    members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense instance x member
-    matrix per member count (a complete instance has exactly its member count of records): one short sort per
-    instance instead of a lexsort of every record."""
-    inst, done = ops.inst[ok], ops.t_done[ok]
-    size = ops.inst_size[inst]
-    out = np.empty(len(ok))
+class CompletionLeads:
+    """``completion_leads``' figures, worked out for the records a caller reads when it reads them. A record's lead
+    needs the completion times of every member of its op (a sort of each op's members), and the comm check reads
+    the leads of a few ranks, of the last arrivers, and of the (rank, communicator) pairs with enough ops in a
+    window: at 20 M records the whole frame cost seconds and a GiB, mostly never read. A position (``sel``) indexes
+    the complete records, which stay in the order of ``co``."""
+
+    _COLUMNS = ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "weight", "inst")
+
+    def __init__(self, co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0):
+        ops = op_instances(co, first_step) if not co.empty else None
+        self._ok = ops.complete(match_tol_ms, longest=True) if ops is not None else np.zeros(0, np.int64)
+        self.gkeys = ops.gkeys if ops is not None else np.asarray([], dtype=object)
+        # the instances' arrays these read (not the arrival times): they outlive ``release_op_instances``
+        self._arrays = {k: getattr(ops, k) for k in self._COLUMNS} if ops is not None else {}
+        self._inst_size = ops.inst_size if ops is not None else np.zeros(0, np.int64)
+        self._n_inst = ops.n_inst if ops is not None else 0
+        self._all = ops is not None and len(self._ok) == len(ops.rows)  # every record complete: no gathers
+        self._full: dict[str, np.ndarray] = {}
+        self._ranks = None
+
+    @property
+    def empty(self) -> bool:
+        return len(self._ok) == 0
+
+    def __len__(self) -> int:
+        return len(self._ok)
+
+    def column(self, name: str) -> np.ndarray:
+        """A per-record array of the instances (``_COLUMNS``) at every complete record."""
+        if name not in self._full:
+            a = self._arrays[name]
+            self._full[name] = a if self._all else a[self._ok]
+        return self._full[name]
+
+    def _at(self, name: str, sel: np.ndarray) -> np.ndarray:
+        a = self._arrays[name]
+        return a[sel] if self._all else a[self._ok[sel]]
+
+    rank = property(lambda self: self.column("rank"))
+    gcode = property(lambda self: self.column("gcode"))
+    step = property(lambda self: self.column("step"))
+    weight = property(lambda self: self.column("weight"))
+
+    def lead_ms(self, sel: np.ndarray | None = None) -> np.ndarray:
+        """The leads of the records at ``sel`` (all: None), from the completion times of their ops' members."""
+        inst = self.column("inst")
+        if sel is None or len(sel) == len(self):
+            lead = _leads_ms(inst, self.column("t_done"), self._inst_size)
+            return lead if sel is None else lead[sel]
+        sel = np.asarray(sel, dtype=np.int64)
+        want = np.zeros(self._n_inst, dtype=bool)
+        want[inst[sel]] = True
+        sub = np.flatnonzero(want[inst])  # every member record of those ops (a complete op has all of them)
+        lead = _leads_ms(inst[sub], self._at("t_done", sub), self._inst_size)
+        return lead[np.searchsorted(sub, sel)]
+
+    def frame(self, sel: np.ndarray | None = None) -> pd.DataFrame:
+        """``completion_leads``' columns for the records at ``sel`` (all: None), in that order."""
+        if sel is None:
+            sel = np.arange(len(self))
+        gcode = self._at("gcode", sel)
+        # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
+        # seconds to build and to mask, and a pointer per row); copy=False: the arrays become the columns as they are
+        return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(self.gkeys, dtype=object)),
+                             "seq": self._at("seq", sel), "rank": self._at("rank", sel), "step": self._at("step", sel),
+                             "lead_ms": self.lead_ms(sel), "duration_ms": self._at("dur", sel), "gcode": gcode,
+                             "ops": self._at("weight", sel), "row": self._at("rows", sel)}, copy=False)
+
+    def of_rank(self, r: int) -> pd.DataFrame:
+        """The frame of rank ``r``'s records, in their order."""
+        if self._ranks is None:
+            self._ranks = RankPositions(self.rank)
+        return self.frame(self._ranks.of(r))
+
+    def at_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The lead of the record at each position ``rows`` of ``co``; NaN for one that is not a complete record."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.full(len(rows), np.nan)
+        if self.empty or not len(rows):
+            return out
+        all_rows = self._arrays["rows"]  # sorted: the kept records' positions in co
+        p = np.minimum(np.searchsorted(all_rows, rows), len(all_rows) - 1)
+        found = all_rows[p] == rows
+        if self._all:
+            q = p
+        else:
+            q = np.minimum(np.searchsorted(self._ok, p), len(self._ok) - 1)
+            found &= self._ok[q] == p
+        out[found] = self.lead_ms(q[found])
+        return out
+
+
+def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.ndarray:
+    """For each record (of instances every member recorded, all of whose records are given): the median completion
+    time of the other members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense
+    instance x member matrix per member count (a complete instance has exactly its member count of records): one
+    short sort per instance instead of a lexsort of every record."""
+    size = inst_size[inst]
+    out = np.empty(len(inst))
     for s in np.unique(size):
         sel = np.flatnonzero(size == s)
         # each instance's records together (their order within it does not matter: each row is sorted next)
@@ -284,31 +364,41 @@ def _row_loo_median(mat: np.ndarray) -> np.ndarray:
     return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
 
 
-class RankRows:
-    """A frame's rows by rank: by a mask for the first few ranks asked, then grouped once (one stable radix sort),
-    not a mask of every column per lookup (the leads hold a row per member of every op: 20 M at 1,024 ranks x
-    10,000 steps). A rank's rows stay in their order."""
+class RankPositions:
+    """Positions of the records of each rank: by a mask for the first few ranks asked, then grouped once (one
+    stable radix sort), not a pass over every record per lookup (20 M at 1,024 ranks x 10,000 steps). A rank's
+    positions in their order."""
 
     FEW = 16  # ranks looked up with a mask each (one pass over the rows) before the rows are sorted by rank
 
-    def __init__(self, frame: pd.DataFrame):
-        self.frame = frame
-        self.rank = frame["rank"].to_numpy()
+    def __init__(self, rank: np.ndarray):
+        self.rank = rank
         self.seen: dict[int, np.ndarray] = {}
         self.order = self.sorted_rank = None
 
-    def of(self, r: int) -> pd.DataFrame:
+    def of(self, r: int) -> np.ndarray:
         if r in self.seen:
-            return self.frame.iloc[self.seen[r]]
+            return self.seen[r]
         if len(self.seen) < self.FEW:
             self.seen[r] = np.flatnonzero(self.rank == r)
-            return self.frame.iloc[self.seen[r]]
+            return self.seen[r]
         if self.order is None:
             rank = self.rank
             self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
             self.sorted_rank = rank[self.order]
         lo, hi = np.searchsorted(self.sorted_rank, [r, r + 1])
-        return self.frame.iloc[self.order[lo:hi]]
+        return self.order[lo:hi]
+
+
+class RankRows:
+    """A frame's rows by rank (``RankPositions`` of its rank column)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        self.positions = RankPositions(frame["rank"].to_numpy())
+
+    def of(self, r: int) -> pd.DataFrame:
+        return self.frame.iloc[self.positions.of(r)]
 
 
 def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataFrame:
