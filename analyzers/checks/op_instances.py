@@ -39,6 +39,7 @@ class _OpInstances:
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
         op_code, op_uniq = pd.factorize(co["op"])
         self.kind = kind
+        self.keep = None  # a mask of the records these instances are made of (None: all; ``symmetric_from``)
         dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
         symmetric = np.r_[np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool), False]  # -1: none
         if kind == "symmetric":
@@ -97,39 +98,50 @@ class _OpInstances:
         self._instance_figures()
 
     def symmetric_from(self, first_step: int | None) -> "_OpInstances":
-        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): the
-        records with a symmetric op and a duration, their instances renumbered in the same (gkey, seq) order and
-        their figures recomputed; what ``_OpInstances(co, first_step, "symmetric")`` gives, without factorizing the
-        columns and numbering the instances again."""
+        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): what
+        ``_OpInstances(co, first_step, "symmetric")`` gives to its callers (``complete`` and the per-record arrays
+        at its positions), without factorizing the columns again and without a copy of any per-record array. The
+        records stay these; those of other ops, without a duration or before ``first_step`` are masked out
+        (``keep``), and the figures of an instance that loses a record are recomputed from the ones it keeps (an
+        instance that keeps them all has these figures). Instances keep their numbers ((gkey, seq) order)."""
         keep = self.symmetric & ~np.isnan(self.dur)
+        if self.keep is not None:
+            keep &= self.keep
         if first_step is not None:
             keep &= self.step >= first_step
-        sub = np.flatnonzero(keep)
-        del keep
         new = object.__new__(_OpInstances)
-        new.kind, new.gkeys, new.symmetric = "symmetric", self.gkeys, None
-        for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight"):
-            setattr(new, name, getattr(self, name)[sub])
-        present = np.bincount(self.inst[sub], minlength=self.n_inst) > 0
-        new.inst = (np.cumsum(present) - 1)[self.inst[sub]].astype(self.inst.dtype)
-        new.n_inst = int(present.sum())
-        new.inst_size = self.inst_size[present]
-        new._instance_figures()
+        new.__dict__.update(self.__dict__)
+        new.kind, new.symmetric, new.keep = "symmetric", None, keep
+        count = np.bincount(self.inst[keep], minlength=self.n_inst)
+        partial = count != self.inst_count
+        new.inst_count = count
+        new.inst_spread_ms, new.inst_dur_max = self.inst_spread_ms.copy(), self.inst_dur_max.copy()
+        if partial.any():
+            recs = np.flatnonzero(keep & partial[self.inst])
+            new._instance_figures(recs, np.flatnonzero(partial))
         return new
 
-    def _instance_figures(self) -> None:
-        """Per instance: record count, spread of completion times, longest duration."""
+    def _instance_figures(self, recs: np.ndarray | None = None, insts: np.ndarray | None = None) -> None:
+        """Per instance: record count, spread of completion times, longest duration. ``recs``, ``insts``: those of
+        the instances ``insts`` only, from the records at ``recs`` (``symmetric_from``)."""
         m = self.n_inst
-        self.inst_count = np.bincount(self.inst, minlength=m)
+        inst = self.inst if recs is None else self.inst[recs]
+        t_done = self.t_done if recs is None else self.t_done[recs]
+        dur = self.dur if recs is None else self.dur[recs]
+        if recs is None:
+            self.inst_count = np.bincount(inst, minlength=m)
         tmax = np.full(m, -np.inf)
         tmin = np.full(m, np.inf)
-        np.maximum.at(tmax, self.inst, self.t_done)
-        np.minimum.at(tmin, self.inst, self.t_done)
-        self.inst_spread_ms = (tmax - tmin) * 1000.0
+        np.maximum.at(tmax, inst, t_done)
+        np.minimum.at(tmin, inst, t_done)
         dmax = np.full(m, -np.inf)
         with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
-            np.maximum.at(dmax, self.inst, self.dur)
-        self.inst_dur_max = dmax
+            np.maximum.at(dmax, inst, dur)
+        if recs is None:
+            self.inst_spread_ms, self.inst_dur_max = (tmax - tmin) * 1000.0, dmax
+        else:
+            self.inst_spread_ms[insts] = (tmax[insts] - tmin[insts]) * 1000.0
+            self.inst_dur_max[insts] = dmax[insts]
 
     @property
     def size(self) -> np.ndarray:
@@ -142,6 +154,8 @@ class _OpInstances:
         duration)."""
         tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
         ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+        if self.keep is not None:
+            return np.flatnonzero(ok[self.inst] & self.keep)
         return np.flatnonzero(ok[self.inst])
 
 
