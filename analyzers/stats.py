@@ -277,21 +277,30 @@ def rows_with_window_count(code: np.ndarray, step: np.ndarray, n_rows: int, step
     width = g1 - g0 + 2  # column 0: before the grid (the running sum's zero)
     cell = code[keep].astype(np.int64) * width + (step[keep].astype(np.int64) - g0 + 1)
     w = None if weights is None else np.nan_to_num(np.asarray(weights, dtype=float)[keep])
-    # rows a block at a time: the grid and its window sums stay under a hundred MB
-    block = max(1, (1 << 23) // width)
     col = s_arr - g0 + 1
+    if n_rows * width <= GRID_CELLS:  # one bincount of every record; the window sums a block of rows at a time
+        grid = np.bincount(cell, weights=w, minlength=n_rows * width).reshape(n_rows, width)
+        del cell
+        np.cumsum(grid, axis=1, out=grid)
+        block = max(1, (1 << 22) // max(len(col), 1))
+        for r0 in range(0, n_rows, block):
+            g = grid[r0:r0 + block]
+            out[r0:r0 + block] = ((g[:, col] - g[:, col - window]) >= min_count).any(axis=1)
+        return out
+    # a wider grid: rows a block at a time (each block a pass over the records)
+    block = max(1, (1 << 23) // width)
     for r0 in range(0, n_rows, block):
         r1 = min(n_rows, r0 + block)
-        if n_rows > block:
-            lo, hi = r0 * width, r1 * width
-            sel = (cell >= lo) & (cell < hi)
-            c, ww = cell[sel] - lo, (w[sel] if w is not None else None)
-        else:
-            c, ww = cell, w
-        grid = np.bincount(c, weights=ww, minlength=(r1 - r0) * width).reshape(r1 - r0, width)
+        lo, hi = r0 * width, r1 * width
+        sel = (cell >= lo) & (cell < hi)
+        grid = np.bincount(cell[sel] - lo, weights=w[sel] if w is not None else None,
+                           minlength=(r1 - r0) * width).reshape(r1 - r0, width)
         np.cumsum(grid, axis=1, out=grid)
         out[r0:r1] = ((grid[:, col] - grid[:, col - window]) >= min_count).any(axis=1)
     return out
+
+
+GRID_CELLS = 1 << 25  # rows_with_window_count's grid in one piece up to this many cells (256 MB)
 
 
 def windowed_sums(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,

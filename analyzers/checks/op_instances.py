@@ -55,20 +55,23 @@ class _OpInstances:
         codes, uniq = pd.factorize(co["gkey"], sort=True)
         keep &= codes >= 0
         self.rows = _narrow(np.flatnonzero(keep))
+        # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
+        # (read only: the frame is shared, analyzers/builder.py)
+        pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
         del keep
-        self.gcode, self.gkeys = codes[self.rows].astype(np.int32), np.asarray(uniq, dtype=object)
+        self.gcode, self.gkeys = pick(codes).astype(np.int32), np.asarray(uniq, dtype=object)
         del codes
-        self.seq = _narrow(co["seq"].to_numpy()[self.rows])
-        self.rank = _narrow(co["rank"].to_numpy()[self.rows])
-        self.step = _narrow(step[self.rows])
-        self.t_done = t_done[self.rows]
+        self.seq = _narrow(pick(co["seq"].to_numpy()))
+        self.rank = _narrow(pick(co["rank"].to_numpy()))
+        self.step = _narrow(pick(step))
+        self.t_done = pick(t_done)
         del t_done
-        self.dur = dur_all[self.rows]
+        self.dur = pick(dur_all)
         del dur_all
         # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
-        self.symmetric = symmetric[op_code[self.rows]] if kind != "symmetric" else None
+        self.symmetric = symmetric[pick(op_code)] if kind != "symmetric" else None
         del op_code
-        self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
+        self.t_arrive = pick(co["t_arrive"].to_numpy(dtype=float, na_value=np.nan))
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
@@ -429,20 +432,45 @@ def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataF
     ok = ops.complete(match_tol_ms)
     if not len(ok):
         return pd.DataFrame()
-    inst = ops.inst[ok]
-    t = ops.t_arrive[ok]
+    # every record complete (the common case): the arrays as they are, no gathers
+    take = (lambda a: a) if len(ok) == len(ops.rows) else (lambda a: a[ok])  # noqa: E731
+    inst = take(ops.inst)
+    t = take(ops.t_arrive)
     latest = np.full(ops.n_inst, np.nan)
     np.fmax.at(latest, inst, t)  # NaN arrivals left out (groupby max); NaN where an instance has none
-    # a folded record's times are its ops' means: its wait counts once per op it stands for
-    late = (latest[inst] - t) * 1000.0 * ops.weight[ok]
-    ranks, rank_code = distinct_codes(ops.rank[ok])
-    steps, step_code = distinct_codes(ops.step[ok])
-    ranks, steps = ranks.astype(np.int64), steps.astype(np.int64)  # the index as pivot_table's (records are int32)
-    cell = rank_code.astype(np.int64) * len(steps) + step_code
-    # sums as pivot_table's: NaN values left out (0 where a cell has only those), NaN where a cell has no record
-    sums = np.bincount(cell, weights=np.nan_to_num(late, nan=0.0), minlength=len(ranks) * len(steps))
-    sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
-    return pd.DataFrame(sums.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
-                        columns=pd.Index(steps, name="step"))
-
-
+    # a folded record's times are its ops' means: its wait counts once per op it stands for; (latest - t) x 1000 x
+    # ops, in place (each temporary of 20 M records is 160 MB)
+    late = latest[inst]
+    del latest
+    late -= t
+    late *= 1000.0
+    late *= take(ops.weight)
+    np.nan_to_num(late, copy=False, nan=0.0)  # sums as pivot_table's: NaN values left out (0 where a cell has only those)
+    rank, step = take(ops.rank), take(ops.step)
+    r_lo, r_hi, s_lo, s_hi = int(rank.min()), int(rank.max()), int(step.min()), int(step.max())
+    n_r, n_s = r_hi - r_lo + 1, s_hi - s_lo + 1
+    if n_r * n_s <= 4 * len(rank) + 1024:
+        # a grid over the span of ranks and steps, then only the ranks and steps with a record (distinct_codes'
+        # codes without its two passes and int64 copies of every record)
+        cell = rank.astype(np.int64)
+        cell -= r_lo
+        cell *= n_s
+        cell += step
+        cell -= s_lo
+        sums = np.bincount(cell, weights=late, minlength=n_r * n_s).reshape(n_r, n_s)
+        counts = np.bincount(cell, minlength=n_r * n_s).reshape(n_r, n_s)
+        del cell, late
+        has_r, has_s = counts.any(axis=1), counts.any(axis=0)
+        sums, counts = sums[has_r][:, has_s], counts[has_r][:, has_s]
+        ranks = np.flatnonzero(has_r).astype(np.int64) + r_lo
+        steps = np.flatnonzero(has_s).astype(np.int64) + s_lo
+        sums[counts == 0] = np.nan  # NaN where a cell has no record
+    else:
+        ranks, rank_code = distinct_codes(rank)
+        steps, step_code = distinct_codes(step)
+        ranks, steps = ranks.astype(np.int64), steps.astype(np.int64)  # the index as pivot_table's (records: int32)
+        cell = rank_code.astype(np.int64) * len(steps) + step_code
+        sums = np.bincount(cell, weights=late, minlength=len(ranks) * len(steps))
+        sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
+        sums = sums.reshape(len(ranks), len(steps))
+    return pd.DataFrame(sums, index=pd.Index(ranks, name="rank"), columns=pd.Index(steps, name="step"))
