@@ -275,7 +275,12 @@ def rows_with_window_count(code: np.ndarray, step: np.ndarray, n_rows: int, step
     g0, g1 = int(s_arr.min()) - window + 1, int(s_arr.max())
     keep = (code >= 0) & (step >= g0) & (step <= g1)
     width = g1 - g0 + 2  # column 0: before the grid (the running sum's zero)
-    cell = code[keep].astype(np.int64) * width + (step[keep].astype(np.int64) - g0 + 1)
+    every = bool(keep.all())
+    # each record's cell, in place (a temporary of 20 M records is 160 MB)
+    cell = (code if every else code[keep]).astype(np.int64)
+    cell *= width
+    cell += step if every else step[keep]
+    cell += 1 - g0
     w = None if weights is None else np.nan_to_num(np.asarray(weights, dtype=float)[keep])
     col = s_arr - g0 + 1
     if n_rows * width <= GRID_CELLS:  # one bincount of every record; the window sums a block of rows at a time

@@ -349,8 +349,12 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     gkey_code = leads.gcode
     gkey_names = np.asarray(leads.gkeys, dtype=object)
     nk = max(len(gkey_names), 1)
-    pair = rank.astype(np.int64) * nk + gkey_code
+    wide = (int(rank.max()) + 1) * nk >= 2**31 or int(rank.min()) < 0
+    pair = rank.astype(np.int64 if wide else np.int32)  # 32 bits where they fit: 80 MB a copy at 20 M records
+    pair *= nk
+    pair += gkey_code
     pairs, pair_code = distinct_codes(pair)  # sorted; without a sort where the span allows
+    pairs = pairs.astype(np.int64)
     del pair
     pair_rank, pair_key = pairs // nk, pairs % nk
     label_order = np.asarray(sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}"),
@@ -358,7 +362,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
     row_of_pair = np.empty(len(pairs), np.int64)
     row_of_pair[label_order] = np.arange(len(pairs))
-    pos = row_of_pair[pair_code]  # each record's row in ``labels``
+    pos = row_of_pair.astype(np.int32 if len(pairs) < 2**31 else np.int64)[pair_code]  # each record's row in labels
     del pair_code
     step = leads.step
     weights = leads.weight

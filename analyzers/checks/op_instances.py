@@ -40,7 +40,12 @@ class _OpInstances:
         op_code, op_uniq = pd.factorize(co["op"])
         self.kind = kind
         self.keep = None  # a mask of the records these instances are made of (None: all; ``symmetric_from``)
-        dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+        # durations in the column's own float width (the store reads them as float32): a float64 copy of 20 M
+        # records is 160 MB, and a max or a NaN test gives the same in either width (``CompletionLeads.frame``
+        # hands them out as float64)
+        dur_col = co["duration_ms"]
+        dur_all = dur_col.to_numpy() if isinstance(dur_col.dtype, np.dtype) and dur_col.dtype.kind == "f" \
+            else dur_col.to_numpy(dtype=float, na_value=np.nan)
         symmetric = np.r_[np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool), False]  # -1: none
         if kind == "symmetric":
             keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & symmetric[op_code]
@@ -324,7 +329,7 @@ class CompletionLeads:
         # seconds to build and to mask, and a pointer per row); copy=False: the arrays become the columns as they are
         return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(self.gkeys, dtype=object)),
                              "seq": self._at("seq", sel), "rank": self._at("rank", sel), "step": self._at("step", sel),
-                             "lead_ms": self.lead_ms(sel), "duration_ms": self._at("dur", sel), "gcode": gcode,
+                             "lead_ms": self.lead_ms(sel), "duration_ms": self._at("dur", sel).astype(np.float64), "gcode": gcode,
                              "ops": self._at("weight", sel), "row": self._at("rows", sel)}, copy=False)
 
     def of_rank(self, r: int) -> pd.DataFrame:
