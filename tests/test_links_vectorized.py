@@ -175,7 +175,7 @@ def test_completion_leads_for_a_subset_are_those_of_the_whole():
         leads = CompletionLeads(co, 2)
         by_row = pd.Series(whole["lead_ms"].to_numpy(), index=whole["row"].to_numpy())
         rng = np.random.default_rng(seed)
-        sel = np.sort(rng.choice(len(leads), 37, replace=False))
+        sel = np.sort(rng.choice(leads.positions(), 37, replace=False))
         frame = leads.frame(sel)
         assert frame["lead_ms"].tolist() == by_row.loc[frame["row"]].tolist()
         assert leads.lead_ms(sel).tolist() == frame["lead_ms"].tolist()

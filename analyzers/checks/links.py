@@ -344,25 +344,32 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         leads = CompletionLeads(co, steps[0], cfg.match_tol_ms)
     if leads.empty:
         return []
-    # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name
+    # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name.
+    # The arrays are over every record of the op instances; ``complete`` marks those with a lead (the others get a
+    # pair code past every real one, and no row)
+    complete = leads.complete
     rank = leads.rank
     gkey_code = leads.gcode
     gkey_names = np.asarray(leads.gkeys, dtype=object)
     nk = max(len(gkey_names), 1)
-    wide = (int(rank.max()) + 1) * nk >= 2**31 or int(rank.min()) < 0
+    wide = (int(rank.max()) + 2) * nk >= 2**31 or int(rank.min()) < 0
     pair = rank.astype(np.int64 if wide else np.int32)  # 32 bits where they fit: 80 MB a copy at 20 M records
     pair *= nk
     pair += gkey_code
+    none = (int(rank.max()) + 1) * nk  # the pair code of a record without a lead
+    pair[~complete] = none
     pairs, pair_code = distinct_codes(pair)  # sorted; without a sort where the span allows
     pairs = pairs.astype(np.int64)
     del pair
+    n_real = len(pairs) - int(pairs[-1] == none)
+    pairs = pairs[:n_real]
     pair_rank, pair_key = pairs // nk, pairs % nk
     label_order = np.asarray(sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}"),
                              dtype=np.int64)
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
-    row_of_pair = np.empty(len(pairs), np.int64)
+    row_of_pair = np.full(n_real + 1, -1, np.int64)
     row_of_pair[label_order] = np.arange(len(pairs))
-    pos = row_of_pair.astype(np.int32 if len(pairs) < 2**31 else np.int64)[pair_code]  # each record's row in labels
+    pos = row_of_pair.astype(np.int32 if len(pairs) < 2**31 else np.int64)[pair_code]  # each record's row; -1: none
     del pair_code
     step = leads.step
     weights = leads.weight
@@ -371,7 +378,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     # rows' medians are NaN); none such: nothing to compare
     need = rows_with_window_count(pos, step, len(labels), np.asarray(steps, dtype=np.int64), cfg.link_window,
                                   max(cfg.link_min_ops, 1), weights if weighted else None)
-    sel = np.flatnonzero(need[pos])
+    sel = np.flatnonzero(np.r_[need, False][pos])
     if not len(sel):
         return []
     label_arr = np.asarray(labels, dtype=np.int64)
@@ -394,7 +401,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         flags = over.loc[mine].any(axis=0)
         for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
             if r not in per_step_of:  # for the onset: the rank's per-step medians (windows smear it)
-                at = np.flatnonzero(rank == r)
+                at = np.flatnonzero((rank == r) & complete)
                 per_step_of[r] = _label_windowed_medians(label_arr[pos[at]], step[at], leads.lead_ms(at), mine, steps,
                                                          1, 1, None)
             per_step = per_step_of[r]
@@ -406,7 +413,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
             if compute.slow_computer(r, onset, s1):
                 continue
             keys = sorted(key_of(lab) for lab in slow)
-            of_keys = np.isin(gkey_code, [int(lab % nk) for lab in slow])
+            of_keys = np.isin(gkey_code, [int(lab % nk) for lab in slow]) & complete
             peers = set(rank[of_keys].tolist()) - {r}
             if any(compute.slow_computer(m, onset, s1) for m in peers):
                 # a peer computes slowly: it arrives last, so it finishes last and this rank "leads" (the victim of

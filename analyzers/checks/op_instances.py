@@ -160,11 +160,13 @@ class _OpInstances:
         """Positions (into the instance arrays) of the records of instances every member recorded, done within
         ``tol_ms`` of each other (with ``longest``: within the longer of ``tol_ms`` and the instance's longest
         duration)."""
+        return np.flatnonzero(self.complete_mask(tol_ms, longest))
+
+    def complete_mask(self, tol_ms: float, longest: bool = False) -> np.ndarray:
+        """``complete`` as a mask over the records."""
         tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
         ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
-        if self.keep is not None:
-            return np.flatnonzero(ok[self.inst] & self.keep)
-        return np.flatnonzero(ok[self.inst])
+        return ok[self.inst] & self.keep if self.keep is not None else ok[self.inst]
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -260,83 +262,75 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     leads = CompletionLeads(co, first_step, match_tol_ms)
     if leads.empty:
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    return leads.frame(stable_order(leads.gcode))  # by communicator, records in their order (radix passes)
+    pos = leads.positions()
+    return leads.frame(pos[stable_order(leads.gcode[pos])])  # by communicator, records in their order (radix passes)
 
 
 class CompletionLeads:
     """``completion_leads``' figures, worked out for the records a caller reads when it reads them. A record's lead
     needs the completion times of every member of its op (a sort of each op's members), and the comm check reads
     the leads of a few ranks, of the last arrivers, and of the (rank, communicator) pairs with enough ops in a
-    window: at 20 M records the whole frame cost seconds and a GiB, mostly never read. A position (``sel``) indexes
-    the complete records, which stay in the order of ``co``."""
+    window: at 20 M records the whole frame cost seconds and a GiB, mostly never read.
+
+    A position (``sel``) indexes the records of the op instances (in the order of ``co``); ``complete`` marks those
+    of ops every member recorded and completed together, the only ones with a lead. The per-record arrays (``rank``,
+    ``gcode``, ``step``, ``weight``) are the instances' own, over every record (a gather of the complete ones would
+    be 80 MB each at 20 M records)."""
 
     _COLUMNS = ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "weight", "inst")
 
     def __init__(self, co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0):
         ops = op_instances(co, first_step) if not co.empty else None
-        self._ok = ops.complete(match_tol_ms, longest=True) if ops is not None else np.zeros(0, np.int64)
+        self.complete = ops.complete_mask(match_tol_ms, longest=True) if ops is not None else np.zeros(0, bool)
+        self.n_complete = int(self.complete.sum())
         self.gkeys = ops.gkeys if ops is not None else np.asarray([], dtype=object)
         # the instances' arrays these read (not the arrival times): they outlive ``release_op_instances``
         self._arrays = {k: getattr(ops, k) for k in self._COLUMNS} if ops is not None else {}
         self._inst_size = ops.inst_size if ops is not None else np.zeros(0, np.int64)
         self._n_inst = ops.n_inst if ops is not None else 0
-        self._all = ops is not None and len(self._ok) == len(ops.rows)  # every record complete: no gathers
-        self._full: dict[str, np.ndarray] = {}
         self._ranks = None
 
     @property
     def empty(self) -> bool:
-        return len(self._ok) == 0
+        return self.n_complete == 0
 
-    def __len__(self) -> int:
-        return len(self._ok)
+    rank = property(lambda self: self._arrays["rank"])
+    gcode = property(lambda self: self._arrays["gcode"])
+    step = property(lambda self: self._arrays["step"])
+    weight = property(lambda self: self._arrays["weight"])
 
-    def column(self, name: str) -> np.ndarray:
-        """A per-record array of the instances (``_COLUMNS``) at every complete record."""
-        if name not in self._full:
-            a = self._arrays[name]
-            self._full[name] = a if self._all else a[self._ok]
-        return self._full[name]
+    def positions(self) -> np.ndarray:
+        """The positions of every complete record."""
+        return np.flatnonzero(self.complete)
 
-    def _at(self, name: str, sel: np.ndarray) -> np.ndarray:
-        a = self._arrays[name]
-        return a[sel] if self._all else a[self._ok[sel]]
-
-    rank = property(lambda self: self.column("rank"))
-    gcode = property(lambda self: self.column("gcode"))
-    step = property(lambda self: self.column("step"))
-    weight = property(lambda self: self.column("weight"))
-
-    def lead_ms(self, sel: np.ndarray | None = None) -> np.ndarray:
-        """The leads of the records at ``sel`` (all: None), from the completion times of their ops' members."""
-        inst = self.column("inst")
-        if sel is None or len(sel) == len(self):
-            lead = _leads_ms(inst, self.column("t_done"), self._inst_size)
-            return lead if sel is None else lead[sel]
+    def lead_ms(self, sel: np.ndarray) -> np.ndarray:
+        """The leads of the (complete) records at ``sel``, from the completion times of their ops' members."""
         sel = np.asarray(sel, dtype=np.int64)
+        inst = self._arrays["inst"]
         want = np.zeros(self._n_inst, dtype=bool)
         want[inst[sel]] = True
-        sub = np.flatnonzero(want[inst])  # every member record of those ops (a complete op has all of them)
-        lead = _leads_ms(inst[sub], self._at("t_done", sub), self._inst_size)
+        sub = np.flatnonzero(want[inst] & self.complete)  # every member record of those ops
+        lead = _leads_ms(inst[sub], self._arrays["t_done"][sub], self._inst_size)
         return lead[np.searchsorted(sub, sel)]
 
-    def frame(self, sel: np.ndarray | None = None) -> pd.DataFrame:
-        """``completion_leads``' columns for the records at ``sel`` (all: None), in that order."""
-        if sel is None:
-            sel = np.arange(len(self))
-        gcode = self._at("gcode", sel)
+    def frame(self, sel: np.ndarray) -> pd.DataFrame:
+        """``completion_leads``' columns for the complete records at ``sel``, in that order."""
+        a = self._arrays
+        gcode = a["gcode"][sel]
         # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
         # seconds to build and to mask, and a pointer per row); copy=False: the arrays become the columns as they are
         return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(self.gkeys, dtype=object)),
-                             "seq": self._at("seq", sel), "rank": self._at("rank", sel), "step": self._at("step", sel),
-                             "lead_ms": self.lead_ms(sel), "duration_ms": self._at("dur", sel).astype(np.float64), "gcode": gcode,
-                             "ops": self._at("weight", sel), "row": self._at("rows", sel)}, copy=False)
+                             "seq": a["seq"][sel], "rank": a["rank"][sel], "step": a["step"][sel],
+                             "lead_ms": self.lead_ms(sel), "duration_ms": a["dur"][sel].astype(np.float64),
+                             "gcode": gcode, "ops": a["weight"][sel], "row": a["rows"][sel]}, copy=False)
 
     def of_rank(self, r: int) -> pd.DataFrame:
-        """The frame of rank ``r``'s records, in their order."""
+        """The frame of rank ``r``'s complete records, in their order."""
         if self._ranks is None:
-            self._ranks = RankPositions(self.rank)
-        return self.frame(self._ranks.of(r))
+            pos = self.positions()
+            self._ranks = (pos, RankPositions(self.rank[pos]))
+        pos, by_rank = self._ranks
+        return self.frame(pos[by_rank.of(r)])
 
     def at_rows(self, rows: np.ndarray) -> np.ndarray:
         """The lead of the record at each position ``rows`` of ``co``; NaN for one that is not a complete record."""
@@ -346,13 +340,8 @@ class CompletionLeads:
             return out
         all_rows = self._arrays["rows"]  # sorted: the kept records' positions in co
         p = np.minimum(np.searchsorted(all_rows, rows), len(all_rows) - 1)
-        found = all_rows[p] == rows
-        if self._all:
-            q = p
-        else:
-            q = np.minimum(np.searchsorted(self._ok, p), len(self._ok) - 1)
-            found &= self._ok[q] == p
-        out[found] = self.lead_ms(q[found])
+        found = (all_rows[p] == rows) & self.complete[p]
+        out[found] = self.lead_ms(p[found])
         return out
 
 
