@@ -178,6 +178,9 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
             cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
                               peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
                               comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
+    # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
+    # ranks x 10,000 steps)
+    del wait, wait_ref, others_wait_more, late_wait, flag_rows, ratio
     co = frame.data.collectives
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
@@ -188,7 +191,9 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
     judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
+    del last  # a row per op instance (2 M at 20 M records), read by the two signatures above only
     cands = _merge_direct(cands, early_finishers(co, cfg, judged_steps, compute, leads), cfg)
+    del leads
     cands = _drop_link_partners(cands, frame)
     node_ranks = frame.placement.node_ranks
     node_of = frame.placement.rank_node

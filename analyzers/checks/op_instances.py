@@ -93,9 +93,9 @@ class _OpInstances:
         del seq0
         code, uniq_key = pd.factorize(inst_key)
         order = np.argsort(uniq_key, kind="stable")
-        rank_of = np.empty(len(uniq_key), np.int64)
+        rank_of = np.empty(len(uniq_key), np.int32 if len(uniq_key) < 2**31 else np.int64)
         rank_of[order] = np.arange(len(uniq_key))
-        self.inst = rank_of[code].astype(np.int32 if len(uniq_key) < 2**31 else np.int64)
+        self.inst = rank_of[code]  # gathered in its final width (no int64 copy of every record)
         del code, rank_of, inst_key
         m = len(uniq_key)
         self.n_inst = m
