@@ -29,14 +29,15 @@ from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
 from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
                                     slow_communicators)
-from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, last_arriver_ops,
-                                           release_op_instances)
+from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, collective_wait_ms_of,
+                                           last_arriver_ops, release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians
 from ranksight.schema import Finding
 
 NAME = "comm"
+WAIT_BY_RANK = 64  # up to this many ranks asked about, their collective waits from their own ops' records only
 
 
 @dataclass
@@ -161,23 +162,28 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
     wait_ref = view.reference("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     others_wait_more = (wait_ref >= wait) | wait.isna()
-    late_wait = None
     flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= min_extra) & others_wait_more).fillna(False)
+    spans = []  # (rank, its flags, run): those of ranks that do not compute slowly, in the order found
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler check owns it
-            cr = compute.compute_ratio(r, s0, s1)
-            if late_wait is None:
-                late_wait = collective_wait_ms(frame.data.collectives, cfg.match_tol_ms)
-            if r in late_wait.index:
-                waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
-                if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
-                    continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
-            cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
-                              peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
-                              comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
+            spans.append((r, flags, s0, s1, n))
+    # the wait at every collective, of those ranks only (the TP partners of a straggler: a few); many: every rank's
+    ranks_asked = {r for r, *_ in spans}
+    late_wait = None if not spans else (
+        collective_wait_ms_of(frame.data.collectives, ranks_asked, cfg.match_tol_ms) if len(ranks_asked) <= WAIT_BY_RANK
+        else collective_wait_ms(frame.data.collectives, cfg.match_tol_ms))
+    for r, flags, s0, s1, n in spans:
+        cr = compute.compute_ratio(r, s0, s1)
+        if r in late_wait.index:
+            waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
+            if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
+                continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
+        cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
+                          peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
+                          comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
     # ranks x 10,000 steps)
     del wait, wait_ref, others_wait_more, late_wait, flag_rows, ratio
