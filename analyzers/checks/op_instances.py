@@ -201,6 +201,10 @@ def op_instances(co: pd.DataFrame, first_step: int | None, kind: str = "symmetri
         if ref() is co and first is None and k == "not_p2p" and kind == "symmetric":
             derived = ops.symmetric_from(first_step)  # the symmetric ones are a subset of every non-p2p one
     _LAST_OPS.clear()  # the old one's arrays go before the new one's are built
+    if derived is None and kind == "symmetric" and first_step is not None:
+        # the non-p2p ones of every step, masked: where every record is kept (one kind of op, all of it timed) they
+        # are the columns' own arrays, where a first step cuts records off the symmetric ones are copies of them
+        derived = _OpInstances(co, None, "not_p2p").symmetric_from(first_step)
     ops = derived if derived is not None else _OpInstances(co, first_step, kind)
     _LAST_OPS[:] = [(weakref.ref(co), first_step, kind, ops)]
     return ops
