@@ -55,7 +55,7 @@ def distinct_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     lo, hi = int(x.min()), int(x.max())
     if hi - lo > 4 * len(x) + 1024:
         return np.unique(x, return_inverse=True)
-    off = x.astype(np.int64) - lo
+    off = x - np.asarray(lo, dtype=x.dtype) if x.dtype.itemsize >= 4 and x.dtype.kind == "i" else x.astype(np.int64) - lo
     present = np.bincount(off, minlength=hi - lo + 1) > 0
     code = np.cumsum(present) - 1
     return (np.flatnonzero(present) + lo).astype(x.dtype), code[off]

@@ -102,8 +102,15 @@ def _loo_median_block(values: np.ndarray) -> np.ndarray:
     out = np.full((n_rows, n_cols), np.nan)
     if n_rows < 2 or n_cols == 0:
         return out
-    srt = np.sort(values, axis=0)  # NaNs last
     valid = ~np.isnan(values)
+    if valid.all():
+        # every column holds n_rows values: only the few middle places read below need their sorted values (a
+        # partition at those places puts them there, in linear time; a sort of every column cost twice as much)
+        m_all = n_rows - 1
+        places = {(m_all - 1) // 2, (m_all - 1) // 2 + 1, m_all // 2, m_all // 2 + 1, (n_rows - 1) // 2, n_rows // 2}
+        srt = np.partition(values, sorted({min(max(k, 0), n_rows - 1) for k in places}), axis=0)
+    else:
+        srt = np.sort(values, axis=0)  # NaNs last
     n_valid = valid.sum(axis=0)  # per column
     cols = np.arange(n_cols)
 
@@ -158,7 +165,8 @@ def group_loo_median(code: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
-                     window: int, min_ops: int, q: float = 0.5, weights: Iterable[float] | None = None) -> pd.DataFrame:
+                     window: int, min_ops: int, q: float = 0.5, weights: Iterable[float] | None = None,
+                     _rows: np.ndarray | None = None) -> pd.DataFrame:
     """index x steps: for each row label and step s, the median (or the ``q`` quantile) of ``values`` of that label
     with a step in (s - window, s]; NaN with fewer than ``min_ops`` of them (labels not in ``index`` are left out).
     ``weights``: how many ops each value stands for (a collective record a node agent folded per step is its ops'
@@ -169,24 +177,32 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
     along the window's values gives every median (a median per cell in Python cost labels x steps calls: minutes at
     16,384 ranks). Where the steps are too sparse for a dense grid, the rows of a label sorted by step make each
     window one contiguous slice (``_windowed_medians_by_label``). Both give what ``np.median`` / ``np.quantile``
-    (linear) give on each window's values."""
+    (linear) give on each window's values. Only the rows (labels) that have a window of at least ``min_ops`` values
+    are computed: the others are NaN throughout (in the comm checks' windows of one op per step and communicator,
+    every row), and their values are never sorted. ``_rows``: that mask over ``index``, when the caller knows it."""
     if weights is not None:
         w = np.asarray(weights, dtype=float)
         if len(w) and np.nanmax(w) > 1:
             labels, step = np.asarray(labels), np.asarray(step)
-            med = windowed_medians(labels, step, values, index, steps, window, 1, q)
             enough = windowed_sums(labels, step, w, index, steps, window) >= max(min_ops, 1)
+            # the medians of the rows with a window of enough ops only: the others are all NaN
+            med = windowed_medians(labels, step, values, index, steps, window, 1, q, _rows=enough.any(axis=1))
             return med.where(enough)
     labels, step, vals = np.asarray(labels), np.asarray(step), np.asarray(values, dtype=float)
     if labels.dtype.kind not in "iu":  # integer labels (a caller's codes) are looked up as they are
         labels = labels.astype(object)
     code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
-    keep = code >= 0
-    code, step, vals = code[keep], step[keep], vals[keep]
     s_arr = np.asarray(steps)
+    window = max(int(window), 1)
+    if _rows is None and len(code) and len(s_arr) and np.issubdtype(step.dtype, np.integer) \
+            and np.issubdtype(s_arr.dtype, np.integer):
+        _rows = rows_with_window_count(code, step, len(index), s_arr, window, max(min_ops, 1))
+    keep = code >= 0
+    if _rows is not None:  # a row without a window of enough values is all NaN: its values are not sorted
+        keep &= np.r_[np.asarray(_rows, dtype=bool), False][code]
+    code, step, vals = code[keep], step[keep], vals[keep]
     if not len(code) or not len(s_arr):
         return pd.DataFrame(np.full((len(index), len(steps)), np.nan), index=index, columns=steps)
-    window = max(int(window), 1)
     if not (np.issubdtype(step.dtype, np.integer) and np.issubdtype(s_arr.dtype, np.integer)):
         return _windowed_medians_by_label(code, step, vals, index, steps, window, min_ops, q)
     g0, g1 = int(s_arr.min()) - window + 1, int(s_arr.max())  # the steps any window covers
@@ -251,6 +267,52 @@ def _sorted_small(parts: list[np.ndarray]) -> np.ndarray:
             c[i + 1] = np.maximum(c[i], c[i + 1])
             c[i] = lo
     return np.stack(c, axis=-1)
+
+
+def rows_with_window_count(code: np.ndarray, step: np.ndarray, n_rows: int, steps: np.ndarray, window: int,
+                           min_count: float, weights: np.ndarray | None = None) -> np.ndarray:
+    """Over rows 0..n_rows-1: does the row have a step s of ``steps`` whose window (s - window, s] holds at least
+    ``min_count`` records (or, with ``weights``, that much weight)? ``code``: each record's row (-1: none); integer
+    steps. One bincount of the records into a row x step grid and a running sum along it (no sort)."""
+    s_arr = np.asarray(steps, dtype=np.int64)
+    out = np.zeros(n_rows, dtype=bool)
+    if not len(code) or not len(s_arr) or n_rows == 0:
+        return out
+    window = max(int(window), 1)
+    g0, g1 = int(s_arr.min()) - window + 1, int(s_arr.max())
+    keep = (code >= 0) & (step >= g0) & (step <= g1)
+    width = g1 - g0 + 2  # column 0: before the grid (the running sum's zero)
+    every = bool(keep.all())
+    # each record's cell, in place (a temporary of 20 M records is 160 MB)
+    cell = (code if every else code[keep]).astype(np.int64)
+    cell *= width
+    cell += step if every else step[keep]
+    cell += 1 - g0
+    w = None if weights is None else np.nan_to_num(np.asarray(weights, dtype=float)[keep])
+    col = s_arr - g0 + 1
+    if n_rows * width <= GRID_CELLS:  # one bincount of every record; the window sums a block of rows at a time
+        grid = np.bincount(cell, weights=w, minlength=n_rows * width).reshape(n_rows, width)
+        del cell
+        np.cumsum(grid, axis=1, out=grid)
+        block = max(1, (1 << 22) // max(len(col), 1))
+        for r0 in range(0, n_rows, block):
+            g = grid[r0:r0 + block]
+            out[r0:r0 + block] = ((g[:, col] - g[:, col - window]) >= min_count).any(axis=1)
+        return out
+    # a wider grid: rows a block at a time (each block a pass over the records)
+    block = max(1, (1 << 23) // width)
+    for r0 in range(0, n_rows, block):
+        r1 = min(n_rows, r0 + block)
+        lo, hi = r0 * width, r1 * width
+        sel = (cell >= lo) & (cell < hi)
+        grid = np.bincount(cell[sel] - lo, weights=w[sel] if w is not None else None,
+                           minlength=(r1 - r0) * width).reshape(r1 - r0, width)
+        np.cumsum(grid, axis=1, out=grid)
+        out[r0:r1] = ((grid[:, col] - grid[:, col - window]) >= min_count).any(axis=1)
+    return out
+
+
+GRID_CELLS = 1 << 25  # rows_with_window_count's grid in one piece up to this many cells (256 MB)
 
 
 def windowed_sums(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,

@@ -338,3 +338,33 @@ def test_slow_p2p_link_names_its_sender():
     assert 8 <= fs[0].step_start <= 10
     clean = _with_p2p(build(world=4, steps=24), lambda r, s: 0.0)
     assert [f for f in comm.analyze(build_frame(clean)) if f.severity != "info"] == []
+
+
+def test_early_finishers_skip_the_leads_nobody_reads(monkeypatch):
+    """With one op per communicator and step, no (rank, communicator) has ``link_min_ops`` ops in a window: the
+    early-finisher signature works out no completion lead (at 1,024 ranks x 10,000 steps that was seconds and a
+    GiB of leads nobody read)."""
+    import numpy as np
+
+    from analyzers.checks import op_instances
+    from analyzers.checks.links import ComputeCheck, early_finishers
+    rng = np.random.default_rng(2)
+    rows = []
+    groups = [[0, 1], [2, 3]]
+    for s in range(30):
+        base = 1.7e9 + s
+        for m in groups:
+            arrive = {r: base + rng.uniform(0, 0.002) for r in m}
+            done = max(arrive.values()) + 0.003
+            for r in m:
+                rows.append(dict(rank=r, step=s, seq=s, op="all_reduce", group="dp", gkey=f"dp{m}", group_ranks=np.array(m),
+                                 t_arrive=arrive[r], t_done=done + rng.uniform(0, 1e-4), duration_ms=(done - arrive[r]) * 1e3))
+    co = pd.DataFrame(rows)
+    cfg = comm.CommConfig()
+    called = []
+    monkeypatch.setattr(op_instances.CompletionLeads, "lead_ms", lambda self, sel=None: called.append(1))
+    leads = op_instances.CompletionLeads(co, 1)
+    assert not leads.empty
+    empty = pd.DataFrame()
+    assert early_finishers(co, cfg, list(range(1, 30)), ComputeCheck(empty, empty, empty), leads) == []
+    assert called == []

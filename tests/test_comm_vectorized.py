@@ -137,4 +137,22 @@ def test_rank_rows_by_mask_then_by_sort():
     rows = op_instances.RankRows(frame)
     for r in list(range(0, 64)) + [5, 40]:  # more ranks than FEW: the later ones from the sorted rows
         pd.testing.assert_frame_equal(rows.of(r), frame[frame["rank"] == r])
-    assert rows.order is not None
+    assert rows.positions.order is not None
+
+
+def test_collective_wait_ms_of_a_few_ranks_is_their_rows_of_the_whole():
+    """The waits of a few ranks, from the records of their own ops only: the same floats as their rows of every
+    rank's grid (a step none of their ops has is a missing column, which the check reads as no wait)."""
+    from analyzers.checks.op_instances import collective_wait_ms_of, release_op_instances
+    for seed in range(3):
+        for categorical in (False, True):
+            co = records(seed, categorical=categorical)
+            release_op_instances()
+            whole = comm.collective_wait_ms(co)
+            for ranks in ({3}, {0, 5, 11}, {15, 99}):
+                got = collective_wait_ms_of(co, ranks)
+                assert list(got.index) == sorted(r for r in ranks if r in whole.index)
+                want = whole.loc[got.index]
+                pd.testing.assert_frame_equal(got.reindex(columns=want.columns), want, check_exact=True)
+                assert set(got.columns) <= set(want.columns)
+            assert collective_wait_ms_of(co, {99}).empty

@@ -130,6 +130,9 @@ def test_sorted_members_of_shared_and_separate_lists():
 
 
 def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
+    """The symmetric instances derived from the non-p2p ones (a mask over their records, no copies) give their
+    callers what the symmetric ones built from the records give: the same complete records, in the same order, with
+    the same per-record values and per-instance figures; and the same last arrivers and completion leads."""
     from analyzers.checks import op_instances
     _OpInstances = op_instances._OpInstances
     for seed in range(2):
@@ -139,9 +142,50 @@ def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
         for first in (None, 5):
             want = _OpInstances(co, first, "symmetric")
             got = _OpInstances(co, None, "not_p2p").symmetric_from(first)
-            assert got.n_inst == want.n_inst and len(got.rows) == len(want.rows) > 100
-            for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight", "inst",
-                         "inst_size", "inst_count", "inst_spread_ms", "inst_dur_max"):
-                np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
             assert list(got.gkeys) == list(want.gkeys)
-            np.testing.assert_array_equal(got.complete(10.0, longest=True), want.complete(10.0, longest=True))
+            for longest in (False, True):
+                ok_g, ok_w = got.complete(10.0, longest=longest), want.complete(10.0, longest=longest)
+                assert len(ok_g) == len(ok_w) > 100
+                for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight", "size"):
+                    np.testing.assert_array_equal(getattr(got, name)[ok_g], getattr(want, name)[ok_w], err_msg=name)
+                ig, iw = got.inst[ok_g], want.inst[ok_w]
+                np.testing.assert_array_equal(np.unique(ig, return_inverse=True)[1], np.unique(iw, return_inverse=True)[1])
+                for name in ("inst_size", "inst_count", "inst_spread_ms", "inst_dur_max"):
+                    np.testing.assert_array_equal(getattr(got, name)[ig], getattr(want, name)[iw], err_msg=name)
+            # through the round's cache: the wait grid first (every non-p2p op), then the symmetric ones derived
+            op_instances.release_op_instances()
+            want_last, want_leads = last_arriver_ops(co, first), completion_leads(co, first)
+            op_instances.release_op_instances()
+            op_instances.collective_wait_ms(co)
+            got_last, got_leads = last_arriver_ops(co, first), completion_leads(co, first)
+            op_instances.release_op_instances()
+            pd.testing.assert_frame_equal(got_last, want_last)
+            pd.testing.assert_frame_equal(got_leads, want_leads)
+
+
+def test_completion_leads_for_a_subset_are_those_of_the_whole():
+    """``CompletionLeads`` works out the leads of the records asked for (their ops' members only): the same floats
+    as ``completion_leads`` of every record, looked up by position, by rank and by row of ``co``."""
+    from analyzers.checks.op_instances import CompletionLeads, release_op_instances
+    for seed in (0, 1):
+        co = window(seed)
+        release_op_instances()
+        whole = completion_leads(co, 2)
+        release_op_instances()
+        leads = CompletionLeads(co, 2)
+        by_row = pd.Series(whole["lead_ms"].to_numpy(), index=whole["row"].to_numpy())
+        rng = np.random.default_rng(seed)
+        sel = np.sort(rng.choice(leads.positions(), 37, replace=False))
+        frame = leads.frame(sel)
+        assert frame["lead_ms"].tolist() == by_row.loc[frame["row"]].tolist()
+        assert leads.lead_ms(sel).tolist() == frame["lead_ms"].tolist()
+        for r in (0, 6, 9):
+            mine = leads.of_rank(r)
+            assert (mine["rank"] == r).all() and len(mine) == int((whole["rank"] == r).sum())
+            assert mine["lead_ms"].tolist() == by_row.loc[mine["row"]].tolist()
+        rows = np.r_[whole["row"].to_numpy()[:50], len(co) + 5, -1]  # two rows that are no complete record
+        got = leads.at_rows(rows)
+        assert got[:50].tolist() == whole["lead_ms"].to_numpy()[:50].tolist() and np.isnan(got[50:]).all()
+        # a rooted op's record (the broadcast, not symmetric) has no lead
+        rooted = np.flatnonzero(co["op"].to_numpy() == "broadcast")
+        assert np.isnan(leads.at_rows(rooted)).all()

@@ -29,14 +29,15 @@ from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
 from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
                                     slow_communicators)
-from analyzers.checks.op_instances import (RankRows, collective_wait_ms, completion_leads,
+from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, collective_wait_ms_of,
                                            last_arriver_ops, release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
-from analyzers.stats import leave_one_out_median, temporal_sigma, windowed_medians
+from analyzers.stats import leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians
 from ranksight.schema import Finding
 
 NAME = "comm"
+WAIT_BY_RANK = 64  # up to this many ranks asked about, their collective waits from their own ops' records only
 
 
 @dataclass
@@ -161,25 +162,34 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
     wait_ref = view.reference("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     others_wait_more = (wait_ref >= wait) | wait.isna()
-    late_wait = None
     flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= min_extra) & others_wait_more).fillna(False)
+    spans = []  # (rank, its flags, run): those of ranks that do not compute slowly, in the order found
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler check owns it
-            cr = compute.compute_ratio(r, s0, s1)
-            if late_wait is None:
-                late_wait = collective_wait_ms(frame.data.collectives, cfg.match_tol_ms)
-            if r in late_wait.index:
-                waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
-                if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
-                    continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
-            cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
-                              peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
-                              comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
+            spans.append((r, flags, s0, s1, n))
+    # the wait at every collective, of those ranks only (the TP partners of a straggler: a few); many: every rank's
+    ranks_asked = {r for r, *_ in spans}
+    late_wait = None if not spans else (
+        collective_wait_ms_of(frame.data.collectives, ranks_asked, cfg.match_tol_ms) if len(ranks_asked) <= WAIT_BY_RANK
+        else collective_wait_ms(frame.data.collectives, cfg.match_tol_ms))
+    for r, flags, s0, s1, n in spans:
+        cr = compute.compute_ratio(r, s0, s1)
+        if r in late_wait.index:
+            waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
+            if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
+                continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
+        cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
+                          peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
+                          comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
+    # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
+    # ranks x 10,000 steps)
+    del wait, wait_ref, others_wait_more, late_wait, flag_rows, ratio
     co = frame.data.collectives
-    leads = completion_leads(co, int(st["step"].min()), cfg.match_tol_ms)
+    # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
+    leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
     cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
@@ -187,7 +197,9 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
     judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
+    del last  # a row per op instance (2 M at 20 M records), read by the two signatures above only
     cands = _merge_direct(cands, early_finishers(co, cfg, judged_steps, compute, leads), cfg)
+    del leads
     cands = _drop_link_partners(cands, frame)
     node_ranks = frame.placement.node_ranks
     node_of = frame.placement.rank_node
@@ -295,7 +307,7 @@ def _rank_link_finding(c: dict, node, min_extra: float) -> Finding:
     )
 
 
-def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.DataFrame) -> list[dict]:
+def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: CompletionLeads) -> list[dict]:
     """Peers wait for a rank that arrived on time: its data reaches them late (a slow link).
 
     Per step: deficit = peers' median sync wait - own sync wait (how much longer the others wait than
@@ -303,7 +315,7 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
     deficit - max(arrival lag, 0). Persistent (3 of 5 steps) and above max(min_extra_ms, deficit_k sigma,
     10 % of the step) -> slow link of that rank.
     Unless the rank's own collectives end after its peers' (``links.latest_finish_ms`` over the span at least
-    ``min_extra_ms``; ``leads``: ``links.completion_leads``): peers that waited for its data would be done after
+    ``min_extra_ms``; ``leads``: ``op_instances.CompletionLeads``): peers that waited for its data would be done after
     it, not before. (A rank whose data leaves late, a delay before it is sent, ends with them.)
     """
     st = view.rows
@@ -322,7 +334,6 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
     floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
     floor = np.maximum(floor, 0.10 * step_ms.reindex(unexplained.columns).fillna(0))
     out = []
-    rank_leads = None  # the leads by rank, grouped on first use
     flag_rows = pd.DataFrame(unexplained.to_numpy(dtype=float) >= floor.to_numpy(dtype=float)[None, :],
                              index=unexplained.index, columns=unexplained.columns)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -330,9 +341,7 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: pd.Dat
             continue
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            if rank_leads is None:
-                rank_leads = RankRows(leads)
-            if latest_finish_ms(rank_leads.of(int(r)), int(r), s0, s1) >= cfg.min_extra_ms:
+            if latest_finish_ms(leads.of_rank(int(r)), int(r), s0, s1) >= cfg.min_extra_ms:
                 continue  # it finished after its peers: they were not waiting for its data
             peers_wait = float(np.nanmedian(wait_ref.loc[r, s0:s1]))
             out.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(wait.loc[r, s0:s1])), peers=peers_wait,
@@ -391,7 +400,7 @@ def _drop_link_partners(cands: list[dict], frame: AnalysisFrame) -> list[dict]:
 
 
 def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFrame, compute: ComputeCheck,
-                leads: pd.DataFrame | None = None) -> list[dict]:
+                leads: CompletionLeads | None = None) -> list[dict]:
     """A slow link seen per collective: ops in which the rank arrived last (nobody left to wait for) still take
     longer than ops in which a peer arrived last. Per step, each rank's median last-arriver duration over the last
     ``last_window`` steps (at least ``last_min_ops`` ops) against the leave-one-out median of the other ranks';
@@ -401,27 +410,46 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     step their duration noise keeps the threshold high. ``last``: ``last_arriver_ops`` from the view's first step;
     ``compute``: the ranks' compute against their peers'. An op whose last arriver is done ``min_extra_ms`` or more
     after the other members (``leads``) is left out: it was waiting for a peer's late data after all."""
-    if leads is not None and not last.empty and not leads.empty:
-        # a last arriver that is done after the other members was still waiting, for a peer's data that left late:
-        # the op says nothing about its own sending (``leads``: links.completion_leads)
-        if "row" in last.columns and "row" in leads.columns:
-            # the same record of the same collectives: looked up by its position (a merge on (gkey, seq, rank) of the
-            # leads' every member record cost seconds and a GiB at 20 M records)
-            by_row = np.full(int(max(last["row"].max(), leads["row"].max())) + 1, np.nan)
-            by_row[leads["row"].to_numpy()] = leads["lead_ms"].to_numpy(dtype=float)
-            lead = pd.Series(by_row[last["row"].to_numpy()])
-            del by_row
-        else:
-            lead = last.merge(leads[["gkey", "seq", "rank", "lead_ms"]], on=["gkey", "seq", "rank"], how="left")["lead_ms"]
-        last = last[~(lead.to_numpy(dtype=float) <= -cfg.min_extra_ms)]
     if last.empty or last["rank"].nunique() < 2:
         return []
     st = view.rows
     steps = sorted(int(x) for x in st["step"].unique())
     ranks = sorted(int(r) for r in st["rank"].unique())
+    weights = last["ops"] if "ops" in last.columns else None
+    last_step = last["step"].to_numpy()
+    code = pd.Index(ranks).get_indexer(last["rank"].astype(int).to_numpy())
+    # the ranks that can have a median (a window of last_min_ops ops) before any op is left out: leaving ops out
+    # only removes medians, and fewer than two ranks with one leave nothing to compare
+    w = None if weights is None else weights.to_numpy(dtype=float)
+    can = rows_with_window_count(code, last_step, len(ranks), np.asarray(steps, dtype=np.int64), cfg.last_window,
+                                 max(cfg.last_min_ops, 1), w if w is not None and len(w) and np.nanmax(w) > 1 else None) \
+        if np.issubdtype(last_step.dtype, np.integer) else np.ones(len(ranks), dtype=bool)
+    if can.sum() < 2:
+        return []
+    # a last arriver that is done after the other members was still waiting, for a peer's data that left late:
+    # the op says nothing about its own sending. Its lead is looked up by its record's position, for the ops read
+    # (those of the ranks that can have a median, then those of a flagged span's window)
+    lead = np.full(len(last), np.nan)
+    known = np.zeros(len(last), dtype=bool)
+    rows = last["row"].to_numpy() if leads is not None and not leads.empty else None
+
+    def kept(mask: np.ndarray) -> np.ndarray:
+        """``mask`` less the ops whose last arriver was done min_extra_ms after the other members."""
+        if rows is None:
+            return mask
+        todo = mask & ~known
+        if todo.any():
+            lead[todo] = leads.at_rows(rows[todo])
+            known[todo] = True
+        return mask & ~(lead <= -cfg.min_extra_ms)
+
+    with np.errstate(invalid="ignore"):
+        judged = last[kept(np.r_[can, False][code])]
+    if judged.empty:
+        return []
     # per rank, the median duration of the ops it was last at in steps (s - last_window, s]
-    med = windowed_medians(last["rank"].astype(int), last["step"], last["duration_ms"], ranks, steps, cfg.last_window,
-                           cfg.last_min_ops, weights=last["ops"] if "ops" in last.columns else None)
+    med = windowed_medians(judged["rank"].astype(int), judged["step"], judged["duration_ms"], ranks, steps,
+                           cfg.last_window, cfg.last_min_ops, weights=judged["ops"] if "ops" in judged.columns else None)
     if med.notna().sum(axis=0).max() < 2:
         return []
     ref = leave_one_out_median(med)
@@ -441,14 +469,15 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
             cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1])) if r in comp_ratio.index else float("nan")
             # the window reaches back last_window - 1 steps: the delay began at most that much before the first flag
             onset = max(steps[0], s0 - cfg.last_window + 1)
-            win = last[(last["step"] >= onset) & (last["step"] <= s1)]
+            with np.errstate(invalid="ignore"):
+                win = last[kept((last_step >= onset) & (last_step <= s1))]
             out.append(dict(rank=int(r), onset=onset, end=s1, n=n, method="self_delay",
                             own=float(win.loc[win["rank"] == r, "duration_ms"].median()),
                             peers=float(win.loc[win["rank"] != r, "duration_ms"].median()),
                             ratio=float("nan"), comp_ratio=cr, threshold=threshold,
                             ops_per_step=float(len(win) / max(1, s1 - onset + 1)),
                             groups=sorted({str(g) for g in win.loc[win["rank"] == r, "group"]}),
-                            groups_keys=sorted({str(g) for g in last.loc[last["rank"] == r, "gkey"]}),
+                            groups_keys=sorted({str(g) for g in judged.loc[judged["rank"] == r, "gkey"]}),
                             confirmed=confirmation_step(flags, s0, cfg.persist)))
     return out
 

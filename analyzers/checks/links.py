@@ -37,11 +37,12 @@ import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, completion_leads, last_arriver_ops,  # noqa: F401
-                                           op_instances, release_op_instances)
+from analyzers.builder import distinct_codes
+from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, CompletionLeads, completion_leads,  # noqa: F401
+                                           last_arriver_ops, op_instances, release_op_instances)
 from analyzers.collectives import name_starts_with, stable_order
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, row_robust_sigmas, windowed_medians
+from analyzers.stats import leave_one_out_median, row_robust_sigmas, rows_with_window_count, windowed_medians
 
 STRAGGLER_RATIO = 1.08  # a rank computing this much slower than its peers is the straggler check's ...
 LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than this many times its extra compute
@@ -326,9 +327,9 @@ def latest_finish_ms(leads: pd.DataFrame, rank: int, s0: int, s1: int) -> float:
 
 
 def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeCheck,
-                    leads: pd.DataFrame | None = None) -> list[dict]:
+                    leads: CompletionLeads | None = None) -> list[dict]:
     """Slow-link candidates (dicts, as comm._slow_links collects them) from ranks that finish their collectives
-    before their peers (``completion_leads``).
+    before their peers (``completion_leads``; ``leads``: its ``CompletionLeads``, when the caller has them).
 
     Per rank and communicator: the median lead of its ops in each window of ``link_window`` steps (at least
     ``link_min_ops`` ops). A rank is flagged in a step where, on any of its communicators, that median is
@@ -340,50 +341,70 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     if not steps:
         return []
     if leads is None:
-        leads = completion_leads(co, steps[0], cfg.match_tol_ms)
+        leads = CompletionLeads(co, steps[0], cfg.match_tol_ms)
     if leads.empty:
         return []
-    # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name
-    rank = leads["rank"].to_numpy().astype(np.int64)
-    if "gcode" in leads.columns:  # completion_leads' communicator numbers (sorted gkey order): no strings to factorize
-        gkey_code = leads["gcode"].to_numpy().astype(np.int64)
-        n_codes = int(gkey_code.max()) + 1
-        first = np.full(n_codes, len(gkey_code), np.int64)  # each communicator's first row (no sort of every row)
-        np.minimum.at(first, gkey_code, np.arange(len(gkey_code)))
-        first = first[first < len(gkey_code)]
-        gkey_names = np.full(n_codes, None, dtype=object)
-        gkey_names[gkey_code[first]] = leads["gkey"].iloc[first].to_numpy(dtype=object)
-    else:
-        gkey_code, gkey_names = pd.factorize(leads["gkey"].astype(str).to_numpy(dtype=object), sort=True)
-        gkey_names = np.asarray(gkey_names, dtype=object)
-    code_of = {str(k): i for i, k in enumerate(gkey_names) if k is not None}
-    pair = rank * len(gkey_names) + gkey_code
-    pairs = np.sort(pd.unique(pair))  # hashed: only the distinct pairs sorted
-    pair_rank, pair_key = pairs // len(gkey_names), pairs % len(gkey_names)
-    label_order = sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}")
+    # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name.
+    # The arrays are over every record of the op instances; ``complete`` marks those with a lead (the others get a
+    # pair code past every real one, and no row)
+    complete = leads.complete
+    rank = leads.rank
+    gkey_code = leads.gcode
+    gkey_names = np.asarray(leads.gkeys, dtype=object)
+    nk = max(len(gkey_names), 1)
+    wide = (int(rank.max()) + 2) * nk >= 2**31 or int(rank.min()) < 0
+    pair = rank.astype(np.int64 if wide else np.int32)  # 32 bits where they fit: 80 MB a copy at 20 M records
+    pair *= nk
+    pair += gkey_code
+    none = (int(rank.max()) + 1) * nk  # the pair code of a record without a lead
+    pair[~complete] = none
+    pairs, pair_code = distinct_codes(pair)  # sorted; without a sort where the span allows
+    pairs = pairs.astype(np.int64)
+    del pair
+    n_real = len(pairs) - int(pairs[-1] == none)
+    pairs = pairs[:n_real]
+    pair_rank, pair_key = pairs // nk, pairs % nk
+    label_order = np.asarray(sorted(range(len(pairs)), key=lambda i: f"{pair_rank[i]}|{gkey_names[pair_key[i]]}"),
+                             dtype=np.int64)
     labels = pairs[label_order].tolist()  # the old string labels' order, as integers
-    step = leads["step"].to_numpy()
-    lead_ms = leads["lead_ms"].to_numpy(dtype=float)
-    weights = leads["ops"].to_numpy() if "ops" in leads.columns else None
-    med = _label_windowed_medians(pair, step, lead_ms, labels, steps, cfg.link_window, cfg.link_min_ops, weights)
+    row_of_pair = np.full(n_real + 1, -1, np.int64)
+    row_of_pair[label_order] = np.arange(len(pairs))
+    pos = row_of_pair.astype(np.int32 if len(pairs) < 2**31 else np.int64)[pair_code]  # each record's row; -1: none
+    del pair_code
+    step = leads.step
+    weights = leads.weight
+    weighted = len(weights) and np.nanmax(weights) > 1
+    # the records of the rows that have a window of link_min_ops ops: only their leads are worked out (the other
+    # rows' medians are NaN); none such: nothing to compare
+    need = rows_with_window_count(pos, step, len(labels), np.asarray(steps, dtype=np.int64), cfg.link_window,
+                                  max(cfg.link_min_ops, 1), weights if weighted else None)
+    sel = np.flatnonzero(np.r_[need, False][pos])
+    if not len(sel):
+        return []
+    label_arr = np.asarray(labels, dtype=np.int64)
+    med = _label_windowed_medians(label_arr[pos[sel]], step[sel], leads.lead_ms(sel), labels, steps, cfg.link_window,
+                                  cfg.link_min_ops, weights[sel])
     if med.notna().sum(axis=0).max() < 2:
         return []
     thresholds = np.maximum(cfg.link_min_extra_ms, cfg.lead_k * reference_sigma(med, cfg.link_window))
     over = med.ge(thresholds, axis=0).fillna(False)
     any_over = over.to_numpy().any(axis=1)
-    per_step = None  # for the onset: built when a rank has a run of flags
+    per_step_of: dict[int, pd.DataFrame] = {}
     mine_of: dict[int, list[int]] = {}  # rank -> its labels, in label order
     for lab in labels:
-        mine_of.setdefault(int(lab // len(gkey_names)), []).append(lab)
-    flagged = {int(lab // len(gkey_names)) for lab, a in zip(labels, any_over) if a}
-    key_of = lambda lab: str(gkey_names[int(lab % len(gkey_names))])  # noqa: E731
+        mine_of.setdefault(int(lab // nk), []).append(lab)
+    flagged = {int(lab // nk) for lab, a in zip(labels, any_over) if a}
+    key_of = lambda lab: str(gkey_names[int(lab % nk)])  # noqa: E731
     out = []
     for r in sorted(flagged):
         mine = mine_of[r]
         flags = over.loc[mine].any(axis=0)
         for s0, s1, n in persistent_runs(flags, cfg.link_persist, cfg.link_persist_window):
-            if per_step is None:
-                per_step = _label_windowed_medians(pair, step, lead_ms, labels, steps, 1, 1, None)
+            if r not in per_step_of:  # for the onset: the rank's per-step medians (windows smear it)
+                at = np.flatnonzero((rank == r) & complete)
+                per_step_of[r] = _label_windowed_medians(label_arr[pos[at]], step[at], leads.lead_ms(at), mine, steps,
+                                                         1, 1, None)
+            per_step = per_step_of[r]
             confirmed = confirmation_step(flags, s0, cfg.link_persist)
             onset = max(steps[0], s0 - cfg.link_window + 1)
             # its communicators that were ahead over most of the run of flags
@@ -392,13 +413,13 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
             if compute.slow_computer(r, onset, s1):
                 continue
             keys = sorted(key_of(lab) for lab in slow)
-            of_keys = np.isin(gkey_code, [code_of[k] for k in keys])
+            of_keys = np.isin(gkey_code, [int(lab % nk) for lab in slow]) & complete
             peers = set(rank[of_keys].tolist()) - {r}
             if any(compute.slow_computer(m, onset, s1) for m in peers):
                 # a peer computes slowly: it arrives last, so it finishes last and this rank "leads" (the victim of
                 # a straggler, which the straggler check names), not a rank whose link is slow
                 continue
-            ops = leads[(rank == r) & of_keys & (step >= onset) & (step <= s1)]
+            ops = leads.frame(np.flatnonzero((rank == r) & of_keys & (step >= onset) & (step <= s1)))
             out.append(dict(rank=int(r), onset=int(onset), end=int(s1), n=n, method="completion_lead", confirmed=confirmed,
                             own=float(ops["lead_ms"].median()), peers=float(ops["duration_ms"].median()),
                             ratio=float("nan"), comp_ratio=compute.compute_ratio(r, onset, s1),
@@ -428,6 +449,16 @@ def _label_windowed_medians(labels: np.ndarray, step: np.ndarray, values: np.nda
     if not inside.all():
         pos, labels, step, values = pos[inside], labels[inside], step[inside], values[inside]
         weights = weights[inside] if weights is not None else None
+    # rows with no window of enough ops are NaN throughout: their records are left out before any sort (with one op
+    # per communicator and step, every row of a 3-step window of at least 4 ops)
+    weighted = weights is not None and len(weights) and np.nanmax(weights) > 1
+    need = rows_with_window_count(pos, step, len(index), steps_arr, window, max(min_ops, 1),
+                                  weights if weighted else None)[pos] if len(pos) else np.zeros(0, bool)
+    if not need.all():
+        pos, labels, step, values = pos[need], labels[need], step[need], values[need]
+        weights = weights[need] if weights is not None else None
+    if not len(pos):
+        return pd.DataFrame(np.full((len(index), len(steps)), np.nan), index=index, columns=steps)
     if len(pos) <= CHUNK_ROWS:
         return windowed_medians(labels, step, values, index, steps, window, min_ops, weights=weights)
     order = stable_order(pos, step.astype(np.int64) - g0)

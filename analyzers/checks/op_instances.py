@@ -39,7 +39,13 @@ class _OpInstances:
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
         op_code, op_uniq = pd.factorize(co["op"])
         self.kind = kind
-        dur_all = co["duration_ms"].to_numpy(dtype=float, na_value=np.nan)
+        self.keep = None  # a mask of the records these instances are made of (None: all; ``symmetric_from``)
+        # durations in the column's own float width (the store reads them as float32): a float64 copy of 20 M
+        # records is 160 MB, and a max or a NaN test gives the same in either width (``CompletionLeads.frame``
+        # hands them out as float64)
+        dur_col = co["duration_ms"]
+        dur_all = dur_col.to_numpy() if isinstance(dur_col.dtype, np.dtype) and dur_col.dtype.kind == "f" \
+            else dur_col.to_numpy(dtype=float, na_value=np.nan)
         symmetric = np.r_[np.array([str(o).lower() in SYMMETRIC_OPS for o in op_uniq], dtype=bool), False]  # -1: none
         if kind == "symmetric":
             keep = ~np.isnan(t_done) & ~np.isnan(dur_all) & symmetric[op_code]
@@ -54,20 +60,23 @@ class _OpInstances:
         codes, uniq = pd.factorize(co["gkey"], sort=True)
         keep &= codes >= 0
         self.rows = _narrow(np.flatnonzero(keep))
+        # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
+        # (read only: the frame is shared, analyzers/builder.py)
+        pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
         del keep
-        self.gcode, self.gkeys = codes[self.rows].astype(np.int32), np.asarray(uniq, dtype=object)
+        self.gcode, self.gkeys = pick(codes).astype(np.int32), np.asarray(uniq, dtype=object)
         del codes
-        self.seq = _narrow(co["seq"].to_numpy()[self.rows])
-        self.rank = _narrow(co["rank"].to_numpy()[self.rows])
-        self.step = _narrow(step[self.rows])
-        self.t_done = t_done[self.rows]
+        self.seq = _narrow(pick(co["seq"].to_numpy()))
+        self.rank = _narrow(pick(co["rank"].to_numpy()))
+        self.step = _narrow(pick(step))
+        self.t_done = pick(t_done)
         del t_done
-        self.dur = dur_all[self.rows]
+        self.dur = pick(dur_all)
         del dur_all
         # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
-        self.symmetric = symmetric[op_code[self.rows]] if kind != "symmetric" else None
+        self.symmetric = symmetric[pick(op_code)] if kind != "symmetric" else None
         del op_code
-        self.t_arrive = co["t_arrive"].to_numpy(dtype=float, na_value=np.nan)[self.rows]
+        self.t_arrive = pick(co["t_arrive"].to_numpy(dtype=float, na_value=np.nan))
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
@@ -84,9 +93,9 @@ class _OpInstances:
         del seq0
         code, uniq_key = pd.factorize(inst_key)
         order = np.argsort(uniq_key, kind="stable")
-        rank_of = np.empty(len(uniq_key), np.int64)
+        rank_of = np.empty(len(uniq_key), np.int32 if len(uniq_key) < 2**31 else np.int64)
         rank_of[order] = np.arange(len(uniq_key))
-        self.inst = rank_of[code].astype(np.int32 if len(uniq_key) < 2**31 else np.int64)
+        self.inst = rank_of[code]  # gathered in its final width (no int64 copy of every record)
         del code, rank_of, inst_key
         m = len(uniq_key)
         self.n_inst = m
@@ -97,39 +106,50 @@ class _OpInstances:
         self._instance_figures()
 
     def symmetric_from(self, first_step: int | None) -> "_OpInstances":
-        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): the
-        records with a symmetric op and a duration, their instances renumbered in the same (gkey, seq) order and
-        their figures recomputed; what ``_OpInstances(co, first_step, "symmetric")`` gives, without factorizing the
-        columns and numbering the instances again."""
+        """The symmetric instances from ``first_step`` on, derived from these ("not_p2p" ones from every step): what
+        ``_OpInstances(co, first_step, "symmetric")`` gives to its callers (``complete`` and the per-record arrays
+        at its positions), without factorizing the columns again and without a copy of any per-record array. The
+        records stay these; those of other ops, without a duration or before ``first_step`` are masked out
+        (``keep``), and the figures of an instance that loses a record are recomputed from the ones it keeps (an
+        instance that keeps them all has these figures). Instances keep their numbers ((gkey, seq) order)."""
         keep = self.symmetric & ~np.isnan(self.dur)
+        if self.keep is not None:
+            keep &= self.keep
         if first_step is not None:
             keep &= self.step >= first_step
-        sub = np.flatnonzero(keep)
-        del keep
         new = object.__new__(_OpInstances)
-        new.kind, new.gkeys, new.symmetric = "symmetric", self.gkeys, None
-        for name in ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "t_arrive", "weight"):
-            setattr(new, name, getattr(self, name)[sub])
-        present = np.bincount(self.inst[sub], minlength=self.n_inst) > 0
-        new.inst = (np.cumsum(present) - 1)[self.inst[sub]].astype(self.inst.dtype)
-        new.n_inst = int(present.sum())
-        new.inst_size = self.inst_size[present]
-        new._instance_figures()
+        new.__dict__.update(self.__dict__)
+        new.kind, new.symmetric, new.keep = "symmetric", None, keep
+        count = np.bincount(self.inst[keep], minlength=self.n_inst)
+        partial = count != self.inst_count
+        new.inst_count = count
+        new.inst_spread_ms, new.inst_dur_max = self.inst_spread_ms.copy(), self.inst_dur_max.copy()
+        if partial.any():
+            recs = np.flatnonzero(keep & partial[self.inst])
+            new._instance_figures(recs, np.flatnonzero(partial))
         return new
 
-    def _instance_figures(self) -> None:
-        """Per instance: record count, spread of completion times, longest duration."""
+    def _instance_figures(self, recs: np.ndarray | None = None, insts: np.ndarray | None = None) -> None:
+        """Per instance: record count, spread of completion times, longest duration. ``recs``, ``insts``: those of
+        the instances ``insts`` only, from the records at ``recs`` (``symmetric_from``)."""
         m = self.n_inst
-        self.inst_count = np.bincount(self.inst, minlength=m)
+        inst = self.inst if recs is None else self.inst[recs]
+        t_done = self.t_done if recs is None else self.t_done[recs]
+        dur = self.dur if recs is None else self.dur[recs]
+        if recs is None:
+            self.inst_count = np.bincount(inst, minlength=m)
         tmax = np.full(m, -np.inf)
         tmin = np.full(m, np.inf)
-        np.maximum.at(tmax, self.inst, self.t_done)
-        np.minimum.at(tmin, self.inst, self.t_done)
-        self.inst_spread_ms = (tmax - tmin) * 1000.0
+        np.maximum.at(tmax, inst, t_done)
+        np.minimum.at(tmin, inst, t_done)
         dmax = np.full(m, -np.inf)
         with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
-            np.maximum.at(dmax, self.inst, self.dur)
-        self.inst_dur_max = dmax
+            np.maximum.at(dmax, inst, dur)
+        if recs is None:
+            self.inst_spread_ms, self.inst_dur_max = (tmax - tmin) * 1000.0, dmax
+        else:
+            self.inst_spread_ms[insts] = (tmax[insts] - tmin[insts]) * 1000.0
+            self.inst_dur_max[insts] = dmax[insts]
 
     @property
     def size(self) -> np.ndarray:
@@ -140,9 +160,13 @@ class _OpInstances:
         """Positions (into the instance arrays) of the records of instances every member recorded, done within
         ``tol_ms`` of each other (with ``longest``: within the longer of ``tol_ms`` and the instance's longest
         duration)."""
+        return np.flatnonzero(self.complete_mask(tol_ms, longest))
+
+    def complete_mask(self, tol_ms: float, longest: bool = False) -> np.ndarray:
+        """``complete`` as a mask over the records."""
         tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
         ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
-        return np.flatnonzero(ok[self.inst])
+        return ok[self.inst] & self.keep if self.keep is not None else ok[self.inst]
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -177,6 +201,10 @@ def op_instances(co: pd.DataFrame, first_step: int | None, kind: str = "symmetri
         if ref() is co and first is None and k == "not_p2p" and kind == "symmetric":
             derived = ops.symmetric_from(first_step)  # the symmetric ones are a subset of every non-p2p one
     _LAST_OPS.clear()  # the old one's arrays go before the new one's are built
+    if derived is None and kind == "symmetric" and first_step is not None:
+        # the non-p2p ones of every step, masked: where every record is kept (one kind of op, all of it timed) they
+        # are the columns' own arrays, where a first step cuts records off the symmetric ones are copies of them
+        derived = _OpInstances(co, None, "not_p2p").symmetric_from(first_step)
     ops = derived if derived is not None else _OpInstances(co, first_step, kind)
     _LAST_OPS[:] = [(weakref.ref(co), first_step, kind, ops)]
     return ops
@@ -233,34 +261,101 @@ def completion_leads(co: pd.DataFrame, first_step: int | None = None, match_tol_
     nodes the completion times are compared on the nodes' clocks, as every arrival time is.
 
     Rows by communicator (gkey order), records in their order within one; ``gcode``: the communicator's place in
-    that order, ``row``: the record's position in ``co`` (integer keys for joins)."""
-    if co.empty:
+    that order, ``row``: the record's position in ``co`` (integer keys for joins). ``CompletionLeads``: the same
+    figures for the records a caller reads."""
+    leads = CompletionLeads(co, first_step, match_tol_ms)
+    if leads.empty:
         return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    ops = op_instances(co, first_step)
-    ok = ops.complete(match_tol_ms, longest=True)
-    if not len(ok):
-        return pd.DataFrame(columns=LEAD_COLUMNS + ["gcode"])
-    lead = _leads_ms(ops, ok)
-    order = stable_order(ops.gcode[ok])  # by communicator, records in their order (radix passes, no timsort)
-    ok, lead = ok[order], lead[order]
-    gcode = ops.gcode[ok]
-    # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
-    # seconds to build and to mask, and a pointer per row)
-    # copy=False: the new arrays become the columns as they are (not consolidated into 2-D blocks: a copy of each)
-    return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(ops.gkeys, dtype=object)),
-                         "seq": ops.seq[ok], "rank": ops.rank[ok], "step": ops.step[ok],
-                         "lead_ms": lead, "duration_ms": ops.dur[ok], "gcode": gcode,
-                         "ops": ops.weight[ok], "row": ops.rows[ok]}, copy=False)
+    pos = leads.positions()
+    return leads.frame(pos[stable_order(leads.gcode[pos])])  # by communicator, records in their order (radix passes)
 
 
-def _leads_ms(ops: _OpInstances, ok: np.ndarray) -> np.ndarray:
-    """For each record at ``ok`` (of instances every member recorded): the median completion time of the other
-    members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense instance x member
-    matrix per member count (a complete instance has exactly its member count of records): one short sort per
-    instance instead of a lexsort of every record."""
-    inst, done = ops.inst[ok], ops.t_done[ok]
-    size = ops.inst_size[inst]
-    out = np.empty(len(ok))
+class CompletionLeads:
+    """``completion_leads``' figures, worked out for the records a caller reads when it reads them. A record's lead
+    needs the completion times of every member of its op (a sort of each op's members), and the comm check reads
+    the leads of a few ranks, of the last arrivers, and of the (rank, communicator) pairs with enough ops in a
+    window: at 20 M records the whole frame cost seconds and a GiB, mostly never read.
+
+    A position (``sel``) indexes the records of the op instances (in the order of ``co``); ``complete`` marks those
+    of ops every member recorded and completed together, the only ones with a lead. The per-record arrays (``rank``,
+    ``gcode``, ``step``, ``weight``) are the instances' own, over every record (a gather of the complete ones would
+    be 80 MB each at 20 M records)."""
+
+    _COLUMNS = ("rows", "gcode", "seq", "rank", "step", "t_done", "dur", "weight", "inst")
+
+    def __init__(self, co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0):
+        ops = op_instances(co, first_step) if not co.empty else None
+        self.complete = ops.complete_mask(match_tol_ms, longest=True) if ops is not None else np.zeros(0, bool)
+        self.n_complete = int(self.complete.sum())
+        self.gkeys = ops.gkeys if ops is not None else np.asarray([], dtype=object)
+        # the instances' arrays these read (not the arrival times): they outlive ``release_op_instances``
+        self._arrays = {k: getattr(ops, k) for k in self._COLUMNS} if ops is not None else {}
+        self._inst_size = ops.inst_size if ops is not None else np.zeros(0, np.int64)
+        self._n_inst = ops.n_inst if ops is not None else 0
+        self._ranks = None
+
+    @property
+    def empty(self) -> bool:
+        return self.n_complete == 0
+
+    rank = property(lambda self: self._arrays["rank"])
+    gcode = property(lambda self: self._arrays["gcode"])
+    step = property(lambda self: self._arrays["step"])
+    weight = property(lambda self: self._arrays["weight"])
+
+    def positions(self) -> np.ndarray:
+        """The positions of every complete record."""
+        return np.flatnonzero(self.complete)
+
+    def lead_ms(self, sel: np.ndarray) -> np.ndarray:
+        """The leads of the (complete) records at ``sel``, from the completion times of their ops' members."""
+        sel = np.asarray(sel, dtype=np.int64)
+        inst = self._arrays["inst"]
+        want = np.zeros(self._n_inst, dtype=bool)
+        want[inst[sel]] = True
+        sub = np.flatnonzero(want[inst] & self.complete)  # every member record of those ops
+        lead = _leads_ms(inst[sub], self._arrays["t_done"][sub], self._inst_size)
+        return lead[np.searchsorted(sub, sel)]
+
+    def frame(self, sel: np.ndarray) -> pd.DataFrame:
+        """``completion_leads``' columns for the complete records at ``sel``, in that order."""
+        a = self._arrays
+        gcode = a["gcode"][sel]
+        # gkey as a categorical over the communicators (an Arrow string or object column of millions of rows costs
+        # seconds to build and to mask, and a pointer per row); copy=False: the arrays become the columns as they are
+        return pd.DataFrame({"gkey": pd.Categorical.from_codes(gcode, categories=pd.Index(self.gkeys, dtype=object)),
+                             "seq": a["seq"][sel], "rank": a["rank"][sel], "step": a["step"][sel],
+                             "lead_ms": self.lead_ms(sel), "duration_ms": a["dur"][sel].astype(np.float64),
+                             "gcode": gcode, "ops": a["weight"][sel], "row": a["rows"][sel]}, copy=False)
+
+    def of_rank(self, r: int) -> pd.DataFrame:
+        """The frame of rank ``r``'s complete records, in their order."""
+        if self._ranks is None:
+            pos = self.positions()
+            self._ranks = (pos, RankPositions(self.rank[pos]))
+        pos, by_rank = self._ranks
+        return self.frame(pos[by_rank.of(r)])
+
+    def at_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The lead of the record at each position ``rows`` of ``co``; NaN for one that is not a complete record."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.full(len(rows), np.nan)
+        if self.empty or not len(rows):
+            return out
+        all_rows = self._arrays["rows"]  # sorted: the kept records' positions in co
+        p = np.minimum(np.searchsorted(all_rows, rows), len(all_rows) - 1)
+        found = (all_rows[p] == rows) & self.complete[p]
+        out[found] = self.lead_ms(p[found])
+        return out
+
+
+def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.ndarray:
+    """For each record (of instances every member recorded, all of whose records are given): the median completion
+    time of the other members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense
+    instance x member matrix per member count (a complete instance has exactly its member count of records): one
+    short sort per instance instead of a lexsort of every record."""
+    size = inst_size[inst]
+    out = np.empty(len(inst))
     for s in np.unique(size):
         sel = np.flatnonzero(size == s)
         # each instance's records together (their order within it does not matter: each row is sorted next)
@@ -284,31 +379,41 @@ def _row_loo_median(mat: np.ndarray) -> np.ndarray:
     return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
 
 
-class RankRows:
-    """A frame's rows by rank: by a mask for the first few ranks asked, then grouped once (one stable radix sort),
-    not a mask of every column per lookup (the leads hold a row per member of every op: 20 M at 1,024 ranks x
-    10,000 steps). A rank's rows stay in their order."""
+class RankPositions:
+    """Positions of the records of each rank: by a mask for the first few ranks asked, then grouped once (one
+    stable radix sort), not a pass over every record per lookup (20 M at 1,024 ranks x 10,000 steps). A rank's
+    positions in their order."""
 
     FEW = 16  # ranks looked up with a mask each (one pass over the rows) before the rows are sorted by rank
 
-    def __init__(self, frame: pd.DataFrame):
-        self.frame = frame
-        self.rank = frame["rank"].to_numpy()
+    def __init__(self, rank: np.ndarray):
+        self.rank = rank
         self.seen: dict[int, np.ndarray] = {}
         self.order = self.sorted_rank = None
 
-    def of(self, r: int) -> pd.DataFrame:
+    def of(self, r: int) -> np.ndarray:
         if r in self.seen:
-            return self.frame.iloc[self.seen[r]]
+            return self.seen[r]
         if len(self.seen) < self.FEW:
             self.seen[r] = np.flatnonzero(self.rank == r)
-            return self.frame.iloc[self.seen[r]]
+            return self.seen[r]
         if self.order is None:
             rank = self.rank
             self.order = stable_order(rank.astype(np.int64) - int(rank.min())) if len(rank) else np.zeros(0, np.int64)
             self.sorted_rank = rank[self.order]
         lo, hi = np.searchsorted(self.sorted_rank, [r, r + 1])
-        return self.frame.iloc[self.order[lo:hi]]
+        return self.order[lo:hi]
+
+
+class RankRows:
+    """A frame's rows by rank (``RankPositions`` of its rank column)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        self.positions = RankPositions(frame["rank"].to_numpy())
+
+    def of(self, r: int) -> pd.DataFrame:
+        return self.frame.iloc[self.positions.of(r)]
 
 
 def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataFrame:
@@ -321,24 +426,81 @@ def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataF
     # p2p sends complete locally (their t_done says nothing about the peer): collectives only; grouped by op
     # instance in numpy (op_instances), summed into a rank x step grid (a groupby-transform per column and a
     # pivot_table over every record cost seconds and several copies of the records at 1,024 ranks x 10,000 steps)
-    ops = op_instances(co, None, kind="not_p2p")
+    return _wait_grid(op_instances(co, None, kind="not_p2p"), match_tol_ms)
+
+
+def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -> pd.DataFrame:
+    """``collective_wait_ms``'s rows of ``ranks`` only, from the records of the ops those ranks took part in (each
+    op whole: its other members' records too). The comm check asks it about a few ranks; every record's op instance
+    at 1,024 ranks x 10,000 steps cost seconds and a GiB. The same sums (the same records, added in the same order);
+    the columns: the steps those ops have."""
+    if co.empty or not len(ranks):
+        return pd.DataFrame()
+    wanted = np.asarray(sorted({int(r) for r in ranks}), dtype=np.int64)
+    mine = np.flatnonzero(np.isin(co["rank"].to_numpy(), wanted))
+    if not len(mine):
+        return pd.DataFrame()
+    gkey = co["gkey"]
+    gcode = gkey.cat.codes.to_numpy() if isinstance(gkey.dtype, pd.CategoricalDtype) else pd.factorize(gkey)[0]
+    seq = co["seq"].to_numpy()
+    # the records of their communicators, then of those the ones with a (communicator, seq) of theirs
+    of_comm = np.zeros(int(gcode.max()) + 2, dtype=bool)  # the last slot: no communicator (code -1)
+    of_comm[gcode[mine]] = True
+    of_comm[-1] = False
+    cand = np.flatnonzero(of_comm[gcode])
+    s_lo = int(seq[cand].min())
+    span = int(seq[cand].max()) - s_lo + 1
+    key = gcode[cand].astype(np.int64) * span + (seq[cand].astype(np.int64) - s_lo)
+    their = gcode[mine].astype(np.int64) * span + (seq[mine].astype(np.int64) - s_lo)
+    rows = cand[np.isin(key, their)]
+    grid = _wait_grid(_OpInstances(co.iloc[rows], None, "not_p2p"), match_tol_ms)
+    return grid.loc[grid.index.intersection(wanted)] if not grid.empty else grid
+
+
+def _wait_grid(ops: "_OpInstances", match_tol_ms: float) -> pd.DataFrame:
+    """``collective_wait_ms`` of the records of ``ops``."""
     ok = ops.complete(match_tol_ms)
     if not len(ok):
         return pd.DataFrame()
-    inst = ops.inst[ok]
-    t = ops.t_arrive[ok]
+    # every record complete (the common case): the arrays as they are, no gathers
+    take = (lambda a: a) if len(ok) == len(ops.rows) else (lambda a: a[ok])  # noqa: E731
+    inst = take(ops.inst)
+    t = take(ops.t_arrive)
     latest = np.full(ops.n_inst, np.nan)
     np.fmax.at(latest, inst, t)  # NaN arrivals left out (groupby max); NaN where an instance has none
-    # a folded record's times are its ops' means: its wait counts once per op it stands for
-    late = (latest[inst] - t) * 1000.0 * ops.weight[ok]
-    ranks, rank_code = distinct_codes(ops.rank[ok])
-    steps, step_code = distinct_codes(ops.step[ok])
-    ranks, steps = ranks.astype(np.int64), steps.astype(np.int64)  # the index as pivot_table's (records are int32)
-    cell = rank_code.astype(np.int64) * len(steps) + step_code
-    # sums as pivot_table's: NaN values left out (0 where a cell has only those), NaN where a cell has no record
-    sums = np.bincount(cell, weights=np.nan_to_num(late, nan=0.0), minlength=len(ranks) * len(steps))
-    sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
-    return pd.DataFrame(sums.reshape(len(ranks), len(steps)), index=pd.Index(ranks, name="rank"),
-                        columns=pd.Index(steps, name="step"))
-
-
+    # a folded record's times are its ops' means: its wait counts once per op it stands for; (latest - t) x 1000 x
+    # ops, in place (each temporary of 20 M records is 160 MB)
+    late = latest[inst]
+    del latest
+    late -= t
+    late *= 1000.0
+    late *= take(ops.weight)
+    np.nan_to_num(late, copy=False, nan=0.0)  # sums as pivot_table's: NaN values left out (0 where a cell has only those)
+    rank, step = take(ops.rank), take(ops.step)
+    r_lo, r_hi, s_lo, s_hi = int(rank.min()), int(rank.max()), int(step.min()), int(step.max())
+    n_r, n_s = r_hi - r_lo + 1, s_hi - s_lo + 1
+    if n_r * n_s <= 4 * len(rank) + 1024:
+        # a grid over the span of ranks and steps, then only the ranks and steps with a record (distinct_codes'
+        # codes without its two passes and int64 copies of every record)
+        cell = rank.astype(np.int64)
+        cell -= r_lo
+        cell *= n_s
+        cell += step
+        cell -= s_lo
+        sums = np.bincount(cell, weights=late, minlength=n_r * n_s).reshape(n_r, n_s)
+        counts = np.bincount(cell, minlength=n_r * n_s).reshape(n_r, n_s)
+        del cell, late
+        has_r, has_s = counts.any(axis=1), counts.any(axis=0)
+        sums, counts = sums[has_r][:, has_s], counts[has_r][:, has_s]
+        ranks = np.flatnonzero(has_r).astype(np.int64) + r_lo
+        steps = np.flatnonzero(has_s).astype(np.int64) + s_lo
+        sums[counts == 0] = np.nan  # NaN where a cell has no record
+    else:
+        ranks, rank_code = distinct_codes(rank)
+        steps, step_code = distinct_codes(step)
+        ranks, steps = ranks.astype(np.int64), steps.astype(np.int64)  # the index as pivot_table's (records: int32)
+        cell = rank_code.astype(np.int64) * len(steps) + step_code
+        sums = np.bincount(cell, weights=late, minlength=len(ranks) * len(steps))
+        sums[np.bincount(cell, minlength=len(ranks) * len(steps)) == 0] = np.nan
+        sums = sums.reshape(len(ranks), len(steps))
+    return pd.DataFrame(sums, index=pd.Index(ranks, name="rank"), columns=pd.Index(steps, name="step"))
