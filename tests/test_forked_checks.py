@@ -31,12 +31,13 @@ def test_forked_round_equals_serial(monkeypatch):
     data.now = 1_700_000_500.0  # findings' t: the same in both rounds
     serial = _run(data, 1)
     assert any(f[1] == "straggler" and f[3] == [5] for f in serial[0])
-    started = []
-    real_start = forked._start
-    monkeypatch.setattr(forked, "_start", lambda name, fn: started.append(name) or real_start(name, fn))
+    given = []
+    real_give = forked._Worker.give
+    monkeypatch.setattr(forked._Worker, "give", lambda w, name: given.append((w.pid, name)) or real_give(w, name))
     assert _run(data, 3) == serial
-    assert sorted(started) == sorted(CHECKS)  # every check in a child of its own
-    assert started[0] == "comm"  # the longest first
+    assert sorted(n for _, n in given) == sorted(CHECKS)  # every check, each once
+    assert given[0][1] == "comm"  # the longest first
+    assert len({pid for pid, _ in given}) == 3 and all(pid != os.getpid() for pid, _ in given)  # in 3 children
 
 
 def test_forked_check_error_and_dead_child(monkeypatch):
