@@ -16,6 +16,7 @@ against injected faults), ``analyzers.report`` and ``analyzers.diagnose`` (the p
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any
@@ -32,30 +33,47 @@ ANALYZERS = tuple(CHECKS)
 
 
 def run_all(data: Any, configs: dict[str, Any] | None = None, only: list[str] | None = None,
-            errors: list[str] | None = None, coverage: list[Coverage] | None = None) -> list:
+            errors: list[str] | None = None, coverage: list[Coverage] | None = None, jobs: int = 1) -> list:
     """Run every check on ``data`` (a RunData); findings sorted by severity, causes before symptoms, onset.
 
     ``configs`` maps a check's name (``ANALYZERS``) to its config object. A check that raises is skipped;
     its error goes to ``errors`` (when given) so one broken check never hides the others. ``coverage`` (when
     given) gets each check's :class:`~analyzers.builder.Coverage`: whether it could judge the run, and if not why
     (a check without the fields it needs finds nothing, which is not the same as finding the run healthy).
+    ``jobs`` > 1: the checks run in that many processes forked from this one at a time (``analyzers.forked``;
+    the same findings, in the same order).
     """
     configs = configs or {}
     findings = []
     now = data.now if getattr(data, "now", None) is not None else time.time()
     frame = build_frame(data)
-    for name in only or ANALYZERS:
-        check = CHECKS[name]
+    names = list(only or ANALYZERS)
+
+    def run_one(name: str) -> tuple[list, tuple[str, Coverage] | None, Coverage | None]:
+        """(findings, None, coverage) of one check; ([], (error, coverage), None) when it raised."""
         try:
-            got = check.analyze(frame, configs.get(name))
+            got = CHECKS[name].analyze(frame, configs.get(name))
         except Exception as e:  # noqa: BLE001 - keep the other checks' findings
+            return [], (f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}",
+                        Coverage(name, "error", f"the check failed: {type(e).__name__}: {e}")), None
+        return got, None, _coverage_of(frame, name, configs.get(name))
+
+    if jobs > 1 and len(names) > 1 and hasattr(os, "fork"):
+        from analyzers.forked import run_forked
+
+        done = run_forked(names, run_one, jobs)
+        results = [done[name] for name in names]
+    else:
+        results = (run_one(name) for name in names)
+    for got, error, cov in results:
+        if error is not None:
             if errors is not None:
-                errors.append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+                errors.append(error[0])
             if coverage is not None:
-                coverage.append(Coverage(name, "error", f"the check failed: {type(e).__name__}: {e}"))
+                coverage.append(error[1])
             continue
         if coverage is not None:
-            coverage.append(_coverage_of(frame, name, configs.get(name)))
+            coverage.append(cov)
         for f in got:
             f.run_id = f.run_id or data.run_id
             f.t = f.t or now

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from analyzers import merge_corroborating, run_all, sort_findings
+from analyzers import ANALYZERS, merge_corroborating, run_all, sort_findings
+from analyzers.forked import default_jobs
 from analyzers.loader import LoadError, load_run
 from analyzers.report.model import EXIT_LOAD_ERROR, build_report
 from analyzers.report.render_html import render_html
@@ -34,10 +35,12 @@ StoredLogs = Callable[[Path], tuple[list[Finding], list[str]]]  # run directory 
 
 def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool = False, html_file: str | None = None,
              since: int | None = None, until: int | None = None, progress: bool | None = None,
-             out: Any = None, stored_logs: StoredLogs | None = None) -> int:
+             out: Any = None, stored_logs: StoredLogs | None = None, jobs: int | None = None) -> int:
     """Run the report; returns the exit code. ``out``: a rich Console (default: stdout). ``stored_logs``: reads the
     logs stored in the run's directory into findings and notes (the command passes ``logs.stored.run_log_findings``;
-    the log readers stand on the analyzers, so they are handed in rather than imported)."""
+    the log readers stand on the analyzers, so they are handed in rather than imported). ``jobs``: processes the
+    checks run in (``analyzers.forked``); None: one per idle CPU on a big run, else 1
+    (``analyzers.forked.default_jobs``)."""
     from rich.console import Console
 
     console = out or Console()
@@ -55,7 +58,9 @@ def diagnose(run_id: str, store: str | os.PathLike | None = None, as_json: bool 
         return EXIT_LOAD_ERROR
     errors: list[str] = []
     coverage: list = []
-    findings = run_all(data, errors=errors, coverage=coverage)
+    if jobs is None:
+        jobs = default_jobs(data, len(ANALYZERS))
+    findings = run_all(data, errors=errors, coverage=coverage, jobs=jobs)
     if stored_logs is not None:
         log_findings, notes = stored_logs(Path(store) / run_id)
         findings = findings + log_findings

@@ -254,10 +254,21 @@ class RunData:
         memo = self.__dict__.get("_real_gpu_names")
         if memo is not None and memo[0] is g and memo[1] == len(g):
             return list(memo[2])
-        real = g[~g["simulated"].fillna(False).astype(bool)]
-        names = real["name"].dropna().astype(str)
-        names = names[names != ""]
-        out = [str(n) for n in names.value_counts().index]
+        real = ~g["simulated"].fillna(False).astype(bool).to_numpy()
+        name = g["name"]
+        if isinstance(name.dtype, pd.CategoricalDtype):  # the store's reader: counted by code, no string per row
+            codes = name.cat.codes.to_numpy()[real]
+            codes = codes[codes >= 0]
+            counts = np.bincount(codes, minlength=len(name.cat.categories))
+            cats = [str(c) for c in name.cat.categories]
+            # value_counts' order: most first, equal counts in the order they first appear
+            uniq, first_at = np.unique(codes, return_index=True)
+            seen = [int(c) for c in uniq[np.argsort(first_at, kind="stable")]]
+            out = [cats[c] for c in sorted(seen, key=lambda c: -counts[c]) if cats[c] != ""]
+        else:
+            names = g.loc[real, "name"].dropna().astype(str)
+            names = names[names != ""]
+            out = [str(n) for n in names.value_counts().index]
         self.__dict__["_real_gpu_names"] = (g, len(g), out)
         return list(out)
 

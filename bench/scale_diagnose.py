@@ -188,11 +188,20 @@ def run_measured(cmd: list[str], cwd: Path, max_rss_gib: float, timeout_s: float
                          stderr=subprocess.PIPE)
     killed: list[str] = []
 
+    tree_peak = {"rss": 0, "pss": 0}
+
     def watch() -> None:
         try:
             proc = psutil.Process(p.pid)
+            n = 0
             while p.poll() is None:
-                if proc.memory_info().rss > max_rss_gib * 2**30:
+                rss = proc.memory_info().rss
+                if n % 3 == 0:  # the process and its forked checks: the sum of their RSS and of their PSS
+                    tree_rss, tree_pss = _tree_memory(proc)
+                    tree_peak["rss"] = max(tree_peak["rss"], tree_rss)
+                    tree_peak["pss"] = max(tree_peak["pss"], tree_pss)
+                n += 1
+                if rss > max_rss_gib * 2**30 or tree_peak["pss"] > max_rss_gib * 2**30:
                     killed.append(f"over {max_rss_gib:g} GiB")
                     p.kill()
                     return
@@ -215,11 +224,31 @@ def run_measured(cmd: list[str], cwd: Path, max_rss_gib: float, timeout_s: float
     reader.join()
     p.returncode = os.waitstatus_to_exitcode(status)
     return dict(wall_s=wall, maxrss_gib=ru.ru_maxrss / 2**20, rc=p.returncode, killed=killed[0] if killed else "",
+                cpu_s=ru.ru_utime + ru.ru_stime, tree_rss_gib=tree_peak["rss"] / 2**30,
+                tree_pss_gib=tree_peak["pss"] / 2**30,
                 stdout=b"".join(out_chunks).decode(errors="replace"), stderr=err.decode(errors="replace")[-2000:])
 
 
-def cli_cmd(store: Path) -> list[str]:
-    return [sys.executable, "-m", "cli.diagnose", RUN, "--store", str(store), "--json"]
+def _tree_memory(proc) -> tuple[int, int]:
+    """(sum of RSS, sum of PSS) of ``proc`` and its children (``diagnose --jobs``' forked checks share the loaded
+    frames: the RSS sum counts them once per process, the PSS sum once in all), sampled every third tick (reading
+    a big process's smaps_rollup is not free)."""
+    import psutil
+
+    rss = pss = 0
+    for q in [proc] + proc.children(recursive=True):
+        try:
+            m = q.memory_full_info()
+        except psutil.Error:
+            continue
+        rss += m.rss
+        pss += getattr(m, "pss", m.rss)
+    return rss, pss
+
+
+def cli_cmd(store: Path, jobs: int | None = None) -> list[str]:
+    return [sys.executable, "-m", "cli.diagnose", RUN, "--store", str(store), "--json"] + (
+        ["--jobs", str(jobs)] if jobs else [])
 
 
 def fmt_s(xs: list[float]) -> str:
@@ -238,11 +267,18 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--profile", action="store_true", help="cProfile the checks (the analysis time then includes "
                                                            "the profiler's overhead)")
+    ap.add_argument("--jobs", default="", help="comma-separated --jobs values to run this tree's CLI with (each a "
+                                               "variant now-jN, interleaved); '' for the CLI's default")
     ap.add_argument("--no-split", action="store_true", help="skip the time split")
     ap.add_argument("--load-only", action="store_true", help="time only the load (store -> RunData): wall, CPU, peak "
                                                              "RSS and frame sizes, baseline at every size")
     a = ap.parse_args()
-    trees = {"now": ROOT}
+    jobs_of: dict[str, int | None] = {}
+    trees = {}
+    for j in [int(x) for x in a.jobs.split(",") if x] or [None]:
+        label = f"now-j{j}" if j else "now"
+        trees[label] = ROOT
+        jobs_of[label] = j
     if a.baseline:
         trees["baseline"] = baseline_tree(a.baseline)
     br, bs = parse_size(a.baseline_max)
@@ -260,7 +296,7 @@ def main() -> None:
                       + ", ".join(f"{n} {v:.2f}" for n, v in frames.items()) + f" GiB (total "
                       f"{sum(frames.values()):.2f}); rows {nrows}", flush=True)
             continue
-        use = [t for t in trees if t == "now" or ranks * steps <= br * bs]
+        use = [t for t in trees if t.startswith("now") or ranks * steps <= br * bs]
         print(f"\n== {ranks} ranks x {steps} steps (TP {job.tp} x PP {job.pp} x DP {job.dp}; straggler rank "
               f"{job.straggler} x{job.factor} from step {job.start}); store {store} "
               f"({sum(f.stat().st_size for f in store.rglob('*') if f.is_file()) / 2**30:.2f} GiB)", flush=True)
@@ -269,15 +305,17 @@ def main() -> None:
         runs: dict[str, list[dict]] = {t: [] for t in use}
         for i in range(a.rounds):
             for t in use:
-                r = run_measured(cli_cmd(store), trees[t], a.max_rss_gb, a.timeout)
+                r = run_measured(cli_cmd(store, jobs_of.get(t)), trees[t], a.max_rss_gb, a.timeout)
                 runs[t].append(r)
                 state = f"killed ({r['killed']})" if r["killed"] else f"exit {r['rc']}"
-                print(f"   round {i + 1} {t:8s} {r['wall_s']:7.1f} s  {r['maxrss_gib']:5.2f} GiB  {state}", flush=True)
+                print(f"   round {i + 1} {t:8s} {r['wall_s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  {r['maxrss_gib']:5.2f} GiB "
+                      f"(processes' sum: RSS {r['tree_rss_gib']:5.2f}, PSS {r['tree_pss_gib']:5.2f} GiB)  {state}; "
+                      f"load average {os.getloadavg()[0]:.1f}", flush=True)
                 if r["rc"] not in (0, 10, 20, 30):
                     print("   " + r["stderr"].replace("\n", "\n   "))
         split = {}
         if not a.no_split:
-            for t in use:
+            for t in dict.fromkeys(x for x in use if jobs_of.get(x, 1) in (None, 1)):
                 r = run_measured([sys.executable, "-c", PHASES, str(store), RUN, "1" if a.profile else "0"],
                                  trees[t], a.max_rss_gb, a.timeout, keep_stdout=True)
                 line = next((x for x in r["stdout"].splitlines() if x.startswith("PHASES ")), None)
@@ -289,7 +327,12 @@ def main() -> None:
         for t in use:
             ok = [r for r in runs[t] if not r["killed"] and r["rc"] in (0, 10, 20, 30)]
             walls = [r["wall_s"] for r in ok]
-            rss = max((r["maxrss_gib"] for r in ok), default=float("nan"))
+            rss = max((max(r["maxrss_gib"], r["tree_pss_gib"]) for r in ok), default=float("nan"))
+            if ok:
+                cpus = [r["cpu_s"] for r in ok]
+                print(f"   {t:8s} CPU min {min(cpus):.1f} median {statistics.median(cpus):.1f} s; peak: one process's "
+                      f"RSS {max(r['maxrss_gib'] for r in ok):.2f} GiB, processes' sum RSS "
+                      f"{max(r['tree_rss_gib'] for r in ok):.2f} PSS {max(r['tree_pss_gib'] for r in ok):.2f} GiB")
             rows.append((f"{ranks}x{steps}", t, walls, rss, split.get(t)))
         for t, sp in split.items():
             chk = sorted(sp["checks_s"].items(), key=lambda kv: -kv[1])
@@ -316,7 +359,7 @@ def main() -> None:
     base = {size: r for size, t, *r in rows if t == "baseline"}
     for size, t, walls, rss, sp in rows:
         extra = ""
-        if t == "now" and size in base and walls and base[size][0]:
+        if t.startswith("now") and size in base and walls and base[size][0]:
             extra = (f"   baseline/now: {min(base[size][0]) / min(walls):.1f}x time, "
                      f"{base[size][1] / rss:.1f}x RSS")
         ph = (f"{sp['load_s']:6.1f} {sp['analysis_s']:8.1f} {sp['report_s'] + sp['logs_s']:6.1f}" if sp

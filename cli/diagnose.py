@@ -37,13 +37,18 @@ def _diagnose_cli(
     since: Optional[int] = typer.Option(None, "--since", help="First step to analyse."),
     until: Optional[int] = typer.Option(None, "--until", help="Last step to analyse."),
     no_logs: bool = typer.Option(False, "--no-logs", help="Do not read the logs and traces stored with the run."),
+    jobs: Optional[int] = typer.Option(
+        None, "--jobs", "-j", min=1,
+        help="Processes the checks run in, forked after the run is loaded (they share its frames). Default: one per "
+             "idle CPU (the available ones less the load average) on a big run (over 500,000 step and collective "
+             "records), else 1. Each adds its check's working memory to the run's."),
     progress: Optional[bool] = typer.Option(
         None, "--progress/--no-progress",
         help="A progress bar (on stderr) while the run loads. Default: shown for a run over 8 MB when stderr is a "
              "terminal, never with --json unless asked; --json's stdout holds the JSON object alone either way."),
 ) -> None:
     code = diagnose(run_id, store=store, as_json=as_json, html_file=html_file, since=since, until=until,
-                    progress=progress, stored_logs=None if no_logs else stored_findings)
+                    progress=progress, stored_logs=None if no_logs else stored_findings, jobs=jobs)
     raise typer.Exit(code)
 
 

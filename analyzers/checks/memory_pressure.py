@@ -34,12 +34,16 @@ class MemoryConfig:
 
 
 def _capacity(frame: AnalysisFrame) -> dict[int, float]:
+    """Each rank's memory capacity: its GPU's (CUDA runs), else its node's host memory shared by its ranks. Asked for
+    by ``coverage`` and ``analyze`` alike: worked out once per frame (a pass over every GPU sample)."""
+    memo = frame.__dict__.get("_memory_capacity")
+    if memo is not None and memo[0] is frame.data.gpu and memo[1] is frame.data.host:
+        return dict(memo[2])
     data = frame.data
     cap: dict[int, float] = {}
     device = data.device or "cpu"
     if not data.gpu.empty and str(device).startswith("cuda"):
-        tot = data.gpu.groupby(["node", "gpu"])["mem_total_bytes"].max()
-        for (node, gpu), v in tot.items():
+        for (node, gpu), v in _max_by_pair(data.gpu, "node", "gpu", "mem_total_bytes"):
             if v and v > 0:
                 for r in frame.placement.gpu_ranks(int(node), int(gpu)):
                     cap[r] = float(v)
@@ -49,7 +53,24 @@ def _capacity(frame: AnalysisFrame) -> dict[int, float]:
             if node in tot.index and tot[node] > 0 and ranks:
                 for r in ranks:
                     cap[r] = float(tot[node]) / len(ranks)
-    return cap
+    frame.__dict__["_memory_capacity"] = (data.gpu, data.host, cap)
+    return dict(cap)
+
+
+def _max_by_pair(df: pd.DataFrame, a: str, b: str, col: str) -> list[tuple[tuple, float]]:
+    """``df.groupby([a, b])[col].max().items()``: on integer keys without gaps in their span (a run's node and GPU
+    numbers) grouped by one combined integer instead of two columns (the pair's factorizing was most of the time)."""
+    ka, kb = df[a], df[b]
+    if not (pd.api.types.is_integer_dtype(ka.dtype) and pd.api.types.is_integer_dtype(kb.dtype)):
+        return list(df.groupby([a, b])[col].max().items())
+    va, vb = ka.to_numpy(dtype=np.int64), kb.to_numpy(dtype=np.int64)
+    lo_a, lo_b = int(va.min()), int(vb.min())
+    span_b = int(vb.max()) - lo_b + 1
+    if (int(va.max()) - lo_a + 1) * span_b >= 2**62:
+        return list(df.groupby([a, b])[col].max().items())
+    key = (va - lo_a) * span_b + (vb - lo_b)
+    tot = df[col].groupby(key).max()  # sorted by key: the pairs' order
+    return [((int(k // span_b) + lo_a, int(k % span_b) + lo_b), v) for k, v in tot.items()]
 
 
 def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
