@@ -57,7 +57,7 @@ IDLE_RECHECK_S = 15.0
 # The C allocator's settings while live analysis runs (glibc's mallopt): blocks up to 32 MiB (its largest mmap
 # threshold; a round's columns and rank x step matrices at 16,384 ranks are 4-16 MiB each) come from the heap, and up
 # to 1 GiB freed at its top stays there. glibc's defaults hand a round's freed arrays back to the system and the next
-# round faults every page in again: a second of kernel time a round at 16,384 ranks (bench/head_analysis.py).
+# round faults every page in again, kernel time that grows with the job (bench/head_analysis.py; bench/RESULTS.md H6).
 MALLOC_MMAP_THRESHOLD = 32 << 20
 MALLOC_TRIM_THRESHOLD = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
