@@ -323,8 +323,10 @@ class HeadHandler(NoDelayHandler):
 
 
 class HeadServer(BoundedThreadingHTTPServer):
-    request_queue_size = 128
-    max_handlers = 512  # connections served at once (each agent keeps one alive); the rest get 503
+    # connections served at once: each node agent keeps one alive (2,048 at 16,384 ranks on 8-GPU nodes without a
+    # Collector in between), plus the TUIs, scrapers and CLIs; the rest get 503
+    max_handlers = 4096
+    request_queue_size = 1024  # a whole fleet's agents (re)connecting at once, as after a head restart
 
 
 def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> HeadServer:
@@ -332,6 +334,7 @@ def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> He
     HTTPS, None for plain http."""
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
     srv = HeadServer((bind, port), handler, tls=tls)
+    srv.raise_open_files()
     srv.thread_parts = head.cpu  # request handlers: the "http" part of the head's CPU
     return srv
 

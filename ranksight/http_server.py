@@ -200,6 +200,10 @@ def shutdown_server(server) -> None:
     t.join()
 
 
+# files a server process keeps open besides its connections (store parts, the WAL, logs, libraries)
+OTHER_FILES = 256
+
+
 class BoundedThreadingHTTPServer(ThreadingHTTPServer):
     """A thread per connection, at most ``max_handlers`` at once: a connection beyond that is answered 503 at once
     and closed, instead of costing a thread (thousands of idle half-sent requests once held thousands of them).
@@ -259,6 +263,29 @@ class BoundedThreadingHTTPServer(ThreadingHTTPServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def raise_open_files(self) -> int:
+        """Raise this process's soft limit of open files to hold ``max_handlers`` connections beside its other files
+        (many systems start processes at 1,024, fewer than a 16,384-rank job's 2,048 agents), as far as the hard
+        limit allows. Returns the soft limit now; logs when it stays too low."""
+        want = self.max_handlers + OTHER_FILES
+        try:
+            import resource
+        except ImportError:  # not POSIX
+            return want
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError) as e:
+                log.warning("http: cannot raise the open-files limit from %d to %d: %s", soft, new, e)
+            if soft < want:
+                log.warning("http: the open-files limit (%d; hard %d) holds about %d connections, not %d: raise it "
+                            "(ulimit -n, LimitNOFILE=) for a job with more agents", soft, hard,
+                            max(0, soft - OTHER_FILES), self.max_handlers)
+        return int(soft)
 
     def process_request_thread(self, request, client_address):
         try:

@@ -287,3 +287,53 @@ def test_actions_with_bad_fields_are_refused_not_accepted_and_lost(head):
     listed = http_json(url)[1]
     stored = read_table(head.store.root, "acts", "actions")
     assert len(listed) == 3 and sorted(stored["id"]) == sorted(a["id"] for a in listed)
+
+
+def test_an_agent_connection_each_for_a_16384_rank_job(head):
+    """Each node agent keeps one connection alive: 2,048 at 16,384 ranks on 8-GPU nodes. 600 of them (past the
+    earlier bound of 512, which answered the rest 503 for as long as the others stayed connected) are all served."""
+    import http.client
+
+    conns = [http.client.HTTPConnection("127.0.0.1", int(head.url.rsplit(":", 1)[1]), timeout=60) for _ in range(600)]
+    try:
+        for c in conns:
+            c.request("GET", "/api/runs", headers=AUTH)
+        statuses = []
+        for c in conns:
+            r = c.getresponse()
+            r.read()
+            statuses.append(r.status)
+        assert statuses == [200] * 600
+        conns[0].request("GET", "/api/runs")  # the token is still asked on a kept-alive connection
+        r = conns[0].getresponse()
+        r.read()
+        assert r.status == 401
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_the_head_raises_a_low_open_files_limit_to_hold_its_connections(tmp_path):
+    """Many systems start a process with 1,024 open files, fewer than the head's connections: the head raises its
+    soft limit (within the hard one) when it starts serving."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, sys\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "from head.api import HeadServer, make_server\n"
+        "from head.service import Head\n"
+        f"h = Head({str(tmp_path / 'store')!r}, 'tok', analyzer=None)\n"
+        "srv = make_server(h, '127.0.0.1', 0)\n"
+        "now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "want = HeadServer.max_handlers + 256\n"
+        "print(now, want, hard)\n"
+        "srv.server_close(); h.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
+    now, want, hard = (int(x) for x in out.stdout.split())
+    assert now == (want if hard < 0 or hard >= want else hard)
