@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from head.live import RunLive
+from head.store.arrow import conform
 from head.live_frames import numpy_column
 from ranksight import store_layout
 from ranksight.tables import SPECS, TABLE_TYPES
@@ -75,15 +76,8 @@ def _newest_first(store_root, run_id: str, table: str):
 
 def _read(f, schema: pa.Schema) -> pa.Table:
     """One part file as a table of ``schema`` (columns an older store lacks are null; extra ones dropped)."""
-    t = pq.read_table(f.path, filesystem=f.fs) if f.fs is not None else pq.ParquetFile(f.path).read()
-    cols = []
-    for fld in schema:
-        if fld.name in t.column_names:
-            c = t.column(fld.name)
-            cols.append(c if c.type == fld.type else c.cast(fld.type))
-        else:
-            cols.append(pa.nulls(t.num_rows, fld.type))
-    return pa.Table.from_arrays(cols, schema=schema)
+    return conform(pq.read_table(f.path, filesystem=f.fs) if f.fs is not None else pq.ParquetFile(f.path).read(),
+                   schema)
 
 
 class _Reader:

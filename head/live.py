@@ -207,17 +207,9 @@ class RunLive:
 
     def _gpu_records(self, limit: int) -> deque:
         out: deque = deque(maxlen=limit)
-        chunks, n = [], 0
-        for t in reversed(self._gpu_arrow):  # only the newest ``limit`` rows are converted
-            chunks.append(t)
-            n += t.num_rows
-            if n >= limit:
-                break
-        if not chunks:
+        t = self._newest_gpu(limit)  # only the newest ``limit`` rows are converted
+        if t is None:
             return out
-        t = concat_gpu(chunks[::-1])
-        if t.num_rows > limit:
-            t = t.slice(t.num_rows - limit)
         out.extend(gpu_records(t, self.run_id))
         return out
 
@@ -278,6 +270,9 @@ class RunLive:
         """The newest ``n`` GPU samples of the live window (arrival order) as an Arrow table; None when there are
         none. Nothing is converted to records (the runs list asks it on every call)."""
         self._pull()
+        return self._newest_gpu(n)
+
+    def _newest_gpu(self, n: int) -> pa.Table | None:
         with self.lock:
             chunks, rows = [], 0
             for t in reversed(self._gpu_arrow):

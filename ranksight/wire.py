@@ -645,43 +645,20 @@ def _bundle_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Bat
 
 
 def _sections_to_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Batch]:
-    """``_raw_sections`` and the batches in one pass (this runs per agent and cycle at fleet rate)."""
-    if not isinstance(body, bytes) or not body:
-        raise WireError("bundle: empty body")
+    """The batches of a bundle's sections (``_raw_sections``)."""
     out = []
-    kinds = _section_kinds
-    pos, n = 0, len(body)
-    find = body.find
-    while pos < n:
-        nl = find(b"\n", pos, pos + 8192)
-        if nl < 0:
-            raise WireError(f"bundle: section header at byte {pos} does not end (truncated or not a bundle)")
-        parts = body[pos:nl].rsplit(b"\t", 2)
-        try:
-            if len(parts) != 3:
-                raise ValueError
-            count, size = int(parts[1]), int(parts[2])
-        except ValueError:
-            raise WireError(f"bundle: section header at byte {pos} does not parse") from None
-        start = nl + 1
-        pos = start + size
-        if count < 0 or size < 0 or pos > n:
-            raise WireError(f"bundle: section at byte {start - 1} claims {size} bytes, {n - start} left (truncated)")
-        key = parts[0]
-        kind, layout = kinds.get(key) or _section_kind(key)
+    for key, count, payload in _raw_sections(body):
+        kind, layout = _section_kinds.get(key) or _section_kind(key)
         if kind == KIND_BUNDLE:
             raise WireError("bundle: a bundle inside a bundle")
-        payload = body[start:pos]
         if layout:
             lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
-            if not size or count * lay.dtype.itemsize != size:
+            if not payload or count * lay.dtype.itemsize != len(payload):
                 k = packed_count(lay, payload)  # raises with the reason when it is not whole records
                 raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
             out.append(Batch(run_id, kind, PackedBatch(lay, payload, count), attrs))
         else:
             out.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
-        if len(out) > MAX_BUNDLE_SECTIONS:
-            raise WireError(f"bundle: more than {MAX_BUNDLE_SECTIONS} sections")
     return out
 
 

@@ -48,13 +48,18 @@ def _head(store, window: int = 16, analyzer="auto") -> Head:
     return Head(store, TOKEN, window=window, analyzer=resolve_analyzers() if analyzer == "auto" else analyzer)
 
 
-def test_a_restarted_head_serves_the_stored_run_s_last_steps_per_rank(tmp_path):
+def _restarted(tmp_path, steps: range, **feed) -> Head:
+    """A head that stored ``steps`` of the run and stopped, and a new head on the same store (the caller closes it)."""
     h = _head(tmp_path / "store")
     try:
-        _feed(h, range(1, 41))
+        _feed(h, steps, **feed)
     finally:
         h.close()
-    h = _head(tmp_path / "store")
+    return _head(tmp_path / "store")
+
+
+def test_a_restarted_head_serves_the_stored_run_s_last_steps_per_rank(tmp_path):
+    h = _restarted(tmp_path, range(1, 41))
     try:
         live = h.live.run(RUN)
         steps = live.steps_since(-1, limit=10_000)
@@ -79,12 +84,7 @@ def test_a_restarted_head_serves_the_stored_run_s_last_steps_per_rank(tmp_path):
 
 
 def test_the_restored_history_of_a_dead_run_raises_no_live_hang(tmp_path):
-    h = _head(tmp_path / "store")
-    try:
-        _feed(h, range(1, 31))
-    finally:
-        h.close()
-    h = _head(tmp_path / "store")
+    h = _restarted(tmp_path, range(1, 31))
     try:
         live = h.live.run(RUN)
         h.analysis.clock = lambda: T0 + 15 + 3600.0  # an hour after the last step: silent by any threshold
@@ -98,12 +98,7 @@ def test_the_restored_history_of_a_dead_run_raises_no_live_hang(tmp_path):
 
 
 def test_new_records_make_a_restored_run_live_again(tmp_path):
-    h = _head(tmp_path / "store")
-    try:
-        _feed(h, range(1, 31))
-    finally:
-        h.close()
-    h = _head(tmp_path / "store")
+    h = _restarted(tmp_path, range(1, 31))
     try:
         live = h.live.run(RUN)
         assert not history.analysis_due(live)
@@ -117,12 +112,7 @@ def test_new_records_make_a_restored_run_live_again(tmp_path):
 
 
 def test_a_run_whose_agents_heartbeat_is_judged_after_the_grace(tmp_path):
-    h = _head(tmp_path / "store")
-    try:
-        _feed(h, range(1, 31))
-    finally:
-        h.close()
-    h = _head(tmp_path / "store")
+    h = _restarted(tmp_path, range(1, 31))
     try:
         live = h.live.run(RUN)
         now = time.monotonic()
@@ -135,12 +125,7 @@ def test_a_run_whose_agents_heartbeat_is_judged_after_the_grace(tmp_path):
 
 
 def test_exit_events_are_restored_so_a_finished_run_reads_finished(tmp_path):
-    h = _head(tmp_path / "store")
-    try:
-        _feed(h, range(1, 11), exit_ranks=range(4))
-    finally:
-        h.close()
-    h = _head(tmp_path / "store")
+    h = _restarted(tmp_path, range(1, 11), exit_ranks=range(4))
     try:
         assert h.live.run(RUN).ended() == "finished"
         assert {r["run_id"]: r for r in h.live.summary()}[RUN]["status"] == "finished"

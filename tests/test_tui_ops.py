@@ -48,15 +48,20 @@ async def settle(app, pilot):
     await pilot.pause()
 
 
+async def select_rank(app, pilot, row: int) -> None:
+    """The first refresh read, then the rank table focused on ``row``."""
+    await app.refresh_now()
+    await pilot.pause()
+    t = app.query_one(RankTable)
+    t.focus()
+    t.move_cursor(row=row)
+
+
 async def test_o_shows_the_selected_rank_s_last_steps_and_moves_with_the_keys(small):
     small.ops = answer
     app = make_app(small)
     async with app.run_test(size=(120, 40)) as pilot:
-        await app.refresh_now()
-        await pilot.pause()
-        t = app.query_one(RankTable)
-        t.focus()
-        t.move_cursor(row=3)
+        await select_rank(app, pilot, 3)
         await pilot.press("o")
         await settle(app, pilot)
         s = app.screen
@@ -97,11 +102,7 @@ async def test_o_on_the_rank_drill_down_opens_that_rank_s_ops(small):
     small.ops = answer
     app = make_app(small)
     async with app.run_test(size=(120, 40)) as pilot:
-        await app.refresh_now()
-        await pilot.pause()
-        t = app.query_one(RankTable)
-        t.focus()
-        t.move_cursor(row=1)
+        await select_rank(app, pilot, 1)
         await pilot.press("enter")
         await pilot.pause()
         assert isinstance(app.screen, RankScreen)

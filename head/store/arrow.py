@@ -133,3 +133,17 @@ def rows_to_table(spec: TableSpec, run_id: str, rows: list) -> tuple[pa.Table | 
         log.error("store %s/%s: %d row(s) with values Parquet cannot store dropped (%s)", run_id, spec.name,
                   len(rows) - len(good), e)
         return (spec.to_table(run_id, good) if good else None), len(rows) - len(good)
+
+
+def conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` with ``schema``'s columns in its order: a column an older part lacks becomes nulls."""
+    if t.schema.equals(schema, check_metadata=False):  # the head's own parts: nothing to do
+        return t
+    cols = []
+    for f in schema:
+        if f.name in t.column_names:
+            c = t.column(f.name)
+            cols.append(c if c.type == f.type else c.cast(f.type))
+        else:
+            cols.append(pa.nulls(t.num_rows, f.type))
+    return pa.Table.from_arrays(cols, schema=schema)

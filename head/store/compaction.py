@@ -30,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from head.store.arrow import conform
 from ranksight import store_layout
 from ranksight.store_layout import COMPACTED_PREFIX, COVERS_KEY, StoreFile
 
@@ -52,20 +53,6 @@ class Target:
 
     def partition_path(self, table: str, partition: str) -> str:
         return f"{self.run_path}/{table}/{partition}"
-
-
-def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``t`` with ``schema``'s columns in its order: a column an older part lacks becomes nulls."""
-    if t.schema.equals(schema, check_metadata=False):  # the head's own parts: nothing to do
-        return t
-    cols = []
-    for f in schema:
-        if f.name in t.column_names:
-            c = t.column(f.name)
-            cols.append(c if c.type == f.type else c.cast(f.type))
-        else:
-            cols.append(pa.nulls(t.num_rows, f.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def _read_schema(f: StoreFile) -> pa.Schema:
@@ -132,7 +119,7 @@ def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bo
             if strict and not set(t.column_names) <= set(schema.names):
                 raise _SchemaChanged(f.path)
             try:
-                t = _conform(t, schema)
+                t = conform(t, schema)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
                 if strict:
                     raise _SchemaChanged(f.path) from e
