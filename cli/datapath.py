@@ -86,11 +86,15 @@ class DataPath:
         raise RuntimeError(f"the head did not answer at {self.head_url} within {timeout:.0f} s")
 
     @staticmethod
-    def _term(p: subprocess.Popen, timeout: float) -> int | None:
+    def _term(p: subprocess.Popen, timeout: float, signalled: bool = False) -> int | None:
+        """SIGTERM (unless ``signalled`` already), wait ``timeout`` s, then SIGKILL. A second SIGTERM is never sent:
+        one arriving while the process is past its handler (Python restores the default at exit) kills it with -15
+        after a clean stop."""
         if p.poll() is not None:
             return p.returncode
         try:
-            os.killpg(p.pid, signal.SIGTERM)
+            if not signalled:
+                os.killpg(p.pid, signal.SIGTERM)
             return p.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
@@ -108,7 +112,7 @@ class DataPath:
             except ProcessLookupError:
                 pass
         for p in self.agents:
-            self._term(p, timeout)
+            self._term(p, timeout, signalled=True)
         if self.head is not None:
             self._term(self.head, timeout)
         for f in self._logs:
