@@ -61,10 +61,12 @@ def record_keys(run_id: str, body: bytes, encoding: str | None, content_type: st
             continue
         keys = out.setdefault(table, [])
         if isinstance(batch.items, wire.PackedBatch):
-            arr = np.frombuffer(batch.items.payload, dtype=batch.items.layout.dtype)
-            # string fields are fixed-width bytes in a packed body: as the store keeps them, text
+            layout = batch.items.layout
+            arr = np.frombuffer(batch.items.payload, dtype=layout.dtype)
+            # string fields are fixed-width bytes in a packed body: as the store keeps them, text; a field every
+            # record of the batch holds at its default is left out of the layout: the default, as the store fills it
             cols = [[v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in arr[k].tolist()]
-                    for k in KEYS[table]]
+                    if k in layout.codes else [layout.defaults.get(k)] * len(arr) for k in KEYS[table]]
             keys.extend(zip(*cols))
         else:
             keys.extend(SPECS[table].key_of(r) for r in batch.items if getattr(r, "run_id", run_id) == run_id)

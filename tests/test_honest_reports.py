@@ -251,9 +251,10 @@ def test_runs_summary_finished_from_exit_events_and_world_without_manifest(tmp_p
         src = live_run(world=4, node_of=lambda r: r // 2)
         for t in src._steps:
             live.add_arrow("steps", t)
-        live.add("gpu", [g for g in gpu_samples(build(world=2, steps=3), simulated=False)[:2]])
-        for g in live.gpu:
+        samples = gpu_samples(build(world=2, steps=3), simulated=False)[:2]
+        for g in samples:
             g.name = "NVIDIA H100 80GB HBM3"
+        live.add("gpu", samples)
         (run,) = h.live.summary()
         assert run["status"] == "running"
         assert (run["world_size"], run["nodes"]) == (4, 2)
