@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 # Longest first (the scheduling that finishes soonest when one check dominates): the checks' relative cost on big
 # runs, measured with bench/scale_diagnose.py's time split. Checks not listed go last, in registry order.
-LONGEST_FIRST = ("comm", "gpu_health", "stragglers", "pipeline", "memory_pressure", "data_stall", "mfu", "hang",
+LONGEST_FIRST = ("comm", "stragglers", "pipeline", "memory_pressure", "gpu_health", "data_stall", "mfu", "hang",
                  "fp16", "kernel_time")
 
 # Runs below this many step + collective rows are done in-process: a fork per check costs more than it saves there.
