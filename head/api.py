@@ -44,7 +44,7 @@ from head.actions import ActionRefused
 from head.ops_proxy import forward_ops
 from head.receiver import HttpError
 from head.store.wal import WalFull
-from ranksight import schema, wire
+from ranksight import schema, wire_rejections
 from ranksight.layout import RunDir
 from ranksight.simgpu import THROTTLE_HARMFUL, throttle_names
 
@@ -224,7 +224,7 @@ class HeadHandler(NoDelayHandler):
                 try:
                     if kind == "logs":
                         _, rejected, refused = self.head.ingest.logs(req)
-                        out = rx.logs_response(rejected, wire.rejections_message(refused), as_json=as_json)
+                        out = rx.logs_response(rejected, wire_rejections.rejections_message(refused), as_json=as_json)
                     else:
                         self.head.ingest.metrics(req)
                         out = rx.metrics_response(as_json=as_json)

@@ -13,7 +13,7 @@ import time
 
 from head.actions import ActionsBook
 from head.runs import LiveRuns
-from ranksight import wire
+from ranksight import wire, wire_rejections
 from ranksight.tables import SPECS
 
 log = logging.getLogger("ranksight.head")
@@ -30,9 +30,9 @@ class Ingest:
         self.stats = stats
         self.metrics_latest: dict[tuple, float] = {}  # (node, metric name, attrs) -> value, from OTLP metrics
 
-    def logs(self, request) -> tuple[int, int, list[wire.Rejection]]:
+    def logs(self, request) -> tuple[int, int, list[wire_rejections.Rejection]]:
         """Apply an ExportLogsServiceRequest. Returns (records accepted, log records rejected, the rejections: which
-        log record, which of its rows, why; ``wire.rejections_message`` makes them the partial success's message).
+        log record, which of its rows, why; ``wire_rejections.rejections_message`` makes them the partial success's message).
 
         Record batches are grouped per (run, table) so each table's write-ahead-log write happens once
         per request, not once per log record. Batches are only logged and queued here: the store
@@ -41,13 +41,13 @@ class Ingest:
         """
         stats = self.stats
         stats["log_requests"] += 1
-        refused: dict[int, wire.Rejection] = {}  # log record index -> what of it was refused
+        refused: dict[int, wire_rejections.Rejection] = {}  # log record index -> what of it was refused
         accepted = 0
         groups: dict[tuple[str, str], list[tuple[int, wire.Batch]]] = {}
         packed_type = wire.PackedBatch
         for i, batch, reason in wire.iter_indexed(request):
             if batch is None:
-                refused[i] = wire.Rejection(i=i, why=reason or "refused")
+                refused[i] = wire_rejections.Rejection(i=i, why=reason or "refused")
                 continue
             table = _TABLE_OF_KIND.get(batch.kind)
             if table is not None and type(batch.items) is packed_type:  # the volume path: straight to its group
@@ -63,7 +63,7 @@ class Ingest:
                     accepted += self._apply_control(batch)
                     continue
                 if batch.refused:  # rows that did not decode; the rest of the batch is kept
-                    refused[i] = wire.Rejection(i=i, why=batch.refused[0][1], rows=[j for j, _ in batch.refused])
+                    refused[i] = wire_rejections.Rejection(i=i, why=batch.refused[0][1], rows=[j for j, _ in batch.refused])
                 if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
                     # records of another run in the batch are refused one by one; the rest of the batch is kept
                     # (refusing it whole once lost a node's data inside a 200)
@@ -74,10 +74,10 @@ class Ingest:
                                f"shipped as run {run_id!r}: refused, the batch's other "
                                f"{len(batch.items) - len(foreign)} kept")
                         if len(foreign) == len(batch.items) and not batch.refused:
-                            refused[i] = wire.Rejection(i=i, why=why)
+                            refused[i] = wire_rejections.Rejection(i=i, why=why)
                             continue
                         rows = sorted(set((refused[i].rows if i in refused else []) + _body_rows(batch, foreign)))
-                        refused[i] = wire.Rejection(i=i, why=why, rows=rows)
+                        refused[i] = wire_rejections.Rejection(i=i, why=why, rows=rows)
                         kept = [r for r in batch.items if r.run_id == run_id]
                         if not kept:
                             continue
@@ -85,7 +85,7 @@ class Ingest:
                         batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs, body=None)
                 groups.setdefault((batch.run_id, table), []).append((i, batch))
             except ValueError as e:  # e.g. a run id the store refuses, records of another run
-                refused[i] = wire.Rejection(i=i, why=str(e))
+                refused[i] = wire_rejections.Rejection(i=i, why=str(e))
         by_run: dict[str, list[tuple[str, list[tuple[int, wire.Batch]]]]] = {}
         for (run_id, table), batches in groups.items():
             by_run.setdefault(run_id, []).append((table, batches))
@@ -95,7 +95,7 @@ class Ingest:
             except ValueError as e:
                 for _, batches in tables:
                     for i, _ in batches:
-                        refused[i] = wire.Rejection(i=i, why=str(e))
+                        refused[i] = wire_rejections.Rejection(i=i, why=str(e))
         rejected = len(refused)
         if rejected:
             stats["rejected"] += rejected

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from ranksight import wire
+from ranksight import wire_rejections
 
 # Bounds on what one request may cost the head: compressed bytes on the wire and
 # bytes after gunzip (a small gzip bomb must not take the head's memory).
@@ -292,14 +292,14 @@ def _parse_json(kind: str, payload: bytes):
 
 def logs_response(rejected: int = 0, message: str = "", as_json: bool = False) -> bytes:
     """The OTLP logs response; with ``rejected`` log records, a partial success whose ``error_message`` says which
-    and why (``ranksight.wire.rejections_message``: JSON, bounded in size). ``as_json``: OTLP/JSON, for a JSON
-    request."""
+    and why (``ranksight.wire_rejections.rejections_message``: JSON, bounded in size). ``as_json``: OTLP/JSON, for
+    a JSON request."""
     if not rejected and not as_json:
         return b""  # a full success: the empty message, whose protobuf encoding is no bytes at all
     resp = ExportLogsServiceResponse()
     if rejected:
         resp.partial_success.CopyFrom(ExportLogsPartialSuccess(rejected_log_records=rejected,
-                                                               error_message=message[:wire.MAX_REJECTION_MESSAGE]))
+                                                               error_message=message[:wire_rejections.MAX_REJECTION_MESSAGE]))
     return _serialize(resp, as_json)
 
 

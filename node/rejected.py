@@ -1,7 +1,7 @@
 """The records the head refused, kept aside by the agent: ``<run>/agent/node-<N>.rejected.jsonl``.
 
 The head refuses a record it cannot take (one of another run, one that does not decode, a batch it cannot store)
-and says which in its OTLP partial success (``ranksight.wire.rejections_message``). Such a record would be refused
+and says which in its OTLP partial success (``ranksight.wire_rejections.rejections_message``). Such a record would be refused
 again: the agent never retries it, and it is not lost either. Each one becomes a line here::
 
     {"t": <when>, "kind": "step", "rank": 0, "why": "<the head's reason>", "raw": "<the record's JSON, byte for byte>"}
@@ -23,7 +23,7 @@ from pathlib import Path
 import msgspec
 
 from node.outbox import Item
-from ranksight import wire
+from ranksight import wire_rejections
 
 log = logging.getLogger("ranksight.agent")
 
@@ -58,7 +58,7 @@ class RejectedLog:
         """Every record the head refused."""
         return self.kept + self.not_kept
 
-    def keep(self, item: Item, rejection: wire.Rejection) -> int:
+    def keep(self, item: Item, rejection: wire_rejections.Rejection) -> int:
         """Write the records of ``item`` that ``rejection`` names; returns how many records it names."""
         now = time.time()
         lines: list[RejectedLine] = []

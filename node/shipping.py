@@ -23,7 +23,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from node.otlp_session import exporter_session
 from node.outbox import Item
 from node.prom import STEP_BUCKETS, AgentMetrics
-from ranksight import __version__, wire
+from ranksight import __version__, wire, wire_rejections
 from ranksight.tls import ClientTls
 
 log = logging.getLogger("ranksight.agent")
@@ -34,11 +34,11 @@ OTLP_METRICS_INTERVAL_MS = 5000
 @dataclass
 class Exported:
     """What became of one export: ``ok`` when the head acknowledged it; ``refused``: the log records it refused
-    (which record of the export, which rows, why; ``ranksight.wire.rejections_message``), each never to be sent
+    (which record of the export, which rows, why; ``ranksight.wire_rejections.rejections_message``), each never to be sent
     again; ``unlisted``: refused log records the head did not name (an older head, a long list cut short)."""
 
     ok: bool
-    refused: list[wire.Rejection] = field(default_factory=list)
+    refused: list[wire_rejections.Rejection] = field(default_factory=list)
     unlisted: int = 0
 
 
@@ -178,9 +178,9 @@ class Shipper:
             again = self._export(self.log_records(inner, inner_snaps))
             if not again.ok:  # the rest was acknowledged; the bundle's parts are not: the caller keeps all of them
                 return Exported(ok=False)
-            refused = [wire.Rejection(i=parts[0][r.i], why=r.why, rows=r.rows, rows_more=r.rows_more)
+            refused = [wire_rejections.Rejection(i=parts[0][r.i], why=r.why, rows=r.rows, rows_more=r.rows_more)
                        for r in again.refused if 0 <= r.i < len(parts[0])]
-            refused += [wire.Rejection(i=parts[r.i][0], why=r.why, rows=r.rows, rows_more=r.rows_more)
+            refused += [wire_rejections.Rejection(i=parts[r.i][0], why=r.why, rows=r.rows, rows_more=r.rows_more)
                         for r in res.refused if 0 < r.i < len(parts)]
             return Exported(ok=True, refused=refused, unlisted=again.unlisted + max(0, res.unlisted - 1))
         refused = []
@@ -188,9 +188,9 @@ class Shipper:
             if not 0 <= r.i < len(parts):
                 continue
             if r.i == 0:  # a bundle is taken or refused whole: each of its parts refused, for the same reason
-                refused += [wire.Rejection(i=j, why=r.why) for j in parts[0]]
+                refused += [wire_rejections.Rejection(i=j, why=r.why) for j in parts[0]]
             else:
-                refused.append(wire.Rejection(i=parts[r.i][0], why=r.why, rows=r.rows, rows_more=r.rows_more))
+                refused.append(wire_rejections.Rejection(i=parts[r.i][0], why=r.why, rows=r.rows, rows_more=r.rows_more))
         return Exported(ok=True, refused=refused, unlisted=res.unlisted)
 
     def _export(self, recs: list) -> Exported:
@@ -221,7 +221,7 @@ class Shipper:
         if not n:
             return Exported(ok=True)
         msg = resp.partial_success.error_message
-        listed = wire.parse_rejections(msg)
+        listed = wire_rejections.parse_rejections(msg)
         refused = [r for r in (listed.rejected if listed else []) if 0 <= r.i < n_sent]
         log.warning("agent: the head refused %d log record(s): %s", n,
                     "; ".join(r.why for r in refused[:3]) if refused else msg[:300])

@@ -31,7 +31,7 @@ from fuzz_settings import fuzz_settings
 from head import receiver as rx
 from head.api import make_server
 from head.service import Head
-from ranksight import schema, wire
+from ranksight import schema, wire, wire_rejections
 from ranksight.tables import read_table
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -271,7 +271,7 @@ def test_partial_success_is_answered_as_json(heads):
     assert (st_, ct) == (200, JS)
     ps = json.loads(out)["partialSuccess"]
     assert int(ps["rejectedLogRecords"]) == 1  # int64 as a string, as the JSON mapping writes it
-    rej = wire.parse_rejections(ps["errorMessage"])
+    rej = wire_rejections.parse_rejections(ps["errorMessage"])
     assert rej.rejected[0].i == 0 and rej.rejected[0].rows == [3]
     assert stored(h, "runQ", "steps")["step"].tolist() == [0, 1, 2]
 

@@ -14,7 +14,7 @@ from agent_helpers import TOKEN
 from conftest import free_port
 from node.agent import NodeAgent
 from node.outbox import Item
-from ranksight import schema, wire
+from ranksight import schema, wire, wire_rejections
 from ranksight.layout import RunDir
 from ranksight.tables import read_table
 from test_agent_node import HeadThread
@@ -72,15 +72,15 @@ def test_the_head_names_each_refused_record_and_keeps_the_rest(tmp_path):
 
 
 def test_the_rejection_message_is_bounded_valid_json():
-    entries = [wire.Rejection(i=i, why="x" * 1000, rows=list(range(1000))) for i in range(5000)]
-    msg = wire.rejections_message(entries)
-    assert len(msg.encode()) <= wire.MAX_REJECTION_MESSAGE
-    got = wire.parse_rejections(msg)
+    entries = [wire_rejections.Rejection(i=i, why="x" * 1000, rows=list(range(1000))) for i in range(5000)]
+    msg = wire_rejections.rejections_message(entries)
+    assert len(msg.encode()) <= wire_rejections.MAX_REJECTION_MESSAGE
+    got = wire_rejections.parse_rejections(msg)
     assert got is not None and got.rejected and got.more == 5000 - len(got.rejected)
     first = got.rejected[0]
-    assert len(first.why) == wire.MAX_WHY and len(first.rows) == wire.MAX_ROWS_LISTED
-    assert first.rows_more == 1000 - wire.MAX_ROWS_LISTED
-    assert wire.parse_rejections("bad run id 'x'") is None  # an older head's plain message
+    assert len(first.why) == wire_rejections.MAX_WHY and len(first.rows) == wire_rejections.MAX_ROWS_LISTED
+    assert first.rows_more == 1000 - wire_rejections.MAX_ROWS_LISTED
+    assert wire_rejections.parse_rejections("bad run id 'x'") is None  # an older head's plain message
 
 
 def _rejected_lines(rd: RunDir, node: int = 0) -> list[dict]:
@@ -137,7 +137,7 @@ def test_the_rejected_file_is_bounded_and_counts_what_it_could_not_keep(tmp_path
 
     log = RejectedLog(tmp_path / "node-0.rejected.jsonl", max_bytes=1000)
     body = wire.join_array([schema.encode(_step("other", s)) for s in range(40)])
-    n = log.keep(Item(kind="step", body=body, count=40), wire.Rejection(i=0, why="of run 'other'"))
+    n = log.keep(Item(kind="step", body=body, count=40), wire_rejections.Rejection(i=0, why="of run 'other'"))
     assert n == 40 and log.kept + log.not_kept == 40 and 0 < log.kept < 40
     assert (tmp_path / "node-0.rejected.jsonl").stat().st_size <= 1000
     log.not_itemized(3)  # an older head's plain message: refused, not named
@@ -146,6 +146,6 @@ def test_the_rejected_file_is_bounded_and_counts_what_it_could_not_keep(tmp_path
     packed = wire.pack_records("step", "r", [_step("r", 1)])
     assert packed is not None
     log2 = RejectedLog(tmp_path / "b.jsonl")
-    assert log2.keep(Item(kind="step", body=packed[1], count=1, layout=packed[0]), wire.Rejection(i=0, why="w")) == 1
+    assert log2.keep(Item(kind="step", body=packed[1], count=1, layout=packed[0]), wire_rejections.Rejection(i=0, why="w")) == 1
     (line,) = [msgspec.json.decode(x) for x in (tmp_path / "b.jsonl").read_bytes().splitlines()]
     assert line["layout"] == packed[0] and line["raw_b64"]

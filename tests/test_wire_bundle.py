@@ -17,7 +17,7 @@ from node import shipping
 from node.outbox import Item
 from node.prom import AgentMetrics
 from node.sources import Snapshot
-from ranksight import schema, wire
+from ranksight import schema, wire, wire_rejections
 from ranksight.tables import read_table
 
 RUN = "r1"
@@ -141,7 +141,7 @@ def test_a_bad_bundle_over_http_is_a_partial_success_and_garbage_a_400(tmp_path)
             resp = ExportLogsServiceResponse()
             resp.ParseFromString(r.read())
         assert resp.partial_success.rejected_log_records == 1
-        assert wire.parse_rejections(resp.partial_success.error_message).rejected[0].why.startswith("bundle")
+        assert wire_rejections.parse_rejections(resp.partial_success.error_message).rejected[0].why.startswith("bundle")
         assert http_status(url, gzip.compress(body[: len(body) // 2]), hdr) == 400  # the protobuf itself cut short
         assert http_status(h.url + "/api/health", None, {}, method="GET") == 200  # the head stays up
 
@@ -182,8 +182,8 @@ def test_the_agent_bundles_packed_batches_and_the_heartbeat():
 
 
 def test_a_refused_bundle_names_each_of_its_parts():
-    sh = FakeShipper(lambda recs: shipping.Exported(ok=True, refused=[wire.Rejection(i=0, why="bundle: truncated"),
-                                                                       wire.Rejection(i=1, why="bad event")]))
+    sh = FakeShipper(lambda recs: shipping.Exported(ok=True, refused=[wire_rejections.Rejection(i=0, why="bundle: truncated"),
+                                                                       wire_rejections.Rejection(i=1, why="bad event")]))
     hb = Snapshot(kind="heartbeat", body=msgspec.json.encode(heartbeat(0)))
     res = sh.export(items(), [hb])
     assert sorted((r.i, r.why) for r in res.refused) == [(0, "bundle: truncated"), (1, "bundle: truncated"),
@@ -194,7 +194,7 @@ def test_a_refused_bundle_names_each_of_its_parts():
 
 def test_the_agent_falls_back_to_one_record_per_batch_for_an_older_head():
     def older_head(recs):  # what a head before bundle-v1 answers (ranksight.wire.iter_indexed of then)
-        refused = [wire.Rejection(i=i, why=f"{k}: encoding 'bundle-v1' with a bytes_value body (expected packed-v1 "
+        refused = [wire_rejections.Rejection(i=i, why=f"{k}: encoding 'bundle-v1' with a bytes_value body (expected packed-v1 "
                                                "bytes)") for i, k in enumerate(kinds(recs)) if k == "bundle"]
         return shipping.Exported(ok=True, refused=refused)
 
