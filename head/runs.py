@@ -27,18 +27,16 @@ def _recent_gpu(live: RunLive | None) -> list[dict] | None:
     return t.select(["simulated", "name"]).to_pylist()
 
 
-def _gpu_simulated(live: RunLive | None, recent: list[dict] | None = None) -> bool | None:
-    """True when the run's recent GPU samples come from the simulator, None when there are none."""
-    recent = _recent_gpu(live) if recent is None else recent
+def _gpu_simulated(recent: list[dict] | None) -> bool | None:
+    """True when the run's recent GPU samples (``_recent_gpu``) come from the simulator, None when there are none."""
     if not recent:
         return None
     return any(bool(g["simulated"]) for g in recent)
 
 
-def _sampled_peak(live: RunLive | None, recent: list[dict] | None = None) -> tuple[float, str] | None:
-    """(peak FLOP/s, source) of the real GPU the run's recent samples name (``ranksight.peaks``), for a run whose
-    manifest gives none."""
-    recent = _recent_gpu(live) if recent is None else recent
+def _sampled_peak(recent: list[dict] | None) -> tuple[float, str] | None:
+    """(peak FLOP/s, source) of the real GPU the run's recent samples (``_recent_gpu``) name (``ranksight.peaks``),
+    for a run whose manifest gives none."""
     for g in reversed(recent or []):
         if not g["simulated"] and g["name"]:
             return gpu_peak(g["name"])
@@ -142,7 +140,8 @@ class LiveRuns:
             world, nodes = live.world() if live is not None else (None, None)
             peak = (m.peak_flops, m.peak_source, m.peak_simulated) if m is not None and m.peak_flops else None
             recent = _recent_gpu(live)
-            if peak is None and (sampled := _sampled_peak(live, recent)) is not None:
+            simulated = _gpu_simulated(recent)
+            if peak is None and (sampled := _sampled_peak(recent)) is not None:
                 peak = (sampled[0], sampled[1], False)
             out.append({"run_id": run_id, "status": status,
                         "start_time": m.start_time if m else None,
@@ -155,8 +154,8 @@ class LiveRuns:
                         "peak_flops": peak[0] if peak else None,
                         "peak_source": peak[1] if peak else "",
                         "peak_simulated": peak[2] if peak else None,
-                        "device": m.device if m else ("cuda" if _gpu_simulated(live, recent) is False else ""),
-                        "gpu_simulated": _gpu_simulated(live, recent)})
+                        "device": m.device if m else ("cuda" if simulated is False else ""),
+                        "gpu_simulated": simulated})
         return out
 
 
