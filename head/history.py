@@ -65,6 +65,58 @@ def has_history(store_root, run_id: str) -> bool:
         return False
 
 
+# (path, size, mtime) of a steps part file -> (rows, largest step or None): a part file never changes once written
+_FOOTERS: dict[tuple[str, int, float], tuple[int, int | None]] = {}
+
+
+def _footer_progress(f) -> tuple[int, int | None]:
+    """Rows and largest ``step`` of one part file, from its footer (row-group statistics; no data page read)."""
+    key = (f.path, f.size, f.mtime)
+    hit = _FOOTERS.get(key)
+    if hit is not None:
+        return hit
+    with (f.fs.open_input_file(f.path) if f.fs is not None else open(f.path, "rb")) as fh:
+        md = pq.ParquetFile(fh).metadata
+    top = None
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    if "step" in names:
+        col = names.index("step")
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(col).statistics
+            if st is None or not st.has_min_max:
+                top = None  # one row group without statistics: the file's largest step is unknown
+                break
+            top = int(st.max) if top is None else max(top, int(st.max))
+    _FOOTERS[key] = (md.num_rows, top)
+    return md.num_rows, top
+
+
+def stored_progress(store_root, run_id: str) -> tuple[int | None, int | None]:
+    """(largest stored step, stored step rows) of a run the head has no live window for, from the steps part files'
+    footers: what the runs list shows of a stored run before anything opens it. (None, None) when the store cannot
+    say (no steps, or a file unreadable or without statistics: never a guess)."""
+    try:
+        files = store_layout.table_files(store_layout.join(store_root, run_id, "steps"))
+    except (OSError, ValueError):
+        return None, None
+    if not files:
+        return None, None
+    rows, top = 0, None
+    for f in files:
+        try:
+            n, t = _footer_progress(f)
+        except FileNotFoundError:
+            return None, None  # a compaction replaced it since the listing: the next call lists again
+        except Exception as e:  # noqa: BLE001 - a damaged file: the run's progress is unknown, not a crash
+            log.warning("history %s: steps file %s: footer not read: %s", run_id, f.path, e)
+            return None, None
+        if t is None and n:
+            return None, None
+        rows += n
+        top = t if top is None else (top if t is None else max(top, t))
+    return top, rows
+
+
 def _newest_first(store_root, run_id: str, table: str):
     try:
         files = store_layout.table_files(store_layout.join(store_root, run_id, table))

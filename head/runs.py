@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from head.history import has_history, restore_window
+from head.history import has_history, restore_window, stored_progress
 from head.live import DEFAULT_WINDOW, RunLive
 from head.store import RunStore, Store
 from ranksight import schema
@@ -133,7 +133,11 @@ class LiveRuns:
             m = live.manifest if live else None
             if m is None:
                 m = schema.read_manifest(self.store.root / run_id / "run.json")
-            last_step = live.max_step() if live else None  # processes the queue first: before last_seen is read
+            if live is not None:
+                last_step = live.max_step()  # processes the queue first: before last_seen is read
+                steps_stored = None
+            else:  # a stored run nothing has opened yet (e.g. after a restart): what its part files' footers say
+                last_step, steps_stored = stored_progress(self.store.root, run_id)
             status = run_status(m, live, now)
             rs = self.store.runs.get(run_id)
             # without a manifest (or without these in it): what the step records and the GPU samples say
@@ -149,7 +153,7 @@ class LiveRuns:
                         "layout": m.layout if m else {}, "nodes": (m.nodes if m else None) or nodes,
                         "last_step": last_step, "last_seen": live.last_seen if live else None,
                         "ranks_live": live.n_ranks() if live else 0,
-                        "steps_stored": rs.stored_and_buffered("steps") if rs else None,
+                        "steps_stored": rs.stored_and_buffered("steps") if rs else steps_stored,
                         # What MFU is measured against, and whether GPU data is simulated: surfaces must say so.
                         "peak_flops": peak[0] if peak else None,
                         "peak_source": peak[1] if peak else "",

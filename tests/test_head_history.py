@@ -159,3 +159,29 @@ def test_a_new_run_reads_nothing_back(tmp_path):
         assert live.restored_mark is None and live.max_step() is None
     finally:
         h.close()
+
+
+def test_the_runs_list_shows_a_stored_run_s_progress_before_anything_opens_it(tmp_path):
+    h = _restarted(tmp_path, range(1, 41))
+    try:
+        summary = {r["run_id"]: r for r in h.live.summary()}[RUN]
+        # from the steps files' footers; the run's window is still not built (the restore stays lazy)
+        assert summary["last_step"] == 40 and summary["steps_stored"] == 160
+        assert RUN not in h.live.runs and summary["ranks_live"] == 0
+        assert summary["status"] == "stopped"
+    finally:
+        h.close()
+
+
+def test_a_damaged_steps_file_leaves_a_stored_run_s_progress_unknown(tmp_path):
+    h = _restarted(tmp_path, range(1, 11))
+    h.close()
+    steps_dir = tmp_path / "store" / RUN / "steps"
+    part = next(p for p in sorted(steps_dir.rglob("*.parquet")))
+    part.write_bytes(b"PAR1 not a footer")
+    h = _head(tmp_path / "store")
+    try:
+        summary = {r["run_id"]: r for r in h.live.summary()}[RUN]
+        assert summary["last_step"] is None and summary["steps_stored"] is None  # unknown, never a guess
+    finally:
+        h.close()
