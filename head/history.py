@@ -67,6 +67,7 @@ def has_history(store_root, run_id: str) -> bool:
 
 # (path, size, mtime) of a steps part file -> (rows, largest step or None): a part file never changes once written
 _FOOTERS: dict[tuple[str, int, float], tuple[int, int | None]] = {}
+_FOOTERS_MAX = 100_000
 
 
 def _footer_progress(f) -> tuple[int, int | None]:
@@ -87,6 +88,8 @@ def _footer_progress(f) -> tuple[int, int | None]:
                 top = None  # one row group without statistics: the file's largest step is unknown
                 break
             top = int(st.max) if top is None else max(top, int(st.max))
+    if len(_FOOTERS) >= _FOOTERS_MAX:  # files replaced by compaction leave stale keys: start over, never grow forever
+        _FOOTERS.clear()
     _FOOTERS[key] = (md.num_rows, top)
     return md.num_rows, top
 
