@@ -34,9 +34,16 @@ CLOSE_GRACE_S = 60.0
 CLEANUP_DELAY_S = 10.0
 
 
+# String columns with a value per node, GPU or communicator (thousands of distinct values in a big job's flush): a
+# dictionary page as large as the column, built by hashing every row, costs more than it saves in a fresh part
+# (compaction writes the hour's file with its own encodings). Per-job values (run id, op, source) keep theirs.
+_PER_ENTITY_COLUMNS = frozenset({"host", "group", "comm_id", "uuid"})
+
+
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
-    return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
+    return [f.name for f in schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type)))
+            and f.name not in _PER_ENTITY_COLUMNS]
 
 
 def _statistics_columns(table: str, schema: pa.Schema) -> list[str] | bool:
@@ -340,9 +347,10 @@ class RunStore:
         self._seq += 1
         name = f"part-{time.time_ns()}-{os.getpid()}-{self._seq:06d}.parquet"
         tmp = d / f".{name}.tmp"
-        # CRC per page: corruption is detected on read. Dictionary encoding for the string columns only (run ids,
-        # hosts, group names: few distinct values), not for the float and int columns, where it costs more CPU than
-        # it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max statistics for
+        # CRC per page: corruption is detected on read. Dictionary encoding for the string columns with few distinct
+        # values only (run ids, ops: ``_dictionary_columns``), not for the float and int columns, where it costs
+        # more CPU than it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max
+        # statistics for
         # the key columns only (a reader filtering on them skips parts; the compacted file has them all).
         pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema),
                        write_statistics=_statistics_columns(table, arrow.schema))
