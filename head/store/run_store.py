@@ -350,8 +350,8 @@ class RunStore:
         # CRC per page: corruption is detected on read. Dictionary encoding for the string columns with few distinct
         # values only (run ids, ops: ``_dictionary_columns``), not for the float and int columns, where it costs
         # more CPU than it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max
-        # statistics for
-        # the key columns only (a reader filtering on them skips parts; the compacted file has them all).
+        # statistics for the key columns only (a reader filtering on them skips parts; the compacted file has them
+        # all).
         pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema),
                        write_statistics=_statistics_columns(table, arrow.schema))
         os.replace(tmp, d / name)
