@@ -288,9 +288,9 @@ class RunStore:
         for table, packed, rowlists in taken:
             index = self.indexes[table]
             if packed:  # one array in arrival order, whatever the layouts (the live window keeps arrival order)
-                arr, lay = merge_packed(wire.KIND_OF_TABLE[table], packed)
-                n = len(arr)
+                n = sum(len(body) // lay.dtype.itemsize for lay, body in packed)
                 try:
+                    arr, lay = merge_packed(wire.KIND_OF_TABLE[table], packed)
                     mask = index.new_packed(arr, lay)
                     k = int(np.count_nonzero(mask))
                     self.duplicates += n - k
