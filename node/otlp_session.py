@@ -152,7 +152,7 @@ class CompressingSession:
 
     def __init__(self, inner, zstd: bool = True):
         self.inner = inner
-        self.zstd = zstd and _zstd_codec() is not None
+        self.zstd = zstd and zstd_codec() is not None
         self.fell_back = False  # the head refused zstd once: deflate for good
 
     def request(self, method: str, url: str, headers=None, data=None, **kwargs):
@@ -165,7 +165,7 @@ class CompressingSession:
         raw = bytes(data)
         if self.zstd:
             headers["Content-Encoding"] = "zstd"
-            r = self.inner.request(method, url, headers=headers, data=_zstd_codec().compress(raw, asbytes=True),
+            r = self.inner.request(method, url, headers=headers, data=zstd_codec().compress(raw, asbytes=True),
                                    **kwargs)
             if r.status_code != 415:
                 return r
@@ -188,7 +188,7 @@ class CompressingSession:
 _ZSTD = []  # [codec or None], made once
 
 
-def _zstd_codec():
+def zstd_codec():
     """pyarrow's zstd codec at its default level (fast: less agent CPU than zlib level 6, smaller bodies), or None
     where this pyarrow was built without zstd."""
     if not _ZSTD:
