@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.ranks):
                 write_spool(rd, r, range(args.records))
             agent = NodeAgent(rd, 0, url, TOKEN, sim_gpu="off", otlp_metrics=False, ship_timeout=5.0)
-            lean = agent.shipper.session.inner  # the exporter sends through it (node.shipping keeps responses)
+            # the exporter sends through it (node.shipping keeps responses; node.otlp_session.CompressingSession
+            # compresses: zstd for this head)
+            lean = agent.shipper.compressing.inner
             assert agent.shipper.exporter._client._transport._session is agent.shipper.session
             assert isinstance(lean, LeanSession), type(lean)
             assert isinstance(exporter_session(url + "/v1/logs"), LeanSession)

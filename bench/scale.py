@@ -19,7 +19,7 @@ heartbeat; its packed batches (steps, collectives, GPU samples) and the heartbea
 record, as ``node.shipping`` sends them (``--no-bundle``: one log record each, as older agents do). Rank 3 computes 1.3× from second ``--slow-from`` (its DP peers wait for it): the head must name it.
 
 The agent stage: the CPU one node agent spends turning a second of its ranks' records into its export (records
-made, folded where they are, packed, OTLP, deflate: what ``node.shipping`` sends), measured on the bodies this
+made, folded where they are, packed, OTLP, zstd: what ``node.shipping`` sends), measured on the bodies this
 script builds; the agent's spool reading is in bench/agent_cycle.py (A4).
 
 The head: the real ``ranksight head`` in its own process (live analysis every 5 s, its default), fed over
@@ -164,16 +164,29 @@ def agent_log_records(fleet: Fleet, node: int, step: int, resource, bundle: bool
     return recs
 
 
+ENCODINGS = ("zstd", "deflate")
+
+
+def compress_body(raw: bytes, encoding: str) -> bytes:
+    """A request body as the agents send it (``node.otlp_session.CompressingSession``): zstd to a head that takes
+    it, deflate (zlib level 6) to an older one."""
+    if encoding == "zstd":
+        from node.otlp_session import zstd_codec
+
+        return zstd_codec().compress(raw, asbytes=True)
+    return zlib.compress(raw, 6)
+
+
 def build_second(fleet: Fleet, step: int, per_request: int, resources: list,
-                 bundle: bool = True) -> tuple[list[bytes], float]:
-    """The second's request bodies (deflate'd protobuf, as the agents' exporter sends them) and the CPU seconds
+                 bundle: bool = True, encoding: str = "zstd") -> tuple[list[bytes], float]:
+    """The second's request bodies (protobuf, compressed as the agents send them: ``encoding``) and the CPU seconds
     the agents' side of it took (records packed, OTLP encoded, compressed)."""
     bodies, cpu = [], 0.0
     for n0 in range(0, fleet.nodes, per_request):
         t0 = time.process_time()
         recs = [r for n in range(n0, min(n0 + per_request, fleet.nodes))
                 for r in agent_log_records(fleet, n, step, resources[n], bundle)]
-        bodies.append(zlib.compress(encode_logs(recs).SerializeToString(), 6))
+        bodies.append(compress_body(encode_logs(recs).SerializeToString(), encoding))
         cpu += time.process_time() - t0
     return bodies, cpu
 
@@ -237,7 +250,8 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def send_all(url: str, seconds: list[list[bytes]], connections: int, on_second) -> list[float]:
+def send_all(url: str, seconds: list[list[bytes]], connections: int, on_second,
+             encoding: str = "zstd") -> list[float]:
     """Post each second's bodies over ``connections`` keep-alive connections, spread over that second; returns how
     far behind real time each second's last request was acknowledged (s)."""
     host, port = url.split("//", 1)[1].split(":")
@@ -247,7 +261,7 @@ def send_all(url: str, seconds: list[list[bytes]], connections: int, on_second) 
     def sender():
         c = http.client.HTTPConnection(host, int(port), timeout=120)
         hdr = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/x-protobuf",
-               "Content-Encoding": "deflate"}
+               "Content-Encoding": encoding}
         while (item := work.get()) is not None:
             body, done = item
             c.request("POST", "/v1/logs", body=body, headers=hdr)
@@ -298,6 +312,9 @@ def main() -> None:
     ap.add_argument("--slow-from", type=int, default=10, help="the second from which rank 3 computes 1.3x")
     ap.add_argument("--no-bundle", action="store_true",
                     help="one log record per batch, as agents before bundle-v1 (and agents facing an older head) send")
+    ap.add_argument("--encoding", choices=ENCODINGS, default="zstd",
+                    help="the request bodies' Content-Encoding: zstd, as agents send it to a head that takes it; "
+                         "deflate, as they send it to an older head")
     ap.add_argument("--by-kind", action="store_true",
                     help="first, in this process on one core without HTTP: the head's ingest CPU per kind of record")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -312,7 +329,8 @@ def main() -> None:
                  for n in range(fleet.nodes)]
     seconds, agent_cpu = [], []
     for s in range(a.seconds):
-        bodies, cpu = build_second(fleet, s, a.agents_per_request, resources, bundle=not a.no_bundle)
+        bodies, cpu = build_second(fleet, s, a.agents_per_request, resources, bundle=not a.no_bundle,
+                                   encoding=a.encoding)
         seconds.append(bodies)
         agent_cpu.append(cpu)
     per_s = sum(len(b) for b in seconds[1]) / 1e6
@@ -322,18 +340,18 @@ def main() -> None:
     print(f"fleet: {a.ranks} ranks (TP {a.tp} × PP {a.pp} × DP {fleet.dp}), {fleet.nodes} node agents, "
           f"{len(fleet.groups)} communicators; per second: {a.ranks} step records, {n_coll} collective records "
           f"({n_ops} ops, {'folded per step' if fold else 'one record per op'}), "
-          f"{a.ranks} GPU samples, {fleet.nodes} heartbeats in {len(seconds[1])} requests ({per_s:.1f} MB deflated); "
+          f"{a.ranks} GPU samples, {fleet.nodes} heartbeats in {len(seconds[1])} requests ({per_s:.1f} MB, {a.encoding}); "
           f"built in {time.time() - t_build:.0f} s", flush=True)
     agent_ms = 1000.0 * sorted(agent_cpu[1:])[len(agent_cpu[1:]) // 2] / fleet.nodes
     # how each kind travels, as the agents send it (node/sources/spool.py, node/sources/samples.py): packed-v1 where
     # wire.pack_records packs the batch exactly, else JSON
     encodings = {kind: ("packed-v1" if wire.pack_records(kind, RUN, rows) else "JSON")
                  for kind, rows in fleet.node_records(0, 0).items() if rows}
-    print("agents' export: OTLP/HTTP protobuf, deflate; bodies: "
+    print(f"agents' export: OTLP/HTTP protobuf, {a.encoding}; bodies: "
           + ", ".join(f"{k} {v}" for k, v in encodings.items()) + ", heartbeat JSON"
           + ("" if a.no_bundle else "; the packed batches and the heartbeat in one bundle-v1 log record per agent"),
           flush=True)
-    print(f"agent stage (records made{', folded' if fold else ''}, packed, OTLP, deflate; one node's second): "
+    print(f"agent stage (records made{', folded' if fold else ''}, packed, OTLP, {a.encoding}; one node's second): "
           f"{agent_ms:.2f} ms CPU = "
           f"{agent_ms / 10:.2f} % of one core per node", flush=True)
 
@@ -367,7 +385,7 @@ def main() -> None:
                 marks["from"] = (time.monotonic(), scrape(url))
 
         client0 = time.process_time()
-        behind = send_all(url, seconds, a.connections, on_second)
+        behind = send_all(url, seconds, a.connections, on_second, a.encoding)
         client_cpu = time.process_time() - client0
         marks["to"] = (time.monotonic(), scrape(url))
         req = urllib.request.Request(f"{url}/api/runs/{RUN}/findings", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -405,7 +423,7 @@ def main() -> None:
     print(f"straggler findings naming rank {SLOW_RANK}: "
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
     if a.json:
-        a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle,
+        a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle, encoding=a.encoding,
                                           seconds=a.seconds, span_s=span, share_pct=share, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
                                           findings=named), indent=1))

@@ -44,69 +44,125 @@ class Ingest:
         refused: dict[int, wire_rejections.Rejection] = {}  # log record index -> what of it was refused
         accepted = 0
         groups: dict[tuple[str, str], list[tuple[int, wire.Batch]]] = {}
-        packed_type = wire.PackedBatch
-        for i, batch, reason in wire.iter_indexed(request):
+        # the bundles' packed sections: (run, table) -> layout -> [payloads, records]; and per run the log records
+        # they came from (a run the store refuses refuses them) and the bundles' heartbeats
+        fast: dict[tuple[str, str], dict[wire.PackedLayout, list]] = {}
+        fast_from: dict[str, list[int]] = {}
+        beats: dict[str, list[tuple[int, list]]] = {}
+        bundle_type = wire.Bundle
+        table_of = _TABLE_OF_KIND
+        for i, batch, reason in wire.iter_indexed(request, bundles=True):
             if batch is None:
                 refused[i] = wire_rejections.Rejection(i=i, why=reason or "refused")
                 continue
-            table = _TABLE_OF_KIND.get(batch.kind)
-            if table is not None and type(batch.items) is packed_type:  # the volume path: straight to its group
-                key = (batch.run_id, table)
-                same = groups.get(key)
-                if same is None:
-                    groups[key] = [(i, batch)]
+            if type(batch) is bundle_type:  # the volume path: one per agent and ship cycle
+                run_id = batch.run_id
+                for kind, lay, payload, count in batch.packed:
+                    key = (run_id, table_of[kind])
+                    by_lay = fast.get(key)
+                    if by_lay is None:
+                        by_lay = fast[key] = {}
+                    got = by_lay.get(lay)
+                    if got is None:
+                        by_lay[lay] = [[payload], count]
+                    else:
+                        got[0].append(payload)
+                        got[1] += count
+                src = fast_from.get(run_id)
+                if src is None:
+                    fast_from[run_id] = [i]
                 else:
-                    same.append((i, batch))
-                continue
-            try:
-                if table is None:
-                    accepted += self._apply_control(batch)
+                    src.append(i)
+                if batch.heartbeats:
+                    beats.setdefault(run_id, []).append((i, batch.heartbeats))
+                if not batch.others:
                     continue
-                if batch.refused:  # rows that did not decode; the rest of the batch is kept
-                    refused[i] = wire_rejections.Rejection(i=i, why=batch.refused[0][1], rows=[j for j, _ in batch.refused])
-                if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
-                    # records of another run in the batch are refused one by one; the rest of the batch is kept
-                    # (refusing it whole once lost a node's data inside a 200)
-                    run_id = batch.run_id
-                    foreign = [j for j, r in enumerate(batch.items) if r.run_id != run_id]
-                    if foreign:
-                        why = (f"{len(foreign)} {batch.kind} record(s) of run {batch.items[foreign[0]].run_id!r} "
-                               f"shipped as run {run_id!r}: refused, the batch's other "
-                               f"{len(batch.items) - len(foreign)} kept")
-                        if len(foreign) == len(batch.items) and not batch.refused:
-                            refused[i] = wire_rejections.Rejection(i=i, why=why)
-                            continue
-                        rows = sorted(set((refused[i].rows if i in refused else []) + _body_rows(batch, foreign)))
-                        refused[i] = wire_rejections.Rejection(i=i, why=why, rows=rows)
-                        kept = [r for r in batch.items if r.run_id == run_id]
-                        if not kept:
-                            continue
-                        # re-encoded by the store (body None): the body as received holds the refused rows too
-                        batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs, body=None)
-                groups.setdefault((batch.run_id, table), []).append((i, batch))
-            except ValueError as e:  # e.g. a run id the store refuses, records of another run
-                refused[i] = wire_rejections.Rejection(i=i, why=str(e))
+                others = batch.others
+            else:
+                others = (batch,)
+            for batch in others:
+                accepted += self._take(i, batch, groups, refused)
         by_run: dict[str, list[tuple[str, list[tuple[int, wire.Batch]]]]] = {}
         for (run_id, table), batches in groups.items():
             by_run.setdefault(run_id, []).append((table, batches))
+        for run_id in fast_from:
+            by_run.setdefault(run_id, [])
         for run_id, tables in by_run.items():
+            packed = {table: by_lay for (rid, table), by_lay in fast.items() if rid == run_id}
             try:
-                accepted += self._queue(run_id, [(table, [b for _, b in batches]) for table, batches in tables])
+                accepted += self._queue(run_id, [(table, [b for _, b in batches]) for table, batches in tables], packed)
             except ValueError as e:
                 for _, batches in tables:
                     for i, _ in batches:
                         refused[i] = wire_rejections.Rejection(i=i, why=str(e))
+                for i in fast_from.get(run_id, ()):
+                    refused[i] = wire_rejections.Rejection(i=i, why=str(e))
+        for run_id, hbs in beats.items():
+            try:
+                self.live.run(run_id).heartbeats([hb for _, got in hbs for hb in got])
+            except ValueError as e:
+                for i, _ in hbs:
+                    refused[i] = wire_rejections.Rejection(i=i, why=str(e))
         rejected = len(refused)
         if rejected:
             stats["rejected"] += rejected
             log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(r.why for r in list(refused.values())[:3]))
         return accepted, rejected, list(refused.values())
 
-    def _queue(self, run_id: str, tables: list[tuple[str, list[wire.Batch]]]) -> int:
+    def _take(self, i: int, batch: wire.Batch, groups: dict, refused: dict) -> int:
+        """One batch that is not a bundle's packed section: a table batch into ``groups``, a control record applied
+        at once; what is refused goes to ``refused``. Returns the records accepted now (control records)."""
+        table = _TABLE_OF_KIND.get(batch.kind)
+        if table is not None and type(batch.items) is wire.PackedBatch:  # the volume path: straight to its group
+            key = (batch.run_id, table)
+            same = groups.get(key)
+            if same is None:
+                groups[key] = [(i, batch)]
+            else:
+                same.append((i, batch))
+            return 0
+        try:
+            if table is None:
+                return self._apply_control(batch)
+            if batch.refused:  # rows that did not decode; the rest of the batch is kept
+                refused[i] = wire_rejections.Rejection(i=i, why=batch.refused[0][1], rows=[j for j, _ in batch.refused])
+            if type(batch.items) is not wire.PackedBatch and SPECS[table].has_run_id:
+                # records of another run in the batch are refused one by one; the rest of the batch is kept
+                # (refusing it whole once lost a node's data inside a 200)
+                run_id = batch.run_id
+                foreign = [j for j, r in enumerate(batch.items) if r.run_id != run_id]
+                if foreign:
+                    why = (f"{len(foreign)} {batch.kind} record(s) of run {batch.items[foreign[0]].run_id!r} "
+                           f"shipped as run {run_id!r}: refused, the batch's other "
+                           f"{len(batch.items) - len(foreign)} kept")
+                    if len(foreign) == len(batch.items) and not batch.refused:
+                        refused[i] = wire_rejections.Rejection(i=i, why=why)
+                        return 0
+                    rows = sorted(set((refused[i].rows if i in refused else []) + _body_rows(batch, foreign)))
+                    refused[i] = wire_rejections.Rejection(i=i, why=why, rows=rows)
+                    kept = [r for r in batch.items if r.run_id == run_id]
+                    if not kept:
+                        return 0
+                    # re-encoded by the store (body None): the body as received holds the refused rows too
+                    batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs, body=None)
+            groups.setdefault((batch.run_id, table), []).append((i, batch))
+        except ValueError as e:  # e.g. a run id the store refuses, records of another run
+            refused[i] = wire_rejections.Rejection(i=i, why=str(e))
+        return 0
+
+    def _queue(self, run_id: str, tables: list[tuple[str, list[wire.Batch]]],
+               bundled: dict[str, dict[wire.PackedLayout, list]] | None = None) -> int:
         """Log and queue a request's batches of one run (one write-ahead-log write for all its tables); the store
-        dedupes them at its next processing (every flush, or before a view reads the live window)."""
+        dedupes them at its next processing (every flush, or before a view reads the live window). ``bundled``: the
+        bundles' packed sections, table -> layout -> [payloads, records], queued first."""
         rs = self.live.store_of(run_id)
         work, n = [], 0
+        bundled = bundled or {}
+        for table, by_lay in bundled.items():
+            packed = [wire.PackedBatch(lay, p[0] if len(p) == 1 else b"".join(p), count)
+                      for lay, (p, count) in by_lay.items()]
+            n += sum(count for _, count in by_lay.values())
+            work.append((table, packed, []))
         for table, batches in tables:
             by_layout: dict[wire.PackedLayout, list[wire.PackedBatch]] = {}
             decoded = []

@@ -386,14 +386,26 @@ class RunLive:
             return [t for t in self.traces if rank is None or t.rank == rank]
 
     def heartbeat(self, hb, now: float | None = None) -> None:
+        self.heartbeats((hb,), now)
+
+    def heartbeats(self, hbs, now: float | None = None) -> None:
+        """Agents' heartbeats (one request's: a Collector's batch holds many agents'), under one lock."""
         now = now or time.time()
+        agents = self.agents
+        isfinite = math.isfinite
         with self.lock:
-            a = self.agents.get(hb.node) or AgentLive(hb.node)
-            a.host, a.url, a.last_seen, a.heartbeat = hb.host, hb.url, now, hb
-            if isinstance(hb.t, (int, float)) and math.isfinite(hb.t) and hb.t > 0:
-                a.clock_offset = min(a.clock_offset, now - float(hb.t))
-            self.agents[hb.node] = a
-            self.last_seen = max(self.last_seen, now)
+            for hb in hbs:
+                a = agents.get(hb.node)
+                if a is None:
+                    a = agents[hb.node] = AgentLive(hb.node)
+                a.host, a.url, a.last_seen, a.heartbeat = hb.host, hb.url, now, hb
+                t = hb.t
+                if isinstance(t, (int, float)) and isfinite(t) and t > 0:
+                    off = now - float(t)
+                    if off < a.clock_offset:
+                        a.clock_offset = off
+            if hbs and now > self.last_seen:
+                self.last_seen = now
 
     def mark_restored(self, rank: np.ndarray, t_end: np.ndarray) -> None:
         """The window now holds restored history (head/history.py): each rank was last seen at its last stored

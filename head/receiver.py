@@ -1,6 +1,6 @@
-"""OTLP/HTTP request decoding for the head (protobuf or OTLP/JSON, optionally gzip/deflate).
+"""OTLP/HTTP request decoding for the head (protobuf or OTLP/JSON, optionally zstd, gzip or deflate).
 
-Only the transport concerns live here: authentication, size limits, gzip,
+Only the transport concerns live here: authentication, size limits, decompression,
 protobuf / JSON parsing and the OTLP response (in the request's encoding). Every failure is an ``HttpError``
 with a 4xx status and a short reason; the caller logs it and answers, and the
 head keeps running.
@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ranksight import wire_rejections
 
 # Bounds on what one request may cost the head: compressed bytes on the wire and
-# bytes after gunzip (a small gzip bomb must not take the head's memory).
+# bytes after decompression (a small zstd or gzip bomb must not take the head's memory).
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 MAX_INFLIGHT_DECOMPRESSED_BYTES = 1024 * 1024 * 1024  # all requests together
@@ -128,8 +128,10 @@ def decompress(body: bytes, encoding: str | None, limit: int | None = None,
     enc = (encoding or "identity").strip().lower()
     if enc in ("identity", ""):
         return body
+    if enc == "zstd":
+        return _unzstd(body, limit, budget)
     if enc not in ("gzip", "deflate"):
-        raise HttpError(415, f"unsupported Content-Encoding {encoding!r}")
+        raise HttpError(415, f"unsupported Content-Encoding {encoding!r}: send zstd, gzip or deflate")
     # wbits 16+MAX: gzip wrapper; MAX (zlib) for deflate. Bounded output.
     d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
     parts: list[bytes] = []
@@ -165,6 +167,86 @@ def decompress(body: bytes, encoding: str | None, limit: int | None = None,
     if not d.eof:
         budget.give(reserved)
         raise HttpError(400, f"truncated {enc} data")
+    return b"".join(parts)
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def zstd_content_size(body: bytes) -> int | None:
+    """The decompressed size a zstd frame's header declares (``Frame_Content_Size``, RFC 8878 3.1.1.1), None when
+    the body is not a zstd frame or its header leaves the size out (a streaming compressor's frame)."""
+    if len(body) < 6 or body[:4] != _ZSTD_MAGIC:
+        return None
+    fhd = body[4]
+    single = (fhd >> 5) & 1
+    fcs_bytes = (0, 2, 4, 8)[fhd >> 6] or (1 if single else 0)
+    if not fcs_bytes:
+        return None
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if pos + fcs_bytes > len(body):
+        return None
+    size = int.from_bytes(body[pos:pos + fcs_bytes], "little")
+    return size + 256 if fcs_bytes == 2 else size
+
+
+_codec = None
+
+
+def _zstd_codec():
+    global _codec
+    if _codec is None:
+        import pyarrow as pa
+
+        _codec = pa.Codec("zstd")
+    return _codec
+
+
+def _unzstd(body: bytes, limit: int, budget: InflightBudget) -> bytes:
+    """A zstd body (``Content-Encoding: zstd``, RFC 8878) decompressed with pyarrow's zstd codec (the head's pyarrow:
+    no other dependency), at most ``limit`` bytes, reserved from ``budget``. A frame whose header declares its size
+    (what one-shot compressors write: the agent, the zstd tool, Go's ``EncodeAll``) is checked against the limit
+    before anything is decompressed and then decompressed into a buffer of exactly that size in one call (the codec
+    refuses a frame whose content does not match it); other bodies (streamed frames, several frames) are read
+    through pyarrow's decompressing stream in bounded chunks, as deflate is. The decoder's window is capped by
+    zstd's default (128 MiB), so a frame cannot ask for more memory than that either."""
+    import pyarrow as pa
+
+    if not body:
+        raise HttpError(400, "truncated zstd data: an empty body")
+    declared = zstd_content_size(body)
+    if declared is not None:
+        if declared > limit:
+            raise HttpError(413, f"decompressed body exceeds {limit} bytes (its zstd frame declares {declared})")
+        if not budget.take(declared):
+            raise HttpError(503, "too much decompressed data in flight: retry shortly")
+        try:
+            return _zstd_codec().decompress(body, decompressed_size=declared, asbytes=True)
+        except (OSError, pa.ArrowException):
+            budget.give(declared)  # several frames, or a damaged one: the stream below reads or refuses it
+    parts: list[bytes] = []
+    reserved = 0
+    try:
+        stream = pa.input_stream(pa.py_buffer(body), compression="zstd")
+        while True:
+            want = min(_INFLATE_CHUNK, limit + 1 - reserved)
+            if not budget.take(want):
+                raise HttpError(503, "too much decompressed data in flight: retry shortly")
+            reserved += want
+            chunk = stream.read(want)
+            budget.give(want - len(chunk))
+            reserved -= want - len(chunk)
+            if reserved > limit:
+                raise HttpError(413, f"decompressed body exceeds {limit} bytes")
+            if not chunk:
+                break
+            parts.append(chunk)
+    except (OSError, pa.ArrowException) as e:
+        budget.give(reserved)
+        raise HttpError(400, f"bad zstd data: {e}") from None
+    except HttpError:
+        budget.give(reserved)
+        raise
     return b"".join(parts)
 
 

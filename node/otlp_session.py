@@ -140,3 +140,62 @@ def env_once_session():
             return dict(got, proxies=dict(got["proxies"]))
 
     return Session()
+
+
+class CompressingSession:
+    """The agent's exports compressed here instead of in the SDK exporter (which knows only gzip and deflate): zstd
+    (``Content-Encoding: zstd``, pyarrow's codec) for a head that takes it, which
+    costs the head less to decompress than deflate; deflate (zlib level 6, as before) from the first 415 on, which is
+    what a head older than zstd answers, or when this Python's pyarrow has no zstd. Everything else (status codes,
+    retries, the response) is the wrapped session's; the exporter must be built with ``Compression.NoCompression``
+    so the body arrives here uncompressed."""
+
+    def __init__(self, inner, zstd: bool = True):
+        self.inner = inner
+        self.zstd = zstd and zstd_codec() is not None
+        self.fell_back = False  # the head refused zstd once: deflate for good
+
+    def request(self, method: str, url: str, headers=None, data=None, **kwargs):
+        import logging
+        import zlib
+
+        headers = dict(headers or {})
+        if data is None or "Content-Encoding" in headers:  # compressed already, or nothing to compress
+            return self.inner.request(method, url, headers=headers, data=data, **kwargs)
+        raw = bytes(data)
+        if self.zstd:
+            headers["Content-Encoding"] = "zstd"
+            r = self.inner.request(method, url, headers=headers, data=zstd_codec().compress(raw, asbytes=True),
+                                   **kwargs)
+            if r.status_code != 415:
+                return r
+            self.zstd, self.fell_back = False, True
+            logging.getLogger("ranksight.agent").warning(
+                "agent: the head refused a zstd body (415: %s): sending deflate from now on", r.text[:200])
+        headers["Content-Encoding"] = "deflate"
+        return self.inner.request(method, url, headers=headers, data=zlib.compress(raw, 6), **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):
+        if name in ("inner", "zstd", "fell_back"):
+            object.__setattr__(self, name, value)
+        else:  # ``verify``, ``cert``: set by the SDK's transport on the session
+            setattr(self.inner, name, value)
+
+
+_ZSTD = []  # [codec or None], made once
+
+
+def zstd_codec():
+    """pyarrow's zstd codec at its default level (fast: less agent CPU than zlib level 6, smaller bodies), or None
+    where this pyarrow was built without zstd."""
+    if not _ZSTD:
+        try:
+            import pyarrow as pa
+
+            _ZSTD.append(pa.Codec("zstd") if pa.Codec.is_available("zstd") else None)
+        except Exception:  # noqa: BLE001 - no pyarrow, or a broken one: deflate
+            _ZSTD.append(None)
+    return _ZSTD[0]

@@ -20,7 +20,7 @@ from opentelemetry.sdk._logs.export import LogRecordExportResult
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from node.otlp_session import exporter_session
+from node.otlp_session import CompressingSession, exporter_session
 from node.outbox import Item
 from node.prom import STEP_BUCKETS, AgentMetrics
 from ranksight import __version__, wire, wire_rejections
@@ -90,11 +90,13 @@ class Shipper:
         self.metrics = metrics
         self.errors = 0
         self.tls = tls or ClientTls()
-        # Deflate (zlib level 6), not the SDK's gzip at level 9: a third less CPU per export for a slightly
-        # larger body; the head and the OpenTelemetry Collector both accept Content-Encoding: deflate.
-        self.session = _KeepsResponse(exporter_session(self.head_url + "/v1/logs"))
+        # zstd, or deflate (zlib level 6) for a head that refuses zstd (node.otlp_session.CompressingSession), not
+        # the SDK's gzip at level 9; the head and the OpenTelemetry Collector accept both. The session compresses,
+        # so the exporter sends the body as it is.
+        self.compressing = CompressingSession(exporter_session(self.head_url + "/v1/logs"))
+        self.session = _KeepsResponse(self.compressing)
         self.exporter = OTLPLogExporter(endpoint=self.head_url + "/v1/logs", headers=self.headers, timeout=timeout,
-                                        compression=Compression.Deflate, session=self.session,
+                                        compression=Compression.NoCompression, session=self.session,
                                         **exporter_tls_kwargs(self.tls))
         self.scope = InstrumentationScope("ranksight.agent", __version__)
         self._resource: tuple[tuple, Resource] | None = None

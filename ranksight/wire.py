@@ -39,6 +39,7 @@ so a bundle module of its own would import this one and be imported by it.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -506,6 +507,19 @@ class Batch:
     refused: list[tuple[int, str]] | tuple = ()
 
 
+@dataclass(slots=True)
+class Bundle:
+    """A ``bundle-v1`` log record as the head's ingest takes it (``iter_indexed(..., bundles=True)``): its packed
+    sections as plain tuples and its heartbeats decoded, so the volume path makes no object per section; any other
+    section (a JSON table batch, a manifest, acks) as a ``Batch``, in ``others``."""
+
+    run_id: str
+    attrs: dict[str, Any]
+    packed: list  # (kind, PackedLayout, payload, record count) per packed section, in body order
+    heartbeats: list  # Heartbeat
+    others: list  # Batch
+
+
 def any_value(v) -> Any:
     which = v.WhichOneof("value")
     if which is None:
@@ -545,13 +559,14 @@ def iter_batches(request) -> Iterator[tuple[Batch | None, str | None]]:
         yield batch, reason
 
 
-def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
+def iter_indexed(request, bundles: bool = False) -> Iterator[tuple[int, Batch | Bundle | None, str | None]]:
     """Walk an ExportLogsServiceRequest: (i, batch, None) per ranksight log record,
     (i, None, reason) per record that is not decodable; ``i`` is the log record's position in the
     request (resource_logs, then scope_logs, then log_records, in order), the index a rejection
     names (``rejections_message``). Foreign log records (no ranksight.kind attribute) are skipped
     silently: a Collector may mix streams. A JSON batch with rows that do not decode keeps the
-    others: the bad ones are in ``Batch.refused``."""
+    others: the bad ones are in ``Batch.refused``. ``bundles``: a bundle comes as one ``Bundle`` (the head's
+    ingest), not as one ``Batch`` per section."""
     i = -1
     for rl in request.resource_logs:
         for sl in rl.scope_logs:
@@ -595,11 +610,15 @@ def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
                         yield i, None, f"{kind}: encoding {enc!r} with a {which} body (expected kind bundle, bytes)"
                         continue
                     try:
-                        batches = _bundle_batches(run_id, attrs, body_v.bytes_value)
+                        got = (_scan_bundle(run_id, attrs, body_v.bytes_value) if bundles
+                               else _bundle_batches(run_id, attrs, body_v.bytes_value))
                     except WireError as e:
-                        yield i, None, str(e)
+                        yield i, None, str(e) if str(e).startswith("bundle") else f"bundle: {e}"
                         continue
-                    for b in batches:
+                    if bundles:
+                        yield i, got, None
+                        continue
+                    for b in got:
                         yield i, b, None
                     continue
                 if enc is not None:
@@ -640,8 +659,8 @@ def iter_indexed(request) -> Iterator[tuple[int, Batch | None, str | None]]:
 
 
 def _bundle_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Batch]:
-    """The batches of a bundle's sections; raises WireError when any section is wrong (the bundle is refused
-    whole, so the rejection names one log record and the sender keeps aside all of it)."""
+    """The batches of a bundle's sections, in body order; raises WireError when any section is wrong (the bundle is
+    refused whole, so the rejection names one log record and the sender keeps aside all of it)."""
     try:
         return _sections_to_batches(run_id, attrs, body)
     except WireError as e:
@@ -664,6 +683,87 @@ def _sections_to_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> lis
         else:
             out.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
     return out
+
+
+# One well-formed section header (``kind TAB layout TAB count TAB size LF``), matched in one C call; anything else
+# goes through ``_raw_sections``, which takes the same bodies and refuses the rest saying why.
+_SECTION_HEADER = re.compile(rb"([^\t\n]{1,64}\t[^\t\n]{0,4096})\t(\d{1,12})\t(\d{1,12})\n")
+# header key (``kind TAB layout``) -> (kind, PackedLayout or None for JSON, record size): one agent sends the same
+# few keys every cycle, so a bundle's sections are classified with one dict lookup each
+_section_plans: dict[bytes, tuple[str, PackedLayout | None, int]] = {}
+
+
+def _section_plan(key: bytes) -> tuple[str, PackedLayout | None, int]:
+    kind, layout = _section_kinds.get(key) or _section_kind(key)
+    if kind == KIND_BUNDLE:
+        raise WireError("bundle: a bundle inside a bundle")
+    lay = (_layouts.get((kind, layout)) or packed_layout_of(kind, layout)) if layout else None
+    plan = (kind, lay, lay.dtype.itemsize if lay is not None else 0)
+    if len(_section_plans) < 256:
+        _section_plans[key] = plan
+    return plan
+
+
+def _scan_bundle(run_id: str, attrs: dict[str, Any], body: bytes) -> Bundle:
+    """A bundle's sections. This runs per agent and ship cycle at fleet rate, so a well-formed section costs one
+    regex match, one dict lookup and one tuple; a body the fast path does not take is parsed by ``_raw_sections``
+    (``_scan_bundle_slow``), which raises with the reason."""
+    packed: list = []
+    heartbeats: list = []
+    others: list = []
+    n = len(body) if isinstance(body, bytes) else 0
+    pos = 0
+    match = _SECTION_HEADER.match
+    plans = _section_plans
+    sections = 0
+    while pos < n:
+        m = match(body, pos)
+        if m is None:
+            return _scan_bundle_slow(run_id, attrs, body)
+        key, count, size = m.group(1, 2, 3)
+        start = m.end()
+        end = start + int(size)
+        if end > n:
+            return _scan_bundle_slow(run_id, attrs, body)
+        sections += 1
+        if sections > MAX_BUNDLE_SECTIONS:
+            raise WireError(f"bundle: more than {MAX_BUNDLE_SECTIONS} sections")
+        kind, lay, size = plans.get(key) or _section_plan(key)
+        if lay is not None:
+            count = int(count)
+            if not count or count * size != end - start:
+                return _scan_bundle_slow(run_id, attrs, body)
+            packed.append((kind, lay, body[start:end], count))
+        elif kind == "heartbeat":
+            heartbeats.append(decode_body(kind, body[start:end]))
+        else:
+            payload = body[start:end]
+            others.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
+        pos = end
+    if not sections:
+        raise WireError("bundle: empty body")
+    return Bundle(run_id, attrs, packed, heartbeats, others)
+
+
+def _scan_bundle_slow(run_id: str, attrs: dict[str, Any], body: bytes) -> Bundle:
+    """``_scan_bundle`` with each header checked step by step (``_raw_sections``): what a body the fast path does
+    not take is, accepted or refused with the reason."""
+    b = Bundle(run_id, attrs, [], [], [])
+    for key, count, payload in _raw_sections(body):
+        kind, layout = _section_kinds.get(key) or _section_kind(key)
+        if kind == KIND_BUNDLE:
+            raise WireError("bundle: a bundle inside a bundle")
+        if layout:
+            lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
+            if not payload or count * lay.dtype.itemsize != len(payload):
+                k = packed_count(lay, payload)  # raises with the reason when it is not whole records
+                raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
+            b.packed.append((kind, lay, payload, count))
+        elif kind == "heartbeat":
+            b.heartbeats.append(decode_body(kind, payload))
+        else:
+            b.others.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
+    return b
 
 
 def _salvage_rows(kind: str, body: bytes | str) -> tuple[list, list[bytes], list[tuple[int, str]]] | None:

@@ -43,7 +43,7 @@ def test_the_example_parses_and_names_the_components_and_the_head():
     assert "batch" in cfg["processors"]
     exp = cfg["exporters"][EXPORTER]
     assert exp["endpoint"].startswith("https://") and not exp["endpoint"].rstrip("/").endswith(("/v1/logs", "/logs"))
-    assert exp["encoding"] == "proto" and exp["compression"] in ("gzip", "deflate")
+    assert exp["encoding"] == "proto" and exp["compression"] in ("zstd", "gzip", "deflate")
     assert exp["headers"]["Authorization"] == "Bearer ${env:RANKSIGHT_TOKEN}"  # the token from the environment
     assert exp["tls"]["ca_file"] and not exp["tls"].get("insecure") and not exp["tls"].get("insecure_skip_verify")
     assert exp["retry_on_failure"]["enabled"] and exp["sending_queue"]["enabled"]
@@ -149,7 +149,17 @@ def send_through_agent_exporter(port: int, run_id: str) -> None:
 
 
 @pytest.mark.parametrize("encoding", ["proto", "json"])
-def test_a_real_collector_carries_records_to_the_head(tls_head, tmp_path, encoding):
+def test_a_real_collector_carries_records_to_the_head(tls_head, tmp_path, encoding, monkeypatch):
+    from head import receiver
+
+    seen: list[str] = []  # the Content-Encoding of each body the head decompressed
+    orig = receiver.decompress
+
+    def recording(body, enc, *a, **k):
+        seen.append((enc or "identity").strip().lower())
+        return orig(body, enc, *a, **k)
+
+    monkeypatch.setattr(receiver, "decompress", recording)
     binary = collector_binary()
     if binary is None:
         pytest.skip("no OpenTelemetry Collector binary (RANKSIGHT_OTELCOL, otelcol-contrib or otelcol on PATH)")
@@ -177,5 +187,6 @@ def test_a_real_collector_carries_records_to_the_head(tls_head, tmp_path, encodi
             proc.wait(timeout=30)
     assert n == 40, log_path.read_text()[-3000:]
     assert tls_head.stats["http_4xx"] == 0 and tls_head.stats["rejected"] == 0
+    assert seen and set(seen) == {load()["exporters"][EXPORTER]["compression"]}, seen  # the example's, on the wire
     rows = read_table(tls_head.store.root, run_id, "steps")
     assert sorted(set(rows["rank"])) == [0, 1] and sorted(rows["step"].unique().tolist()) == list(range(20))

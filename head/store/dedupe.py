@@ -137,6 +137,39 @@ class SeqIndex:
             out[okidx] = self.new_mask(a[okidx], b[okidx], s[okidx])
             return out
         g = (a << _GBITS) | b
+        if len(self.gk):
+            nxt = self._next_keys(g, s)
+            if nxt is not None:
+                if nxt.all():
+                    return nxt
+                rest = np.nonzero(~nxt)[0]  # other groups than the rows taken: independent of them
+                nxt[rest] = self._sorted_mask(g[rest], s[rest])
+                return nxt
+        return self._sorted_mask(g, s)
+
+    def _next_keys(self, g: np.ndarray, s: np.ndarray) -> np.ndarray | None:
+        """The steady state without a sort: rows whose group is known, appears once in this call, and whose key is
+        the next of its range (``hi + stride``: a rank's next step, a group's next folded collective) are new; their
+        ranges are extended here. Returns the mask of those rows (None when there are none); the caller takes the
+        other rows through ``_sorted_mask``."""
+        k = len(self.gk)
+        idx = np.searchsorted(self.gk, g)
+        np.minimum(idx, k - 1, out=idx)
+        hit = self.gk[idx] == g
+        take = hit & (s == self.hi[idx] + self.stride[idx])
+        if not take.any():
+            return None
+        take &= np.bincount(idx[hit], minlength=k)[idx] == 1  # a group with two rows here: the general path
+        if not take.any():
+            return None
+        self.hi[idx[take]] = s[take]
+        return take
+
+    def _sorted_mask(self, g: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """``new_mask`` for group keys ``g`` (rank << 20 | attempt) in the packed range: sorted by (group, key),
+        looked up with one searchsorted, recorded by ``_record``."""
+        n = len(s)
+        out = np.zeros(n, np.bool_)
         order = np.lexsort((s, g))
         gs, ss = g[order], s[order]
         first = np.ones(n, np.bool_)
@@ -333,11 +366,8 @@ def _packed_values(arr: np.ndarray, c: str, layout: wire.PackedLayout) -> list:
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _factorize_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(codes, distinct values) of a fixed-width bytes array, like ``np.unique(values, return_inverse=True)`` but
-    several times faster on a flush's group names (tens of thousands of rows, thousands of names): the names are
-    hashed to one 64-bit word each, the words factorized, and every row checked against its code's value, so a hash
-    collision is caught (None: the caller takes the exact ``np.unique``) and nothing is approximated."""
+def _hash_words(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one 64-bit hash per value, the values padded to whole words) of a fixed-width bytes array; None when empty."""
     w = values.dtype.itemsize
     if len(values) == 0 or w == 0:
         return None
@@ -348,6 +378,18 @@ def _factorize_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None
     for j in range(1, padded // 8):
         h *= _MIX
         h ^= words[:, j]
+    return h, v
+
+
+def _factorize_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(codes, distinct values) of a fixed-width bytes array, like ``np.unique(values, return_inverse=True)`` but
+    several times faster on a flush's group names (tens of thousands of rows, thousands of names): the names are
+    hashed to one 64-bit word each, the words factorized, and every row checked against its code's value, so a hash
+    collision is caught (None: the caller takes the exact ``np.unique``) and nothing is approximated."""
+    hv = _hash_words(values)
+    if hv is None:
+        return None
+    h, v = hv
     hu, first, codes = np.unique(h, return_index=True, return_inverse=True)
     codes = codes.ravel()
     uniq = v[first]
@@ -371,14 +413,46 @@ class CollectiveIndex(SeqIndex):
         self._sorted_names = np.array([], "S1")
         self._sorted_ids = np.zeros(0, np.int64)
         self._no_sorted = False  # two names that differ only in trailing NULs: the dict alone, always
+        # per name width: the known names by hash (hashes sorted, the names, their numbers), made again when names
+        # are added
+        self._hashes: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def _b(self, attempt: np.ndarray, groups: np.ndarray) -> np.ndarray:
+        ids = self._known_name_ids(groups) if groups.dtype.kind == "S" else None
+        if ids is not None:
+            return (attempt.astype(np.int64) << self._NAME_BITS) | ids
         inv_uniq = _factorize_bytes(groups) if groups.dtype.kind == "S" else None
         if inv_uniq is None:
             uniq, inv = np.unique(groups, return_inverse=True)
         else:
             inv, uniq = inv_uniq
         return (attempt.astype(np.int64) << self._NAME_BITS) | self._name_ids(uniq)[inv.ravel()]
+
+    def _known_name_ids(self, groups: np.ndarray) -> np.ndarray | None:
+        """The numbers of a flush's group names when every one is numbered already (the steady state: a job's
+        groups are made at its start), without sorting the flush: each name hashed to one word and looked up among
+        the known names' hashes, and checked byte for byte against the name found. None when any name is new or a
+        hash repeats among the known names (``_b``'s general path)."""
+        if self._no_sorted or not len(self._sorted_names) or len(groups) == 0:
+            return None
+        width = -(-max(groups.dtype.itemsize, self._sorted_names.dtype.itemsize) // 8) * 8
+        got = self._hashes.get(width)
+        if got is None or len(got[0]) != len(self._sorted_names):
+            h, names = _hash_words(self._sorted_names.astype(f"S{width}"))
+            order = np.argsort(h, kind="stable")
+            hs = h[order]
+            if len(hs) > 1 and (hs[1:] == hs[:-1]).any():  # a collision among known names: the general path
+                return None
+            if len(self._hashes) > 4:
+                self._hashes.clear()
+            got = self._hashes[width] = (hs, names[order], self._sorted_ids[order])
+        hs, names, ids = got
+        h, v = _hash_words(groups.astype(f"S{width}", copy=False))
+        pos = np.searchsorted(hs, h)
+        np.minimum(pos, len(hs) - 1, out=pos)
+        if not (names[pos] == v).all():
+            return None
+        return ids[pos]
 
     def _name_ids(self, uniq: np.ndarray) -> np.ndarray:
         """The number of each distinct group name: names already numbered are looked up in one sorted array (a

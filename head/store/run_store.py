@@ -34,9 +34,16 @@ CLOSE_GRACE_S = 60.0
 CLEANUP_DELAY_S = 10.0
 
 
+# String columns with a value per node, GPU or communicator (thousands of distinct values in a big job's flush): a
+# dictionary page as large as the column, built by hashing every row, costs more than it saves in a fresh part
+# (compaction writes the hour's file with its own encodings). Per-job values (run id, op, source) keep theirs.
+_PER_ENTITY_COLUMNS = frozenset({"host", "group", "comm_id", "uuid"})
+
+
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
-    return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type))]
+    return [f.name for f in schema if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+            or (pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type)))
+            and f.name not in _PER_ENTITY_COLUMNS]
 
 
 def _statistics_columns(table: str, schema: pa.Schema) -> list[str] | bool:
@@ -96,7 +103,11 @@ class RunStore:
         self.root = root
         self.run_id = run_id
         self.flush_rows = flush_rows
+        # Two locks, so that ingest never waits out a flush: ``lock`` is short (the WAL append and the queue, the
+        # buffers and their counts), ``process_lock`` serializes what turns the queue into rows and parts (the dedupe
+        # indexes, the order the live window is fed in, the part files). Taken in that order when both are.
         self.lock = threading.RLock()
+        self.process_lock = threading.RLock()
         # compaction (head/store/compaction.py): its own lock, so ingest and flushes never wait on a merge
         self.compact_lock = threading.Lock()
         self.clock = clock  # the time that names the hour partition a flush writes into
@@ -121,13 +132,13 @@ class RunStore:
         # row lists
         self.q_packed: dict[str, list[tuple[Any, bytes]]] = {t: [] for t in SPECS}
         self.q_rows: dict[str, list[list]] = {t: [] for t in SPECS}
-        self.pending_rows = 0
+        self.pending_rows = 0  # rows queued, or taken from the queue and not yet processed
         self.rows_stored: dict[str, int] = {t: 0 for t in SPECS}
         self.duplicates = 0
         self.unstorable = 0  # rows dropped because Parquet cannot hold a value (logged)
-        # Called (under the lock) as on_new(table, Arrow table of the new rows or None, the new rows
-        # as structs or None, rows in, rows new) for every processed queue; the head feeds its live
-        # window and counters with it.
+        # Called (under ``process_lock``, in arrival order) as on_new(table, Arrow table of the new rows or None, the
+        # new rows as structs or None, rows in, rows new) for every processed queue; the head feeds its live window
+        # and counters with it.
         self.on_new: Callable[..., Any] | None = None
         self._seq = 0
         self.fsync_compacted = fsync
@@ -188,17 +199,19 @@ class RunStore:
 
     def add(self, table: str, rows: list) -> list:
         """Keep the rows not seen before; durable (WAL) when this returns. Returns the new rows."""
-        with self.lock:
+        with self.process_lock:
             self._process_locked(table)  # queued rows first: they were acknowledged earlier
             # logged before they are marked as seen: if the log refuses them (a full disk), a retry is not a duplicate
-            self.wal.append(json_entry(table, _json.encode(rows)))
+            with self.lock:
+                self.wal.append(json_entry(table, _json.encode(rows)))
             new = self.indexes[table].new_rows(rows)
             self.duplicates += len(rows) - len(new)
             if new:
                 t, dropped = rows_to_table(SPECS[table], self.run_id, new)
                 self.unstorable += dropped
                 if t is not None:
-                    self._buffer(table, t)
+                    with self.lock:
+                        self._buffer(table, t)
             full = self.buffered + self.pending_rows >= self.flush_rows
         if full:
             self.flush()
@@ -216,7 +229,8 @@ class RunStore:
     def enqueue(self, work: list[tuple[str, list, list]]) -> None:
         """Queue one request's batches of this run, ``(table, packed batches, decoded chunks)`` per table, under one
         lock and in one write-ahead-log write (one system call per request, not one per table); durable when this
-        returns."""
+        returns. The lock is the short one: a flush processing and writing the rows queued before does not hold
+        it."""
         entries = []
         for table, _, chunks in work:
             for rows, raw in chunks:
@@ -239,80 +253,115 @@ class RunStore:
 
     def process(self) -> int:
         """Dedupe the queued batches into the buffers (feeding ``on_new``); returns the number of new rows."""
-        with self.lock:
+        with self.process_lock:
             return self._process_locked()
 
-    def _process_locked(self, only: str | None = None) -> int:
-        if not self.pending_rows:
-            return 0
-        total = 0
+    def _take_queue(self, only: str | None = None) -> list[tuple[str, list, list]]:
+        """The queued batches of ``only`` (every table when None), ``(table, packed, row lists)`` each, taken out of
+        the queue (under ``lock``). Their rows stay counted in ``pending_rows`` until ``_process_taken`` is done
+        with them, so a view that finds rows pending waits for that processing (``process_lock``)."""
+        out = []
         for table in ([only] if only else list(SPECS)):
             packed, rowlists = self.q_packed[table], self.q_rows[table]
-            if not packed and not rowlists:
-                continue
-            self.q_packed[table], self.q_rows[table] = [], []
+            if packed or rowlists:
+                self.q_packed[table], self.q_rows[table] = [], []
+                out.append((table, packed, rowlists))
+        return out
+
+    def _process_locked(self, only: str | None = None) -> int:
+        """The queue into the buffers; the caller holds ``process_lock`` (not ``lock``: ingest goes on meanwhile)."""
+        if not self.pending_rows:
+            return 0
+        with self.lock:
+            taken = self._take_queue(only)
+        total = 0
+        for table, t in self._process_taken(taken):
+            with self.lock:
+                self._buffer(table, t)
+            total += t.num_rows
+        return total
+
+    def _process_taken(self, taken: list[tuple[str, list, list]]) -> list[tuple[str, pa.Table]]:
+        """Taken batches deduplicated (vectorized: one array per table) into Arrow tables of their new rows, in
+        arrival order, ``on_new`` fed with each; the caller holds ``process_lock``."""
+        out = []
+        for table, packed, rowlists in taken:
             index = self.indexes[table]
             if packed:  # one array in arrival order, whatever the layouts (the live window keeps arrival order)
-                arr, lay = merge_packed(wire.KIND_OF_TABLE[table], packed)
-                n = len(arr)
-                self.pending_rows -= n
-                mask = index.new_packed(arr, lay)
-                k = int(np.count_nonzero(mask))
-                self.duplicates += n - k
-                t = None
-                if k:
-                    try:
-                        t = packed_to_table(table, self.run_id, arr if k == n else arr[mask], lay)
-                    except (pa.ArrowException, ValueError, TypeError) as e:  # never expected: layouts are checked
-                        log.error("store %s/%s: %d packed rows not convertible, dropped: %s", self.run_id, table, k, e)
-                        self.unstorable += k
-                if t is not None:
-                    self._buffer(table, t)
-                    total += t.num_rows
-                if self.on_new is not None:
-                    self.on_new(table, t, None, n, k)
+                n = sum(len(body) // lay.dtype.itemsize for lay, body in packed)
+                try:
+                    arr, lay = merge_packed(wire.KIND_OF_TABLE[table], packed)
+                    mask = index.new_packed(arr, lay)
+                    k = int(np.count_nonzero(mask))
+                    self.duplicates += n - k
+                    t = None
+                    if k:
+                        try:
+                            t = packed_to_table(table, self.run_id, arr if k == n else arr[mask], lay)
+                        except (pa.ArrowException, ValueError, TypeError) as e:  # never expected: layouts are checked
+                            log.error("store %s/%s: %d packed rows not convertible, dropped: %s", self.run_id, table,
+                                      k, e)
+                            self.unstorable += k
+                    if t is not None:
+                        out.append((table, t))
+                    if self.on_new is not None:
+                        self.on_new(table, t, None, n, k)
+                finally:
+                    with self.lock:
+                        self.pending_rows -= n
             if rowlists:
                 rows = rowlists[0] if len(rowlists) == 1 else [r for rl in rowlists for r in rl]
                 n = len(rows)
-                self.pending_rows -= n
-                new = index.new_rows(rows)
-                self.duplicates += n - len(new)
-                t = None
-                if new:
-                    t, dropped = rows_to_table(SPECS[table], self.run_id, new)
-                    self.unstorable += dropped
-                    if t is not None:
-                        self._buffer(table, t)
-                        total += t.num_rows
-                if self.on_new is not None:
-                    self.on_new(table, t, new, n, len(new))
-        return total
+                try:
+                    new = index.new_rows(rows)
+                    self.duplicates += n - len(new)
+                    t = None
+                    if new:
+                        t, dropped = rows_to_table(SPECS[table], self.run_id, new)
+                        self.unstorable += dropped
+                        if t is not None:
+                            out.append((table, t))
+                    if self.on_new is not None:
+                        self.on_new(table, t, new, n, len(new))
+                finally:
+                    with self.lock:
+                        self.pending_rows -= n
+        return out
 
     # -- flush ------------------------------------------------------------------
     def flush(self) -> int:
         """Process the queue and write the buffers as one part file per table; returns the rows written."""
-        with self.lock:
-            self._process_locked()
+        with self.process_lock:
             return self._flush_locked()
 
     def _flush_locked(self) -> int:
-        if not self.buffered:
-            if not self.pending_rows and self.wal.holds_entries():
-                # every row the WAL holds was a duplicate of one already in a part (``add`` logs rows before the
-                # dedupe drops them): nothing to keep
-                self.wal.rotate()
-                self.wal.release()
-            return 0
-        buffers = self.buffers
-        counts = self.buffered_rows
-        self.buffers = {t: [] for t in SPECS}
-        self.buffered_rows = {t: 0 for t in SPECS}
-        n = self.buffered
-        self.buffered = 0
-        # Rotate the WAL first: the old generation is deleted only once its rows are in parts.
-        # (Packed batches still queued would be lost with it: callers process the queue first.)
-        self.wal.rotate()
+        """The flush; the caller holds ``process_lock``. Under ``lock``, briefly: the queue and the buffers are
+        taken and the WAL rotated, together, so every row of the old generations is in what this flush writes and
+        every row logged after is in the new generation and the new queue. Then, with ingest going on: the taken
+        queue processed, the parts written, and the old generations deleted once they are."""
+        with self.lock:
+            taken = self._take_queue()
+            if not self.buffered and not taken:
+                if not self.pending_rows and self.wal.holds_entries():
+                    # every row the WAL holds was a duplicate of one already in a part (``add`` logs rows before the
+                    # dedupe drops them): nothing to keep
+                    self.wal.rotate()
+                    self.wal.release()
+                return 0
+            buffers = self.buffers
+            counts = self.buffered_rows
+            self.buffers = {t: [] for t in SPECS}
+            self.buffered_rows = {t: 0 for t in SPECS}
+            n = self.buffered
+            self.buffered = 0
+            # the old generation is deleted only once its rows are in parts
+            self.wal.rotate()
+        for table, t in self._process_taken(taken):
+            buffers[table].append(t)
+            counts[table] += t.num_rows
+            n += t.num_rows
         failed = None
+        kept: list[tuple[str, list[pa.Table]]] = []
         for table, chunks in buffers.items():
             if not chunks:
                 continue
@@ -322,15 +371,18 @@ class RunStore:
                     continue
                 except OSError as e:  # disk full, permissions: keep the rows, try again next flush
                     failed = e
-            # not written: back into the buffer (its WAL generation is kept until it is)
-            self.buffers[table][:0] = chunks
-            self.buffered_rows[table] += counts[table]
-            self.buffered += counts[table]
+            kept.append((table, chunks))
+        with self.lock:
+            for table, chunks in kept:  # not written: back into the buffer (its WAL generation is kept until it is)
+                self.buffers[table][:0] = chunks
+                self.buffered_rows[table] += counts[table]
+                self.buffered += counts[table]
+            if failed is None:
+                self.wal.release()
         if failed is not None:
             log.error("store %s: flush failed (%s); %d rows kept for the next flush", self.run_id, failed,
                       self.buffered)
             return 0
-        self.wal.release()
         return n
 
     def _write_part(self, table: str, chunks: list[pa.Table]) -> None:
@@ -340,20 +392,21 @@ class RunStore:
         self._seq += 1
         name = f"part-{time.time_ns()}-{os.getpid()}-{self._seq:06d}.parquet"
         tmp = d / f".{name}.tmp"
-        # CRC per page: corruption is detected on read. Dictionary encoding for the string columns only (run ids,
-        # hosts, group names: few distinct values), not for the float and int columns, where it costs more CPU than
-        # it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max statistics for
-        # the key columns only (a reader filtering on them skips parts; the compacted file has them all).
+        # CRC per page: corruption is detected on read. Dictionary encoding for the string columns with few distinct
+        # values only (run ids, ops: ``_dictionary_columns``), not for the float and int columns, where it costs
+        # more CPU than it saves bytes in a part file that compaction rewrites anyway; for the same reason min/max
+        # statistics for the key columns only (a reader filtering on them skips parts; the compacted file has them
+        # all).
         pq.write_table(arrow, tmp, write_page_checksum=True, use_dictionary=_dictionary_columns(arrow.schema),
                        write_statistics=_statistics_columns(table, arrow.schema))
         os.replace(tmp, d / name)
         self.rows_stored[table] += arrow.num_rows
 
     def close(self) -> None:
-        with self.lock:
-            self._process_locked()
+        with self.process_lock:
             self._flush_locked()
-            self.wal.close()
+            with self.lock:
+                self.wal.close()
         try:  # the head stops: every partition to one file, covered parts removed at once (no reader waits on us)
             self.compact(everything=True, cleanup_delay=0.0)
         except Exception:  # noqa: BLE001 - the rows are safe in their parts; the next start compacts them
@@ -462,7 +515,7 @@ class RunStore:
 
     def stored_and_buffered(self, table: str) -> int:
         """Rows of ``table`` in part files or buffered (after dedupe of the queue)."""
-        with self.lock:
+        with self.process_lock:
             self._process_locked(table)
             return self.rows_stored[table] + self.buffered_rows[table]
 
