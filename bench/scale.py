@@ -281,6 +281,51 @@ def send_all(url: str, seconds: list[list[bytes]], connections: int, on_second) 
     return behind
 
 
+def send_seconds(url: str, seconds: list[list[bytes]], a, on_second) -> tuple[list[float], float, str]:
+    """The seconds' bodies to the head as ``a`` says: over ``--connections`` client threads here, or one connection
+    per request of a second (``--per-agent-connections``). Returns (behind real time per second, the senders' CPU
+    seconds, the connections in words)."""
+    if not a.per_agent_connections:
+        client0 = time.process_time()
+        behind = send_all(url, seconds, a.connections, on_second)
+        return behind, time.process_time() - client0, f"{a.connections} client threads in the bench's process"
+    from bench.agent_connections import send_per_agent
+
+    behind, cpu, connect_s = send_per_agent(url, TOKEN, seconds, on_second, processes=a.sender_processes)
+    return behind, cpu, (f"{len(seconds[0])} keep-alive connections (one per request of a second) from "
+                         f"{a.sender_processes} sender processes, opened in {connect_s:.1f} s")
+
+
+class RoundWatch:
+    """Each analysis round's wall time, from the head's ``ranksight_head_analysis_round_seconds`` read once a second
+    after ``warmup`` seconds (a round's sum and count change together; rounds are seconds apart)."""
+
+    def __init__(self, url: str, warmup: float):
+        self.url, self.rounds = url, []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._watch, args=(warmup,), daemon=True)
+        self._t.start()
+
+    def _watch(self, warmup: float) -> None:
+        if self._stop.wait(warmup):
+            return
+        prev = None
+        while not self._stop.wait(1.0):
+            try:
+                m = scrape(self.url)
+            except OSError:
+                continue
+            now = (m.get("count", 0.0), m.get("sum", 0.0))
+            if prev is not None and now[0] > prev[0]:
+                self.rounds.append((now[1] - prev[1]) / (now[0] - prev[0]))
+            prev = now
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._t.join(5)
+        return list(self.rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=16384)
@@ -293,13 +338,23 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=30, help="seconds of real time (steps per rank)")
     ap.add_argument("--warmup", type=int, default=8, help="seconds before the head's CPU is read the first time")
     ap.add_argument("--agents-per-request", type=int, default=1)
-    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--connections", type=int, default=8,
+                    help="client threads the requests share (a Collector's few connections)")
+    ap.add_argument("--per-agent-connections", action="store_true",
+                    help="one keep-alive connection per request of a second instead (per agent with "
+                         "--agents-per-request 1, as agents connect: bench/agent_connections.py)")
+    ap.add_argument("--sender-processes", type=int, default=4,
+                    help="with --per-agent-connections: the sender processes the connections are spread over")
     ap.add_argument("--analyze-interval", type=float, default=5.0, help="the head's; 0: no live analysis")
     ap.add_argument("--slow-from", type=int, default=10, help="the second from which rank 3 computes 1.3x")
     ap.add_argument("--no-bundle", action="store_true",
                     help="one log record per batch, as agents before bundle-v1 (and agents facing an older head) send")
     ap.add_argument("--by-kind", action="store_true",
                     help="first, in this process on one core without HTTP: the head's ingest CPU per kind of record")
+    ap.add_argument("--head-tree", type=Path, default=ROOT,
+                    help="run the head from this checkout (a baseline's worktree); the senders stay this one's")
+    ap.add_argument("--head-arg", action="append", default=[],
+                    help="one more argument for the head's command line (repeat it)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     if a.warmup >= a.seconds:
@@ -348,10 +403,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ranksight-scale-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RANKSIGHT_TOKEN=TOKEN)
+    tree = a.head_tree.resolve()
+    env = dict(os.environ, PYTHONPATH=str(tree), RANKSIGHT_TOKEN=TOKEN)
     head = subprocess.Popen([sys.executable, "-m", "cli.main", "head", "--store", str(tmp / "store"), "--port",
-                             str(port), "--token", TOKEN, "--log-level", "WARNING", "--analyze-interval", str(a.analyze_interval)],
-                            env=env, cwd=ROOT,
+                             str(port), "--token", TOKEN, "--log-level", "WARNING", "--analyze-interval", str(a.analyze_interval),
+                             *a.head_arg],
+                            env=env, cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "head.log", "wb"))
     try:
         for _ in range(300):
@@ -366,10 +423,10 @@ def main() -> None:
             if i + 1 == a.warmup:
                 marks["from"] = (time.monotonic(), scrape(url))
 
-        client0 = time.process_time()
-        behind = send_all(url, seconds, a.connections, on_second)
-        client_cpu = time.process_time() - client0
+        rounds_seen = RoundWatch(url, a.warmup)
+        behind, client_cpu, connections = send_seconds(url, seconds, a, on_second)
         marks["to"] = (time.monotonic(), scrape(url))
+        round_times = rounds_seen.stop()
         req = urllib.request.Request(f"{url}/api/runs/{RUN}/findings", headers={"Authorization": f"Bearer {TOKEN}"})
         findings = json.loads(urllib.request.urlopen(req, timeout=60).read())
     finally:
@@ -399,6 +456,11 @@ def main() -> None:
         print(f"  {k:10s} {v:6.1f} %")
     print(f"  {'total':10s} {sum(share.values()):6.1f} %")
     print(f"analysis rounds: {rounds:.0f}, mean {mean_round:.2f} s, longest ≤ {longest} s (window ≤ {a.seconds} steps)")
+    if round_times:
+        srt = sorted(round_times)
+        print(f"  each round after the warm-up (s): {', '.join(f'{x:.2f}' for x in round_times)}; "
+              f"min {srt[0]:.2f}, median {srt[len(srt) // 2]:.2f}")
+    print(f"connections: {connections}")
     print(f"senders behind real time at the end: {behind[-1]:.1f} s (most: {max(behind):.1f} s); the senders' own "
           f"CPU: {100 * client_cpu / (len(behind) + behind[-1]):.0f} % of one core; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -406,7 +468,7 @@ def main() -> None:
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
     if a.json:
         a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle,
-                                          seconds=a.seconds, span_s=span, share_pct=share, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
+                                          seconds=a.seconds, span_s=span, share_pct=share, connections=connections, round_s=round_times, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
                                           findings=named), indent=1))
 
