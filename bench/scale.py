@@ -281,6 +281,33 @@ def send_all(url: str, seconds: list[list[bytes]], connections: int, on_second) 
     return behind
 
 
+def cached_bodies(a, build) -> tuple[list[list[bytes]], list[float]]:
+    """Every second's request bodies and the agents' CPU for each (``build(second)``), read from ``--bodies-cache``
+    when an earlier run with the same fleet options and the same encoding code made them (a 16,384-rank fleet's
+    40 s take a minute to build), else built (and written there)."""
+    import hashlib
+    import pickle
+
+    if a.bodies_cache is None:
+        built = [build(s) for s in range(a.seconds)]
+        return [b for b, _ in built], [c for _, c in built]
+    key = hashlib.sha256(repr((a.ranks, a.tp, a.pp, a.tp_ops, a.dp_ops, a.collectives, a.seconds,
+                               a.agents_per_request, a.slow_from, a.no_bundle)).encode())
+    for src in (Path(__file__), ROOT / "ranksight" / "wire.py", ROOT / "ranksight" / "schema.py",
+                ROOT / "ranksight" / "collective_fold.py"):
+        key.update(src.read_bytes())
+    path = a.bodies_cache / f"scale-{key.hexdigest()[:16]}.pickle"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    built = [build(s) for s in range(a.seconds)]
+    out = [b for b, _ in built], [c for _, c in built]
+    a.bodies_cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+    tmp.replace(path)
+    return out
+
+
 def send_seconds(url: str, seconds: list[list[bytes]], a, on_second) -> tuple[list[float], float, str]:
     """The seconds' bodies to the head as ``a`` says: over ``--connections`` client threads here, or one connection
     per request of a second (``--per-agent-connections``). Returns (behind real time per second, the senders' CPU
@@ -355,6 +382,8 @@ def main() -> None:
                     help="run the head from this checkout (a baseline's worktree); the senders stay this one's")
     ap.add_argument("--head-arg", action="append", default=[],
                     help="one more argument for the head's command line (repeat it)")
+    ap.add_argument("--bodies-cache", type=Path,
+                    help="keep the built request bodies in this folder and reuse them (same options and encoding)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     if a.warmup >= a.seconds:
@@ -365,11 +394,8 @@ def main() -> None:
     fleet = Fleet(a.ranks, a.tp, a.pp, a.tp_ops, a.dp_ops, fold, a.slow_from)
     resources = [Resource.create({"service.name": "ranksight-agent", wire.R_NODE: n, wire.R_HOST: f"node{n:05d}"})
                  for n in range(fleet.nodes)]
-    seconds, agent_cpu = [], []
-    for s in range(a.seconds):
-        bodies, cpu = build_second(fleet, s, a.agents_per_request, resources, bundle=not a.no_bundle)
-        seconds.append(bodies)
-        agent_cpu.append(cpu)
+    seconds, agent_cpu = cached_bodies(a, lambda s: build_second(fleet, s, a.agents_per_request, resources,
+                                                                  bundle=not a.no_bundle))
     per_s = sum(len(b) for b in seconds[1]) / 1e6
     n_coll = len(fleet.node_records(0, 1)["collective"]) * fleet.nodes
     n_ops = fleet.nodes * sum(a.tp_ops + a.dp_ops + sum((r, x) in fleet.comm_of for x in ("send", "recv"))
