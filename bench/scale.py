@@ -232,6 +232,8 @@ def scrape(url: str) -> dict[str, float]:
                 out["cpu:" + s.labels["part"]] = s.value
             elif s.name in ("ranksight_head_analysis_round_seconds_sum", "ranksight_head_analysis_round_seconds_count"):
                 out[s.name.rsplit("_", 1)[1]] = s.value
+            elif s.name == "ranksight_head_ingest_batches_total" and s.labels.get("signal") == "logs":
+                out["requests"] = s.value
             elif s.name == "ranksight_head_analysis_round_seconds_bucket":
                 out["le:" + s.labels["le"]] = s.value
     return out
@@ -479,8 +481,11 @@ def main() -> None:
     named = [f for f in found if isinstance(f, dict) and f.get("kind") == "straggler"]
     print(f"\nhead over {span:.0f} s of real time (after {a.warmup} s of warm-up), share of one core by part:")
     for k, v in share.items():
-        print(f"  {k:10s} {v:6.1f} %")
-    print(f"  {'total':10s} {sum(share.values()):6.1f} %")
+        print(f"  {k:14s} {v:6.1f} %")
+    print(f"  {'total':14s} {sum(share.values()):6.1f} %")
+    answered = m2.get("requests", 0.0) - m1.get("requests", 0.0)
+    http_us = 1e6 * (m2.get("cpu:http", 0.0) - m1.get("cpu:http", 0.0)) / answered if answered else float("nan")
+    print(f"requests answered: {answered:.0f} ({answered / span:.0f}/s); http CPU per request {http_us:.0f} µs")
     print(f"analysis rounds: {rounds:.0f}, mean {mean_round:.2f} s, longest ≤ {longest} s (window ≤ {a.seconds} steps)")
     if round_times:
         srt = sorted(round_times)
@@ -494,7 +499,8 @@ def main() -> None:
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
     if a.json:
         a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle,
-                                          seconds=a.seconds, span_s=span, share_pct=share, connections=connections, round_s=round_times, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
+                                          seconds=a.seconds, span_s=span, share_pct=share, connections=connections, round_s=round_times,
+                                          requests=answered, http_us_per_request=http_us, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
                                           findings=named), indent=1))
 
