@@ -64,6 +64,10 @@ def head(
     min_nodes: int = typer.Option(1, "--min-nodes", help="The policy never evicts below this many nodes."),
     confirm_rounds: int = typer.Option(3, "--confirm-rounds", help="Analysis rounds a finding must persist before an eviction."),
     evict_cooldown: float = typer.Option(600.0, "--evict-cooldown", help="Seconds between two evictions."),
+    switch_interval: float = typer.Option(0.0, "--switch-interval", min=0.0,
+                                          help="Seconds a thread of the head runs before the interpreter hands its "
+                                               "lock to another that waits (sys.setswitchinterval); 0: Python's "
+                                               "default (0.005)."),
     priority: str = typer.Option("normal", "--priority", envvar="RANKSIGHT_HEAD_PRIORITY",
                                  help="CPU/IO priority: normal (the head has a node of its own) | low (nice 19) | idle "
                                       "(SCHED_IDLE: for a head that must share the training cores)."),
@@ -105,6 +109,8 @@ def head(
         print(f"ranksight head: generated a token in {token_file} (mode 0600): give it to agents and clients as "
               f"RANKSIGHT_TOKEN", flush=True)
     tune_gc()
+    if switch_interval > 0:
+        sys.setswitchinterval(switch_interval)
     from head.policy_runner import MODES, PolicyRunner
     from analyzers.policy import PolicyConfig
 
