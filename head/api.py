@@ -331,11 +331,13 @@ class HeadServer(ParkingHTTPServer):
     request_queue_size = 1024  # a whole fleet's agents (re)connecting at once, as after a head restart
 
 
-def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> HeadServer:
+def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None, park: bool = True) -> HeadServer:
     """The head's server on ``bind:port``; ``tls``: a server ``ssl.SSLContext`` (``ranksight.tls.ServerTls``) for
-    HTTPS, None for plain http."""
+    HTTPS, None for plain http; ``park``: keep-alive connections parked between requests (ranksight/parked_http.py),
+    else a thread per connection."""
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
-    srv = HeadServer((bind, port), handler, tls=tls)
+    server_class = HeadServer if park else type("ThreadedHeadServer", (HeadServer,), {"park_connections": False})
+    srv = server_class((bind, port), handler, tls=tls)
     srv.raise_open_files()
     srv.thread_parts = head.cpu  # request handlers: the "http" part of the head's CPU
     return srv

@@ -64,6 +64,10 @@ def head(
     min_nodes: int = typer.Option(1, "--min-nodes", help="The policy never evicts below this many nodes."),
     confirm_rounds: int = typer.Option(3, "--confirm-rounds", help="Analysis rounds a finding must persist before an eviction."),
     evict_cooldown: float = typer.Option(600.0, "--evict-cooldown", help="Seconds between two evictions."),
+    park_connections: bool = typer.Option(True, "--park-connections/--thread-per-connection",
+                                          help="Agents' keep-alive connections wait in one epoll between requests and "
+                                               "a few threads serve the requests (plain HTTP on Linux), or a thread "
+                                               "per connection (as under TLS)."),
     switch_interval: float = typer.Option(0.0, "--switch-interval", min=0.0,
                                           help="Seconds a thread of the head runs before the interpreter hands its "
                                                "lock to another that waits (sys.setswitchinterval); 0: Python's "
@@ -132,7 +136,7 @@ def head(
     h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
         min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:
-        srv = make_server(h, bind, port, tls=tls_context)
+        srv = make_server(h, bind, port, tls=tls_context, park=park_connections)
     except OSError as e:
         h.close()
         raise typer.BadParameter(f"cannot listen on {bind}:{port}: {e}") from None
