@@ -194,6 +194,8 @@ class ParkingHTTPServer(BoundedThreadingHTTPServer):
     def _serve(self, c: _Parked) -> None:
         """The connection's requests while they come (one, unless the client sent the next already), then parked."""
         h = c.handler
+        if self._conns.get(c.fd) is not c:  # closed while it waited for a worker (the server closing)
+            return
         try:
             while True:
                 h.handle_one_request()
@@ -214,7 +216,7 @@ class ParkingHTTPServer(BoundedThreadingHTTPServer):
                     except (OSError, ValueError):  # the server is closing (its epoll closed)
                         break
                     return
-        except OSError as e:  # the peer reset or went away
+        except (OSError, ValueError) as e:  # the peer reset or went away; closed under it by server_close
             log.debug("http: connection from %s ended: %s", h.client_address[0], e)
         except Exception:  # noqa: BLE001 - a bug in a handler ends its connection, never the server
             self.handle_error(c.sock, h.client_address)
