@@ -74,17 +74,18 @@ def run_forked(fn: Callable[[Any], Any], data: Any, timeout_s: float,
         finally:
             os._exit(code)
     os.close(w)
+    raw = None
     try:
         raw = _read_all(r, time.monotonic() + timeout_s)
     finally:
         os.close(r)
+        if raw is None:  # past the deadline, or the wait itself failed: the child must not outlive it, nor be left a zombie
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _, status, usage = os.wait4(pid, 0)
     timed_out = raw is None
-    if timed_out:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _, status, usage = os.wait4(pid, 0)
     if on_child_cpu is not None:
         on_child_cpu(usage.ru_utime + usage.ru_stime)
     if timed_out:
@@ -117,14 +118,16 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_all(fd: int, deadline: float) -> bytes | None:
-    """Everything the child writes until it closes its end; None at the deadline."""
+    """Everything the child writes until it closes its end; None at the deadline. ``poll``, not ``select``: a head
+    holding thousands of connections has descriptors past ``select``'s 1,024."""
     chunks = []
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return None
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        if not poller.poll(max(1, int(left * 1000))):
             continue
         chunk = os.read(fd, 1 << 20)
         if not chunk:

@@ -42,6 +42,8 @@ def test_a_forked_round_books_the_findings_an_in_thread_round_books(tmp_path):
     try:
         assert not heads["thread"].rounds_forked and heads["child"].rounds_forked
         t0 = time.time() - 100
+        for h in heads.values():  # one clock for both: the hang check judges silence against it
+            h.analysis.clock = lambda: t0 + 100
         for s0 in range(0, 96, 24):
             for h in heads.values():
                 _feed(h, s0, s0 + 24, t0)
@@ -132,3 +134,25 @@ def test_the_switch_says_where_a_round_runs(tmp_path):
     assert round_in_child("thread", default_analyzers=True) is False
     with pytest.raises(ValueError, match="analyze_in"):
         round_in_child("elsewhere", default_analyzers=True)
+
+
+def test_a_forked_round_in_a_head_holding_thousands_of_descriptors(tmp_path):
+    """A head with 2,048 agents' connections open has descriptors past select()'s 1,024: the round's pipe is one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 1400
+    if hard != resource.RLIM_INFINITY and hard < want:
+        pytest.skip("the open-files hard limit is below 1,400")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
+    held = []
+    try:
+        while len(held) < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        cpu = []
+        assert forked_analyzer(lambda data: [data * 2], on_child_cpu=cpu.append)(21) == [42]
+        assert len(cpu) == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
