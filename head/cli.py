@@ -68,10 +68,6 @@ def head(
                                           help="Agents' keep-alive connections wait in one epoll between requests and "
                                                "a few threads serve the requests (plain HTTP on Linux), or a thread "
                                                "per connection (as under TLS)."),
-    switch_interval: float = typer.Option(0.0, "--switch-interval", min=0.0,
-                                          help="Seconds a thread of the head runs before the interpreter hands its "
-                                               "lock to another that waits (sys.setswitchinterval); 0: Python's "
-                                               "default (0.005)."),
     priority: str = typer.Option("normal", "--priority", envvar="RANKSIGHT_HEAD_PRIORITY",
                                  help="CPU/IO priority: normal (the head has a node of its own) | low (nice 19) | idle "
                                       "(SCHED_IDLE: for a head that must share the training cores)."),
@@ -113,8 +109,6 @@ def head(
         print(f"ranksight head: generated a token in {token_file} (mode 0600): give it to agents and clients as "
               f"RANKSIGHT_TOKEN", flush=True)
     tune_gc()
-    if switch_interval > 0:
-        sys.setswitchinterval(switch_interval)
     from head.policy_runner import MODES, PolicyRunner
     from analyzers.policy import PolicyConfig
 
