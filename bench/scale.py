@@ -25,7 +25,9 @@ script builds; the agent's spool reading is in bench/agent_cycle.py (A4).
 The head: the real ``ranksight head`` in its own process (live analysis every 5 s, its default), fed over
 loopback HTTP by ``--connections`` keep-alive client threads in this process, each second's requests spread over
 the second (``--agents-per-request`` > 1: an OpenTelemetry Collector's batch processor merges that many agents'
-exports into one request, docs/otel-collector.md). After ``--warmup`` seconds the head's own
+exports into one request, docs/otel-collector.md), or, with ``--per-agent-connections``, one keep-alive connection per
+request of a second (per agent, as agents without a Collector connect) from ``--sender-processes`` forked sender
+processes (bench/agent_connections.py). After ``--warmup`` seconds the head's own
 ``ranksight_head_cpu_seconds_total{part}`` and ``ranksight_head_analysis_round_seconds`` are read from its
 ``/metrics`` and again at the end: the share of one core each part of the head took, and the analysis rounds'
 mean and longest wall time (the live window then holds as many steps as seconds have passed, fewer than the 256 a
