@@ -25,7 +25,9 @@ script builds; the agent's spool reading is in bench/agent_cycle.py (A4).
 The head: the real ``ranksight head`` in its own process (live analysis every 5 s, its default), fed over
 loopback HTTP by ``--connections`` keep-alive client threads in this process, each second's requests spread over
 the second (``--agents-per-request`` > 1: an OpenTelemetry Collector's batch processor merges that many agents'
-exports into one request, docs/otel-collector.md). After ``--warmup`` seconds the head's own
+exports into one request, docs/otel-collector.md), or, with ``--per-agent-connections``, one keep-alive connection per
+request of a second (per agent, as agents without a Collector connect) from ``--sender-processes`` forked sender
+processes (bench/agent_connections.py). After ``--warmup`` seconds the head's own
 ``ranksight_head_cpu_seconds_total{part}`` and ``ranksight_head_analysis_round_seconds`` are read from its
 ``/metrics`` and again at the end: the share of one core each part of the head took, and the analysis rounds'
 mean and longest wall time (the live window then holds as many steps as seconds have passed, fewer than the 256 a
@@ -245,6 +247,8 @@ def scrape(url: str) -> dict[str, float]:
                 out["cpu:" + s.labels["part"]] = s.value
             elif s.name in ("ranksight_head_analysis_round_seconds_sum", "ranksight_head_analysis_round_seconds_count"):
                 out[s.name.rsplit("_", 1)[1]] = s.value
+            elif s.name == "ranksight_head_ingest_batches_total" and s.labels.get("signal") == "logs":
+                out["requests"] = s.value
             elif s.name == "ranksight_head_analysis_round_seconds_bucket":
                 out["le:" + s.labels["le"]] = s.value
     return out
@@ -295,6 +299,79 @@ def send_all(url: str, seconds: list[list[bytes]], connections: int, on_second,
     return behind
 
 
+def cached_bodies(a, build) -> tuple[list[list[bytes]], list[float]]:
+    """Every second's request bodies and the agents' CPU for each (``build(second)``), read from ``--bodies-cache``
+    when an earlier run with the same fleet options and the same encoding code made them (a 16,384-rank fleet's
+    40 s take a minute to build), else built (and written there)."""
+    import hashlib
+    import pickle
+
+    if a.bodies_cache is None:
+        built = [build(s) for s in range(a.seconds)]
+        return [b for b, _ in built], [c for _, c in built]
+    key = hashlib.sha256(repr((a.ranks, a.tp, a.pp, a.tp_ops, a.dp_ops, a.collectives, a.seconds,
+                               a.agents_per_request, a.slow_from, a.no_bundle, a.encoding)).encode())
+    for src in (Path(__file__), ROOT / "ranksight" / "wire.py", ROOT / "ranksight" / "schema.py",
+                ROOT / "ranksight" / "collective_fold.py"):
+        key.update(src.read_bytes())
+    path = a.bodies_cache / f"scale-{key.hexdigest()[:16]}.pickle"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    built = [build(s) for s in range(a.seconds)]
+    out = [b for b, _ in built], [c for _, c in built]
+    a.bodies_cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+    tmp.replace(path)
+    return out
+
+
+def send_seconds(url: str, seconds: list[list[bytes]], a, on_second) -> tuple[list[float], float, str]:
+    """The seconds' bodies to the head as ``a`` says: over ``--connections`` client threads here, or one connection
+    per request of a second (``--per-agent-connections``). Returns (behind real time per second, the senders' CPU
+    seconds, the connections in words)."""
+    if not a.per_agent_connections:
+        client0 = time.process_time()
+        behind = send_all(url, seconds, a.connections, on_second, a.encoding)
+        return behind, time.process_time() - client0, f"{a.connections} client threads in the bench's process"
+    from bench.agent_connections import send_per_agent
+
+    behind, cpu, connect_s = send_per_agent(url, TOKEN, seconds, on_second, processes=a.sender_processes,
+                                            encoding=a.encoding)
+    return behind, cpu, (f"{len(seconds[0])} keep-alive connections (one per request of a second) from "
+                         f"{a.sender_processes} sender processes, opened in {connect_s:.1f} s")
+
+
+class RoundWatch:
+    """Each analysis round's wall time, from the head's ``ranksight_head_analysis_round_seconds`` read once a second
+    after ``warmup`` seconds (a round's sum and count change together; rounds are seconds apart)."""
+
+    def __init__(self, url: str, warmup: float):
+        self.url, self.rounds = url, []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._watch, args=(warmup,), daemon=True)
+        self._t.start()
+
+    def _watch(self, warmup: float) -> None:
+        if self._stop.wait(warmup):
+            return
+        prev = None
+        while not self._stop.wait(1.0):
+            try:
+                m = scrape(self.url)
+            except OSError:
+                continue
+            now = (m.get("count", 0.0), m.get("sum", 0.0))
+            if prev is not None and now[0] > prev[0]:
+                self.rounds.append((now[1] - prev[1]) / (now[0] - prev[0]))
+            prev = now
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._t.join(5)
+        return list(self.rounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=16384)
@@ -307,7 +384,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=30, help="seconds of real time (steps per rank)")
     ap.add_argument("--warmup", type=int, default=8, help="seconds before the head's CPU is read the first time")
     ap.add_argument("--agents-per-request", type=int, default=1)
-    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--connections", type=int, default=8,
+                    help="client threads the requests share (a Collector's few connections)")
+    ap.add_argument("--per-agent-connections", action="store_true",
+                    help="one keep-alive connection per request of a second instead (per agent with "
+                         "--agents-per-request 1, as agents connect: bench/agent_connections.py)")
+    ap.add_argument("--sender-processes", type=int, default=4,
+                    help="with --per-agent-connections: the sender processes the connections are spread over")
     ap.add_argument("--analyze-interval", type=float, default=5.0, help="the head's; 0: no live analysis")
     ap.add_argument("--slow-from", type=int, default=10, help="the second from which rank 3 computes 1.3x")
     ap.add_argument("--no-bundle", action="store_true",
@@ -317,6 +400,12 @@ def main() -> None:
                          "deflate, as they send it to an older head")
     ap.add_argument("--by-kind", action="store_true",
                     help="first, in this process on one core without HTTP: the head's ingest CPU per kind of record")
+    ap.add_argument("--head-tree", type=Path, default=ROOT,
+                    help="run the head from this checkout (a baseline's worktree); the senders stay this one's")
+    ap.add_argument("--head-arg", action="append", default=[],
+                    help="one more argument for the head's command line (repeat it)")
+    ap.add_argument("--bodies-cache", type=Path,
+                    help="keep the built request bodies in this folder and reuse them (same options and encoding)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     if a.warmup >= a.seconds:
@@ -327,12 +416,8 @@ def main() -> None:
     fleet = Fleet(a.ranks, a.tp, a.pp, a.tp_ops, a.dp_ops, fold, a.slow_from)
     resources = [Resource.create({"service.name": "ranksight-agent", wire.R_NODE: n, wire.R_HOST: f"node{n:05d}"})
                  for n in range(fleet.nodes)]
-    seconds, agent_cpu = [], []
-    for s in range(a.seconds):
-        bodies, cpu = build_second(fleet, s, a.agents_per_request, resources, bundle=not a.no_bundle,
-                                   encoding=a.encoding)
-        seconds.append(bodies)
-        agent_cpu.append(cpu)
+    seconds, agent_cpu = cached_bodies(a, lambda s: build_second(fleet, s, a.agents_per_request, resources,
+                                                                  bundle=not a.no_bundle, encoding=a.encoding))
     per_s = sum(len(b) for b in seconds[1]) / 1e6
     n_coll = len(fleet.node_records(0, 1)["collective"]) * fleet.nodes
     n_ops = fleet.nodes * sum(a.tp_ops + a.dp_ops + sum((r, x) in fleet.comm_of for x in ("send", "recv"))
@@ -366,10 +451,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ranksight-scale-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RANKSIGHT_TOKEN=TOKEN)
+    tree = a.head_tree.resolve()
+    env = dict(os.environ, PYTHONPATH=str(tree), RANKSIGHT_TOKEN=TOKEN)
     head = subprocess.Popen([sys.executable, "-m", "cli.main", "head", "--store", str(tmp / "store"), "--port",
-                             str(port), "--token", TOKEN, "--log-level", "WARNING", "--analyze-interval", str(a.analyze_interval)],
-                            env=env, cwd=ROOT,
+                             str(port), "--token", TOKEN, "--log-level", "WARNING", "--analyze-interval", str(a.analyze_interval),
+                             *a.head_arg],
+                            env=env, cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "head.log", "wb"))
     try:
         for _ in range(300):
@@ -384,10 +471,10 @@ def main() -> None:
             if i + 1 == a.warmup:
                 marks["from"] = (time.monotonic(), scrape(url))
 
-        client0 = time.process_time()
-        behind = send_all(url, seconds, a.connections, on_second, a.encoding)
-        client_cpu = time.process_time() - client0
+        rounds_seen = RoundWatch(url, a.warmup)
+        behind, client_cpu, connections = send_seconds(url, seconds, a, on_second)
         marks["to"] = (time.monotonic(), scrape(url))
+        round_times = rounds_seen.stop()
         req = urllib.request.Request(f"{url}/api/runs/{RUN}/findings", headers={"Authorization": f"Bearer {TOKEN}"})
         findings = json.loads(urllib.request.urlopen(req, timeout=60).read())
     finally:
@@ -414,9 +501,17 @@ def main() -> None:
     named = [f for f in found if isinstance(f, dict) and f.get("kind") == "straggler"]
     print(f"\nhead over {span:.0f} s of real time (after {a.warmup} s of warm-up), share of one core by part:")
     for k, v in share.items():
-        print(f"  {k:10s} {v:6.1f} %")
-    print(f"  {'total':10s} {sum(share.values()):6.1f} %")
+        print(f"  {k:14s} {v:6.1f} %")
+    print(f"  {'total':14s} {sum(share.values()):6.1f} %")
+    answered = m2.get("requests", 0.0) - m1.get("requests", 0.0)
+    http_us = 1e6 * (m2.get("cpu:http", 0.0) - m1.get("cpu:http", 0.0)) / answered if answered else float("nan")
+    print(f"requests answered: {answered:.0f} ({answered / span:.0f}/s); http CPU per request {http_us:.0f} µs")
     print(f"analysis rounds: {rounds:.0f}, mean {mean_round:.2f} s, longest ≤ {longest} s (window ≤ {a.seconds} steps)")
+    if round_times:
+        srt = sorted(round_times)
+        print(f"  each round after the warm-up (s): {', '.join(f'{x:.2f}' for x in round_times)}; "
+              f"min {srt[0]:.2f}, median {srt[len(srt) // 2]:.2f}")
+    print(f"connections: {connections}")
     print(f"senders behind real time at the end: {behind[-1]:.1f} s (most: {max(behind):.1f} s); the senders' own "
           f"CPU: {100 * client_cpu / (len(behind) + behind[-1]):.0f} % of one core; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -424,7 +519,8 @@ def main() -> None:
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
     if a.json:
         a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle, encoding=a.encoding,
-                                          seconds=a.seconds, span_s=span, share_pct=share, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
+                                          seconds=a.seconds, span_s=span, share_pct=share, connections=connections, round_s=round_times,
+                                          requests=answered, http_us_per_request=http_us, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
                                           findings=named), indent=1))
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import msgspec
 
 from head.findings_book import FindingsBook, latest_per_id
+from head.forked_round import RoundLost
 from head.history import analysis_due
 from head.runs import LiveRuns
 from head.store import Store
@@ -142,6 +143,10 @@ class LiveAnalysis:
                                           self.round_rows), now=self.clock())
         try:
             found = list(self.analyzer(data) or [])
+        except RoundLost as e:  # a forked round's child died or hung: a gap in the rounds, the episodes stay as they are
+            self.stats["analysis_lost"] = self.stats.get("analysis_lost", 0) + 1
+            log.warning("head: analysis round on run %s lost: %s", run_id, e)
+            return []
         except Exception:
             self.stats["analyzer_errors"] += 1
             log.exception("head: analyzer failed on run %s", run_id)

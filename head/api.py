@@ -36,7 +36,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import choose_encoder
 
-from ranksight.http_server import BoundedThreadingHTTPServer, NoDelayHandler
+from ranksight.http_server import NoDelayHandler
+from ranksight.parked_http import ParkingHTTPServer
 from head import receiver as rx
 from analyzers import trace_windows
 from analyzers.report.sentences import explained
@@ -322,18 +323,21 @@ class HeadHandler(NoDelayHandler):
         raise HttpError(404, f"no such endpoint: GET {path}")
 
 
-class HeadServer(BoundedThreadingHTTPServer):
+class HeadServer(ParkingHTTPServer):
     # connections served at once: each node agent keeps one alive (2,048 at 16,384 ranks on 8-GPU nodes without a
-    # Collector in between), plus the TUIs, scrapers and CLIs; the rest get 503
+    # Collector in between), plus the TUIs, scrapers and CLIs; the rest get 503. Between requests they wait parked in
+    # one epoll and a few worker threads serve the requests (ranksight/parked_http.py), not a thread each.
     max_handlers = 4096
     request_queue_size = 1024  # a whole fleet's agents (re)connecting at once, as after a head restart
 
 
-def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None) -> HeadServer:
+def make_server(head, bind: str = "127.0.0.1", port: int = 4318, tls=None, park: bool = True) -> HeadServer:
     """The head's server on ``bind:port``; ``tls``: a server ``ssl.SSLContext`` (``ranksight.tls.ServerTls``) for
-    HTTPS, None for plain http."""
+    HTTPS, None for plain http; ``park``: keep-alive connections parked between requests (ranksight/parked_http.py),
+    else a thread per connection."""
     handler = type("BoundHeadHandler", (HeadHandler,), {"head": head})
-    srv = HeadServer((bind, port), handler, tls=tls)
+    server_class = HeadServer if park else type("ThreadedHeadServer", (HeadServer,), {"park_connections": False})
+    srv = server_class((bind, port), handler, tls=tls)
     srv.raise_open_files()
     srv.thread_parts = head.cpu  # request handlers: the "http" part of the head's CPU
     return srv

@@ -44,6 +44,11 @@ def head(
     window: int = typer.Option(512, "--window", help="Steps per rank kept in memory for the API (and the analyzers, up to --analyze-window)."),
     analyze_window: int = typer.Option(256, "--analyze-window", min=1,
                                        help="Steps per rank each live analysis round looks at (its cost grows with it); at most --window."),
+    analyze_in: str = typer.Option("auto", "--analyze-in",
+                                   help="Where a live round's analyzers run: child (a process forked from the head "
+                                        "each round, on another core: ingest keeps its own), thread (the head's "
+                                        "analysis thread, sharing the interpreter with ingest), auto (child where "
+                                        "the system can fork)."),
     compact_to: str = typer.Option("", "--compact-to", envvar="RANKSIGHT_COMPACT_TO",
                                    help="Put the compacted hour partitions here instead of --store: a directory or an "
                                         "object-storage URI (s3://bucket/prefix?region=..., gs://...; credentials from "
@@ -59,6 +64,10 @@ def head(
     min_nodes: int = typer.Option(1, "--min-nodes", help="The policy never evicts below this many nodes."),
     confirm_rounds: int = typer.Option(3, "--confirm-rounds", help="Analysis rounds a finding must persist before an eviction."),
     evict_cooldown: float = typer.Option(600.0, "--evict-cooldown", help="Seconds between two evictions."),
+    park_connections: bool = typer.Option(True, "--park-connections/--thread-per-connection",
+                                          help="Agents' keep-alive connections wait in one epoll between requests and "
+                                               "a few threads serve the requests (plain HTTP on Linux), or a thread "
+                                               "per connection (as under TLS)."),
     priority: str = typer.Option("normal", "--priority", envvar="RANKSIGHT_HEAD_PRIORITY",
                                  help="CPU/IO priority: normal (the head has a node of its own) | low (nice 19) | idle "
                                       "(SCHED_IDLE: for a head that must share the training cores)."),
@@ -105,6 +114,9 @@ def head(
 
     if evict not in MODES:
         raise typer.BadParameter(f"--evict must be one of {', '.join(MODES)}")
+    from head.service import ANALYZE_IN
+    if analyze_in not in ANALYZE_IN:
+        raise typer.BadParameter(f"--analyze-in must be one of {', '.join(ANALYZE_IN)}, not {analyze_in!r}")
     if compact_to:
         from ranksight.store_layout import StoreLocationError, open_location
 
@@ -114,11 +126,11 @@ def head(
             raise typer.BadParameter(f"--compact-to: {e}") from None
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
              analyze_window=analyze_window, public_read=public_read, agent_tls=agent_tls,
-             compact_to=compact_to or None)
+             compact_to=compact_to or None, analyze_in=analyze_in)
     h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
         min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:
-        srv = make_server(h, bind, port, tls=tls_context)
+        srv = make_server(h, bind, port, tls=tls_context, park=park_connections)
     except OSError as e:
         h.close()
         raise typer.BadParameter(f"cannot listen on {bind}:{port}: {e}") from None

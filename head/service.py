@@ -17,6 +17,7 @@ import threading
 
 from head.actions import ActionsBook
 from head.analysis import DEFAULT_ANALYZE_WINDOW, IDLE_RECHECK_S, AnalyzerFn, LiveAnalysis, resolve_analyzers
+from head.forked_round import can_fork, forked_analyzer
 from head.ingest import Ingest
 from head.metrics import HeadMetrics
 from head.live import DEFAULT_WINDOW
@@ -41,6 +42,21 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+ANALYZE_IN = ("auto", "child", "thread")
+
+
+def round_in_child(analyze_in: str, default_analyzers: bool) -> bool:
+    """Where a live round's analyzers run: ``child``, a process forked from the head for each round
+    (head/forked_round.py: the round no longer shares the GIL with ingest); ``thread``, the head's analysis thread;
+    ``auto``, a child for the analyzers the head resolves itself (``analyzers.run_all``) where ``os.fork`` exists,
+    the thread for a hook given to ``Head(analyzer=...)`` (it may keep state in the head's memory)."""
+    if analyze_in not in ANALYZE_IN:
+        raise ValueError(f"analyze_in must be one of {', '.join(ANALYZE_IN)}, not {analyze_in!r}")
+    if analyze_in == "thread" or not can_fork():
+        return False
+    return analyze_in == "child" or default_analyzers
+
+
 class Head:
     """The head process's parts: ``store`` (Parquet, WAL), ``live`` (the runs' live windows), ``ingest`` (what the
     receiver hands over), ``actions`` (requests to the agents and their acks), ``analysis`` (live analysis and
@@ -51,24 +67,27 @@ class Head:
                  flush_rows: int = 250_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
                  idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False,
                  agent_tls: ssl.SSLContext | None = None, compact_to: str | None = None,
-                 compact_interval: float = 60.0):
+                 compact_interval: float = 60.0, analyze_in: str = "auto"):
         if not token:
             raise ValueError("the head needs a token")
         self.token = token
         self.public_read = public_read  # GETs without the token (only behind an authenticating proxy)
         self.stats = {"log_requests": 0, "metric_requests": 0, "records_in": 0, "records_new": 0,
                       "duplicates": 0, "rejected": 0, "http_4xx": 0, "metric_points": 0, "analyzer_errors": 0,
-                      "analysis_rounds": 0, "analysis_skipped": 0}
+                      "analysis_rounds": 0, "analysis_skipped": 0, "analysis_lost": 0}
         self.store = Store(store_dir, flush_rows=flush_rows, fsync=fsync, compact_to=compact_to)
         self.compact_interval = compact_interval  # closed hours merged (head/store/compaction.py); 0: at stop only
         self.live = LiveRuns(self.store, self.stats, window)
         self.actions = ActionsBook(self.store, self.live, token, agent_tls)  # agent_tls: for https control URLs
         self.ingest = Ingest(self.live, self.actions, self.stats)
         self.metrics = HeadMetrics(self)  # GET /metrics; reads the parts at scrape time, times the analyzers
-        self.analysis = LiveAnalysis(self.live, self.store, self.stats,
-                                     self.metrics.timed(resolve_analyzers() if analyzer == "auto" else analyzer),  # type: ignore[arg-type]
-                                     analyze_window, idle_recheck)
         self.cpu = ThreadParts()  # CPU per part (http, flush, compact, analysis): ranksight_head_cpu_seconds_total
+        fn = resolve_analyzers() if analyzer == "auto" else analyzer
+        self.rounds_forked = fn is not None and round_in_child(analyze_in, analyzer == "auto")
+        if self.rounds_forked:
+            fn = forked_analyzer(fn, on_child_cpu=lambda s: self.cpu.add("analyze-child", s))  # type: ignore[arg-type]
+        self.analysis = LiveAnalysis(self.live, self.store, self.stats, self.metrics.timed(fn),  # type: ignore[arg-type]
+                                     analyze_window, idle_recheck)
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
         self._stop = threading.Event()

@@ -60,6 +60,11 @@ class ThreadParts:
                 self._done[part] += used
                 self._live.pop(tid, None)
 
+    def add(self, part: str, seconds: float) -> None:
+        """Count CPU measured elsewhere to ``part`` (a child process's, from its rusage)."""
+        with self._lock:
+            self._done[part] = self._done.get(part, 0.0) + seconds
+
     def seconds(self) -> dict[str, float]:
         """Each part's CPU seconds so far (finished threads exactly, live ones to the clock tick)."""
         with self._lock:  # a thread leaving its part waits here: it is counted live or done, never both

@@ -23,3 +23,19 @@ def test_scale_bench_small_fleet(tmp_path):
     assert got["rounds"] >= 1
     assert got["findings"] and all(3 in f["ranks"] for f in got["findings"]), got["findings"]
     assert "share of one core by part" in p.stdout
+
+
+def test_scale_bench_one_connection_per_agent(tmp_path):
+    """--per-agent-connections: each agent's requests over its own keep-alive connection from forked sender
+    processes, as real agents connect; the senders' lag, the head's CPU per request and each round's time come back."""
+    out = tmp_path / "scale.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--ranks", "64", "--pp", "2", "--seconds", "14",
+                        "--warmup", "4", "--slow-from", "2", "--per-agent-connections", "--sender-processes", "2",
+                        "--analyze-interval", "2", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(out.read_text())
+    assert got["connections"].startswith("8 keep-alive connections"), got["connections"]  # 64 ranks: 8 agents
+    assert len(got["behind_s"]) == 14 and got["requests"] >= 8 * 5
+    assert got["round_s"] and all(r > 0 for r in got["round_s"])
+    assert got["findings"] and all(3 in f["ranks"] for f in got["findings"]), got["findings"]
