@@ -13,7 +13,7 @@ A child that dies, answers nothing readable or outlives ``timeout_s`` (then it i
 round is a gap (``LiveAnalysis`` counts and logs it; the episodes stay as the last round left them), never a crash
 of the head. Only the analyzers run in the child; they touch no lock of the head (the window's snapshot is theirs).
 
-``forked_analyzer(fn)`` where ``os.fork`` exists; ``ranksight head --analyze-in-thread`` keeps rounds in the head's
+``forked_analyzer(fn)`` where ``os.fork`` exists; ``ranksight head --analyze-in thread`` keeps rounds in the head's
 analysis thread, as before.
 """
 
