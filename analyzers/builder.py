@@ -94,7 +94,7 @@ class RankStepCells:
     def matrix(self, x: np.ndarray) -> pd.DataFrame:
         """The matrix of the rows' values ``x`` (float)."""
         return pd.DataFrame(self.values(x), index=pd.Index(self.ranks, name="rank"),
-                            columns=pd.Index(self.steps, name="step"))
+                            columns=pd.Index(self.steps, name="step"), copy=False)  # its own array: no copy
 
 
 # --------------------------------------------------------------------------
@@ -129,6 +129,7 @@ def data_share(st: pd.DataFrame) -> pd.Series:
 
 DERIVED_COLUMNS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "transfer_ms": transfer_ms, "total_wait_ms": total_wait_ms, "data_share": data_share}
+ROW_WISE_DERIVED = frozenset({"total_wait_ms", "data_share"})  # each row's value from that row alone
 
 
 # --------------------------------------------------------------------------
@@ -198,10 +199,40 @@ class StepView:
         has = sub.notna()
         return sub.loc[has.any(axis=1).to_numpy(), has.any(axis=0).to_numpy()]
 
+    def span_matrix(self, name: str, ranks: Iterable[int], first: int, last: int) -> pd.DataFrame:
+        """``sub_matrix(name, ranks, first, last)``, built from those rows alone where the whole matrix is not built
+        yet (a check that reads one group over one episode of a 16,384-rank run need not place every row). A
+        derived column that is not row by row (transfer_ms: each step's smallest wait) takes the whole matrix."""
+        if name in self._matrices or (name in DERIVED_COLUMNS and name not in ROW_WISE_DERIVED):
+            return self.sub_matrix(name, ranks, first, last)
+        pos = self._span_rows(ranks, first, last)
+        sub = self.rows.iloc[pos]
+        values = (self._derived[name].iloc[pos] if name in self._derived
+                  else DERIVED_COLUMNS[name](sub) if name in DERIVED_COLUMNS else sub[name])
+        src = pd.DataFrame({"rank": sub["rank"].to_numpy(), "step": sub["step"].to_numpy(), name: values.to_numpy()})
+        return rank_step_matrix(src, name)
+
+    def _span_rows(self, ranks: Iterable[int], first: int, last: int) -> np.ndarray:
+        """The positions of the rows of ``ranks`` in steps ``first``..``last``, in row order (steps in order: the
+        span is a slice, found by bisection)."""
+        step = self.rows["step"].to_numpy()
+        if self._steps_sorted:
+            lo, hi = int(np.searchsorted(step, first, side="left")), int(np.searchsorted(step, last, side="right"))
+            in_span = np.ones(hi - lo, np.bool_)
+        else:
+            lo, hi = 0, len(step)
+            in_span = (step >= first) & (step <= last)
+        rank = self.rows["rank"].to_numpy()[lo:hi]
+        return lo + np.flatnonzero(in_span & np.isin(rank, np.fromiter((int(r) for r in ranks), np.int64)))
+
+    @cached_property
+    def _steps_sorted(self) -> bool:
+        step = self.rows["step"].to_numpy()
+        return len(step) < 2 or bool((step[1:] >= step[:-1]).all())
+
     def has_rows(self, ranks: Iterable[int], first: int, last: int) -> bool:
         """Whether any of ``ranks`` has a row in steps ``first``..``last``."""
-        step = self.rows["step"]
-        return bool(((step >= first) & (step <= last) & self.rows["rank"].isin(list(ranks))).any())
+        return len(self._span_rows(ranks, first, last)) > 0
 
 
 class Placement:
@@ -483,7 +514,9 @@ def skewed_ranks(data: RunData) -> set[int]:
     st = data.steps
     if st.empty or st["node"].nunique() < 2 or st["t_end"].isna().all():
         return set()
-    ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
+    ends = _step_node_median(st, "t_end")
+    if ends is None:
+        ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
     first = ends.columns[0]
     # each node's median offset from the first node's, all nodes in one call (a Series per node cost seconds at
     # thousands of nodes)
@@ -503,6 +536,28 @@ def skewed_ranks(data: RunData) -> set[int]:
     size = {i: sum(len(ranks_of.get(n, [])) for n in g) for i, g in enumerate(groups)}
     keep = max(size, key=lambda i: (size[i], -min(groups[i])))
     return {int(r) for i, g in enumerate(groups) if i != keep for n in g for r in ranks_of.get(n, [])}
+
+
+def _step_node_median(st: pd.DataFrame, col: str) -> pd.DataFrame | None:
+    """``st.pivot_table(index="step", columns="node", values=col, aggfunc="median")`` where it is a reshape: rows
+    in (step, node) order, every (step, node) holding the same number of rows, no NaN (a store's steps and a live
+    round's come in (step, rank) order, a node's ranks next to each other). Each cell's median is np.median's of
+    the same values (the mean of the two middle ones for an even count, as pandas'). None where the rows are not
+    like that (pivot_table then: its generic groupby cost seconds at 16,384 ranks)."""
+    x = st[col].to_numpy()
+    if x.dtype.kind != "f" or len(x) == 0 or np.isnan(x).any():
+        return None
+    steps, si = distinct_codes(st["step"].to_numpy())
+    nodes, ni = distinct_codes(st["node"].to_numpy())
+    cell = si.astype(np.int64) * len(nodes) + ni
+    n_cells = len(steps) * len(nodes)
+    if len(cell) % n_cells or not bool((cell[1:] >= cell[:-1]).all()):
+        return None
+    per = len(cell) // n_cells
+    if not np.array_equal(cell[::per], np.arange(n_cells)) or (per > 1 and not bool((cell[per - 1::per] == np.arange(n_cells)).all())):
+        return None  # the cells are not each ``per`` rows long
+    med = np.median(x.astype(np.float64, copy=False).reshape(n_cells, per), axis=1).reshape(len(steps), len(nodes))
+    return pd.DataFrame(med, index=pd.Index(steps, name="step"), columns=pd.Index(nodes, name="node"))
 
 
 def without_skewed_arrivals(data: RunData) -> RunData:

@@ -37,7 +37,7 @@ from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, robust_sigma, temporal_sigma
+from analyzers.stats import leave_one_out_median, robust_sigma, row_robust_sigmas, temporal_sigma
 from ranksight.schema import Finding
 
 NAME = "stragglers"
@@ -215,55 +215,125 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     out = []
     comp = steps.matrix(signal)
     groups = frame.placement.peer_groups(list(comp.index))
-    ratios: list[pd.DataFrame] = []  # each group's ranks' own / peers', and their peers' (the references)
-    refs: list[pd.DataFrame] = []
-    for _, members in groups.items():
-        if len(members) < cfg.min_ranks:
-            continue
-        ref = steps.group_reference(signal, members)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios.append(comp.loc[members] / ref.replace(0, np.nan))
-        refs.append(ref)
-    if not ratios:
+    judged = [m for m in groups.values() if len(m) >= cfg.min_ranks]
+    if not judged:
         return out
-    ratio_df = pd.concat(ratios) if len(ratios) > 1 else ratios[0]
-    ref_df = pd.concat(refs) if len(refs) > 1 else refs[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logr = np.log(ratio_df.where(ratio_df > 0))
-    sigma, base_sigma = noise_sigma(logr, cfg)
+    scores = _Scores(steps, signal, comp, judged)
+    sigma, base_sigma = scores.noise_sigma(cfg)
     k = float(np.log(cfg.min_ratio))
     detectors = []  # (drift, threshold): slow (small, steady slow-downs) and fast (large ones, in min_steps)
     for drift, h_sig, floor in ((k, cfg.h_sigma, cfg.min_h_factor),
                                 (float(np.log(cfg.fast_ratio)), cfg.fast_h_sigma, cfg.fast_min_h_factor)):
         detectors.append((drift, max(h_sig * sigma, floor * drift)))
     group_of = {r: m for m in groups.values() for r in m}
-    scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in ratio_df.index])
-    # both CUSUMs of every rank at once (one pass over the steps); then only the ranks that alarmed are looked at
-    rank_list = list(ratio_df.index)  # (an Index looked up per rank costs more than the CUSUMs at 16,384 ranks)
-    runs_of: dict = {r: [] for r in rank_list}
+    rank_list = scores.ranks  # the judged ranks, group after group (an Index looked up per rank costs seconds)
+    scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in rank_list])
+    step_list = list(comp.columns)
+    runs_of: dict = {}
     for drift, h in detectors:
         h_r = h * scale
-        x = np.minimum(logr.to_numpy(dtype=float), (drift + cfg.clip_h_share * h_r)[:, None])
-        for i, rank_runs in enumerate(cusum_runs_rows(x, list(logr.columns), drift, h_r, cfg.min_steps, cfg.high_share)):
+        # only the rows whose CUSUM can reach its threshold run it (a bound from cumulative sums: every other row's
+        # sum stays below h, so it raises no alarm); their runs are those of the CUSUM over every row
+        rows, x = scores.cusum_rows(drift, h_r, drift + cfg.clip_h_share * h_r)
+        for i, rank_runs in zip(rows.tolist(), cusum_runs_rows(x, step_list, drift, h_r[rows], cfg.min_steps,
+                                                                 cfg.high_share)):
             if rank_runs:
-                runs_of[rank_list[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
-    for r in ratio_df.index:
-        runs = runs_of[r]
-        if not runs:
-            continue
+                runs_of.setdefault(i, []).extend(dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs)
+    for i in sorted(runs_of):
+        r = rank_list[i]
         group = group_of[r]
-        for run in merge_runs(runs):
+        logr_r = pd.Series(scores.logr[i], index=comp.columns)
+        own, peers = scores.own_and_peers(i)
+        for run in merge_runs(runs_of[i]):
             s1 = run["end"]
-            onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
-            span = ratio_df.loc[r, onset:s1]
-            high = logr.loc[r, onset:s1] > k
-            flag_steps = [int(x) for x in high.index[high]]
+            onset = min(refine_onset(logr_r, run["onset"], s1), run["detected"])
+            lo, hi = int(comp.columns.searchsorted(onset, "left")), int(comp.columns.searchsorted(s1, "right"))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                span = own[lo:hi] / np.where(peers[lo:hi] == 0, np.nan, peers[lo:hi])
+            high = scores.logr[i, lo:hi] > k
+            flag_steps = [int(x) for x in comp.columns[lo:hi][high]]
             out.append(dict(rank=r, onset=onset, end=s1, flagged=len(flag_steps), flag_steps=flag_steps,
-                            ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
-                            peers_ms=float(np.nanmedian(ref_df.loc[r, onset:s1])), threshold=float(np.exp(k)),
+                            ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(own[lo:hi])),
+                            peers_ms=float(np.nanmedian(peers[lo:hi])), threshold=float(np.exp(k)),
                             cusum_h=run["h"], cusum_drift=run["drift"], sigma=sigma, baseline_sigma=base_sigma,
                             group=group, confirmed_at=run["detected"]))
     return out
+
+
+# Rows of the scores are worked out this many cells at a time: the temporaries stay in the CPU's cache.
+BLOCK_CELLS = 1 << 18
+
+
+class _Scores:
+    """The judged ranks' scores, log(own / peers' leave-one-out median), one row per rank (group after group, in
+    each group's order), worked out a block of rows at a time; and what the CUSUMs need of them."""
+
+    def __init__(self, steps: StepView, signal: str, comp: pd.DataFrame, judged: list[list[int]]):
+        values = comp.to_numpy(dtype=float)
+        index = comp.index.tolist()
+        pos_of = {r: i for i, r in enumerate(index)}
+        self.ranks: list = [r for m in judged for r in m]
+        self.logr = np.empty((len(self.ranks), values.shape[1]))
+        self.row_sigma = np.empty(len(self.ranks))
+        self._own: list[tuple[np.ndarray, np.ndarray, int]] = []  # per group: own rows, peers' rows, first row
+        block = max(1, BLOCK_CELLS // max(1, values.shape[1]))
+        first = 0
+        for members in judged:
+            ref = steps.group_reference(signal, members).to_numpy(dtype=float)
+            own = values if members == index else values[[pos_of[r] for r in members]]
+            self._own.append((own, ref, first))
+            for b in range(0, len(members), block):
+                o, p = own[b:b + block], ref[b:b + block]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = o / np.where(p == 0, np.nan, p)
+                    lr = np.log(np.where(ratio > 0, ratio, np.nan))
+                self.logr[first + b:first + b + len(lr)] = lr
+                self.row_sigma[first + b:first + b + len(lr)] = row_robust_sigmas(lr)
+            first += len(members)
+
+    def own_and_peers(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row ``i``'s own signal and its peers' median, by step."""
+        for own, ref, first in reversed(self._own):
+            if i >= first:
+                return own[i - first], ref[i - first]
+        raise IndexError(i)
+
+    def noise_sigma(self, cfg: StragglerConfig) -> tuple[float, float | None]:
+        """``noise_sigma`` of the scores (each row's robust spread is its own: taken a block at a time)."""
+        sig = self.row_sigma[np.isfinite(self.row_sigma)]
+        sigma = float(np.median(sig)) if sig.size else 0.0
+        return _with_baseline_noise(sigma, self.logr, cfg)
+
+    def cusum_rows(self, drift: float, h: np.ndarray, clip: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows whose CUSUM (scores clipped at ``clip``, drift ``drift``) can reach its threshold ``h``, and
+        their clipped scores. The CUSUM S = max(0, S + x - drift) is the cumulative sum of x - drift less its
+        running minimum (and 0): a row whose largest such rise is below h (less a margin far above the rounding of
+        the sums) cannot alarm."""
+        keep: list[np.ndarray] = []
+        n, n_cols = self.logr.shape
+        block = max(1, BLOCK_CELLS // max(1, n_cols))
+        for b in range(0, n, block):
+            x = np.minimum(self.logr[b:b + block], clip[b:b + block, None])
+            y = np.where(np.isfinite(x), x - drift, 0.0)
+            c = np.cumsum(y, axis=1)
+            rise = (c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1)).max(axis=1) if n_cols else np.zeros(len(x))
+            margin = 1e-9 * np.abs(y).sum(axis=1) + 1e-12
+            keep.append(b + np.flatnonzero(rise >= h[b:b + block] - margin))
+        rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
+        return rows, np.minimum(self.logr[rows], clip[rows, None])
+
+
+def _with_baseline_noise(sigma: float, logr: np.ndarray, cfg: StragglerConfig) -> tuple[float, float | None]:
+    """``sigma`` floored by ``baseline_noise_weight`` x the pooled robust spread of the first ``baseline_steps``
+    judged steps (when the run is long enough to have a warm-up and steps after it); and that spread."""
+    base = None
+    if logr.shape[1] >= 2 * cfg.baseline_steps:
+        vals = logr[:, : cfg.baseline_steps].ravel()
+        vals = vals[np.isfinite(vals)]
+        if vals.size >= 2 * cfg.baseline_steps:
+            base = robust_sigma(vals)
+            sigma = max(sigma, cfg.baseline_noise_weight * base)
+    return sigma, base
 
 
 def noise_sigma(logr: pd.DataFrame, cfg: StragglerConfig) -> tuple[float, float | None]:
@@ -271,15 +341,7 @@ def noise_sigma(logr: pd.DataFrame, cfg: StragglerConfig) -> tuple[float, float 
     ``baseline_noise_weight`` x the pooled robust spread of the first ``baseline_steps`` judged steps (the
     clean warm-up, when the run is long enough to have one after it). Both are per-step cross-rank log ratios,
     so noise that hits every rank in a step (the whole machine busy) is already cancelled."""
-    sigma = temporal_sigma(logr)
-    base = None
-    if logr.shape[1] >= 2 * cfg.baseline_steps:
-        vals = logr.iloc[:, : cfg.baseline_steps].to_numpy(dtype=float).ravel()
-        vals = vals[np.isfinite(vals)]
-        if vals.size >= 2 * cfg.baseline_steps:
-            base = robust_sigma(vals)
-            sigma = max(sigma, cfg.baseline_noise_weight * base)
-    return sigma, base
+    return _with_baseline_noise(temporal_sigma(logr), logr.to_numpy(dtype=float), cfg)
 
 
 def merge_runs(runs: list[dict]) -> list[dict]:
