@@ -105,7 +105,7 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     ev: dict = {}
     if not steps.has_rows(group, s0, s1):
         return ev
-    arr = steps.sub_matrix("sync_arrival", group, s0, s1)
+    arr = steps.span_matrix("sync_arrival", group, s0, s1)
     if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
         own = arr.loc[rank]
         others = arr.drop(index=rank)
@@ -119,7 +119,7 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
         if not co.empty and co["rank"].nunique() > 1:
             last = co.loc[co.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
             ev["last_arrival_share"] = fnum((last["rank"] == rank).mean(), 2)
-    wait = steps.sub_matrix("sync_wait_ms", group, s0, s1)
+    wait = steps.span_matrix("sync_wait_ms", group, s0, s1)
     if rank in wait.index and wait.notna().values.any():
         ev["own_wait_ms"] = fnum(wait.loc[rank].mean(), 1)
         others = wait.drop(index=rank)
@@ -184,7 +184,7 @@ def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
 
 def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> float | None:
     """Median over [s0, s1] of the rank's data wait minus its peers' median data wait, per step."""
-    d = frame.steps_from(s0).sub_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
+    d = frame.steps_from(s0).span_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
     if d.shape[0] < 2 or rank not in d.index:
         return None
     return float(np.nanmedian((d.loc[rank] - d.drop(index=rank).median()).to_numpy(dtype=float)))
@@ -192,7 +192,7 @@ def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s
 
 def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> dict:
     """Total blocked time (sync wait + pipeline wait) of ``rank`` against the others of its group."""
-    w = frame.steps_from(s0).sub_matrix("total_wait_ms", group, s0, s1)  # never NaN: a cell for every row
+    w = frame.steps_from(s0).span_matrix("total_wait_ms", group, s0, s1)  # never NaN: a cell for every row
     if w.shape[0] < 2 or rank not in w.index:
         return {}
     own = w.loc[rank]
