@@ -256,10 +256,19 @@ class Placement:
         out: dict = {}
         if self.manifest is not None:
             out.update({p.rank: getattr(p, col) for p in self.manifest.ranks})
-        if not self.steps.empty:
+        if not self.steps.empty and not self._manifest_has_every_rank:
             for r, v in self.steps.groupby("rank")[col].last().items():
                 out.setdefault(int(r), cast(v))
         return out
+
+    @cached_property
+    def _manifest_has_every_rank(self) -> bool:
+        """Whether the manifest places every rank of the step records (then their own placement adds nothing: a
+        groupby over every step record spared)."""
+        if self.manifest is None or not self.manifest.ranks or self.steps.empty:
+            return False
+        listed = {int(p.rank) for p in self.manifest.ranks}
+        return all(int(r) in listed for r in distinct_codes(self.steps["rank"].to_numpy())[0].tolist())
 
     @cached_property
     def rank_node(self) -> dict[int, int]:
