@@ -27,6 +27,7 @@ all slowed against their own baseline (while other stages did not) becomes a sta
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -367,9 +368,17 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     if len(groups) < 2 or comp.shape[1] < cfg.baseline_steps + cfg.persist:
         return []
     base_cols = comp.columns[: cfg.baseline_steps]
-    base = comp[base_cols].median(axis=1)
-    norm = comp.div(base.replace(0, np.nan), axis=0)  # each rank against its own baseline
-    gser = pd.DataFrame({g: norm.loc[m].median(axis=0) for g, m in groups.items()}).T
+    values = comp.to_numpy(dtype=float)
+    pos_of = {r: i for i, r in enumerate(comp.index.tolist())}
+    rows_of = {g: np.asarray([pos_of[r] for r in m], dtype=np.int64) for g, m in groups.items()}
+    # numpy's nanmedian is pandas' median (skipping NaN) on the arrays, without a frame per group
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a rank or step without any value: NaN, as pandas gives
+        base = np.nanmedian(values[:, : cfg.baseline_steps], axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            norm = values / np.where(base == 0, np.nan, base)[:, None]  # each rank against its own baseline
+        gser = pd.DataFrame(np.stack([np.nanmedian(norm[rows_of[g]], axis=0) for g in groups]),
+                            index=list(groups), columns=comp.columns)
     ref = leave_one_out_median(gser)
     rel = gser / ref.replace(0, np.nan)
     # noise of the per-rank relative drift, so quiet runs can flag small but steady slow-downs
@@ -379,12 +388,14 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     for g, members in groups.items():
         flags = (rel.loc[g] >= thr).fillna(False)
         # every rank of the group must be slow against its own baseline
-        every = (norm.loc[members] >= thr).all(axis=0)
+        with np.errstate(invalid="ignore"):
+            every = pd.Series((norm[rows_of[g]] >= thr).all(axis=0), index=comp.columns)
         flags = flags & every.reindex(flags.index, fill_value=False)
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if s0 <= base_cols[-1]:
                 continue  # an onset inside the baseline window cannot be measured this way
-            others = [r for r in comp.index if r not in members]
+            in_group = set(members)
+            others = [r for r in comp.index if r not in in_group]
             out.append(dict(group=g, label=label, ranks=members, onset=s0, end=s1, flagged=n,
                             ratio=float(np.nanmedian(rel.loc[g, s0:s1])),
                             own_ms=float(np.nanmedian(comp.loc[members, s0:s1].to_numpy(dtype=float))),
