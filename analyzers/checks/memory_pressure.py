@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage
+from analyzers.builder import AnalysisFrame, Coverage, distinct_codes
 from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 
@@ -80,6 +80,18 @@ def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
     (its end - start growth can be no more than max - min) is passed over without it."""
     if st.empty:
         return
+    grid = _rank_grid(st)
+    if grid is not None:
+        ranks, mem = grid
+        with np.errstate(invalid="ignore"):
+            peaks, lows = np.fmax.reduce(mem, axis=0), np.fmin.reduce(mem, axis=0)  # NaN left out, as groupby's
+        for j, (r, peak, low) in enumerate(zip(ranks.tolist(), peaks.astype(float).tolist(), lows.astype(float).tolist())):
+            c = cap.get(int(r))
+            near = bool(c) and peak / c >= min(cfg.warn_frac, cfg.critical_frac)
+            moved = not (peak - low < cfg.growth_min_bytes)  # NaN: judge it
+            if near or moved:
+                yield r, st.iloc[j::len(ranks)]
+        return
     g = st.groupby("rank")
     mem = g["mem_bytes"].agg(["max", "min"])
     # by position: both are in rank order (a .at lookup per rank and column cost ~2 s at 16,384 ranks)
@@ -90,6 +102,20 @@ def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
         moved = not (peak - low < cfg.growth_min_bytes)  # NaN: judge it
         if near or moved:
             yield r, st.iloc[idx]
+
+
+def _rank_grid(st: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ranks (sorted) and ``mem_bytes`` as a step x rank array where the rows are that grid already: each step's
+    rows the same ranks in rank order, step after step (a store's and a live round's steps are; a groupby over 16
+    million rows then only finds that out). None otherwise."""
+    if "mem_bytes" not in st.columns or st["mem_bytes"].dtype.kind not in "fiu":
+        return None
+    rank = st["rank"].to_numpy()
+    ranks, code = distinct_codes(rank)
+    n = len(ranks)
+    if n == 0 or len(rank) % n or not np.array_equal(code.reshape(-1, n), np.broadcast_to(np.arange(n), (len(rank) // n, n))):
+        return None
+    return ranks, st["mem_bytes"].to_numpy().reshape(-1, n)
 
 
 def coverage(frame: AnalysisFrame, cfg: MemoryConfig | None = None) -> Coverage:
