@@ -169,6 +169,13 @@ class StepView:
         """Rank x step matrix of a column (``rank_step_matrix``)."""
         if name not in self._matrices:
             values = self.column(name)
+            grid = self._grid if _is_float(values) else None
+            if grid is not None:
+                ranks, steps = grid
+                got = _grid_matrix(values.to_numpy(), ranks, steps, slice(None), slice(None))
+                if got is not None:
+                    self._matrices[name] = got
+                    return got
             if _is_float(values) and not self.rows.empty and not values.isna().any():
                 # a value in every row: every column without a gap has the same cells
                 self._matrices[name] = self._cells.matrix(values.to_numpy(dtype=np.float64))
@@ -178,6 +185,29 @@ class StepView:
                     src = pd.DataFrame({"rank": self.rows["rank"], "step": self.rows["step"], name: values})
                 self._matrices[name] = rank_step_matrix(src, name)
         return self._matrices[name]
+
+    @cached_property
+    def _grid(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ranks, steps) where the rows are a whole step x rank grid: step after step, ascending, each step's rows
+        the same ranks in ascending order (a store's steps and a live round's are). A column's matrix is then its
+        values reshaped, with no rows to place; None where the rows are anything else."""
+        rank, step = self.rows["rank"].to_numpy(), self.rows["step"].to_numpy()
+        if len(step) == 0 or rank.dtype.kind not in "iu" or step.dtype.kind not in "iu":
+            return None
+        other = np.flatnonzero(step != step[0])
+        n = int(other[0]) if len(other) else len(step)
+        if len(step) % n:
+            return None
+        ranks = rank[:n]
+        if n > 1 and not bool((ranks[1:] > ranks[:-1]).all()):
+            return None
+        by_step = step.reshape(-1, n)
+        steps = by_step[:, 0]
+        if (len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all())) or not bool((by_step == steps[:, None]).all()):
+            return None
+        if not bool((rank.reshape(-1, n) == ranks).all()):
+            return None
+        return ranks.copy(), steps.copy()
 
     @cached_property
     def _cells(self) -> RankStepCells:
@@ -213,6 +243,17 @@ class StepView:
         derived column that is not row by row (transfer_ms: each step's smallest wait) takes the whole matrix."""
         if name in self._matrices or (name in DERIVED_COLUMNS and name not in ROW_WISE_DERIVED):
             return self.sub_matrix(name, ranks, first, last)
+        grid = self._grid
+        if grid is not None:
+            all_ranks, steps = grid
+            c0, c1 = int(np.searchsorted(steps, first, "left")), int(np.searchsorted(steps, last, "right"))
+            at = np.flatnonzero(np.isin(all_ranks, np.fromiter((int(r) for r in ranks), np.int64)))
+            rows = self.rows.iloc[c0 * len(all_ranks):c1 * len(all_ranks)]  # the span's steps: a slice, no copy
+            values = (self._derived[name].iloc[c0 * len(all_ranks):c1 * len(all_ranks)] if name in self._derived
+                      else DERIVED_COLUMNS[name](rows) if name in DERIVED_COLUMNS else rows[name])
+            got = _grid_matrix(values.to_numpy(), all_ranks, steps, at, slice(c0, c1)) if _is_float(values) else None
+            if got is not None:
+                return got
         pos = self._span_rows(ranks, first, last)
         sub = self.rows.iloc[pos]
         values = (self._derived[name].iloc[pos] if name in self._derived
@@ -241,6 +282,26 @@ class StepView:
     def has_rows(self, ranks: Iterable[int], first: int, last: int) -> bool:
         """Whether any of ``ranks`` has a row in steps ``first``..``last``."""
         return len(self._span_rows(ranks, first, last)) > 0
+
+
+def _grid_matrix(values: np.ndarray, ranks: np.ndarray, steps: np.ndarray, rows, cols: slice) -> pd.DataFrame | None:
+    """The rank x step matrix (float64) of a grid's ``values`` (step after step, each step's ranks in order; only
+    the steps ``cols`` of it), rows ``rows`` of the ranks and those steps: ``rank_step_matrix``'s, the ranks and
+    steps without a value left out. None where no cell has a value (``rank_step_matrix`` then)."""
+    n_steps = len(steps[cols])
+    by_step = values.reshape(n_steps, len(ranks))
+    if not isinstance(rows, slice):
+        by_step = by_step[:, rows]
+    out = np.empty((by_step.shape[1], n_steps))
+    np.copyto(out, by_step.T)  # converted to float64 and transposed in one pass
+    has = ~np.isnan(out)
+    if not has.any():
+        return None
+    df = pd.DataFrame(out, index=pd.Index(ranks[rows], name="rank"), columns=pd.Index(steps[cols], name="step"),
+                      copy=False)
+    if has.all():
+        return df
+    return df.loc[has.any(axis=1), has.any(axis=0)]
 
 
 class Placement:

@@ -225,3 +225,29 @@ def test_gpu_may_find_arrays_are_the_pandas_tests():
     slow = gpu_health._may_find(gp.assign(node=gp["node"].astype(str)), cfg)
     assert fast.tolist() == slow.tolist()
     assert 0 < int(fast.sum()) < n
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_grid_matrix_is_the_placed_cells_one(shuffle):
+    # a store's rows (a step x rank grid) reshape into the matrix that placing each row gives; shuffled rows are
+    # placed one by one
+    view = _view(1, shuffle, False)
+    view.rows.loc[view.rows["rank"] == 4, "sync_arrival"] = np.nan  # a rank without any arrival: left out
+    view.rows.loc[view.rows["step"] == 7, "sync_wait_ms"] = np.nan  # a step without any wait: left out
+    assert (view._grid is not None) == (not shuffle)
+    for name in ("sync_arrival", "sync_wait_ms", "data_ms", "total_wait_ms", "transfer_ms"):
+        got = view.matrix(name)
+        src = pd.DataFrame({"rank": view.rows["rank"], "step": view.rows["step"], name: view.column(name)})
+        want = src.pivot_table(index="rank", columns="step", values=name, aggfunc="last").sort_index(axis=1)
+        np.testing.assert_array_equal(got.to_numpy(), want.to_numpy())
+        assert got.index.tolist() == want.index.tolist() and got.columns.tolist() == want.columns.tolist()
+    assert 4 not in view.matrix("sync_arrival").index and 7 not in view.matrix("sync_wait_ms").columns
+
+
+def test_no_grid_where_a_step_misses_a_rank_or_repeats_one():
+    view = _view(2, False, False)
+    assert StepView(view.rows.iloc[1:]).__dict__.get("_grid") is None and StepView(view.rows.iloc[1:])._grid is None
+    rows = view.rows.copy()
+    rows.loc[5, "rank"] = rows.loc[4, "rank"]
+    assert StepView(rows)._grid is None
+    assert StepView(rows.iloc[:0])._grid is None
