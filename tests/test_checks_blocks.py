@@ -251,3 +251,25 @@ def test_no_grid_where_a_step_misses_a_rank_or_repeats_one():
     rows.loc[5, "rank"] = rows.loc[4, "rank"]
     assert StepView(rows)._grid is None
     assert StepView(rows.iloc[:0])._grid is None
+
+
+@pytest.mark.parametrize("layout", ["tick_major", "gpu_major", "shuffled"])
+def test_capacity_max_by_gpu_is_groupbys(layout):
+    rng = np.random.default_rng(6)
+    nodes, gpus, ticks = 5, 4, 30
+    gp = pd.DataFrame({"t": np.repeat(np.arange(ticks, dtype=float), nodes * gpus),
+                       "node": np.tile(np.repeat(np.arange(nodes, dtype=np.int32), gpus), ticks),
+                       "gpu": np.tile(np.arange(gpus, dtype=np.int32), nodes * ticks)})
+    gp["mem_total_bytes"] = (rng.integers(70, 80, len(gp)) * 2**30).astype(np.float32)
+    gp.loc[gp.sample(frac=0.2, random_state=1).index, "mem_total_bytes"] = np.nan
+    gp.loc[(gp["node"] == 2) & (gp["gpu"] == 1), "mem_total_bytes"] = np.nan  # a GPU that never said
+    if layout == "gpu_major":
+        gp = gp.sort_values(["node", "gpu", "t"], kind="stable").reset_index(drop=True)
+    elif layout == "shuffled":
+        gp = gp.sample(frac=1.0, random_state=2).reset_index(drop=True)
+    got = memory_pressure._max_by_pair(gp, "node", "gpu", "mem_total_bytes")
+    want = list(gp.groupby(["node", "gpu"])["mem_total_bytes"].max().items())
+    assert [k for k, _ in got] == [k for k, _ in want]
+    np.testing.assert_array_equal(np.array([v for _, v in got]), np.array([v for _, v in want]))
+    key = gp["node"].to_numpy() * gpus + gp["gpu"].to_numpy()
+    assert (memory_pressure._grid_max(key, gp["mem_total_bytes"].to_numpy()) is None) == (layout == "shuffled")

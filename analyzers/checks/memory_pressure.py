@@ -63,14 +63,43 @@ def _max_by_pair(df: pd.DataFrame, a: str, b: str, col: str) -> list[tuple[tuple
     ka, kb = df[a], df[b]
     if not (pd.api.types.is_integer_dtype(ka.dtype) and pd.api.types.is_integer_dtype(kb.dtype)):
         return list(df.groupby([a, b])[col].max().items())
-    va, vb = ka.to_numpy(dtype=np.int64), kb.to_numpy(dtype=np.int64)
+    va, vb = ka.to_numpy(), kb.to_numpy()
     lo_a, lo_b = int(va.min()), int(vb.min())
     span_b = int(vb.max()) - lo_b + 1
     if (int(va.max()) - lo_a + 1) * span_b >= 2**62:
         return list(df.groupby([a, b])[col].max().items())
+    # int32 where the keys fit (a fleet's samples: half the memory traffic), else int64: the same numbers
+    wide = np.int32 if (int(va.max()) - lo_a + 1) * span_b < 2**31 else np.int64
+    va, vb = va.astype(wide, copy=False), vb.astype(wide, copy=False)
+    lo_a, lo_b, span_b = wide(lo_a), wide(lo_b), wide(span_b)
     key = (va - lo_a) * span_b + (vb - lo_b)
+    lo_a, lo_b, span_b = int(lo_a), int(lo_b), int(span_b)
+    grid = _grid_max(key, df[col].to_numpy())
+    if grid is not None:
+        return [((int(k // span_b) + lo_a, int(k % span_b) + lo_b), v) for k, v in zip(*grid)]
     tot = df[col].groupby(key).max()  # sorted by key: the pairs' order
     return [((int(k // span_b) + lo_a, int(k % span_b) + lo_b), v) for k, v in tot.items()]
+
+
+def _grid_max(key: np.ndarray, v: np.ndarray) -> tuple[list, list] | None:
+    """``pd.Series(v).groupby(key).max()``'s keys and values where the samples are a grid of their keys: every key
+    in turn, sample tick after sample tick, or each key's samples together, keys in order (a store's GPU samples
+    are one or the other). None otherwise, or where ``v`` is not float."""
+    if v.dtype.kind != "f" or len(key) == 0:
+        return None
+    keys, code = distinct_codes(key)
+    k, n = len(keys), len(code)
+    if n % k:
+        return None
+    if np.array_equal(code.reshape(-1, k), np.broadcast_to(np.arange(k), (n // k, k))):
+        by_key = v.reshape(-1, k).T
+    elif np.array_equal(code.reshape(k, -1), np.broadcast_to(np.arange(k)[:, None], (k, n // k))):
+        by_key = v.reshape(k, -1)
+    else:
+        return None
+    with np.errstate(invalid="ignore"):
+        tot = np.fmax.reduce(by_key, axis=1)  # NaN left out, as groupby's max; a key without any value: NaN
+    return keys.tolist(), list(tot)
 
 
 def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
