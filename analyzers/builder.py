@@ -188,26 +188,8 @@ class StepView:
 
     @cached_property
     def _grid(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """(ranks, steps) where the rows are a whole step x rank grid: step after step, ascending, each step's rows
-        the same ranks in ascending order (a store's steps and a live round's are). A column's matrix is then its
-        values reshaped, with no rows to place; None where the rows are anything else."""
-        rank, step = self.rows["rank"].to_numpy(), self.rows["step"].to_numpy()
-        if len(step) == 0 or rank.dtype.kind not in "iu" or step.dtype.kind not in "iu":
-            return None
-        other = np.flatnonzero(step != step[0])
-        n = int(other[0]) if len(other) else len(step)
-        if len(step) % n:
-            return None
-        ranks = rank[:n]
-        if n > 1 and not bool((ranks[1:] > ranks[:-1]).all()):
-            return None
-        by_step = step.reshape(-1, n)
-        steps = by_step[:, 0]
-        if (len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all())) or not bool((by_step == steps[:, None]).all()):
-            return None
-        if not bool((rank.reshape(-1, n) == ranks).all()):
-            return None
-        return ranks.copy(), steps.copy()
+        """``step_grid`` of the rows: a column's matrix is then its values reshaped, with no rows to place."""
+        return step_grid(self.rows["rank"].to_numpy(), self.rows["step"].to_numpy())
 
     @cached_property
     def _cells(self) -> RankStepCells:
@@ -282,6 +264,27 @@ class StepView:
     def has_rows(self, ranks: Iterable[int], first: int, last: int) -> bool:
         """Whether any of ``ranks`` has a row in steps ``first``..``last``."""
         return len(self._span_rows(ranks, first, last)) > 0
+
+
+def step_grid(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ranks, steps) where step records are a whole step x rank grid: step after step, ascending, each step's rows
+    the same ranks in ascending order (a store's steps and a live round's are); None where they are anything else."""
+    if len(step) == 0 or rank.dtype.kind not in "iu" or step.dtype.kind not in "iu":
+        return None
+    other = np.flatnonzero(step != step[0])
+    n = int(other[0]) if len(other) else len(step)
+    if len(step) % n:
+        return None
+    ranks = rank[:n]
+    if n > 1 and not bool((ranks[1:] > ranks[:-1]).all()):
+        return None
+    by_step = step.reshape(-1, n)
+    steps = by_step[:, 0]
+    if (len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all())) or not bool((by_step == steps[:, None]).all()):
+        return None
+    if not bool((rank.reshape(-1, n) == ranks).all()):
+        return None
+    return ranks.copy(), steps.copy()
 
 
 def _grid_matrix(values: np.ndarray, ranks: np.ndarray, steps: np.ndarray, rows, cols: slice) -> pd.DataFrame | None:

@@ -273,3 +273,19 @@ def test_capacity_max_by_gpu_is_groupbys(layout):
     np.testing.assert_array_equal(np.array([v for _, v in got]), np.array([v for _, v in want]))
     key = gp["node"].to_numpy() * gpus + gp["gpu"].to_numpy()
     assert (memory_pressure._grid_max(key, gp["mem_total_bytes"].to_numpy()) is None) == (layout == "shuffled")
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_report_heat_matrix_from_the_grid_is_the_placed_one(shuffle):
+    from analyzers.report.heat import rank_step_matrix as heat_matrix
+
+    rows = _view(3, shuffle, False).rows.copy()
+    rows["step_ms"] = rows["step_ms"].astype(np.float32)
+    rows.loc[rows["rank"] == 2, "step_ms"] = np.nan  # a rank without any value: left out
+    got = heat_matrix(rows, "step_ms")
+    keep = rows["step_ms"].notna().to_numpy()
+    cells = RankStepCells(rows["rank"].to_numpy()[keep], rows["step"].to_numpy()[keep])
+    assert got.values.dtype == np.float32 and 2 not in got.ranks.tolist()
+    np.testing.assert_array_equal(got.ranks, cells.ranks)
+    np.testing.assert_array_equal(got.steps, cells.steps)
+    np.testing.assert_array_equal(got.values, cells.values(rows["step_ms"].to_numpy()[keep], np.float32))
