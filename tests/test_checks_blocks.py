@@ -170,12 +170,16 @@ def test_step_node_median_is_pivot_tables():
     for per in (1, 2, 3, 8):
         steps, nodes = 20, 5
         st = pd.DataFrame({"step": np.repeat(np.arange(steps, dtype=np.int32), nodes * per),
+                           "rank": np.tile(np.arange(nodes * per, dtype=np.int32), steps),
                            "node": np.tile(np.repeat(np.arange(nodes, dtype=np.int32), per), steps)})
         st["t_end"] = 1.7e9 + rng.random(len(st)) * 100
         want = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
         pd.testing.assert_frame_equal(_step_node_median(st, "t_end"), want)
     assert _step_node_median(st.sample(frac=1.0, random_state=0), "t_end") is None  # not in (step, node) order
     assert _step_node_median(st.iloc[:-1], "t_end") is None  # a cell short
+    moved = st.copy()
+    moved.loc[moved["step"] == 3, "node"] = moved.loc[moved["step"] == 3, "node"].to_numpy()[::-1]
+    assert _step_node_median(moved, "t_end") is None  # ranks that change node
 
 
 def test_cells_with_and_without_duplicates():
