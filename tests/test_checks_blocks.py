@@ -293,3 +293,16 @@ def test_report_heat_matrix_from_the_grid_is_the_placed_one(shuffle):
     np.testing.assert_array_equal(got.ranks, cells.ranks)
     np.testing.assert_array_equal(got.steps, cells.steps)
     np.testing.assert_array_equal(got.values, cells.values(rows["step_ms"].to_numpy()[keep], np.float32))
+
+
+def test_row_sigmas_are_row_robust_sigmas():
+    from analyzers.stats import row_robust_sigmas
+
+    rng = np.random.default_rng(8)
+    for shape in ((5, 0), (7, 1), (6, 40), (9, 41)):
+        x = rng.normal(0, 0.05, shape)
+        np.testing.assert_array_equal(stragglers._row_sigmas(x), row_robust_sigmas(x))
+        if x.size:
+            x[1, 0] = np.nan
+            x[2, -1] = -np.inf
+            np.testing.assert_array_equal(stragglers._row_sigmas(x), row_robust_sigmas(x))

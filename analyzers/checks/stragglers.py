@@ -38,7 +38,7 @@ from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, robust_sigma, row_robust_sigmas, temporal_sigma
+from analyzers.stats import MAD_SCALE, leave_one_out_median, robust_sigma, row_robust_sigmas, temporal_sigma
 from ranksight.schema import Finding
 
 NAME = "stragglers"
@@ -289,7 +289,7 @@ class _Scores:
                     ratio = o / np.where(p == 0, np.nan, p)
                     lr = np.log(np.where(ratio > 0, ratio, np.nan))
                 self.logr[first + b:first + b + len(lr)] = lr
-                self.row_sigma[first + b:first + b + len(lr)] = row_robust_sigmas(lr)
+                self.row_sigma[first + b:first + b + len(lr)] = _row_sigmas(lr)
             first += len(members)
 
     def own_and_peers(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -315,13 +315,26 @@ class _Scores:
         block = max(1, BLOCK_CELLS // max(1, n_cols))
         for b in range(0, n, block):
             x = np.minimum(self.logr[b:b + block], clip[b:b + block, None])
-            y = np.where(np.isfinite(x), x - drift, 0.0)
+            x -= drift
+            y = x if np.isfinite(x).all() else np.where(np.isfinite(x), x, 0.0)  # a skipped step adds nothing
             c = np.cumsum(y, axis=1)
             rise = (c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1)).max(axis=1) if n_cols else np.zeros(len(x))
-            margin = 1e-9 * np.abs(y).sum(axis=1) + 1e-12
+            # the sums' rounding is below n x eps x sum |y| <= n^2 x eps x max |y|: far below this margin
+            margin = 1e-9 * n_cols * (np.abs(y).max(axis=1) if n_cols else 0.0) + 1e-12
             keep.append(b + np.flatnonzero(rise >= h[b:b + block] - margin))
         rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
         return rows, np.minimum(self.logr[rows], clip[rows, None])
+
+
+def _row_sigmas(lr: np.ndarray) -> np.ndarray:
+    """``row_robust_sigmas(lr)``: where every score is finite, the same two medians per row without its copies of
+    the block (the second one partitions its own temporary in place)."""
+    if not np.isfinite(lr).all():
+        return row_robust_sigmas(lr)
+    if lr.shape[1] == 0:
+        return np.zeros(lr.shape[0])
+    med = np.median(lr, axis=1)
+    return MAD_SCALE * np.median(np.abs(lr - med[:, None]), axis=1, overwrite_input=True)
 
 
 def _with_baseline_noise(sigma: float, logr: np.ndarray, cfg: StragglerConfig) -> tuple[float, float | None]:
