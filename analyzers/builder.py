@@ -332,7 +332,10 @@ class Placement:
         if self.manifest is None or not self.manifest.ranks or self.steps.empty:
             return False
         listed = {int(p.rank) for p in self.manifest.ranks}
-        return all(int(r) in listed for r in distinct_codes(self.steps["rank"].to_numpy())[0].tolist())
+        rank = self.steps["rank"].to_numpy()
+        grid = step_grid(rank, self.steps["step"].to_numpy())  # a grid's ranks are its first step's
+        present = grid[0] if grid is not None else distinct_codes(rank)[0]
+        return all(int(r) in listed for r in present.tolist())
 
     @cached_property
     def rank_node(self) -> dict[int, int]:

@@ -110,7 +110,7 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
         own = arr.loc[rank]
         others = arr.drop(index=rank)
-        lag = (own - others.median()) * 1000.0
+        lag = (own - _column_medians(others)) * 1000.0
         last = (arr.idxmax() == rank)
         ev["arrival_lag_ms"] = fnum(lag.median(), 1)
         ev["last_arrival_share"] = fnum(last.mean(), 2)
@@ -188,7 +188,7 @@ def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s
     d = frame.steps_from(s0).span_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
     if d.shape[0] < 2 or rank not in d.index:
         return None
-    return float(np.nanmedian((d.loc[rank] - d.drop(index=rank).median()).to_numpy(dtype=float)))
+    return float(np.nanmedian((d.loc[rank] - _column_medians(d.drop(index=rank))).to_numpy(dtype=float)))
 
 
 def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> dict:
@@ -197,7 +197,7 @@ def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s
     if w.shape[0] < 2 or rank not in w.index:
         return {}
     own = w.loc[rank]
-    others = w.drop(index=rank).median()
+    others = _column_medians(w.drop(index=rank))
     return dict(least_wait_share=fnum((w.idxmin() == rank).mean(), 2),
                 own_total_wait_ms=fnum(own.median(), 1),
                 peers_wait_minus_own_ms=fnum((others - own).median(), 1))
@@ -416,6 +416,14 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
                             peers_ms=float(np.nanmedian(comp.loc[others, s0:s1].to_numpy(dtype=float))) if others else None,
                             threshold=thr, confirmed_at=confirmation_step(flags, s0, cfg.persist)))
     return out
+
+
+def _column_medians(m: pd.DataFrame) -> pd.Series:
+    """``m.median()`` (each step's median over the ranks, NaN left out) by ``_median_rows_down``: pandas' median of a
+    few hundred ranks sorts masked arrays."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step without any value: NaN, as pandas gives
+        return pd.Series(_median_rows_down(m.to_numpy(dtype=float)), index=m.columns)
 
 
 def _median_rows_down(x: np.ndarray) -> np.ndarray:
