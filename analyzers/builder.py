@@ -598,7 +598,7 @@ def skewed_ranks(data: RunData) -> set[int]:
     st = data.steps
     if st.empty or st["node"].nunique() < 2 or st["t_end"].isna().all():
         return set()
-    ends = _step_node_median(st, "t_end")
+    ends = step_node_median(st, "t_end")
     if ends is None:
         ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
     first = ends.columns[0]
@@ -622,7 +622,7 @@ def skewed_ranks(data: RunData) -> set[int]:
     return {int(r) for i, g in enumerate(groups) if i != keep for n in g for r in ranks_of.get(n, [])}
 
 
-def _step_node_median(st: pd.DataFrame, col: str) -> pd.DataFrame | None:
+def step_node_median(st: pd.DataFrame, col: str) -> pd.DataFrame | None:
     """``st.pivot_table(index="step", columns="node", values=col, aggfunc="median")`` where it is a reshape: the
     rows a step x rank grid (``step_grid``), each rank on the same node in every step, each node's ranks next to
     each other and as many on every node, no NaN (a store's steps and a live round's). Each cell's median is the

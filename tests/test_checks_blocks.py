@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from analyzer_fixtures import build
 
-from analyzers.builder import RankStepCells, StepView, _step_node_median, build_frame
+from analyzers.builder import RankStepCells, StepView, step_node_median, build_frame
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.checks import gpu_health, memory_pressure, stragglers
-from analyzers.checks.stragglers import StragglerConfig, _Scores, merge_runs, noise_sigma
+from analyzers.checks.stragglers import StragglerConfig, RankScores, merge_runs, noise_sigma
 
 
 def _rank_findings_reference(frame, cfg, steps, signal):
@@ -118,7 +118,7 @@ def test_the_cusum_bound_keeps_every_row_that_alarms():
     for i in range(0, n, 17):  # slow-downs of every size and length, some right at the threshold
         s0 = int(rng.integers(0, m - 5))
         logr[i, s0:s0 + int(rng.integers(2, 60))] += rng.uniform(0.05, 0.4)
-    sc = _Scores.__new__(_Scores)
+    sc = RankScores.__new__(RankScores)
     sc.logr = logr
     k = float(np.log(1.08))
     for h in (0.05, 0.15, 0.3, 0.6):
@@ -165,7 +165,7 @@ def test_span_matrix_is_sub_matrix(shuffle, dup):
             assert fresh.has_rows(ranks, first, last) == (first <= 29)
 
 
-def test_step_node_median_is_pivot_tables():
+def teststep_node_median_is_pivot_tables():
     rng = np.random.default_rng(2)
     for per in (1, 2, 3, 8):
         steps, nodes = 20, 5
@@ -174,12 +174,12 @@ def test_step_node_median_is_pivot_tables():
                            "node": np.tile(np.repeat(np.arange(nodes, dtype=np.int32), per), steps)})
         st["t_end"] = 1.7e9 + rng.random(len(st)) * 100
         want = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
-        pd.testing.assert_frame_equal(_step_node_median(st, "t_end"), want)
-    assert _step_node_median(st.sample(frac=1.0, random_state=0), "t_end") is None  # not in (step, node) order
-    assert _step_node_median(st.iloc[:-1], "t_end") is None  # a cell short
+        pd.testing.assert_frame_equal(step_node_median(st, "t_end"), want)
+    assert step_node_median(st.sample(frac=1.0, random_state=0), "t_end") is None  # not in (step, node) order
+    assert step_node_median(st.iloc[:-1], "t_end") is None  # a cell short
     moved = st.copy()
     moved.loc[moved["step"] == 3, "node"] = moved.loc[moved["step"] == 3, "node"].to_numpy()[::-1]
-    assert _step_node_median(moved, "t_end") is None  # ranks that change node
+    assert step_node_median(moved, "t_end") is None  # ranks that change node
 
 
 def test_cells_with_and_without_duplicates():

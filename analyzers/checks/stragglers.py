@@ -219,7 +219,7 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     judged = [m for m in groups.values() if len(m) >= cfg.min_ranks]
     if not judged:
         return out
-    scores = _Scores(steps, signal, comp, judged)
+    scores = RankScores(steps, signal, comp, judged)
     sigma, base_sigma = scores.noise_sigma(cfg)
     k = float(np.log(cfg.min_ratio))
     detectors = []  # (drift, threshold): slow (small, steady slow-downs) and fast (large ones, in min_steps)
@@ -265,7 +265,7 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
 BLOCK_CELLS = 1 << 18
 
 
-class _Scores:
+class RankScores:
     """The judged ranks' scores, log(own / peers' leave-one-out median), one row per rank (group after group, in
     each group's order), worked out a block of rows at a time; and what the CUSUMs need of them."""
 
