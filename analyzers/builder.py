@@ -73,12 +73,7 @@ class RankStepCells:
         if n_cells <= 4 * len(cell) + 1024:
             # the last row of each cell (row order, as groupby's "last"): the largest row number that lands in it
             last_row = np.full(n_cells, -1, np.int64)
-            rows = np.arange(len(cell), dtype=np.int64)
-            last_row[cell] = rows
-            # one row per cell (a store's steps, a live round's): the assignment placed each; else the largest row
-            # of each cell takes a ufunc.at, several times slower
-            if len(cell) != n_cells or np.count_nonzero(last_row >= 0) != len(cell):
-                np.maximum.at(last_row, cell, rows)
+            np.maximum.at(last_row, cell, np.arange(len(cell), dtype=np.int64))
             self.cell = np.flatnonzero(last_row >= 0)
             self.take = last_row[self.cell]
             return
@@ -92,17 +87,14 @@ class RankStepCells:
 
     def values(self, x: np.ndarray, dtype=np.float64) -> np.ndarray:
         """The rows' values ``x`` as a ranks x steps array of ``dtype`` (NaN where a cell has no row)."""
-        n_cells = len(self.ranks) * len(self.steps)
-        if len(self.cell) == n_cells:  # every cell has a row: a gather, no NaN fill and scatter
-            return np.asarray(x[self.take], dtype=dtype).reshape(len(self.ranks), len(self.steps))
-        out = np.full(n_cells, np.nan, dtype=dtype)
+        out = np.full(len(self.ranks) * len(self.steps), np.nan, dtype=dtype)
         out[self.cell] = x[self.take]
         return out.reshape(len(self.ranks), len(self.steps))
 
     def matrix(self, x: np.ndarray) -> pd.DataFrame:
         """The matrix of the rows' values ``x`` (float)."""
         return pd.DataFrame(self.values(x), index=pd.Index(self.ranks, name="rank"),
-                            columns=pd.Index(self.steps, name="step"), copy=False)  # its own array: no copy
+                            columns=pd.Index(self.steps, name="step"))
 
 
 # --------------------------------------------------------------------------
