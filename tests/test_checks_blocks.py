@@ -12,8 +12,9 @@ from analyzer_fixtures import build
 
 from analyzers.builder import RankStepCells, StepView, step_node_median, build_frame
 from analyzers.changepoint import cusum_runs_rows, refine_onset
-from analyzers.checks import gpu_health, memory_pressure, stragglers
-from analyzers.checks.stragglers import StragglerConfig, RankScores, merge_runs, noise_sigma
+from analyzers.checks import gpu_health, memory_pressure, straggler_scores, stragglers
+from analyzers.checks.straggler_scores import RankScores
+from analyzers.checks.stragglers import StragglerConfig, merge_runs, noise_sigma
 
 
 def _rank_findings_reference(frame, cfg, steps, signal):
@@ -83,7 +84,7 @@ CASES = [
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("block_cells", [1 << 18, 7])  # one block, and blocks of a row or less
 def test_rank_candidates_are_the_per_group_frames_ones(case, block_cells, monkeypatch):
-    monkeypatch.setattr(stragglers, "BLOCK_CELLS", block_cells)
+    monkeypatch.setattr(straggler_scores, "BLOCK_CELLS", block_cells)
     frame = build_frame(build(**CASES[case]))
     cfg = StragglerConfig()
     steps = frame.judged(cfg.warmup_steps)
@@ -301,8 +302,8 @@ def test_row_sigmas_are_row_robust_sigmas():
     rng = np.random.default_rng(8)
     for shape in ((5, 0), (7, 1), (6, 40), (9, 41)):
         x = rng.normal(0, 0.05, shape)
-        np.testing.assert_array_equal(stragglers._row_sigmas(x), row_robust_sigmas(x))
+        np.testing.assert_array_equal(straggler_scores.row_sigmas(x), row_robust_sigmas(x))
         if x.size:
             x[1, 0] = np.nan
             x[2, -1] = -np.inf
-            np.testing.assert_array_equal(stragglers._row_sigmas(x), row_robust_sigmas(x))
+            np.testing.assert_array_equal(straggler_scores.row_sigmas(x), row_robust_sigmas(x))
