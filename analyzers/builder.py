@@ -129,6 +129,7 @@ def data_share(st: pd.DataFrame) -> pd.Series:
 
 DERIVED_COLUMNS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "transfer_ms": transfer_ms, "total_wait_ms": total_wait_ms, "data_share": data_share}
+ROW_WISE_DERIVED = frozenset({"total_wait_ms", "data_share"})  # each row's value from that row alone
 
 
 # --------------------------------------------------------------------------
@@ -160,6 +161,13 @@ class StepView:
         """Rank x step matrix of a column (``rank_step_matrix``)."""
         if name not in self._matrices:
             values = self.column(name)
+            grid = self._grid if _is_float(values) else None
+            if grid is not None:
+                ranks, steps = grid
+                got = _grid_matrix(values.to_numpy(), ranks, steps, slice(None), slice(None))
+                if got is not None:
+                    self._matrices[name] = got
+                    return got
             if _is_float(values) and not self.rows.empty and not values.isna().any():
                 # a value in every row: every column without a gap has the same cells
                 self._matrices[name] = self._cells.matrix(values.to_numpy(dtype=np.float64))
@@ -169,6 +177,11 @@ class StepView:
                     src = pd.DataFrame({"rank": self.rows["rank"], "step": self.rows["step"], name: values})
                 self._matrices[name] = rank_step_matrix(src, name)
         return self._matrices[name]
+
+    @cached_property
+    def _grid(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``step_grid`` of the rows: a column's matrix is then its values reshaped, with no rows to place."""
+        return step_grid(self.rows["rank"].to_numpy(), self.rows["step"].to_numpy())
 
     @cached_property
     def _cells(self) -> RankStepCells:
@@ -198,10 +211,92 @@ class StepView:
         has = sub.notna()
         return sub.loc[has.any(axis=1).to_numpy(), has.any(axis=0).to_numpy()]
 
+    def span_matrix(self, name: str, ranks: Iterable[int], first: int, last: int) -> pd.DataFrame:
+        """``sub_matrix(name, ranks, first, last)``, built from those rows alone where the whole matrix is not built
+        yet (a check that reads one group over one episode of a 16,384-rank run need not place every row). A
+        derived column that is not row by row (transfer_ms: each step's smallest wait) takes the whole matrix."""
+        if name in self._matrices or (name in DERIVED_COLUMNS and name not in ROW_WISE_DERIVED):
+            return self.sub_matrix(name, ranks, first, last)
+        grid = self._grid
+        if grid is not None:
+            all_ranks, steps = grid
+            c0, c1 = int(np.searchsorted(steps, first, "left")), int(np.searchsorted(steps, last, "right"))
+            at = np.flatnonzero(np.isin(all_ranks, np.fromiter((int(r) for r in ranks), np.int64)))
+            rows = self.rows.iloc[c0 * len(all_ranks):c1 * len(all_ranks)]  # the span's steps: a slice, no copy
+            values = (self._derived[name].iloc[c0 * len(all_ranks):c1 * len(all_ranks)] if name in self._derived
+                      else DERIVED_COLUMNS[name](rows) if name in DERIVED_COLUMNS else rows[name])
+            got = _grid_matrix(values.to_numpy(), all_ranks, steps, at, slice(c0, c1)) if _is_float(values) else None
+            if got is not None:
+                return got
+        pos = self._span_rows(ranks, first, last)
+        sub = self.rows.iloc[pos]
+        values = (self._derived[name].iloc[pos] if name in self._derived
+                  else DERIVED_COLUMNS[name](sub) if name in DERIVED_COLUMNS else sub[name])
+        src = pd.DataFrame({"rank": sub["rank"].to_numpy(), "step": sub["step"].to_numpy(), name: values.to_numpy()})
+        return rank_step_matrix(src, name)
+
+    def _span_rows(self, ranks: Iterable[int], first: int, last: int) -> np.ndarray:
+        """The positions of the rows of ``ranks`` in steps ``first``..``last``, in row order (steps in order: the
+        span is a slice, found by bisection)."""
+        step = self.rows["step"].to_numpy()
+        if self._steps_sorted:
+            lo, hi = int(np.searchsorted(step, first, side="left")), int(np.searchsorted(step, last, side="right"))
+            in_span = np.ones(hi - lo, np.bool_)
+        else:
+            lo, hi = 0, len(step)
+            in_span = (step >= first) & (step <= last)
+        rank = self.rows["rank"].to_numpy()[lo:hi]
+        return lo + np.flatnonzero(in_span & np.isin(rank, np.fromiter((int(r) for r in ranks), np.int64)))
+
+    @cached_property
+    def _steps_sorted(self) -> bool:
+        step = self.rows["step"].to_numpy()
+        return len(step) < 2 or bool((step[1:] >= step[:-1]).all())
+
     def has_rows(self, ranks: Iterable[int], first: int, last: int) -> bool:
         """Whether any of ``ranks`` has a row in steps ``first``..``last``."""
-        step = self.rows["step"]
-        return bool(((step >= first) & (step <= last) & self.rows["rank"].isin(list(ranks))).any())
+        return len(self._span_rows(ranks, first, last)) > 0
+
+
+def step_grid(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ranks, steps) where step records are a whole step x rank grid: step after step, ascending, each step's rows
+    the same ranks in ascending order (a store's steps and a live round's are); None where they are anything else."""
+    if len(step) == 0 or rank.dtype.kind not in "iu" or step.dtype.kind not in "iu":
+        return None
+    other = np.flatnonzero(step != step[0])
+    n = int(other[0]) if len(other) else len(step)
+    if len(step) % n:
+        return None
+    ranks = rank[:n]
+    if n > 1 and not bool((ranks[1:] > ranks[:-1]).all()):
+        return None
+    by_step = step.reshape(-1, n)
+    steps = by_step[:, 0]
+    if (len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all())) or not bool((by_step == steps[:, None]).all()):
+        return None
+    if not bool((rank.reshape(-1, n) == ranks).all()):
+        return None
+    return ranks.copy(), steps.copy()
+
+
+def _grid_matrix(values: np.ndarray, ranks: np.ndarray, steps: np.ndarray, rows, cols: slice) -> pd.DataFrame | None:
+    """The rank x step matrix (float64) of a grid's ``values`` (step after step, each step's ranks in order; only
+    the steps ``cols`` of it), rows ``rows`` of the ranks and those steps: ``rank_step_matrix``'s, the ranks and
+    steps without a value left out. None where no cell has a value (``rank_step_matrix`` then)."""
+    n_steps = len(steps[cols])
+    by_step = values.reshape(n_steps, len(ranks))
+    if not isinstance(rows, slice):
+        by_step = by_step[:, rows]
+    out = np.empty((by_step.shape[1], n_steps))
+    np.copyto(out, by_step.T)  # converted to float64 and transposed in one pass
+    has = ~np.isnan(out)
+    if not has.any():
+        return None
+    df = pd.DataFrame(out, index=pd.Index(ranks[rows], name="rank"), columns=pd.Index(steps[cols], name="step"),
+                      copy=False)
+    if has.all():
+        return df
+    return df.loc[has.any(axis=1), has.any(axis=0)]
 
 
 class Placement:
@@ -217,10 +312,22 @@ class Placement:
         out: dict = {}
         if self.manifest is not None:
             out.update({p.rank: getattr(p, col) for p in self.manifest.ranks})
-        if not self.steps.empty:
+        if not self.steps.empty and not self._manifest_has_every_rank:
             for r, v in self.steps.groupby("rank")[col].last().items():
                 out.setdefault(int(r), cast(v))
         return out
+
+    @cached_property
+    def _manifest_has_every_rank(self) -> bool:
+        """Whether the manifest places every rank of the step records (then their own placement adds nothing: a
+        groupby over every step record spared)."""
+        if self.manifest is None or not self.manifest.ranks or self.steps.empty:
+            return False
+        listed = {int(p.rank) for p in self.manifest.ranks}
+        rank = self.steps["rank"].to_numpy()
+        grid = step_grid(rank, self.steps["step"].to_numpy())  # a grid's ranks are its first step's
+        present = grid[0] if grid is not None else distinct_codes(rank)[0]
+        return all(int(r) in listed for r in present.tolist())
 
     @cached_property
     def rank_node(self) -> dict[int, int]:
@@ -483,7 +590,9 @@ def skewed_ranks(data: RunData) -> set[int]:
     st = data.steps
     if st.empty or st["node"].nunique() < 2 or st["t_end"].isna().all():
         return set()
-    ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
+    ends = step_node_median(st, "t_end")
+    if ends is None:
+        ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
     first = ends.columns[0]
     # each node's median offset from the first node's, all nodes in one call (a Series per node cost seconds at
     # thousands of nodes)
@@ -503,6 +612,35 @@ def skewed_ranks(data: RunData) -> set[int]:
     size = {i: sum(len(ranks_of.get(n, [])) for n in g) for i, g in enumerate(groups)}
     keep = max(size, key=lambda i: (size[i], -min(groups[i])))
     return {int(r) for i, g in enumerate(groups) if i != keep for n in g for r in ranks_of.get(n, [])}
+
+
+def step_node_median(st: pd.DataFrame, col: str) -> pd.DataFrame | None:
+    """``st.pivot_table(index="step", columns="node", values=col, aggfunc="median")`` where it is a reshape: the
+    rows a step x rank grid (``step_grid``), each rank on the same node in every step, each node's ranks next to
+    each other and as many on every node, no NaN (a store's steps and a live round's). Each cell's median is the
+    middle of its sorted values (the mean of the two middle ones for an even count, as pandas' and numpy's). None
+    where the rows are not like that (pivot_table then: its generic groupby cost seconds at 16,384 ranks)."""
+    x = st[col].to_numpy()
+    if x.dtype.kind != "f" or len(x) == 0 or np.isnan(x).any():
+        return None
+    grid = step_grid(st["rank"].to_numpy(), st["step"].to_numpy())
+    node = st["node"].to_numpy()
+    if grid is None or node.dtype.kind not in "iu":
+        return None
+    ranks, steps = grid
+    n = len(ranks)
+    first = node[:n]
+    if not bool((node.reshape(-1, n) == first).all()):
+        return None
+    starts = np.r_[0, np.flatnonzero(first[1:] != first[:-1]) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    nodes = first[starts]
+    if not bool((sizes == sizes[0]).all()) or (len(nodes) > 1 and not bool((nodes[1:] > nodes[:-1]).all())):
+        return None
+    per = int(sizes[0])
+    srt = np.sort(x.astype(np.float64, copy=False).reshape(len(steps), len(nodes), per), axis=2)
+    med = srt[:, :, per // 2] if per % 2 else (srt[:, :, per // 2 - 1] + srt[:, :, per // 2]) / 2.0
+    return pd.DataFrame(med, index=pd.Index(steps, name="step"), columns=pd.Index(nodes, name="node"))
 
 
 def without_skewed_arrivals(data: RunData) -> RunData:

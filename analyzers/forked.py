@@ -27,8 +27,10 @@ import sys
 from typing import Any, Callable
 
 # Longest first (the scheduling that finishes soonest when one check dominates): the checks' relative cost on big
-# runs, measured with bench/scale_diagnose.py's time split. Checks not listed go last, in registry order.
-LONGEST_FIRST = ("comm", "stragglers", "pipeline", "memory_pressure", "gpu_health", "data_stall", "mfu", "hang",
+# runs, measured with bench/scale_diagnose.py's time split and bench/checks_scale.py (since the non-collective
+# checks' array paths, data_stall builds its own matrices and gpu_health's per-sample tests are cheap). Checks not
+# listed go last, in registry order.
+LONGEST_FIRST = ("comm", "stragglers", "pipeline", "data_stall", "memory_pressure", "mfu", "gpu_health", "hang",
                  "fp16", "kernel_time")
 
 # Runs below this many step + collective rows are done in-process: a fork per check costs more than it saves there.

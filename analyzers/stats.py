@@ -73,7 +73,7 @@ def leave_one_out_median(frame: pd.DataFrame) -> pd.DataFrame:
     middle positions of the n - 1 values left, skipping the removed value's own position. As in np.nanmedian, an
     even count's median is (low + high) / 2."""
     values = frame.to_numpy(dtype=float)
-    return pd.DataFrame(_loo_median(values), index=frame.index, columns=frame.columns)
+    return pd.DataFrame(_loo_median(values), index=frame.index, columns=frame.columns, copy=False)  # a new array
 
 
 LOO_BLOCK_CELLS = 1 << 20  # columns taken this many cells at a time: the temporaries stay a few tens of MB

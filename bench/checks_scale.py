@@ -3,7 +3,7 @@
 Loads a generated store (bench/scale_gen.py; read-only) with ``analyzers.loader.load_run``, builds the frame the
 way ``run_all`` does, and runs every check in ``run_all``'s order, timing each (CPU time of the process, and wall)
 and sampling the process's RSS every few milliseconds (its peak during the check, and the peak over the RSS the
-loaded frames hold). Each round builds a fresh frame, so the matrices the checks share are built inside the first
+loaded frames hold). ``--report`` also times the report ``diagnose --json`` prints, over the checks' findings. Each round builds a fresh frame, so the matrices the checks share are built inside the first
 check that asks for them, as in a real round.
 
 Before/after: ``--tree`` names code trees (a worktree of main at the baseline, this one); each round runs each tree
@@ -91,6 +91,7 @@ def worker(args) -> None:
         out["(build_frame)"] = dict(cpu=time.process_time() - c0, wall=time.perf_counter() - w0,
                                     peak_over_gib=(mon.peak - base) / 2**30)
         findings = []
+        found: list = []
         for name in names:
             start = mon.reset()
             c0, w0 = time.process_time(), time.perf_counter()
@@ -104,7 +105,20 @@ def worker(args) -> None:
                              peak_over_start_gib=(max(mon.peak, rss_bytes()) - start) / 2**30,
                              findings=len(got), error=err)
             findings += [(f.analyzer, f.kind, f.severity, list(f.ranks)[:8], f.step_start) for f in got]
+            found += got
         del frame
+        if args.report:
+            # the report diagnose prints after the checks (--json): its model over the run and these findings
+            from analyzers.report.model import build_report
+            from analyzers.report.render_json import render_json
+
+            start = mon.reset()
+            c0, w0 = time.process_time(), time.perf_counter()
+            render_json(build_report(data, found, [], [], with_plots=False))
+            out["(report)"] = dict(cpu=time.process_time() - c0, wall=time.perf_counter() - w0,
+                                   peak_over_gib=(max(mon.peak, rss_bytes()) - base) / 2**30,
+                                   peak_over_start_gib=(max(mon.peak, rss_bytes()) - start) / 2**30,
+                                   findings=0, error=None)
         print(json.dumps({"round": rnd, "checks": out, "findings": findings}), flush=True)
     mon.stop()
 
@@ -116,6 +130,8 @@ def run_worker(tree: str, args) -> list[dict]:
         v = getattr(args, flag)
         if v is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(v)]
+    if args.report:
+        cmd.append("--report")
     env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=args.timeout_s)
     lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
@@ -133,6 +149,8 @@ def main() -> None:
     ap.add_argument("--since", type=int)
     ap.add_argument("--until", type=int)
     ap.add_argument("--checks", help="comma-separated check names (default: all, in run_all's order)")
+    ap.add_argument("--report", action="store_true",
+                    help="also time the report after the checks (build_report + render_json, as diagnose --json)")
     ap.add_argument("--max-rss-gib", type=float)
     ap.add_argument("--timeout-s", type=float, default=1800)
     ap.add_argument("--json", help="write every round's numbers here")

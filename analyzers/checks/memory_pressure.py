@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage
+from analyzers.builder import AnalysisFrame, Coverage, distinct_codes
 from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 
@@ -63,14 +63,43 @@ def _max_by_pair(df: pd.DataFrame, a: str, b: str, col: str) -> list[tuple[tuple
     ka, kb = df[a], df[b]
     if not (pd.api.types.is_integer_dtype(ka.dtype) and pd.api.types.is_integer_dtype(kb.dtype)):
         return list(df.groupby([a, b])[col].max().items())
-    va, vb = ka.to_numpy(dtype=np.int64), kb.to_numpy(dtype=np.int64)
+    va, vb = ka.to_numpy(), kb.to_numpy()
     lo_a, lo_b = int(va.min()), int(vb.min())
     span_b = int(vb.max()) - lo_b + 1
     if (int(va.max()) - lo_a + 1) * span_b >= 2**62:
         return list(df.groupby([a, b])[col].max().items())
+    # int32 where the keys fit (a fleet's samples: half the memory traffic), else int64: the same numbers
+    wide = np.int32 if (int(va.max()) - lo_a + 1) * span_b < 2**31 else np.int64
+    va, vb = va.astype(wide, copy=False), vb.astype(wide, copy=False)
+    lo_a, lo_b, span_b = wide(lo_a), wide(lo_b), wide(span_b)
     key = (va - lo_a) * span_b + (vb - lo_b)
+    lo_a, lo_b, span_b = int(lo_a), int(lo_b), int(span_b)
+    grid = _grid_max(key, df[col].to_numpy())
+    if grid is not None:
+        return [((int(k // span_b) + lo_a, int(k % span_b) + lo_b), v) for k, v in zip(*grid)]
     tot = df[col].groupby(key).max()  # sorted by key: the pairs' order
     return [((int(k // span_b) + lo_a, int(k % span_b) + lo_b), v) for k, v in tot.items()]
+
+
+def _grid_max(key: np.ndarray, v: np.ndarray) -> tuple[list, list] | None:
+    """``pd.Series(v).groupby(key).max()``'s keys and values where the samples are a grid of their keys: every key
+    in turn, sample tick after sample tick, or each key's samples together, keys in order (a store's GPU samples
+    are one or the other). None otherwise, or where ``v`` is not float."""
+    if v.dtype.kind != "f" or len(key) == 0:
+        return None
+    keys, code = distinct_codes(key)
+    k, n = len(keys), len(code)
+    if n % k:
+        return None
+    if np.array_equal(code.reshape(-1, k), np.broadcast_to(np.arange(k), (n // k, k))):
+        by_key = v.reshape(-1, k).T
+    elif np.array_equal(code.reshape(k, -1), np.broadcast_to(np.arange(k)[:, None], (k, n // k))):
+        by_key = v.reshape(k, -1)
+    else:
+        return None
+    with np.errstate(invalid="ignore"):
+        tot = np.fmax.reduce(by_key, axis=1)  # NaN left out, as groupby's max; a key without any value: NaN
+    return keys.tolist(), list(tot)
 
 
 def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
@@ -79,6 +108,18 @@ def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
     under ``warn_frac`` of its capacity and whose memory moved less than ``growth_min_bytes`` over the window
     (its end - start growth can be no more than max - min) is passed over without it."""
     if st.empty:
+        return
+    grid = _rank_grid(st)
+    if grid is not None:
+        ranks, mem = grid
+        with np.errstate(invalid="ignore"):
+            peaks, lows = np.fmax.reduce(mem, axis=0), np.fmin.reduce(mem, axis=0)  # NaN left out, as groupby's
+        for j, (r, peak, low) in enumerate(zip(ranks.tolist(), peaks.astype(float).tolist(), lows.astype(float).tolist())):
+            c = cap.get(int(r))
+            near = bool(c) and peak / c >= min(cfg.warn_frac, cfg.critical_frac)
+            moved = not (peak - low < cfg.growth_min_bytes)  # NaN: judge it
+            if near or moved:
+                yield r, st.iloc[j::len(ranks)]
         return
     g = st.groupby("rank")
     mem = g["mem_bytes"].agg(["max", "min"])
@@ -90,6 +131,20 @@ def _ranks_to_judge(st: pd.DataFrame, cap: dict, cfg: MemoryConfig):
         moved = not (peak - low < cfg.growth_min_bytes)  # NaN: judge it
         if near or moved:
             yield r, st.iloc[idx]
+
+
+def _rank_grid(st: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ranks (sorted) and ``mem_bytes`` as a step x rank array where the rows are that grid already: each step's
+    rows the same ranks in rank order, step after step (a store's and a live round's steps are; a groupby over 16
+    million rows then only finds that out). None otherwise."""
+    if "mem_bytes" not in st.columns or st["mem_bytes"].dtype.kind not in "fiu":
+        return None
+    rank = st["rank"].to_numpy()
+    ranks, code = distinct_codes(rank)
+    n = len(ranks)
+    if n == 0 or len(rank) % n or not np.array_equal(code.reshape(-1, n), np.broadcast_to(np.arange(n), (len(rank) // n, n))):
+        return None
+    return ranks, st["mem_bytes"].to_numpy().reshape(-1, n)
 
 
 def coverage(frame: AnalysisFrame, cfg: MemoryConfig | None = None) -> Coverage:

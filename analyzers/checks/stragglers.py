@@ -27,6 +27,7 @@ all slowed against their own baseline (while other stages did not) becomes a sta
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,8 @@ from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.stats import leave_one_out_median, robust_sigma, temporal_sigma
+from analyzers.checks.straggler_scores import RankScores, with_baseline_noise
+from analyzers.stats import leave_one_out_median, temporal_sigma
 from ranksight.schema import Finding
 
 NAME = "stragglers"
@@ -105,11 +107,11 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     ev: dict = {}
     if not steps.has_rows(group, s0, s1):
         return ev
-    arr = steps.sub_matrix("sync_arrival", group, s0, s1)
+    arr = steps.span_matrix("sync_arrival", group, s0, s1)
     if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
         own = arr.loc[rank]
         others = arr.drop(index=rank)
-        lag = (own - others.median()) * 1000.0
+        lag = (own - _column_medians(others)) * 1000.0
         last = (arr.idxmax() == rank)
         ev["arrival_lag_ms"] = fnum(lag.median(), 1)
         ev["last_arrival_share"] = fnum(last.mean(), 2)
@@ -119,7 +121,7 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
         if not co.empty and co["rank"].nunique() > 1:
             last = co.loc[co.groupby(["gkey", "seq"])["t_arrive"].idxmax()]
             ev["last_arrival_share"] = fnum((last["rank"] == rank).mean(), 2)
-    wait = steps.sub_matrix("sync_wait_ms", group, s0, s1)
+    wait = steps.span_matrix("sync_wait_ms", group, s0, s1)
     if rank in wait.index and wait.notna().values.any():
         ev["own_wait_ms"] = fnum(wait.loc[rank].mean(), 1)
         others = wait.drop(index=rank)
@@ -184,19 +186,19 @@ def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
 
 def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> float | None:
     """Median over [s0, s1] of the rank's data wait minus its peers' median data wait, per step."""
-    d = frame.steps_from(s0).sub_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
+    d = frame.steps_from(s0).span_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
     if d.shape[0] < 2 or rank not in d.index:
         return None
-    return float(np.nanmedian((d.loc[rank] - d.drop(index=rank).median()).to_numpy(dtype=float)))
+    return float(np.nanmedian((d.loc[rank] - _column_medians(d.drop(index=rank))).to_numpy(dtype=float)))
 
 
 def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> dict:
     """Total blocked time (sync wait + pipeline wait) of ``rank`` against the others of its group."""
-    w = frame.steps_from(s0).sub_matrix("total_wait_ms", group, s0, s1)  # never NaN: a cell for every row
+    w = frame.steps_from(s0).span_matrix("total_wait_ms", group, s0, s1)  # never NaN: a cell for every row
     if w.shape[0] < 2 or rank not in w.index:
         return {}
     own = w.loc[rank]
-    others = w.drop(index=rank).median()
+    others = _column_medians(w.drop(index=rank))
     return dict(least_wait_share=fnum((w.idxmin() == rank).mean(), 2),
                 own_total_wait_ms=fnum(own.median(), 1),
                 peers_wait_minus_own_ms=fnum((others - own).median(), 1))
@@ -215,52 +217,46 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     out = []
     comp = steps.matrix(signal)
     groups = frame.placement.peer_groups(list(comp.index))
-    ratios: list[pd.DataFrame] = []  # each group's ranks' own / peers', and their peers' (the references)
-    refs: list[pd.DataFrame] = []
-    for _, members in groups.items():
-        if len(members) < cfg.min_ranks:
-            continue
-        ref = steps.group_reference(signal, members)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios.append(comp.loc[members] / ref.replace(0, np.nan))
-        refs.append(ref)
-    if not ratios:
+    judged = [m for m in groups.values() if len(m) >= cfg.min_ranks]
+    if not judged:
         return out
-    ratio_df = pd.concat(ratios) if len(ratios) > 1 else ratios[0]
-    ref_df = pd.concat(refs) if len(refs) > 1 else refs[0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logr = np.log(ratio_df.where(ratio_df > 0))
-    sigma, base_sigma = noise_sigma(logr, cfg)
+    scores = RankScores(steps, signal, comp, judged)
+    sigma, base_sigma = scores.noise_sigma(cfg)
     k = float(np.log(cfg.min_ratio))
     detectors = []  # (drift, threshold): slow (small, steady slow-downs) and fast (large ones, in min_steps)
     for drift, h_sig, floor in ((k, cfg.h_sigma, cfg.min_h_factor),
                                 (float(np.log(cfg.fast_ratio)), cfg.fast_h_sigma, cfg.fast_min_h_factor)):
         detectors.append((drift, max(h_sig * sigma, floor * drift)))
     group_of = {r: m for m in groups.values() for r in m}
-    scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in ratio_df.index])
-    # both CUSUMs of every rank at once (one pass over the steps); then only the ranks that alarmed are looked at
-    rank_list = list(ratio_df.index)  # (an Index looked up per rank costs more than the CUSUMs at 16,384 ranks)
-    runs_of: dict = {r: [] for r in rank_list}
+    rank_list = scores.ranks  # the judged ranks, group after group (an Index looked up per rank costs seconds)
+    scale = np.array([cfg.few_peers_h_factor if len(group_of[r]) <= 2 else 1.0 for r in rank_list])
+    step_list = list(comp.columns)
+    runs_of: dict = {}
     for drift, h in detectors:
         h_r = h * scale
-        x = np.minimum(logr.to_numpy(dtype=float), (drift + cfg.clip_h_share * h_r)[:, None])
-        for i, rank_runs in enumerate(cusum_runs_rows(x, list(logr.columns), drift, h_r, cfg.min_steps, cfg.high_share)):
+        # only the rows whose CUSUM can reach its threshold run it (a bound from cumulative sums: every other row's
+        # sum stays below h, so it raises no alarm); their runs are those of the CUSUM over every row
+        rows, x = scores.cusum_rows(drift, h_r, drift + cfg.clip_h_share * h_r)
+        for i, rank_runs in zip(rows.tolist(), cusum_runs_rows(x, step_list, drift, h_r[rows], cfg.min_steps,
+                                                                 cfg.high_share)):
             if rank_runs:
-                runs_of[rank_list[i]] += [dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs]
-    for r in ratio_df.index:
-        runs = runs_of[r]
-        if not runs:
-            continue
+                runs_of.setdefault(i, []).extend(dict(run, drift=drift, h=float(h_r[i])) for run in rank_runs)
+    for i in sorted(runs_of):
+        r = rank_list[i]
         group = group_of[r]
-        for run in merge_runs(runs):
+        logr_r = pd.Series(scores.logr[i], index=comp.columns)
+        own, peers = scores.own_and_peers(i)
+        for run in merge_runs(runs_of[i]):
             s1 = run["end"]
-            onset = min(refine_onset(logr.loc[r], run["onset"], s1), run["detected"])
-            span = ratio_df.loc[r, onset:s1]
-            high = logr.loc[r, onset:s1] > k
-            flag_steps = [int(x) for x in high.index[high]]
+            onset = min(refine_onset(logr_r, run["onset"], s1), run["detected"])
+            lo, hi = int(comp.columns.searchsorted(onset, "left")), int(comp.columns.searchsorted(s1, "right"))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                span = own[lo:hi] / np.where(peers[lo:hi] == 0, np.nan, peers[lo:hi])
+            high = scores.logr[i, lo:hi] > k
+            flag_steps = [int(x) for x in comp.columns[lo:hi][high]]
             out.append(dict(rank=r, onset=onset, end=s1, flagged=len(flag_steps), flag_steps=flag_steps,
-                            ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(comp.loc[r, onset:s1])),
-                            peers_ms=float(np.nanmedian(ref_df.loc[r, onset:s1])), threshold=float(np.exp(k)),
+                            ratio=float(np.nanmedian(span)), own_ms=float(np.nanmedian(own[lo:hi])),
+                            peers_ms=float(np.nanmedian(peers[lo:hi])), threshold=float(np.exp(k)),
                             cusum_h=run["h"], cusum_drift=run["drift"], sigma=sigma, baseline_sigma=base_sigma,
                             group=group, confirmed_at=run["detected"]))
     return out
@@ -271,15 +267,7 @@ def noise_sigma(logr: pd.DataFrame, cfg: StragglerConfig) -> tuple[float, float 
     ``baseline_noise_weight`` x the pooled robust spread of the first ``baseline_steps`` judged steps (the
     clean warm-up, when the run is long enough to have one after it). Both are per-step cross-rank log ratios,
     so noise that hits every rank in a step (the whole machine busy) is already cancelled."""
-    sigma = temporal_sigma(logr)
-    base = None
-    if logr.shape[1] >= 2 * cfg.baseline_steps:
-        vals = logr.iloc[:, : cfg.baseline_steps].to_numpy(dtype=float).ravel()
-        vals = vals[np.isfinite(vals)]
-        if vals.size >= 2 * cfg.baseline_steps:
-            base = robust_sigma(vals)
-            sigma = max(sigma, cfg.baseline_noise_weight * base)
-    return sigma, base
+    return with_baseline_noise(temporal_sigma(logr), logr.to_numpy(dtype=float), cfg)
 
 
 def merge_runs(runs: list[dict]) -> list[dict]:
@@ -305,9 +293,17 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     if len(groups) < 2 or comp.shape[1] < cfg.baseline_steps + cfg.persist:
         return []
     base_cols = comp.columns[: cfg.baseline_steps]
-    base = comp[base_cols].median(axis=1)
-    norm = comp.div(base.replace(0, np.nan), axis=0)  # each rank against its own baseline
-    gser = pd.DataFrame({g: norm.loc[m].median(axis=0) for g, m in groups.items()}).T
+    values = comp.to_numpy(dtype=float)
+    pos_of = {r: i for i, r in enumerate(comp.index.tolist())}
+    rows_of = {g: np.asarray([pos_of[r] for r in m], dtype=np.int64) for g, m in groups.items()}
+    # numpy's nanmedian is pandas' median (skipping NaN) on the arrays, without a frame per group
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a rank or step without any value: NaN, as pandas gives
+        base = np.nanmedian(values[:, : cfg.baseline_steps], axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            norm = values / np.where(base == 0, np.nan, base)[:, None]  # each rank against its own baseline
+        gser = pd.DataFrame(np.stack([_median_rows_down(norm[rows_of[g]]) for g in groups]),
+                            index=list(groups), columns=comp.columns)
     ref = leave_one_out_median(gser)
     rel = gser / ref.replace(0, np.nan)
     # noise of the per-rank relative drift, so quiet runs can flag small but steady slow-downs
@@ -317,12 +313,14 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     for g, members in groups.items():
         flags = (rel.loc[g] >= thr).fillna(False)
         # every rank of the group must be slow against its own baseline
-        every = (norm.loc[members] >= thr).all(axis=0)
+        with np.errstate(invalid="ignore"):
+            every = pd.Series((norm[rows_of[g]] >= thr).all(axis=0), index=comp.columns)
         flags = flags & every.reindex(flags.index, fill_value=False)
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if s0 <= base_cols[-1]:
                 continue  # an onset inside the baseline window cannot be measured this way
-            others = [r for r in comp.index if r not in members]
+            in_group = set(members)
+            others = [r for r in comp.index if r not in in_group]
             out.append(dict(group=g, label=label, ranks=members, onset=s0, end=s1, flagged=n,
                             ratio=float(np.nanmedian(rel.loc[g, s0:s1])),
                             own_ms=float(np.nanmedian(comp.loc[members, s0:s1].to_numpy(dtype=float))),
@@ -330,6 +328,20 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
                             peers_ms=float(np.nanmedian(comp.loc[others, s0:s1].to_numpy(dtype=float))) if others else None,
                             threshold=thr, confirmed_at=confirmation_step(flags, s0, cfg.persist)))
     return out
+
+
+def _column_medians(m: pd.DataFrame) -> pd.Series:
+    """``m.median()`` (each step's median over the ranks, NaN left out) by ``_median_rows_down``: pandas' median of a
+    few hundred ranks sorts masked arrays."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step without any value: NaN, as pandas gives
+        return pd.Series(_median_rows_down(m.to_numpy(dtype=float)), index=m.columns)
+
+
+def _median_rows_down(x: np.ndarray) -> np.ndarray:
+    """np.nanmedian(x, axis=0): np.median's partition where there is no NaN (the same values; nanmedian sorts
+    masked arrays along a short axis, seconds over 10,000 steps)."""
+    return np.median(x, axis=0) if not np.isnan(x).any() else np.nanmedian(x, axis=0)
 
 
 def _severity(ratio: float, cfg: StragglerConfig) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import RankStepCells
+from analyzers.builder import RankStepCells, step_grid
 
 
 @dataclass
@@ -62,6 +62,17 @@ def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
     # float32 stays float32 (a store's *_ms columns are): the pivot kept it, and its medians were float32 ones
     kind = np.float32 if str(frame[col].dtype).lower() == "float32" else np.float64
     v = frame[col].to_numpy(dtype=kind, na_value=np.nan)
+    grid = step_grid(frame["rank"].to_numpy(), frame["step"].to_numpy())
+    if grid is not None:  # a store's rows: the matrix is the column reshaped (no rows to place)
+        ranks, steps = grid
+        values = np.empty((len(ranks), len(steps)), dtype=kind)
+        np.copyto(values, v.reshape(len(steps), len(ranks)).T)
+        has = ~np.isnan(values)
+        if has.all():
+            return RankStepMatrix(ranks, steps, values)
+        if has.any():  # the ranks and steps without any value left out, as placing the rows leaves them
+            r, s = has.any(axis=1), has.any(axis=0)
+            return RankStepMatrix(ranks[r], steps[s], values[r][:, s])
     keep = ~np.isnan(v)
     cells = RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep])
     return RankStepMatrix(cells.ranks, cells.steps, cells.values(v[keep], kind))
