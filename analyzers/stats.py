@@ -114,6 +114,13 @@ def _loo_median_block(values: np.ndarray) -> np.ndarray:
         m_all = n_rows - 1
         places = {(m_all - 1) // 2, (m_all - 1) // 2 + 1, m_all // 2, m_all // 2 + 1, (n_rows - 1) // 2, n_rows // 2}
         srt = np.partition(values, sorted({min(max(k, 0), n_rows - 1) for k in places}), axis=0)
+        lo, hi = (m_all - 1) // 2, m_all // 2  # the same places in every column: rows of the partitioned block
+        with np.errstate(invalid="ignore", over="ignore"):
+            lo_v = np.where(srt[lo][None, :] < values, srt[lo][None, :], srt[lo + 1][None, :])
+            hi_v = lo_v if hi == lo else np.where(srt[hi][None, :] < values, srt[hi][None, :], srt[hi + 1][None, :])
+            lo_v += hi_v
+            lo_v /= 2.0
+        return lo_v
     else:
         srt = np.sort(values, axis=0)  # NaNs last
     n_valid = valid.sum(axis=0)  # per column

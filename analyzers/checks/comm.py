@@ -170,6 +170,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
             if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler check owns it
             spans.append((r, flags, s0, s1, n))
+    del wait, wait_ref, others_wait_more, flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
     # the wait at every collective, of those ranks only (the TP partners of a straggler: a few); many: every rank's
     ranks_asked = {r for r, *_ in spans}
     late_wait = None if not spans else (
@@ -186,7 +187,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
                           comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
     # ranks x 10,000 steps)
-    del wait, wait_ref, others_wait_more, late_wait, flag_rows, ratio
+    del late_wait, ratio
     co = frame.data.collectives
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)

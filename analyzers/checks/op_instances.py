@@ -481,35 +481,30 @@ def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataF
 
 def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -> pd.DataFrame:
     """``collective_wait_ms``'s rows of ``ranks`` only, from the records of the ops those ranks took part in (each
-    op whole: its other members' records too). The comm check asks it about a few ranks; every record's op instance
-    at 1,024 ranks x 10,000 steps cost seconds and a GiB. The same sums (the same records, added in the same order);
-    the columns: the steps those ops have."""
+    op whole: its other members' records too). The comm check asks it about a few ranks. The op instances are the
+    round's own (``op_instances``: built once, and the comm check's completion leads derive theirs from them); the
+    grid is summed over those ops' records only. The same sums (the same records, added in the same order); the
+    columns: the steps those ops have."""
     if co.empty or not len(ranks):
         return pd.DataFrame()
     wanted = np.asarray(sorted({int(r) for r in ranks}), dtype=np.int64)
-    mine = np.flatnonzero(np.isin(co["rank"].to_numpy(), wanted))
-    if not len(mine):
+    ops = op_instances(co, None, kind="not_p2p")
+    mine = np.isin(ops.rank, wanted)
+    if not mine.any():
         return pd.DataFrame()
-    gkey = co["gkey"]
-    gcode = gkey.cat.codes.to_numpy() if isinstance(gkey.dtype, pd.CategoricalDtype) else pd.factorize(gkey)[0]
-    seq = co["seq"].to_numpy()
-    # the records of their communicators, then of those the ones with a (communicator, seq) of theirs
-    of_comm = np.zeros(int(gcode.max()) + 2, dtype=bool)  # the last slot: no communicator (code -1)
-    of_comm[gcode[mine]] = True
-    of_comm[-1] = False
-    cand = np.flatnonzero(of_comm[gcode])
-    s_lo = int(seq[cand].min())
-    span = int(seq[cand].max()) - s_lo + 1
-    key = gcode[cand].astype(np.int64) * span + (seq[cand].astype(np.int64) - s_lo)
-    their = gcode[mine].astype(np.int64) * span + (seq[mine].astype(np.int64) - s_lo)
-    rows = cand[np.isin(key, their)]
-    grid = _wait_grid(_OpInstances(co.iloc[rows], None, "not_p2p"), match_tol_ms)
+    theirs = np.zeros(ops.n_inst, dtype=bool)  # the instances with a record of theirs
+    theirs[ops.inst[mine]] = True
+    grid = _wait_grid(ops, match_tol_ms, theirs)
     return grid.loc[grid.index.intersection(wanted)] if not grid.empty else grid
 
 
-def _wait_grid(ops: "_OpInstances", match_tol_ms: float) -> pd.DataFrame:
-    """``collective_wait_ms`` of the records of ``ops``."""
-    ok = ops.complete(match_tol_ms)
+def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray | None = None) -> pd.DataFrame:
+    """``collective_wait_ms`` of the records of ``ops`` (of the ``instances`` marked, a mask over them)."""
+    if instances is None:
+        ok = ops.complete(match_tol_ms)
+    else:
+        ok = np.flatnonzero((ops.complete_instances(match_tol_ms) & instances)[ops.inst]
+                            & (ops.keep if ops.keep is not None else True))
     if not len(ok):
         return pd.DataFrame()
     # every record complete (the common case): the arrays as they are, no gathers
