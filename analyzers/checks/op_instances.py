@@ -37,7 +37,11 @@ class _OpInstances:
     def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
         t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
-        op_code, op_uniq = pd.factorize(co["op"])
+        op_col = co["op"]
+        if isinstance(op_col.dtype, pd.CategoricalDtype):  # its own codes (-1: missing), not a recode of every row
+            op_code, op_uniq = op_col.cat.codes.to_numpy(), np.asarray(op_col.cat.categories, dtype=object)
+        else:
+            op_code, op_uniq = pd.factorize(op_col)
         self.kind = kind
         self.keep = None  # a mask of the records these instances are made of (None: all; ``symmetric_from``)
         # durations in the column's own float width (the store reads them as float32): a float64 copy of 20 M
@@ -57,7 +61,7 @@ class _OpInstances:
             keep &= step >= first_step
         # the communicators, numbered in sorted order over the whole column (an Arrow string or categorical column
         # factorizes in bulk; a code no kept row has is never used)
-        codes, uniq = pd.factorize(co["gkey"], sort=True)
+        codes, uniq = _factorize_sorted(co["gkey"])
         keep &= codes >= 0
         self.rows = _narrow(np.flatnonzero(keep))
         # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
@@ -136,9 +140,13 @@ class _OpInstances:
         tmin = np.full(m, np.inf)
         np.maximum.at(tmax, inst, t_done)
         np.minimum.at(tmin, inst, t_done)
-        dmax = np.full(m, -np.inf)
+        # in the durations' own width (the store reads them as float32): ufunc.at converting each value to a wider
+        # accumulator takes a slow generic loop, ten times the time; the max of float32 values widened after is the
+        # max of them widened before
+        dmax = np.full(m, -np.inf, dtype=dur.dtype if dur.dtype.kind == "f" else np.float64)
         with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
             np.maximum.at(dmax, inst, dur)
+        dmax = dmax.astype(np.float64, copy=False)
         if recs is None:
             self.inst_spread_ms, self.inst_dur_max = (tmax - tmin) * 1000.0, dmax
         else:
@@ -165,6 +173,24 @@ class _OpInstances:
         """``complete`` as a mask over the instances (each has a record: its count is its member count, 2 or more)."""
         tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
         return (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+
+
+def _factorize_sorted(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(col, sort=True)``: codes numbering the values present in sorted order, and those values. An
+    unordered categorical column (the store's ``gkey``) is numbered from its codes: its categories present counted
+    (a bincount), sorted by value, and each code mapped (pandas recodes every row, a quarter second per 6 M)."""
+    if not (isinstance(col.dtype, pd.CategoricalDtype) and not col.cat.ordered):
+        codes, uniq = pd.factorize(col, sort=True)
+        return codes, np.asarray(uniq, dtype=object)
+    cat_codes = col.cat.codes.to_numpy()
+    cats = col.cat.categories
+    present = np.flatnonzero(np.bincount(cat_codes[cat_codes >= 0] if (cat_codes < 0).any() else cat_codes,
+                                         minlength=len(cats)) > 0)
+    values = np.asarray(cats[present], dtype=object)
+    order = np.argsort(values, kind="stable")  # Python's order of the values, as factorize's sort
+    number = np.full(len(cats) + 1, -1, dtype=np.int32 if len(cats) < 2**31 else np.int64)  # the last: code -1
+    number[present[order]] = np.arange(len(present))
+    return number[cat_codes], values[order]
 
 
 def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, int]:
