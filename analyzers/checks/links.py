@@ -428,7 +428,8 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
     return out
 
 
-def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: int = 1 << 22) -> bool:
+def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: int = 1 << 22,
+                    cheaper_only: bool = True) -> bool:
     """Can any (rank, communicator) have ``min_ops`` complete ops (their weight, where records stand for several) in
     ``window`` steps? False only where a bound rules it out, cheaper than pairing every record with its rank and
     communicator: a pair's records in one step are at most those of its (rank, step) cell, and one where no cell
@@ -437,7 +438,7 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
     Two records of one communicator in a cell of two are told apart by their codes' sum (a + b = 2a only if b = a);
     a cell of three or more is not looked into (the bound is then its record count). Worked out only where the
     ranks x communicators table the pairing needs is larger than the ranks x steps one this needs (16,384 ranks in
-    2,080 communicators); else True."""
+    2,080 communicators), unless ``cheaper_only`` is False; else True."""
     complete = leads.complete
     rank, step, gcode = leads.rank, leads.step, leads.gcode
     if not len(rank) or step.dtype.kind not in "iu" or rank.dtype.kind not in "iu":
@@ -447,7 +448,7 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
     n_cells = (int(rank.max()) - r0 + 1) * n_s
     if n_cells > 4 * len(rank) + 1024 or len(leads.gkeys) >= 2**26:
         return True
-    if (int(rank.max()) - r0 + 1) * len(leads.gkeys) <= n_cells:
+    if cheaper_only and (int(rank.max()) - r0 + 1) * len(leads.gkeys) <= n_cells:
         return True  # pairing the records (a table over ranks x communicators) costs no more than this bound
     every = bool(complete.all())
     wide = np.int64 if n_cells >= 2**31 else np.int32
@@ -463,14 +464,13 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
         return cell, at
 
     count = np.zeros(n_cells, np.int64)
+    total = np.zeros(n_cells)  # the communicators' codes summed per cell
     for lo in range(0, len(rank), chunk):  # a chunk of records at a time: no per-record temporaries of them all
-        count += np.bincount(cells(lo, lo + chunk)[0], minlength=n_cells)
+        cell, at = cells(lo, lo + chunk)
+        count += np.bincount(cell, minlength=n_cells)
+        total += np.bincount(cell, weights=gcode[at], minlength=n_cells)
     most = int(count.max()) if n_cells else 0
     if most == 2:
-        total = np.zeros(n_cells)
-        for lo in range(0, len(rank), chunk):
-            cell, at = cells(lo, lo + chunk)
-            total += np.bincount(cell, weights=gcode[at], minlength=n_cells)
         same = False
         for lo in range(0, len(rank), chunk):
             cell, at = cells(lo, lo + chunk)
