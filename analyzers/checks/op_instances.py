@@ -63,7 +63,9 @@ class _OpInstances:
         # factorizes in bulk; a code no kept row has is never used)
         codes, uniq = _factorize_sorted(co["gkey"])
         keep &= codes >= 0
-        self.rows = _narrow(np.flatnonzero(keep))
+        every = bool(keep.all())
+        self.rows = np.arange(len(keep), dtype=np.int32 if len(keep) < 2**31 else np.int64) if every \
+            else _narrow(np.flatnonzero(keep))
         # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
         # (read only: the frame is shared, analyzers/builder.py)
         pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
@@ -234,7 +236,8 @@ def _op_weights(co: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """``op_counts`` of the records at ``rows`` (computed for those rows only)."""
     if "ops" not in co.columns:
         return np.ones(len(rows), np.int32)
-    ops = co["ops"].to_numpy()[rows]
+    ops = co["ops"].to_numpy()
+    ops = ops if len(rows) == len(ops) else ops[rows]  # every record (rows: all of them, in order): no gather
     if ops.dtype.kind in "iu":  # no NaN to fill, nothing to parse: only the clip
         return np.maximum(ops, 1).astype(np.int32 if len(ops) and ops.max() < 2**31 else np.int64)
     ops = pd.Series(ops)
