@@ -176,3 +176,24 @@ def test_early_finishers_skipped_only_where_they_cannot_fire(monkeypatch):
     monkeypatch.setattr(links, "window_can_fill", lambda *a, **k: True)
     assert links.early_finishers(co, CommConfig(), steps, None, leads) == []
     op_instances.release_op_instances()
+
+
+def test_threshold_noise_worked_out_only_where_a_cell_passes_its_floor(monkeypatch):
+    # the slow link by transfer ratio and the one by wait deficit are still found (their noise worked out), and a
+    # clean run works out neither (the medians over every rank's row are the costly part at 16,384 ranks)
+    from analyzers.builder import build_frame
+    from analyzers.checks import comm
+
+    calls = []
+    real = comm.temporal_sigma
+    monkeypatch.setattr(comm, "temporal_sigma", lambda m: calls.append(m.shape) or real(m))
+    fs = comm.analyze(build_frame(build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0)))
+    assert [(f.ranks, f.step_start) for f in fs if f.evidence.get("cause") == "slow_link"] == [([3], 8)]
+    assert calls
+    calls.clear()
+    fs = comm.analyze(build_frame(build(send_delay_ms=lambda r, s: 60.0 if (r == 1 and s >= 8) else 0.0)))
+    assert [(f.ranks, f.evidence["method"]) for f in fs if f.severity != "info"] == [([1], "wait_deficit")]
+    assert calls
+    calls.clear()
+    assert [f for f in comm.analyze(build_frame(build())) if f.severity != "info"] == []
+    assert calls == []
