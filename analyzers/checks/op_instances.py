@@ -70,7 +70,7 @@ class _OpInstances:
         # (read only: the frame is shared, analyzers/builder.py)
         pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
         del keep
-        self.gcode, self.gkeys = pick(codes).astype(np.int32), np.asarray(uniq, dtype=object)
+        self.gcode, self.gkeys = pick(codes).astype(np.int32, copy=False), np.asarray(uniq, dtype=object)
         del codes
         self.seq = _narrow(pick(co["seq"].to_numpy()))
         self.rank = _narrow(pick(co["rank"].to_numpy()))
