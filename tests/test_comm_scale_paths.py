@@ -197,3 +197,20 @@ def test_threshold_noise_worked_out_only_where_a_cell_passes_its_floor(monkeypat
     calls.clear()
     assert [f for f in comm.analyze(build_frame(build())) if f.severity != "info"] == []
     assert calls == []
+
+
+def test_gkey_numbered_when_every_category_is_present():
+    col = pd.Series(pd.Categorical(["b", "a", "c", "a", None], categories=["c", "a", "b"]))
+    codes, uniq = op_instances._factorize_sorted(col)
+    want_codes, want_uniq = pd.factorize(col, sort=True)
+    assert list(codes) == list(want_codes) and list(uniq) == list(np.asarray(want_uniq, dtype=object))
+
+
+def test_op_weights_of_an_int32_column_without_a_copy_are_the_clipped_ones():
+    co = pd.DataFrame({"ops": np.array([1, 3, 2, 1], np.int32)})
+    rows = np.arange(4)
+    assert op_instances._op_weights(co, rows) is co["ops"].to_numpy() or \
+        np.shares_memory(op_instances._op_weights(co, rows), co["ops"].to_numpy())
+    low = pd.DataFrame({"ops": np.array([0, 3, -1, 1], np.int32)})
+    assert list(op_instances._op_weights(low, rows)) == [1, 3, 1, 1]
+    assert list(op_instances._op_weights(co, np.array([1, 3]))) == [3, 1]

@@ -188,6 +188,8 @@ def _factorize_sorted(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     cats = col.cat.categories
     present = np.bincount(cat_codes[cat_codes >= 0] if (cat_codes < 0).any() else cat_codes,
                           minlength=len(cats)) > 0
+    if present.all():  # every category present: the codes are the numbers (no gather)
+        return cat_codes.astype(np.int32 if len(cats) < 2**31 else np.int64), np.asarray(cats, dtype=object)
     number = np.full(len(cats) + 1, -1, dtype=np.int32 if len(cats) < 2**31 else np.int64)  # the last: code -1
     number[:-1][present] = np.arange(int(present.sum()))
     return number[cat_codes], np.asarray(cats[present], dtype=object)
@@ -239,6 +241,8 @@ def _op_weights(co: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     ops = co["ops"].to_numpy()
     ops = ops if len(rows) == len(ops) else ops[rows]  # every record (rows: all of them, in order): no gather
     if ops.dtype.kind in "iu":  # no NaN to fill, nothing to parse: only the clip
+        if ops.dtype == np.int32 and (not len(ops) or ops.min() >= 1):
+            return ops  # nothing to clip: the column's own int32 array (read only, as every array of these is)
         return np.maximum(ops, 1).astype(np.int32 if len(ops) and ops.max() < 2**31 else np.int64)
     ops = pd.Series(ops)
     return pd.to_numeric(ops, errors="coerce").fillna(1).clip(lower=1).astype(np.int64).to_numpy()
