@@ -70,6 +70,12 @@ class RankStepCells:
         self.steps, si = distinct_codes(step)
         cell = ri.astype(np.int64) * len(self.steps) + si
         n_cells = len(self.ranks) * len(self.steps)
+        if n_cells == len(cell) and (np.bincount(cell, minlength=n_cells) == 1).all():
+            # one row in every cell (a run's every rank in every step): each cell's row is its last
+            self.cell = np.arange(n_cells)
+            self.take = np.empty(n_cells, np.int64)
+            self.take[cell] = np.arange(n_cells)
+            return
         if n_cells <= 4 * len(cell) + 1024:
             # the last row of each cell (row order, as groupby's "last"): the largest row number that lands in it
             last_row = np.full(n_cells, -1, np.int64)
@@ -87,7 +93,10 @@ class RankStepCells:
 
     def values(self, x: np.ndarray, dtype=np.float64) -> np.ndarray:
         """The rows' values ``x`` as a ranks x steps array of ``dtype`` (NaN where a cell has no row)."""
-        out = np.full(len(self.ranks) * len(self.steps), np.nan, dtype=dtype)
+        n_cells = len(self.ranks) * len(self.steps)
+        if len(self.cell) == n_cells:  # every cell has a row (``cell`` is sorted): one gather, no scatter
+            return x[self.take].astype(dtype, copy=False).reshape(len(self.ranks), len(self.steps))
+        out = np.full(n_cells, np.nan, dtype=dtype)
         out[self.cell] = x[self.take]
         return out.reshape(len(self.ranks), len(self.steps))
 

@@ -45,6 +45,11 @@ def temporal_sigma(frame: pd.DataFrame) -> float:
 
 def row_robust_sigmas(values: np.ndarray) -> np.ndarray:
     """``robust_sigma`` of each row of a 2-D array (non-finite values left out; 0.0 for a row without any)."""
+    if values.shape[1] and np.isfinite(values).all():
+        # every value finite (a full matrix): the same two medians without the masked copy, the deviations in place
+        dev = values - np.median(values, axis=1)[:, None]
+        np.abs(dev, out=dev)
+        return MAD_SCALE * np.median(dev, axis=1, overwrite_input=True)
     v = np.where(np.isfinite(values), values, np.nan)
     has = ~np.isnan(v).all(axis=1)
     out = np.zeros(v.shape[0])
@@ -109,6 +114,13 @@ def _loo_median_block(values: np.ndarray) -> np.ndarray:
         m_all = n_rows - 1
         places = {(m_all - 1) // 2, (m_all - 1) // 2 + 1, m_all // 2, m_all // 2 + 1, (n_rows - 1) // 2, n_rows // 2}
         srt = np.partition(values, sorted({min(max(k, 0), n_rows - 1) for k in places}), axis=0)
+        lo, hi = (m_all - 1) // 2, m_all // 2  # the same places in every column: rows of the partitioned block
+        with np.errstate(invalid="ignore", over="ignore"):
+            lo_v = np.where(srt[lo][None, :] < values, srt[lo][None, :], srt[lo + 1][None, :])
+            hi_v = lo_v if hi == lo else np.where(srt[hi][None, :] < values, srt[hi][None, :], srt[hi + 1][None, :])
+            lo_v += hi_v
+            lo_v /= 2.0
+        return lo_v
     else:
         srt = np.sort(values, axis=0)  # NaNs last
     n_valid = valid.sum(axis=0)  # per column
@@ -164,6 +176,24 @@ def group_loo_median(code: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _label_codes(labels: Iterable[Any], index: list) -> np.ndarray:
+    """Each label's place in ``index`` (-1: not in it). A categorical column is looked up by its categories (one
+    lookup per communicator, not a string per record: millions at 16,384 ranks); integer labels (a caller's codes)
+    as they are; others as objects."""
+    if isinstance(labels, pd.Series) and isinstance(labels.dtype, pd.CategoricalDtype):
+        codes = labels.cat.codes.to_numpy()
+        if not len(codes):
+            return np.zeros(0, np.int64)
+        cat_pos = np.r_[pd.Index(index).get_indexer(labels.cat.categories.astype(object)), -1]  # code -1: missing
+        missing = pd.Index(index).get_indexer(pd.Index([np.nan], dtype=object))[0] if (codes < 0).any() else -1
+        cat_pos[-1] = missing  # a missing label where the index holds one (as a lookup of the value finds it)
+        return cat_pos[codes].astype(np.int64)
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        labels = labels.astype(object)
+    return pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
+
+
 def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterable[float], index: list, steps: list,
                      window: int, min_ops: int, q: float = 0.5, weights: Iterable[float] | None = None,
                      _rows: np.ndarray | None = None) -> pd.DataFrame:
@@ -188,10 +218,8 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
             # the medians of the rows with a window of enough ops only: the others are all NaN
             med = windowed_medians(labels, step, values, index, steps, window, 1, q, _rows=enough.any(axis=1))
             return med.where(enough)
-    labels, step, vals = np.asarray(labels), np.asarray(step), np.asarray(values, dtype=float)
-    if labels.dtype.kind not in "iu":  # integer labels (a caller's codes) are looked up as they are
-        labels = labels.astype(object)
-    code = pd.Index(index).get_indexer(labels) if len(labels) else np.zeros(0, np.int64)
+    code = _label_codes(labels, index)
+    step, vals = np.asarray(step), np.asarray(values, dtype=float)
     s_arr = np.asarray(steps)
     window = max(int(window), 1)
     if _rows is None and len(code) and len(s_arr) and np.issubdtype(step.dtype, np.integer) \

@@ -153,8 +153,6 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     extra = tr - ref
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = tr / ref.replace(0, np.nan)
-    sigma_ms = temporal_sigma(extra)
-    min_extra = max(cfg.min_extra_ms, cfg.mad_k * sigma_ms)
     comp_ref = view.reference(signal)
     compute = ComputeCheck(comp / comp_ref.replace(0, np.nan), comp - comp_ref, extra)
     cands = []
@@ -162,7 +160,13 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
     wait_ref = view.reference("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     others_wait_more = (wait_ref >= wait) | wait.isna()
-    flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= min_extra) & others_wait_more).fillna(False)
+    flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= cfg.min_extra_ms) & others_wait_more).fillna(False)
+    min_extra = cfg.min_extra_ms
+    if flag_rows.to_numpy().any():
+        # the threshold's noise (a median over every rank's row) only where a cell passes its floor: above it the
+        # flags are those cells' that pass the threshold too; none passing, no flag can (and no finding reads it)
+        min_extra = max(cfg.min_extra_ms, cfg.mad_k * temporal_sigma(extra))
+        flag_rows &= (extra >= min_extra).fillna(False)
     spans = []  # (rank, its flags, run): those of ranks that do not compute slowly, in the order found
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
@@ -170,6 +174,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
             if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler check owns it
             spans.append((r, flags, s0, s1, n))
+    del wait, wait_ref, others_wait_more, flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
     # the wait at every collective, of those ranks only (the TP partners of a straggler: a few); many: every rank's
     ranks_asked = {r for r, *_ in spans}
     late_wait = None if not spans else (
@@ -186,7 +191,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
                           comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
     # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
     # ranks x 10,000 steps)
-    del wait, wait_ref, others_wait_more, late_wait, flag_rows, ratio
+    del late_wait, ratio
     co = frame.data.collectives
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
@@ -330,9 +335,12 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
     deficit = wait_ref - wait
     lag = (arr - view.reference("sync_arrival")) * 1000.0
     unexplained = deficit - lag.clip(lower=0)
+    step_floor = 0.10 * step_ms.reindex(unexplained.columns).fillna(0)
+    if not (unexplained.to_numpy(dtype=float) >= np.maximum(cfg.min_extra_ms, step_floor.to_numpy(dtype=float))[None, :]).any():
+        return []  # no cell above the floor's fixed parts: none above the floor (its noise part is not needed)
     sigma = temporal_sigma(unexplained)
     floor = pd.Series(np.maximum(cfg.min_extra_ms, cfg.deficit_k * sigma), index=unexplained.columns)
-    floor = np.maximum(floor, 0.10 * step_ms.reindex(unexplained.columns).fillna(0))
+    floor = np.maximum(floor, step_floor)
     out = []
     flag_rows = pd.DataFrame(unexplained.to_numpy(dtype=float) >= floor.to_numpy(dtype=float)[None, :],
                              index=unexplained.index, columns=unexplained.columns)

@@ -342,7 +342,7 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
         return []
     if leads is None:
         leads = CompletionLeads(co, steps[0], cfg.match_tol_ms)
-    if leads.empty:
+    if leads.empty or not window_can_fill(leads, cfg.link_window, cfg.link_min_ops):
         return []
     # one row per (rank, communicator), numbered in ("rank|gkey") order: the rank, then its communicators by name.
     # The arrays are over every record of the op instances; ``complete`` marks those with a lead (the others get a
@@ -426,6 +426,59 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
                             threshold=float(thresholds.loc[slow].median()),
                             ops=int(len(ops)), groups_keys=keys))
     return out
+
+
+def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: int = 1 << 22,
+                    cheaper_only: bool = True) -> bool:
+    """Can any (rank, communicator) have ``min_ops`` complete ops (their weight, where records stand for several) in
+    ``window`` steps? False only where a bound rules it out, cheaper than pairing every record with its rank and
+    communicator: a pair's records in one step are at most those of its (rank, step) cell, and one where no cell
+    holds two records of one communicator; each weighs at most the heaviest record. With one op per communicator
+    and step (the generated scale stores) no 3-step window holds 4, and ``early_finishers`` has nothing to judge.
+    Two records of one communicator in a cell of two are told apart by their codes' sum (a + b = 2a only if b = a);
+    a cell of three or more is not looked into (the bound is then its record count). Worked out only where the
+    ranks x communicators table the pairing needs is larger than the ranks x steps one this needs (16,384 ranks in
+    2,080 communicators), unless ``cheaper_only`` is False; else True."""
+    complete = leads.complete
+    rank, step, gcode = leads.rank, leads.step, leads.gcode
+    if not len(rank) or step.dtype.kind not in "iu" or rank.dtype.kind not in "iu":
+        return True
+    r0, s0 = int(rank.min()), int(step.min())
+    n_s = int(step.max()) - s0 + 1
+    n_cells = (int(rank.max()) - r0 + 1) * n_s
+    if n_cells > 4 * len(rank) + 1024 or len(leads.gkeys) >= 2**26:
+        return True
+    if cheaper_only and (int(rank.max()) - r0 + 1) * len(leads.gkeys) <= n_cells:
+        return True  # pairing the records (a table over ranks x communicators) costs no more than this bound
+    every = bool(complete.all())
+    wide = np.int64 if n_cells >= 2**31 else np.int32
+
+    def cells(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (rank, step) cells of the complete records in [lo, hi), and where those records are."""
+        at = slice(lo, hi) if every else lo + np.flatnonzero(complete[lo:hi])
+        cell = rank[at].astype(wide)
+        cell -= r0
+        cell *= n_s
+        cell += step[at]
+        cell -= s0
+        return cell, at
+
+    count = np.zeros(n_cells, np.int64)
+    total = np.zeros(n_cells)  # the communicators' codes summed per cell
+    for lo in range(0, len(rank), chunk):  # a chunk of records at a time: no per-record temporaries of them all
+        cell, at = cells(lo, lo + chunk)
+        count += np.bincount(cell, minlength=n_cells)
+        total += np.bincount(cell, weights=gcode[at], minlength=n_cells)
+    most = int(count.max()) if n_cells else 0
+    if most == 2:
+        same = False
+        for lo in range(0, len(rank), chunk):
+            cell, at = cells(lo, lo + chunk)
+            same = same or bool(((count[cell] == 2) & (2.0 * gcode[at] == total[cell])).any())
+        most = 2 if same else 1
+    weights = leads.weight
+    heaviest = float(np.nanmax(weights)) if len(weights) else 1.0
+    return most * max(heaviest, 1.0) * max(int(window), 1) >= max(min_ops, 1)
 
 
 CHUNK_ROWS = 1 << 22  # records per windowed_medians call: bounds its working arrays (~10 per record)

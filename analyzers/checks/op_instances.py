@@ -37,7 +37,11 @@ class _OpInstances:
     def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
         t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
-        op_code, op_uniq = pd.factorize(co["op"])
+        op_col = co["op"]
+        if isinstance(op_col.dtype, pd.CategoricalDtype):  # its own codes (-1: missing), not a recode of every row
+            op_code, op_uniq = op_col.cat.codes.to_numpy(), np.asarray(op_col.cat.categories, dtype=object)
+        else:
+            op_code, op_uniq = pd.factorize(op_col)
         self.kind = kind
         self.keep = None  # a mask of the records these instances are made of (None: all; ``symmetric_from``)
         # durations in the column's own float width (the store reads them as float32): a float64 copy of 20 M
@@ -57,14 +61,16 @@ class _OpInstances:
             keep &= step >= first_step
         # the communicators, numbered in sorted order over the whole column (an Arrow string or categorical column
         # factorizes in bulk; a code no kept row has is never used)
-        codes, uniq = pd.factorize(co["gkey"], sort=True)
+        codes, uniq = _factorize_sorted(co["gkey"])
         keep &= codes >= 0
-        self.rows = _narrow(np.flatnonzero(keep))
+        every = bool(keep.all())
+        self.rows = np.arange(len(keep), dtype=np.int32 if len(keep) < 2**31 else np.int64) if every \
+            else _narrow(np.flatnonzero(keep))
         # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
         # (read only: the frame is shared, analyzers/builder.py)
         pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
         del keep
-        self.gcode, self.gkeys = pick(codes).astype(np.int32), np.asarray(uniq, dtype=object)
+        self.gcode, self.gkeys = pick(codes).astype(np.int32, copy=False), np.asarray(uniq, dtype=object)
         del codes
         self.seq = _narrow(pick(co["seq"].to_numpy()))
         self.rank = _narrow(pick(co["rank"].to_numpy()))
@@ -88,16 +94,7 @@ class _OpInstances:
             size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key[key_codes]]]).to_numpy()
         # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
         # distinct instances sorted (np.unique sorted every record)
-        seq0 = self.seq - (self.seq.min() if n else 0)
-        inst_key = self.gcode.astype(np.int64) * (int(seq0.max()) + 1 if n else 1) + seq0
-        del seq0
-        code, uniq_key = pd.factorize(inst_key)
-        order = np.argsort(uniq_key, kind="stable")
-        rank_of = np.empty(len(uniq_key), np.int32 if len(uniq_key) < 2**31 else np.int64)
-        rank_of[order] = np.arange(len(uniq_key))
-        self.inst = rank_of[code]  # gathered in its final width (no int64 copy of every record)
-        del code, rank_of, inst_key
-        m = len(uniq_key)
+        self.inst, m = _instance_numbers(self.gcode, self.seq)
         self.n_inst = m
         # per instance: its communicator, record count, member count, spread of completion times, longest duration
         inst_gcode = np.zeros(m, np.int64)
@@ -119,8 +116,11 @@ class _OpInstances:
             keep &= self.step >= first_step
         new = object.__new__(_OpInstances)
         new.__dict__.update(self.__dict__)
-        new.kind, new.symmetric, new.keep = "symmetric", None, keep
-        count = np.bincount(self.inst[keep], minlength=self.n_inst)
+        # each instance's count less its records left out (few: the first step's, other ops'), not a count of
+        # every record kept
+        drop = np.flatnonzero(~keep if self.keep is None else self.keep & ~keep)
+        new.kind, new.symmetric, new.keep = "symmetric", None, keep if len(drop) else self.keep
+        count = self.inst_count - np.bincount(self.inst[drop], minlength=self.n_inst) if len(drop) else self.inst_count
         partial = count != self.inst_count
         new.inst_count = count
         new.inst_spread_ms, new.inst_dur_max = self.inst_spread_ms.copy(), self.inst_dur_max.copy()
@@ -142,9 +142,13 @@ class _OpInstances:
         tmin = np.full(m, np.inf)
         np.maximum.at(tmax, inst, t_done)
         np.minimum.at(tmin, inst, t_done)
-        dmax = np.full(m, -np.inf)
+        # in the durations' own width (the store reads them as float32): ufunc.at converting each value to a wider
+        # accumulator takes a slow generic loop, ten times the time; the max of float32 values widened after is the
+        # max of them widened before
+        dmax = np.full(m, -np.inf, dtype=dur.dtype if dur.dtype.kind == "f" else np.float64)
         with np.errstate(invalid="ignore"):  # NaN where a record has none (not_p2p; only symmetric ones read it)
             np.maximum.at(dmax, inst, dur)
+        dmax = dmax.astype(np.float64, copy=False)
         if recs is None:
             self.inst_spread_ms, self.inst_dur_max = (tmax - tmin) * 1000.0, dmax
         else:
@@ -164,9 +168,63 @@ class _OpInstances:
 
     def complete_mask(self, tol_ms: float, longest: bool = False) -> np.ndarray:
         """``complete`` as a mask over the records."""
-        tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
-        ok = (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+        ok = self.complete_instances(tol_ms, longest)
         return ok[self.inst] & self.keep if self.keep is not None else ok[self.inst]
+
+    def complete_instances(self, tol_ms: float, longest: bool = False) -> np.ndarray:
+        """``complete`` as a mask over the instances (each has a record: its count is its member count, 2 or more)."""
+        tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
+        return (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+
+
+def _factorize_sorted(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``pd.factorize(col, sort=True)``: codes numbering the values present in sorted order, and those values. A
+    categorical column (the store's ``gkey``) sorts by its categories' order: its codes are mapped to the count of
+    categories present before theirs (a bincount; pandas recodes every row, a quarter second per 6 M)."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        codes, uniq = pd.factorize(col, sort=True)
+        return codes, np.asarray(uniq, dtype=object)
+    cat_codes = col.cat.codes.to_numpy()
+    cats = col.cat.categories
+    present = np.bincount(cat_codes[cat_codes >= 0] if (cat_codes < 0).any() else cat_codes,
+                          minlength=len(cats)) > 0
+    if present.all():  # every category present: the codes are the numbers (no gather)
+        return cat_codes.astype(np.int32 if len(cats) < 2**31 else np.int64), np.asarray(cats, dtype=object)
+    number = np.full(len(cats) + 1, -1, dtype=np.int32 if len(cats) < 2**31 else np.int64)  # the last: code -1
+    number[:-1][present] = np.arange(int(present.sum()))
+    return number[cat_codes], np.asarray(cats[present], dtype=object)
+
+
+def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each record's op instance (communicator, seq), numbered in (gkey, seq) order, and the number of instances.
+    Where the (communicator, seq) span is not much wider than the records (sequence numbers count a communicator's
+    ops), each present key is marked in a table over the span and numbered by a running count (no hash, no sort);
+    else the keys are hashed (pd.factorize) and only the distinct ones sorted."""
+    n = len(gcode)
+    if n and seq.dtype.kind not in "iu":
+        seq = seq - seq.min()  # (as the keys were before: a float column's values as they are)
+    s_lo = int(seq.min()) if n else 0
+    s_span = int(seq.max()) - s_lo + 1 if n else 1
+    width = np.int32 if n < 2**31 else np.int64
+    span = (int(gcode.max()) + 1 if n else 1) * s_span
+    if span <= 2 * n + 1024 and seq.dtype.kind in "iu":
+        key = gcode.astype(np.int64 if span >= 2**31 else np.int32)
+        key *= s_span
+        key += seq
+        key -= s_lo
+        present = np.zeros(span, dtype=bool)
+        present[key] = True
+        number = np.cumsum(present, dtype=np.int64 if span >= 2**31 else np.int32)
+        m = int(number[-1]) if span else 0
+        number -= 1
+        inst = number[key]
+        return inst.astype(width, copy=False), m
+    key = gcode.astype(np.int64) * s_span + (seq - s_lo)
+    code, uniq_key = pd.factorize(key)
+    order = np.argsort(uniq_key, kind="stable")
+    rank_of = np.empty(len(uniq_key), width)
+    rank_of[order] = np.arange(len(uniq_key))
+    return rank_of[code], len(uniq_key)  # gathered in its final width (no int64 copy of every record)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -180,8 +238,11 @@ def _op_weights(co: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     """``op_counts`` of the records at ``rows`` (computed for those rows only)."""
     if "ops" not in co.columns:
         return np.ones(len(rows), np.int32)
-    ops = co["ops"].to_numpy()[rows]
+    ops = co["ops"].to_numpy()
+    ops = ops if len(rows) == len(ops) else ops[rows]  # every record (rows: all of them, in order): no gather
     if ops.dtype.kind in "iu":  # no NaN to fill, nothing to parse: only the clip
+        if ops.dtype == np.int32 and (not len(ops) or ops.min() >= 1):
+            return ops  # nothing to clip: the column's own int32 array (read only, as every array of these is)
         return np.maximum(ops, 1).astype(np.int32 if len(ops) and ops.max() < 2**31 else np.int64)
     ops = pd.Series(ops)
     return pd.to_numeric(ops, errors="coerce").fillna(1).clip(lower=1).astype(np.int64).to_numpy()
@@ -226,22 +287,29 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     if co.empty:
         return pd.DataFrame(columns=cols + ["ops"])
     ops = op_instances(co, first_step)
-    ok = ops.complete(match_tol_ms)
-    if not len(ok):
+    has = ops.complete_instances(match_tol_ms)  # the instances with complete records
+    if not has.any():
         return pd.DataFrame(columns=cols + ["ops"])
     # per instance, the latest arrival; of equal ones the first record (groupby idxmax): each instance's latest
-    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records)
-    inst, t = ops.inst[ok], ops.t_arrive[ok]
-    n, m = len(ok), ops.n_inst
-    latest = np.full(m, -np.inf)
+    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records).
+    # Over every record, those that are not complete records sent to an extra instance past the real ones (no
+    # gathers of the complete ones' arrays)
+    m = ops.n_inst
+    inst = ops.inst if ops.keep is None and has.all() else np.where(ops.complete_mask(match_tol_ms), ops.inst, m)
+    t = ops.t_arrive
+    n = len(inst)
+    latest = np.full(m + 1, -np.inf)
     np.fmax.at(latest, inst, t)  # NaN arrivals left out, as idxmax does
     at_latest = np.flatnonzero(t == latest[inst])
-    first = np.full(m, n, np.int64)
+    first = np.full(m + 1, n, np.int64)
     np.minimum.at(first, inst[at_latest], at_latest)
-    first_any = np.full(m, n, np.int64)  # an instance whose every arrival is unknown: its first record
-    np.minimum.at(first_any, inst, np.arange(n))
-    has = first_any < n
-    pick = ok[np.where(first < n, first, first_any)[has]]  # by instance: (gkey, seq) order
+    first = first[:m]
+    unknown = has & (first >= n)
+    if unknown.any():  # an instance whose every arrival is unknown: its first record
+        first_any = np.full(m + 1, n, np.int64)
+        np.minimum.at(first_any, inst, np.arange(n))
+        first = np.where(unknown, first_any[:m], first)
+    pick = first[has]  # by instance: (gkey, seq) order
     rows = ops.rows[pick]
     out = co.iloc[rows, [co.columns.get_loc(c) for c in cols]].reset_index(drop=True)
     # gcode: the communicator's place in gkey order; row: the record's position in ``co`` (an integer key for joins)
@@ -293,6 +361,7 @@ class CompletionLeads:
         self._inst_size = ops.inst_size if ops is not None else np.zeros(0, np.int64)
         self._n_inst = ops.n_inst if ops is not None else 0
         self._ranks = None
+        self._lead = None  # every record's lead, once most of them were asked for (``lead_ms``)
 
     @property
     def empty(self) -> bool:
@@ -308,12 +377,21 @@ class CompletionLeads:
         return np.flatnonzero(self.complete)
 
     def lead_ms(self, sel: np.ndarray) -> np.ndarray:
-        """The leads of the (complete) records at ``sel``, from the completion times of their ops' members."""
+        """The leads of the (complete) records at ``sel``, from the completion times of their ops' members. Asked
+        about the ops of most records (ops many per step: the self-delay and early-finisher signatures read most of
+        them, each), every record's lead is worked out once and kept (a float per record); else those ops' only."""
         sel = np.asarray(sel, dtype=np.int64)
+        if self._lead is not None:
+            return self._lead[sel]
         inst = self._arrays["inst"]
         want = np.zeros(self._n_inst, dtype=bool)
         want[inst[sel]] = True
         sub = np.flatnonzero(want[inst] & self.complete)  # every member record of those ops
+        if 4 * len(sub) >= self.n_complete:
+            sub = self.positions()
+            self._lead = np.full(len(inst), np.nan)
+            self._lead[sub] = _leads_ms(inst[sub], self._arrays["t_done"][sub], self._inst_size)
+            return self._lead[sel]
         lead = _leads_ms(inst[sub], self._arrays["t_done"][sub], self._inst_size)
         return lead[np.searchsorted(sub, sel)]
 
@@ -367,16 +445,19 @@ def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.n
 
 def _row_loo_median(mat: np.ndarray) -> np.ndarray:
     """Each cell's leave-one-out median over its row (no NaN; rows of 2 or more): the sorted row's middle one or
-    two of the other values, (low + high) / 2 as np.median gives."""
-    n, s = mat.shape
-    order = np.argsort(mat, axis=1, kind="stable")
-    srt = np.take_along_axis(mat, order, axis=1)
-    pos = np.empty_like(order)  # each cell's place in its sorted row
-    np.put_along_axis(pos, order, np.broadcast_to(np.arange(s), (n, s)), axis=1)
+    two of the other values, (low + high) / 2 as np.median gives. Which of them those are depends only on where the
+    removed value sits against the middle (removing either of two equal values leaves the same values): at or below
+    the low middle, between the two middles, or above the high one; so a row has three medians, and each cell takes
+    one by comparing its value with the row's middle values (no argsort of the rows, no scatter of places)."""
+    s = mat.shape[1]
+    srt = np.sort(mat, axis=1)
     m = s - 1  # values left
-    lo = np.where((m - 1) // 2 >= pos, (m - 1) // 2 + 1, (m - 1) // 2)  # past the removed value's own place
-    hi = np.where(m // 2 >= pos, m // 2 + 1, m // 2)
-    return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
+    lo, hi = (m - 1) // 2, m // 2
+    below = (srt[:, lo + 1] + srt[:, hi + 1]) / 2.0  # the removed value at or below the low middle
+    between = (srt[:, lo] + srt[:, hi + 1]) / 2.0
+    above = (srt[:, lo] + srt[:, hi]) / 2.0
+    return np.where(mat <= srt[:, lo:lo + 1], below[:, None],
+                    np.where(mat <= srt[:, hi:hi + 1], between[:, None], above[:, None]))
 
 
 class RankPositions:
@@ -431,35 +512,30 @@ def collective_wait_ms(co: pd.DataFrame, match_tol_ms: float = 10.0) -> pd.DataF
 
 def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -> pd.DataFrame:
     """``collective_wait_ms``'s rows of ``ranks`` only, from the records of the ops those ranks took part in (each
-    op whole: its other members' records too). The comm check asks it about a few ranks; every record's op instance
-    at 1,024 ranks x 10,000 steps cost seconds and a GiB. The same sums (the same records, added in the same order);
-    the columns: the steps those ops have."""
+    op whole: its other members' records too). The comm check asks it about a few ranks. The op instances are the
+    round's own (``op_instances``: built once, and the comm check's completion leads derive theirs from them); the
+    grid is summed over those ops' records only. The same sums (the same records, added in the same order); the
+    columns: the steps those ops have."""
     if co.empty or not len(ranks):
         return pd.DataFrame()
     wanted = np.asarray(sorted({int(r) for r in ranks}), dtype=np.int64)
-    mine = np.flatnonzero(np.isin(co["rank"].to_numpy(), wanted))
-    if not len(mine):
+    ops = op_instances(co, None, kind="not_p2p")
+    mine = np.isin(ops.rank, wanted)
+    if not mine.any():
         return pd.DataFrame()
-    gkey = co["gkey"]
-    gcode = gkey.cat.codes.to_numpy() if isinstance(gkey.dtype, pd.CategoricalDtype) else pd.factorize(gkey)[0]
-    seq = co["seq"].to_numpy()
-    # the records of their communicators, then of those the ones with a (communicator, seq) of theirs
-    of_comm = np.zeros(int(gcode.max()) + 2, dtype=bool)  # the last slot: no communicator (code -1)
-    of_comm[gcode[mine]] = True
-    of_comm[-1] = False
-    cand = np.flatnonzero(of_comm[gcode])
-    s_lo = int(seq[cand].min())
-    span = int(seq[cand].max()) - s_lo + 1
-    key = gcode[cand].astype(np.int64) * span + (seq[cand].astype(np.int64) - s_lo)
-    their = gcode[mine].astype(np.int64) * span + (seq[mine].astype(np.int64) - s_lo)
-    rows = cand[np.isin(key, their)]
-    grid = _wait_grid(_OpInstances(co.iloc[rows], None, "not_p2p"), match_tol_ms)
+    theirs = np.zeros(ops.n_inst, dtype=bool)  # the instances with a record of theirs
+    theirs[ops.inst[mine]] = True
+    grid = _wait_grid(ops, match_tol_ms, theirs)
     return grid.loc[grid.index.intersection(wanted)] if not grid.empty else grid
 
 
-def _wait_grid(ops: "_OpInstances", match_tol_ms: float) -> pd.DataFrame:
-    """``collective_wait_ms`` of the records of ``ops``."""
-    ok = ops.complete(match_tol_ms)
+def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray | None = None) -> pd.DataFrame:
+    """``collective_wait_ms`` of the records of ``ops`` (of the ``instances`` marked, a mask over them)."""
+    if instances is None:
+        ok = ops.complete(match_tol_ms)
+    else:
+        ok = np.flatnonzero((ops.complete_instances(match_tol_ms) & instances)[ops.inst]
+                            & (ops.keep if ops.keep is not None else True))
     if not len(ok):
         return pd.DataFrame()
     # every record complete (the common case): the arrays as they are, no gathers

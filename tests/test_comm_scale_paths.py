@@ -1,0 +1,216 @@
+"""The comm check's shortcuts for 1,024 x 10,000 and 16,384 x 1,000 give what the general code gives: the instance
+numbering by a table, gkey numbered from its categorical codes, the longest duration in float32, the leave-one-out
+medians of an op's members without an argsort, every record's lead kept once most are asked for, full rank x step
+grids placed by one scatter, and the early-finisher signature skipped where no (rank, communicator) can fill a
+window (and run, and still firing, where one can)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from test_comm_vectorized import records
+from test_links_vectorized import window
+from test_slow_link_analysis import CROSS, warnings, with_egress_ops
+
+from analyzer_fixtures import build
+from analyzers import stats
+from analyzers.builder import RankStepCells, rank_step_matrix
+from analyzers.checks import links, op_instances
+from analyzers.checks.comm import CommConfig
+
+
+def test_instance_numbers_by_table_are_those_of_the_hashed_keys():
+    rng = np.random.default_rng(1)
+    gcode = rng.integers(0, 7, 5000).astype(np.int32)
+    seq = rng.integers(-3, 400, 5000).astype(np.int32)
+    narrow, m = op_instances._instance_numbers(gcode, seq)
+    wide, m2 = op_instances._instance_numbers(gcode, seq * 1000)  # too sparse for a table: hashed
+    key = gcode.astype(np.int64) * 10_000 + seq
+    want = np.unique(key, return_inverse=True)[1]
+    assert m == m2 == len(np.unique(key))
+    assert (narrow == want).all() and (wide == want).all()
+
+
+def test_gkey_numbered_from_categorical_codes_as_factorize_sorts():
+    cats = ["tp[4,5]", "dp[0,2]", "unused", "tp[0,1]", "dp[1,3]"]
+    values = ["tp[4,5]", "dp[1,3]", None, "tp[0,1]", "dp[0,2]", "tp[4,5]"]
+    col = pd.Series(pd.Categorical(values, categories=cats))
+    codes, uniq = op_instances._factorize_sorted(col)
+    want_codes, want_uniq = pd.factorize(col, sort=True)
+    assert list(codes) == list(want_codes) and list(uniq) == list(np.asarray(want_uniq, dtype=object))
+
+
+def test_longest_duration_in_float32_is_the_float64_one():
+    co = records(2, categorical=True)
+    co32 = co.astype({"duration_ms": np.float32})
+    a = op_instances._OpInstances(co32, None, "not_p2p")
+    b = op_instances._OpInstances(co32.astype({"duration_ms": np.float64}), None, "not_p2p")
+    np.testing.assert_array_equal(a.inst_dur_max, b.inst_dur_max)
+    assert a.inst_dur_max.dtype == np.float64
+
+
+def _reference_row_loo_median(mat):
+    """The argsort version it replaced: each cell's place in its sorted row, then the middle one or two others."""
+    n, s = mat.shape
+    order = np.argsort(mat, axis=1, kind="stable")
+    srt = np.take_along_axis(mat, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.broadcast_to(np.arange(s), (n, s)), axis=1)
+    m = s - 1
+    lo = np.where((m - 1) // 2 >= pos, (m - 1) // 2 + 1, (m - 1) // 2)
+    hi = np.where(m // 2 >= pos, m // 2 + 1, m // 2)
+    return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
+
+
+def test_row_loo_median_without_argsort_is_the_same_with_ties():
+    rng = np.random.default_rng(3)
+    for s in (2, 3, 4, 7, 8, 32):
+        mat = rng.integers(0, 4, (400, s)).astype(float) * 0.25 + 1.7e9  # many ties
+        np.testing.assert_array_equal(op_instances._row_loo_median(mat), _reference_row_loo_median(mat))
+        mat = rng.random((400, s))
+        np.testing.assert_array_equal(op_instances._row_loo_median(mat), _reference_row_loo_median(mat))
+
+
+def test_leads_kept_once_are_those_worked_out_per_subset():
+    co = window(seed=4)
+    whole = op_instances.CompletionLeads(co, 2)
+    pos = whole.positions()
+    few = pos[:10]
+    got_few = whole.lead_ms(few)  # a few: their ops' only, nothing kept
+    assert whole._lead is None
+    got_all = whole.lead_ms(pos)  # most of them: every record's, kept
+    assert whole._lead is not None
+    np.testing.assert_array_equal(got_all[:10], got_few)
+    np.testing.assert_array_equal(whole.lead_ms(few), got_few)
+    fresh = op_instances.CompletionLeads(co, 2)
+    for chunk in np.array_split(pos, 7):
+        np.testing.assert_array_equal(fresh.lead_ms(chunk[::2]), got_all[np.searchsorted(pos, chunk[::2])])
+    op_instances.release_op_instances()
+
+
+def test_full_grid_matrices_are_pivot_tables():
+    rng = np.random.default_rng(5)
+    rows = pd.DataFrame({"rank": np.repeat(np.arange(6), 9), "step": np.tile(np.arange(3, 12), 6),
+                         "x": rng.random(54)}).sample(frac=1.0, random_state=1).reset_index(drop=True)
+    cells = RankStepCells(rows["rank"].to_numpy(), rows["step"].to_numpy())
+    assert len(cells.cell) == 54
+    want = rows.pivot_table(index="rank", columns="step", values="x", aggfunc="last").sort_index(axis=1)
+    pd.testing.assert_frame_equal(cells.matrix(rows["x"].to_numpy()), want, check_names=False)
+    pd.testing.assert_frame_equal(rank_step_matrix(rows, "x"), want, check_names=False)
+    dup = pd.concat([rows, rows.iloc[:5].assign(x=-1.0)], ignore_index=True)  # a cell with two rows: its last
+    want = dup.pivot_table(index="rank", columns="step", values="x", aggfunc="last").sort_index(axis=1)
+    pd.testing.assert_frame_equal(rank_step_matrix(dup, "x"), want, check_names=False)
+
+
+def test_row_robust_sigmas_of_a_finite_matrix_as_with_gaps():
+    rng = np.random.default_rng(6)
+    v = rng.normal(size=(50, 31))
+    got = stats.row_robust_sigmas(v)
+    want = [stats.robust_sigma(row) for row in v]
+    np.testing.assert_array_equal(got, want)
+    v[3, 4] = np.nan
+    np.testing.assert_array_equal(stats.row_robust_sigmas(v)[[0, 3]], [stats.robust_sigma(v[0]), stats.robust_sigma(v[3])])
+
+
+def test_windowed_medians_of_a_categorical_column_as_of_its_strings():
+    rng = np.random.default_rng(7)
+    labels = pd.Series(rng.choice(["b", "a", "c"], 600)).astype(pd.CategoricalDtype(["c", "a", "b", "unused"]))
+    step = rng.integers(0, 30, 600)
+    vals = rng.random(600)
+    index = ["a", "b", "zz"]
+    got = stats.windowed_medians(labels, step, vals, index, list(range(30)), 3, 2)
+    want = stats.windowed_medians(labels.astype(str).to_numpy(), step, vals, index, list(range(30)), 3, 2)
+    pd.testing.assert_frame_equal(got, want)
+
+
+def _leads(co, first_step=1):
+    op_instances.release_op_instances()
+    return op_instances.CompletionLeads(co, first_step)
+
+
+def test_window_can_fill_is_false_only_where_no_pair_can_fill_a_window():
+    cfg = CommConfig()
+    one = window(seed=0)  # one op per communicator and step, two communicators a rank: cells of two
+    assert not links.window_can_fill(_leads(one), cfg.link_window, cfg.link_min_ops, cheaper_only=False)
+    assert links.window_can_fill(_leads(one), cfg.link_window, 3, cheaper_only=False)  # 3 steps hold 3 ops
+    # where pairing costs no more than the bound, it is not worked out (True)
+    assert links.window_can_fill(_leads(one), cfg.link_window, cfg.link_min_ops)
+    # two ops of one communicator in a step: a cell of two that is one pair's
+    tp = one[one["group"] == "tp"]
+    twice = pd.concat([tp, tp.assign(seq=tp["seq"] + 1000)], ignore_index=True)
+    assert links.window_can_fill(_leads(twice), cfg.link_window, cfg.link_min_ops, cheaper_only=False)
+    # records that stand for two ops each
+    assert links.window_can_fill(_leads(one.assign(ops=2)), cfg.link_window, cfg.link_min_ops, cheaper_only=False)
+    # three records in a cell: bounded by the count
+    dp = one[one["group"] == "dp"]
+    three = pd.concat([one, dp.assign(seq=dp["seq"] + 1000, gkey=dp["gkey"].str.replace("dp", "ep"))], ignore_index=True)
+    assert links.window_can_fill(_leads(three), cfg.link_window, cfg.link_min_ops, cheaper_only=False)
+    op_instances.release_op_instances()
+
+
+def test_early_finishers_skipped_only_where_they_cannot_fire(monkeypatch):
+    # the bound worked out at any size: the slow egress with 8 ops a step is still found by its ranks finishing first
+    real = links.window_can_fill
+    calls = []
+
+    def always(leads, window, min_ops, chunk=1 << 22, cheaper_only=True):
+        calls.append(real(leads, window, min_ops, chunk, cheaper_only=False))
+        return calls[-1]
+
+    monkeypatch.setattr(links, "window_can_fill", always)
+
+    def slow(r, s, members):
+        return r in (2, 3) and s >= 10 and members in CROSS["dp"]
+
+    fs = warnings(with_egress_ops(build(world=4, nodes=2, steps=26), CROSS, slow, 6.0))
+    assert calls == [True]
+    assert [(f.ranks, f.evidence["scope"], {r["method"] for r in f.evidence["ranks"]}) for f in fs] == \
+        [([2, 3], "node", {"completion_lead"})]
+    # one op per communicator and step (a rank of the window finishes first from step 20): the bound rules the
+    # signature out, as its own gate does when it runs
+    co = window(seed=1)
+    leads = _leads(co)
+    steps = list(range(1, 40))
+    assert calls == [True] and not real(leads, 3, 4, cheaper_only=False)
+    assert links.early_finishers(co, CommConfig(), steps, None, leads) == []
+    monkeypatch.setattr(links, "window_can_fill", lambda *a, **k: True)
+    assert links.early_finishers(co, CommConfig(), steps, None, leads) == []
+    op_instances.release_op_instances()
+
+
+def test_threshold_noise_worked_out_only_where_a_cell_passes_its_floor(monkeypatch):
+    # the slow link by transfer ratio and the one by wait deficit are still found (their noise worked out), and a
+    # clean run works out neither (the medians over every rank's row are the costly part at 16,384 ranks)
+    from analyzers.builder import build_frame
+    from analyzers.checks import comm
+
+    calls = []
+    real = comm.temporal_sigma
+    monkeypatch.setattr(comm, "temporal_sigma", lambda m: calls.append(m.shape) or real(m))
+    fs = comm.analyze(build_frame(build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0)))
+    assert [(f.ranks, f.step_start) for f in fs if f.evidence.get("cause") == "slow_link"] == [([3], 8)]
+    assert calls
+    calls.clear()
+    fs = comm.analyze(build_frame(build(send_delay_ms=lambda r, s: 60.0 if (r == 1 and s >= 8) else 0.0)))
+    assert [(f.ranks, f.evidence["method"]) for f in fs if f.severity != "info"] == [([1], "wait_deficit")]
+    assert calls
+    calls.clear()
+    assert [f for f in comm.analyze(build_frame(build())) if f.severity != "info"] == []
+    assert calls == []
+
+
+def test_gkey_numbered_when_every_category_is_present():
+    col = pd.Series(pd.Categorical(["b", "a", "c", "a", None], categories=["c", "a", "b"]))
+    codes, uniq = op_instances._factorize_sorted(col)
+    want_codes, want_uniq = pd.factorize(col, sort=True)
+    assert list(codes) == list(want_codes) and list(uniq) == list(np.asarray(want_uniq, dtype=object))
+
+
+def test_op_weights_of_an_int32_column_without_a_copy_are_the_clipped_ones():
+    co = pd.DataFrame({"ops": np.array([1, 3, 2, 1], np.int32)})
+    rows = np.arange(4)
+    assert op_instances._op_weights(co, rows) is co["ops"].to_numpy() or \
+        np.shares_memory(op_instances._op_weights(co, rows), co["ops"].to_numpy())
+    low = pd.DataFrame({"ops": np.array([0, 3, -1, 1], np.int32)})
+    assert list(op_instances._op_weights(low, rows)) == [1, 3, 1, 1]
+    assert list(op_instances._op_weights(co, np.array([1, 3]))) == [3, 1]
