@@ -45,12 +45,13 @@ TABLES = ("steps", "collectives", "gpu", "host")
 
 # Columns no analyzer or report reads (tests/test_scale_diagnose.py checks that no module under analyzers/ names
 # them): left out of the read. A check that needs one takes it off this list.
+# ``run_id``: one run per load, ``RunData.run_id`` says which (a byte per row and a pass over it saved).
 SKIPPED: dict[str, tuple[str, ...]] = {
-    "steps": ("tokens", "lr"),
-    "collectives": (),
-    "gpu": ("uuid", "mem_util_pct", "mem_used_bytes", "power_limit_w", "mem_clock_mhz", "throttle_names",
+    "steps": ("run_id", "tokens", "lr"),
+    "collectives": ("run_id",),
+    "gpu": ("run_id", "uuid", "mem_util_pct", "mem_used_bytes", "power_limit_w", "mem_clock_mhz", "throttle_names",
             "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
-    "host": ("cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
+    "host": ("run_id", "cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
 }
 
 # How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
@@ -257,8 +258,11 @@ class Strings:
         lut = np.full(len(cats) + 1, -1, width)
         for new, s in enumerate(cats):
             lut[self.index[s]] = new
-        return pd.Categorical.from_codes(lut[self.codes[:n]], categories=pd.Index(cats, dtype=object),
-                                         validate=False)
+        codes = self.codes[:n]
+        if codes.dtype != width or not np.array_equal(lut[:-1], np.arange(len(cats))):
+            codes = np.take(lut, codes, mode="wrap")  # (null, -1: the last slot, -1)
+        # else the strings came in sorted order (one host, group, op...): the codes are already the Categorical's
+        return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object), validate=False)
 
 
 class Lists:
@@ -361,9 +365,6 @@ def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[
         at += rows
         buf.clear()
         rows = 0
-        # the converted batches are freed: their pages go back to the system now, not when the allocator gets round
-        # to it (on a big run its cached pages were a good part of the load's peak)
-        pa.default_memory_pool().release_unused()
 
     for b in batches:  # (consumed even without rows: it calls the progress back)
         if b.num_rows:
