@@ -6,7 +6,8 @@ the partition's files are merged into one ``compacted-<ns>-<pid>.parquet``:
 
 1. the merged file is written whole under a dot-name (``.compacted-….parquet.tmp``: no reader or engine lists
    it), its Parquet metadata naming every file it replaces (``ranksight.covers``, transitively: what a replaced
-   compacted file replaced too);
+   compacted file replaced too), and, when the rows come strictly in the loader's key order, that they do
+   (``ranksight.sorted``, ``ranksight.sort_marker``: ``diagnose`` then skips its sort and dedupe);
 2. it is renamed into place (object storage: uploaded under a dot-name, then moved, so it appears whole);
 3. the files it covers are removed, once it is ``cleanup_delay`` seconds old (a reader that listed the parts just
    before step 2 can still open them), and again by every later round and head start.
