@@ -365,6 +365,10 @@ def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[
         at += rows
         buf.clear()
         rows = 0
+        # the converted batches are freed: their pages go back to the system now, not when the allocator gets round
+        # to it (on a big run its cached pages were a good part of the load's peak: kept per chunk, the peak RSS
+        # was ~0.3 GiB higher at 1,024 x 10,000)
+        pa.default_memory_pool().release_unused()
 
     for b in batches:  # (consumed even without rows: it calls the progress back)
         if b.num_rows:
