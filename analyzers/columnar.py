@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ranksight import sort_marker
 from ranksight.tables import SPECS
 
 # The tables read here; the others are small and go through ``ranksight.tables.read_parts`` and ``normalize``.
@@ -44,12 +45,13 @@ TABLES = ("steps", "collectives", "gpu", "host")
 
 # Columns no analyzer or report reads (tests/test_scale_diagnose.py checks that no module under analyzers/ names
 # them): left out of the read. A check that needs one takes it off this list.
+# ``run_id``: one run per load, ``RunData.run_id`` says which (a byte per row and a pass over it saved).
 SKIPPED: dict[str, tuple[str, ...]] = {
-    "steps": ("tokens", "lr"),
-    "collectives": (),
-    "gpu": ("uuid", "mem_util_pct", "mem_used_bytes", "power_limit_w", "mem_clock_mhz", "throttle_names",
+    "steps": ("run_id", "tokens", "lr"),
+    "collectives": ("run_id",),
+    "gpu": ("run_id", "uuid", "mem_util_pct", "mem_used_bytes", "power_limit_w", "mem_clock_mhz", "throttle_names",
             "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
-    "host": ("cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
+    "host": ("run_id", "cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
 }
 
 # How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
@@ -239,13 +241,16 @@ class Strings:
         arr = arr.unify_dictionaries()  # the chunks' dictionaries as one
         if not arr.num_chunks:
             return
-        lut = np.array([self.index.setdefault(s, len(self.index)) if s is not None else -1
-                        for s in arr.chunk(0).dictionary.to_pylist()] + [-1], dtype=np.int32)  # the last slot: null
+        lut = [self.index.setdefault(s, len(self.index)) if s is not None else -1
+               for s in arr.chunk(0).dictionary.to_pylist()] + [-1]  # the last slot: null
         while len(self.index) >= np.iinfo(self.codes.dtype).max:
             self.codes = self.codes.astype(np.int16 if self.codes.dtype == np.int8 else np.int32)
-        idx = pa.chunked_array([c.indices for c in arr.chunks], type=arr.type.index_type)
-        codes = pc.fill_null(idx, -1).to_numpy() if idx.null_count else idx.to_numpy()
-        self.codes[at:at + len(arr)] = lut[codes]
+        lut = np.array(lut, dtype=self.codes.dtype)
+        for chunk in arr.chunks:  # each chunk's indices mapped straight into the column (null: -1, the last slot)
+            idx = chunk.indices
+            codes = pc.fill_null(idx, -1).to_numpy() if idx.null_count else idx.to_numpy()
+            np.take(lut, codes, out=self.codes[at:at + len(codes)], mode="wrap")
+            at += len(codes)
 
     def done(self, n: int) -> pd.Categorical:
         cats = sorted(self.index)
@@ -253,8 +258,11 @@ class Strings:
         lut = np.full(len(cats) + 1, -1, width)
         for new, s in enumerate(cats):
             lut[self.index[s]] = new
-        return pd.Categorical.from_codes(lut[self.codes[:n]], categories=pd.Index(cats, dtype=object),
-                                         validate=False)
+        codes = self.codes[:n]
+        if codes.dtype != width or not np.array_equal(lut[:-1], np.arange(len(cats))):
+            codes = np.take(lut, codes, mode="wrap")  # (null, -1: the last slot, -1)
+        # else the strings came in sorted order (one host, group, op...): the codes are already the Categorical's
+        return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object), validate=False)
 
 
 class Lists:
@@ -266,6 +274,9 @@ class Lists:
         self.pieces: list[tuple[int, pa.ChunkedArray]] = []
 
     def put(self, arr: pa.ChunkedArray, at: int) -> None:
+        if all(len(c.values) == 0 for c in arr.chunks):  # every list empty or null (a writer with comm_ids)
+            self.lengths[at:at + len(arr)] = 0
+            return
         ln = pc.fill_null(pc.list_value_length(arr), 0).to_numpy()
         self.lengths[at:at + len(arr)] = ln
         if ln.any():
@@ -355,7 +366,8 @@ def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[
         buf.clear()
         rows = 0
         # the converted batches are freed: their pages go back to the system now, not when the allocator gets round
-        # to it (on a big run its cached pages were a good part of the load's peak)
+        # to it (on a big run its cached pages were a good part of the load's peak: kept per chunk, the peak RSS
+        # was ~0.3 GiB higher at 1,024 x 10,000)
         pa.default_memory_pool().release_unused()
 
     for b in batches:  # (consumed even without rows: it calls the progress back)
@@ -529,7 +541,28 @@ def attach_members(cols: dict[str, object], communicators: pd.DataFrame, group_k
 # --------------------------------------------------------------------------
 
 
-def steps_frame(cols: dict[str, object]) -> pd.DataFrame:
+def marked_in_order(table: str, files: list) -> bool:
+    """Whether ``files`` (in the order read) are compacted files whose markers say their rows come strictly in
+    ``table``'s key order, one file after the other (``ranksight.sort_marker``): then the sort and the duplicate
+    drop have nothing to do. Parts (not compacted) and unmarked files: False, without opening any."""
+    if table not in sort_marker.KEYS or not files:
+        return False
+    if not all(sort_marker.is_compacted_name(_where(f)[0]) for f in files):
+        return False
+    markers = []
+    for f in files:
+        path, fs = _where(f)
+        try:
+            meta = pq.read_metadata(path, filesystem=fs).metadata
+        except (pa.ArrowException, OSError, ValueError):
+            return False
+        markers.append(sort_marker.read_marker(meta, table))
+        if markers[-1] is None:
+            return False
+    return sort_marker.in_key_order(table, markers)
+
+
+def steps_frame(cols: dict[str, object], in_order: bool = False) -> pd.DataFrame:
     st = cols
     # compute_ms: the rank's own work; derive it where the writer left it out (as ``normalize``)
     comp = st["compute_ms"]
@@ -540,7 +573,9 @@ def steps_frame(cols: dict[str, object]) -> pd.DataFrame:
         comp[missing] = np.where(parts[missing] > 0, parts[missing], derived[missing])
     # a restarted rank re-runs steps: keep the newest attempt of each (rank, step). Rows in (step, rank) order:
     # the order the head writes them in (no reordering to do), and each rank's rows in step order as before.
-    take(cols, sorted_last([st["step"], st["rank"], st["attempt"]], 2, tiebreak=st["t_end"]))
+    # ``in_order``: the files' markers say so already (and no (step, rank) twice).
+    if not in_order:
+        take(cols, sorted_last([st["step"], st["rank"], st["attempt"]], 2, tiebreak=st["t_end"]))
     return pd.DataFrame(cols, copy=False)
 
 
@@ -552,21 +587,22 @@ def first_seen_order(codes: np.ndarray) -> np.ndarray:
     return lut[codes]
 
 
-def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, group_key) -> pd.DataFrame:
+def collectives_frame(cols: dict[str, object], communicators: pd.DataFrame, group_key, in_order: bool = False
+                      ) -> pd.DataFrame:
     dur, done = cols["duration_ms"], cols["t_done"]
     need = np.isnan(dur) & ~np.isnan(done)
     if need.any():
         dur[need] = (done[need] - cols["t_arrive"][need]) * 1000.0
     # a collective may be written at arrival and again when done: keep the completed one
-    group: pd.Categorical = cols["group"]  # type: ignore[assignment]
-    gcode = first_seen_order(group.codes)
     # Rows in (attempt, step, rank, group, seq) order, the groups in the order they first appear: the order the head
     # writes them in (nothing moves), and each rank's and each communicator's rows in sequence order as before. (A
     # duplicate is the same (attempt, step, rank, group, seq): the step is part of the key here, a copy that names
-    # another step is a different record.)
-    take(cols, sorted_last([cols["attempt"], cols["step"], cols["rank"], gcode, cols["seq"],
-                            (~np.isnan(done)).astype(np.int8)], 5))
-    del gcode
+    # another step is a different record.) ``in_order``: the files' markers say so already (and no key twice).
+    if not in_order:
+        gcode = first_seen_order(cols["group"].codes)  # type: ignore[union-attr]
+        take(cols, sorted_last([cols["attempt"], cols["step"], cols["rank"], gcode, cols["seq"],
+                                (~np.isnan(done)).astype(np.int8)], 5))
+        del gcode
     attach_members(cols, communicators, group_key)
     return pd.DataFrame(cols, copy=False)
 
@@ -586,14 +622,15 @@ def read_tables(table_files: dict[str, list[Path]], communicators: pd.DataFrame,
         files = table_files.get(name) or []
         if not files:
             continue
+        in_order = marked_in_order(name, files)
         cols, nbad = read_columns(name, files, (lambda f, name=name: on_files(name, f)) if on_files else None)
         bad += nbad
         if cols is None:
             continue
         if name == "steps":
-            frames[name] = steps_frame(cols)
+            frames[name] = steps_frame(cols, in_order)
         elif name == "collectives":
-            frames[name] = collectives_frame(cols, communicators, group_key)
+            frames[name] = collectives_frame(cols, communicators, group_key, in_order)
         else:
             frames[name] = samples_frame(cols)
         del cols

@@ -189,12 +189,14 @@ def run_measured(cmd: list[str], cwd: Path, max_rss_gib: float, timeout_s: float
     killed: list[str] = []
 
     tree_peak = {"rss": 0, "pss": 0}
+    reaped = threading.Event()  # set once os.wait4 has the child: the watchdog never reaps it (p.poll() would, and
+    # os.wait4 then fails with ECHILD on a quick child)
 
     def watch() -> None:
         try:
             proc = psutil.Process(p.pid)
             n = 0
-            while p.poll() is None:
+            while not reaped.is_set():
                 rss = proc.memory_info().rss
                 if n % 3 == 0:  # the process and its forked checks: the sum of their RSS and of their PSS
                     tree_rss, tree_pss = _tree_memory(proc)
@@ -220,6 +222,7 @@ def run_measured(cmd: list[str], cwd: Path, max_rss_gib: float, timeout_s: float
     reader.start()
     err = p.stderr.read()
     _, status, ru = os.wait4(p.pid, 0)
+    reaped.set()
     wall = time.perf_counter() - t0
     reader.join()
     p.returncode = os.waitstatus_to_exitcode(status)

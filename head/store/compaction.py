@@ -6,7 +6,8 @@ the partition's files are merged into one ``compacted-<ns>-<pid>.parquet``:
 
 1. the merged file is written whole under a dot-name (``.compacted-….parquet.tmp``: no reader or engine lists
    it), its Parquet metadata naming every file it replaces (``ranksight.covers``, transitively: what a replaced
-   compacted file replaced too);
+   compacted file replaced too), and, when the rows come strictly in the loader's key order, that they do
+   (``ranksight.sorted``, ``ranksight.sort_marker``: ``diagnose`` then skips its sort and dedupe);
 2. it is renamed into place (object storage: uploaded under a dot-name, then moved, so it appears whole);
 3. the files it covers are removed, once it is ``cleanup_delay`` seconds old (a reader that listed the parts just
    before step 2 can still open them), and again by every later round and head start.
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 
 from head.store.arrow import conform
 from ranksight import store_layout
+from ranksight.sort_marker import OrderCheck
 from ranksight.store_layout import COMPACTED_PREFIX, COVERS_KEY, StoreFile
 
 log = logging.getLogger("ranksight.store")
@@ -96,9 +98,12 @@ def _prefetched(files: list[StoreFile], ahead: int = PREFETCH):
             yield f, fut.result()
 
 
-def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bool) -> tuple[list[str], int]:
+def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bool, table: str = ""
+               ) -> tuple[list[str], int]:
     """Write the inputs' rows in ``schema`` to ``tmp``; ``strict``: an input with a column the schema lacks, or a
-    type it cannot be cast to, raises _SchemaChanged (the caller then unifies all inputs' schemas first)."""
+    type it cannot be cast to, raises _SchemaChanged (the caller then unifies all inputs' schemas first). When the
+    rows of ``table`` come strictly in its key's order, the file says so (``ranksight.sort_marker``)."""
+    order = OrderCheck(table)
     covers: list[str] = []
     rows = 0
     pending: list[pa.Table] = []  # the parts are small: gathered into row groups of ROW_GROUP_ROWS
@@ -126,6 +131,7 @@ def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bo
                 log.error("store: compaction leaves %s alone (%s)", f.path, e)
                 continue
             if t.num_rows:
+                order.add(t)
                 pending.append(t)
                 pending_rows += t.num_rows
                 if pending_rows >= ROW_GROUP_ROWS:
@@ -134,23 +140,25 @@ def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bo
             covers.append(f.name)
             covers.extend(store_layout.read_covers(f))
         write_pending()
-        writer.add_key_value_metadata({COVERS_KEY: json.dumps(sorted(set(covers))).encode()})
+        writer.add_key_value_metadata({COVERS_KEY: json.dumps(sorted(set(covers))).encode(), **order.metadata()})
     finally:
         writer.close()
     return sorted(set(covers)), rows
 
 
-def merge_to(inputs: list[StoreFile], tmp: Path, fsync: bool, schema: pa.Schema | None = None) -> tuple[list[str], int]:
+def merge_to(inputs: list[StoreFile], tmp: Path, fsync: bool, schema: pa.Schema | None = None, table: str = ""
+             ) -> tuple[list[str], int]:
     """Write ``inputs`` (one partition's visible files, in order) as one Parquet file at ``tmp``; returns the names
     it covers (inputs read whole, and what compacted inputs covered) and its rows. An input that cannot be read is
     left out and stays where it is (readers count it as damaged, as before).
 
     ``schema`` (the table's, ``ranksight.tables.SPECS``): what the head's own parts have, so each input is opened
-    once; when one does not fit, every input's schema is read and unified (a column an older part lacks: nulls)."""
+    once; when one does not fit, every input's schema is read and unified (a column an older part lacks: nulls).
+    ``table``: the table's name, for the sorted marker (``ranksight.sort_marker``; none when not given)."""
     try:
         if schema is None:
             raise _SchemaChanged("no schema given")
-        covers, rows = _write_all(inputs, tmp, schema, strict=True)
+        covers, rows = _write_all(inputs, tmp, schema, strict=True, table=table)
     except _SchemaChanged as e:
         log.info("store: compaction unifies the schemas of %d files (%s differs)", len(inputs), e)
         schemas = []
@@ -161,7 +169,8 @@ def merge_to(inputs: list[StoreFile], tmp: Path, fsync: bool, schema: pa.Schema 
                 pass
         if not schemas:
             return [], 0
-        covers, rows = _write_all(inputs, tmp, pa.unify_schemas(schemas, promote_options="permissive"), strict=False)
+        covers, rows = _write_all(inputs, tmp, pa.unify_schemas(schemas, promote_options="permissive"), strict=False,
+                                  table=table)
     if fsync:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
@@ -182,7 +191,7 @@ def compact_partition(inputs: list[StoreFile], table: str, partition: str, local
         scratch.mkdir(parents=True, exist_ok=True)
         tmp = scratch / f".{name}{TMP_SUFFIX}"
     try:
-        covers, rows = merge_to(inputs, tmp, fsync, schema)
+        covers, rows = merge_to(inputs, tmp, fsync, schema, table)
         if not covers:
             return None, 0
         size = tmp.stat().st_size
