@@ -136,6 +136,37 @@ def _manifest(job: Job) -> schema.Manifest:
         finished=T0 + job.steps * job.step_s)
 
 
+def step_rows(job, R: int, steps: np.ndarray, ts: np.ndarray, step_ms: np.ndarray, compute: np.ndarray,
+              data_ms: np.ndarray, comm_ms: np.ndarray, sync_arrival: np.ndarray, sync_wait_ms: np.ndarray,
+              rng) -> np.ndarray:
+    """The step records of ``steps`` x ``R`` ranks (step-major) from their flat per-row times (ms; ``ts``, the
+    steps' starts, and ``sync_arrival`` in seconds): placement, the step's parts and the constant fields."""
+    n = len(steps)
+    rank = np.tile(np.arange(R), n)
+    st = np.zeros(n * R, STEP.dtype)
+    st["rank"], st["step"], st["node"] = rank, np.repeat(steps, R), rank // RANKS_PER_NODE
+    st["host"] = np.tile(_hosts(np.arange(R) // RANKS_PER_NODE), n)
+    st["world_size"] = R
+    st["pp_stage"], st["dp_rank"], st["tp_rank"] = (rank // job.tp) % job.pp, rank // (job.tp * job.pp), rank % job.tp
+    st["t_start"] = ts
+    st["step_ms"] = step_ms
+    st["t_end"] = ts + step_ms / 1000.0
+    st["data_ms"] = data_ms
+    st["forward_ms"], st["backward_ms"], st["optimizer_ms"] = compute / 3, 2 * compute / 3, 5.0
+    st["comm_ms"] = comm_ms
+    st["compute_ms"] = compute
+    st["device_ms"] = compute * 0.97
+    st["sync_arrival"] = sync_arrival
+    st["sync_wait_ms"] = sync_wait_ms
+    st["tokens"] = 8192
+    st["loss"] = np.repeat(2.0 + 2.0 / np.sqrt(1.0 + steps), R) + rng.normal(0, 0.01, n * R)
+    st["grad_norm"] = 1.0
+    st["lr"] = 3e-4
+    st["mem_bytes"] = 60 << 30
+    st["flops"] = 6 * 7e9 * 8192 / R
+    return st
+
+
 def _block(job: Job, rng: np.random.Generator, s0: int, s1: int, tp_id: np.ndarray, dp_id: np.ndarray):
     """Step and collective rows of steps s0..s1-1 (all ranks), vectorized over (step, dp, pp, tp)."""
     R, n = job.ranks, s1 - s0
@@ -160,30 +191,9 @@ def _block(job: Job, rng: np.random.Generator, s0: int, s1: int, tp_id: np.ndarr
     flat = lambda a: np.ascontiguousarray(np.broadcast_to(a, shape)).reshape(n * R)  # noqa: E731
     rank = np.tile(np.arange(R), n)
     step = np.repeat(steps, R)
-    node = rank // RANKS_PER_NODE
-    st = np.zeros(n * R, STEP.dtype)
-    st["rank"], st["step"], st["node"] = rank, step, node
-    st["host"] = np.tile(_hosts(np.arange(R) // RANKS_PER_NODE), n)
-    st["world_size"] = R
-    st["pp_stage"], st["dp_rank"], st["tp_rank"] = (rank // job.tp) % job.pp, rank // (job.tp * job.pp), rank % job.tp
     ts = np.repeat(t_start, R)
-    st["t_start"] = ts
-    st["step_ms"] = flat(step_ms)
-    st["t_end"] = ts + st["step_ms"] / 1000.0
-    c = flat(compute)
-    st["data_ms"] = flat(data_ms)
-    st["forward_ms"], st["backward_ms"], st["optimizer_ms"] = c / 3, 2 * c / 3, 5.0
-    st["comm_ms"] = flat(comm_ms)
-    st["compute_ms"] = c
-    st["device_ms"] = c * 0.97
-    st["sync_arrival"] = ts + flat(arrive_dp) / 1000.0
-    st["sync_wait_ms"] = flat(dp_done - arrive_dp)
-    st["tokens"] = 8192
-    st["loss"] = np.repeat(2.0 + 2.0 / np.sqrt(1.0 + steps), R) + rng.normal(0, 0.01, n * R)
-    st["grad_norm"] = 1.0
-    st["lr"] = 3e-4
-    st["mem_bytes"] = 60 << 30
-    st["flops"] = 6 * 7e9 * 8192 / R
+    st = step_rows(job, R, steps, ts, flat(step_ms), flat(compute), flat(data_ms), flat(comm_ms),
+                   ts + flat(arrive_dp) / 1000.0, flat(dp_done - arrive_dp), rng)
     co = np.zeros(2 * n * R, COLL.dtype)
     for j, (group, ids, arr, done, nbytes) in enumerate((("tp", tp_id, arrive_tp, tp_done, 64 << 20),
                                                          ("dp", dp_id, arrive_dp, dp_done, 1 << 30))):

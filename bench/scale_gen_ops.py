@@ -74,26 +74,9 @@ def block(job, rng, s0, s1, tp_id, dp_id):
         prev_done = done
     dp_done = prev_done
     step_ms = dp_done + 5.0
-    st = np.zeros(n * R, g.STEP.dtype)
-    st["rank"], st["step"], st["node"] = rank, step, rank // g.RANKS_PER_NODE
-    st["host"] = np.tile(g._hosts(np.arange(R) // g.RANKS_PER_NODE), n)
-    st["world_size"] = R
-    st["pp_stage"], st["dp_rank"], st["tp_rank"] = (rank // job.tp) % job.pp, rank // (job.tp * job.pp), rank % job.tp
-    st["t_start"] = ts
-    st["step_ms"] = flat(step_ms)
-    st["t_end"] = ts + st["step_ms"] / 1000.0
-    c = flat(compute)
-    st["data_ms"] = flat(data_ms)
-    st["forward_ms"], st["backward_ms"], st["optimizer_ms"] = c / 3, 2 * c / 3, 5.0
-    st["comm_ms"] = flat((tp_done - data_ms - compute) + (dp_done - first_dp_arr))
-    st["compute_ms"] = c
-    st["device_ms"] = c * 0.97
-    st["sync_arrival"] = ts + flat(first_dp_arr) / 1000.0
-    st["sync_wait_ms"] = flat(first_dp_arr.max(axis=1, keepdims=True) - first_dp_arr)
-    st["tokens"] = 8192
-    st["loss"] = np.repeat(2.0 + 2.0 / np.sqrt(1.0 + steps), R) + rng.normal(0, 0.01, n * R)
-    st["grad_norm"], st["lr"], st["mem_bytes"] = 1.0, 3e-4, 60 << 30
-    st["flops"] = 6 * 7e9 * 8192 / R
+    st = g.step_rows(job, R, steps, ts, flat(step_ms), flat(compute), flat(data_ms),
+                     flat((tp_done - data_ms - compute) + (dp_done - first_dp_arr)),
+                     ts + flat(first_dp_arr) / 1000.0, flat(first_dp_arr.max(axis=1, keepdims=True) - first_dp_arr), rng)
     return st, co
 
 if __name__ == "__main__":

@@ -204,6 +204,16 @@ def shutdown_server(server) -> None:
 OTHER_FILES = 256
 
 
+def send_busy(sock) -> None:
+    """A 503 that closes the connection, written straight to a socket no handler took (the server is at its bound);
+    a connection already gone is no error."""
+    try:
+        sock.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                     b"Connection: close\r\n\r\n")
+    except OSError:
+        pass
+
+
 class BoundedThreadingHTTPServer(ThreadingHTTPServer):
     """A thread per connection, at most ``max_handlers`` at once: a connection beyond that is answered 503 at once
     and closed, instead of costing a thread (thousands of idle half-sent requests once held thousands of them).
@@ -251,11 +261,7 @@ class BoundedThreadingHTTPServer(ThreadingHTTPServer):
         if not self._slots.acquire(blocking=False):
             self.refused_busy += 1
             if not isinstance(request, ssl.SSLSocket):  # under TLS a 503 would need a handshake first: just close
-                try:
-                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
-                                    b"Connection: close\r\n\r\n")
-                except OSError:
-                    pass
+                send_busy(request)
             self.shutdown_request(request)
             return
         try:

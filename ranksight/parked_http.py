@@ -26,7 +26,7 @@ import threading
 import time
 from contextlib import nullcontext
 
-from ranksight.http_server import BoundedThreadingHTTPServer
+from ranksight.http_server import BoundedThreadingHTTPServer, send_busy
 
 log = logging.getLogger("ranksight.http")
 
@@ -92,11 +92,7 @@ class ParkingHTTPServer(BoundedThreadingHTTPServer):
         if self._slots.acquire(blocking=False):
             return True
         self.refused_busy += 1
-        try:
-            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
-                            b"Connection: close\r\n\r\n")
-        except OSError:
-            pass
+        send_busy(request)
         self.shutdown_request(request)
         return False
 

@@ -667,18 +667,27 @@ def _bundle_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Bat
         raise WireError(str(e) if str(e).startswith("bundle") else f"bundle: {e}") from None
 
 
+def _checked_section(key: bytes, count: int, payload: bytes) -> tuple[str, PackedLayout | None]:
+    """A bundle section's kind and packed layout (None for a JSON section), refused when it is a bundle itself or
+    its payload is not ``count`` whole records of its layout."""
+    kind, layout = _section_kinds.get(key) or _section_kind(key)
+    if kind == KIND_BUNDLE:
+        raise WireError("bundle: a bundle inside a bundle")
+    if not layout:
+        return kind, None
+    lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
+    if not payload or count * lay.dtype.itemsize != len(payload):
+        k = packed_count(lay, payload)  # raises with the reason when it is not whole records
+        raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
+    return kind, lay
+
+
 def _sections_to_batches(run_id: str, attrs: dict[str, Any], body: bytes) -> list[Batch]:
     """The batches of a bundle's sections (``_raw_sections``)."""
     out = []
     for key, count, payload in _raw_sections(body):
-        kind, layout = _section_kinds.get(key) or _section_kind(key)
-        if kind == KIND_BUNDLE:
-            raise WireError("bundle: a bundle inside a bundle")
-        if layout:
-            lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
-            if not payload or count * lay.dtype.itemsize != len(payload):
-                k = packed_count(lay, payload)  # raises with the reason when it is not whole records
-                raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
+        kind, lay = _checked_section(key, count, payload)
+        if lay is not None:
             out.append(Batch(run_id, kind, PackedBatch(lay, payload, count), attrs))
         else:
             out.append(Batch(run_id, kind, decode_body(kind, payload), attrs, payload))
@@ -750,14 +759,8 @@ def _scan_bundle_slow(run_id: str, attrs: dict[str, Any], body: bytes) -> Bundle
     not take is, accepted or refused with the reason."""
     b = Bundle(run_id, attrs, [], [], [])
     for key, count, payload in _raw_sections(body):
-        kind, layout = _section_kinds.get(key) or _section_kind(key)
-        if kind == KIND_BUNDLE:
-            raise WireError("bundle: a bundle inside a bundle")
-        if layout:
-            lay = _layouts.get((kind, layout)) or packed_layout_of(kind, layout)
-            if not payload or count * lay.dtype.itemsize != len(payload):
-                k = packed_count(lay, payload)  # raises with the reason when it is not whole records
-                raise WireError(f"bundle: {kind} section holds {k} records, its header says {count}")
+        kind, lay = _checked_section(key, count, payload)
+        if lay is not None:
             b.packed.append((kind, lay, payload, count))
         elif kind == "heartbeat":
             b.heartbeats.append(decode_body(kind, payload))
