@@ -48,7 +48,8 @@ def head(
                                    help="Where a live round's analyzers run: child (a process forked from the head "
                                         "each round, on another core: ingest keeps its own), thread (the head's "
                                         "analysis thread, sharing the interpreter with ingest), auto (child where "
-                                        "the system can fork)."),
+                                        "the system can fork and the round holds 100,000 step and collective rows "
+                                        "or more; smaller rounds stay in the thread)."),
     compact_to: str = typer.Option("", "--compact-to", envvar="RANKSIGHT_COMPACT_TO",
                                    help="Put the compacted hour partitions here instead of --store: a directory or an "
                                         "object-storage URI (s3://bucket/prefix?region=..., gs://...; credentials from "

@@ -43,13 +43,28 @@ def can_fork() -> bool:
     return hasattr(os, "fork")
 
 
+# ``--analyze-in auto`` forks a round only when its input holds this many step and collective rows (a 1,024-rank
+# round does, a small job's does not). Below it a round takes milliseconds in the analysis thread: a fork would cost
+# more than the GIL it frees, and a second busy process beside a small job's ranks (a head on a training node, the
+# demo's and the detection benchmarks' shared cores) is noise in the very step times the analyzers judge.
+FORK_MIN_ROWS = 100_000
+
+
+def round_rows(data: Any) -> int:
+    """The step and collective rows of a round's input (``RunData``); 0 for anything else."""
+    return sum(len(t) for t in (getattr(data, "steps", None), getattr(data, "collectives", None)) if t is not None)
+
+
 def forked_analyzer(fn: Callable[[Any], Any], timeout_s: float = DEFAULT_TIMEOUT_S,
-                    on_child_cpu: Callable[[float], None] | None = None) -> Callable[[Any], Any]:
-    """``fn`` run in a child forked for each call (see the module's docstring); ``on_child_cpu(seconds)`` gets the
-    child's user + system CPU after each call. An exception ``fn`` raises in the child is raised again here as a
+                    on_child_cpu: Callable[[float], None] | None = None, min_rows: int = 0) -> Callable[[Any], Any]:
+    """``fn`` run in a child forked for each call (see the module's docstring), or in the caller's thread when the
+    round's input holds fewer than ``min_rows`` rows (``round_rows``); ``on_child_cpu(seconds)`` gets the child's
+    user + system CPU after each forked call. An exception ``fn`` raises in the child is raised again here as a
     ``RuntimeError`` carrying its traceback; a child lost is ``RoundLost``."""
 
     def in_child(data):
+        if min_rows and round_rows(data) < min_rows:
+            return fn(data)
         return run_forked(fn, data, timeout_s, on_child_cpu)
 
     in_child.__wrapped__ = fn  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ import threading
 
 from head.actions import ActionsBook
 from head.analysis import DEFAULT_ANALYZE_WINDOW, IDLE_RECHECK_S, AnalyzerFn, LiveAnalysis, resolve_analyzers
-from head.forked_round import can_fork, forked_analyzer
+from head.forked_round import FORK_MIN_ROWS, can_fork, forked_analyzer
 from head.ingest import Ingest
 from head.metrics import HeadMetrics
 from head.live import DEFAULT_WINDOW
@@ -48,8 +48,9 @@ ANALYZE_IN = ("auto", "child", "thread")
 def round_in_child(analyze_in: str, default_analyzers: bool) -> bool:
     """Where a live round's analyzers run: ``child``, a process forked from the head for each round
     (head/forked_round.py: the round no longer shares the GIL with ingest); ``thread``, the head's analysis thread;
-    ``auto``, a child for the analyzers the head resolves itself (``analyzers.run_all``) where ``os.fork`` exists,
-    the thread for a hook given to ``Head(analyzer=...)`` (it may keep state in the head's memory)."""
+    ``auto``, a child for the analyzers the head resolves itself (``analyzers.run_all``) where ``os.fork`` exists and
+    the round is large (``forked_round.FORK_MIN_ROWS``; a small round stays in the thread), the thread for a hook
+    given to ``Head(analyzer=...)`` (it may keep state in the head's memory)."""
     if analyze_in not in ANALYZE_IN:
         raise ValueError(f"analyze_in must be one of {', '.join(ANALYZE_IN)}, not {analyze_in!r}")
     if analyze_in == "thread" or not can_fork():
@@ -85,7 +86,8 @@ class Head:
         fn = resolve_analyzers() if analyzer == "auto" else analyzer
         self.rounds_forked = fn is not None and round_in_child(analyze_in, analyzer == "auto")
         if self.rounds_forked:
-            fn = forked_analyzer(fn, on_child_cpu=lambda s: self.cpu.add("analyze-child", s))  # type: ignore[arg-type]
+            fn = forked_analyzer(fn, on_child_cpu=lambda s: self.cpu.add("analyze-child", s),  # type: ignore[arg-type]
+                                 min_rows=FORK_MIN_ROWS if analyze_in == "auto" else 0)
         self.analysis = LiveAnalysis(self.live, self.store, self.stats, self.metrics.timed(fn),  # type: ignore[arg-type]
                                      analyze_window, idle_recheck)
         self.flush_interval = flush_interval

@@ -156,3 +156,22 @@ def test_a_forked_round_in_a_head_holding_thousands_of_descriptors(tmp_path):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_auto_forks_only_a_large_round(monkeypatch):
+    """``--analyze-in auto``: a small job's round stays in the thread (no second busy process beside its ranks); a
+    round of ``FORK_MIN_ROWS`` rows or more goes to a child. ``child`` forks whatever the size."""
+    import types
+
+    from head import forked_round
+
+    forks = []
+    real_fork = os.fork
+    monkeypatch.setattr(forked_round.os, "fork", lambda: forks.append(1) or real_fork())
+    small = types.SimpleNamespace(steps=range(1_000), collectives=range(2_000))
+    large = types.SimpleNamespace(steps=range(40_000), collectives=range(60_000))
+    auto = forked_round.forked_analyzer(lambda d: [forked_round.round_rows(d)], min_rows=forked_round.FORK_MIN_ROWS)
+    assert auto(small) == [3_000] and forks == []
+    assert auto(large) == [100_000] and forks == [1]
+    always = forked_round.forked_analyzer(lambda d: [forked_round.round_rows(d)])
+    assert always(small) == [3_000] and forks == [1, 1]
