@@ -329,9 +329,15 @@ def make_head(root: Path, data: dict, window: int, analyze_window: int | None) -
 
 
 def cpu_ms(fn) -> float:
-    t0 = time.thread_time()
+    """The CPU of ``fn`` in this thread plus that of the children it forked and reaped (a head forks a large live
+    round's analyzers into a child: head/forked_round.py)."""
+    def children() -> float:
+        t = os.times()
+        return t.children_user + t.children_system
+
+    t0, c0 = time.thread_time(), children()
     fn()
-    return (time.thread_time() - t0) * 1000.0
+    return (time.thread_time() - t0 + children() - c0) * 1000.0
 
 
 def rounds_for(ranks: int, rounds: int) -> int:
@@ -364,7 +370,8 @@ def worker(ranks: int, rounds: int, window: int, analyze_window: int, group_size
                 k = analyze_window
             live = h.live.run(RUN) if hasattr(h, "live") else None
             return dict(times=times, skip=skip, analysed=k, window_mib=window_mib(live),
-                        peak_rss_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                        peak_rss_gib=round(max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,  # or a forked round's child's
+                                               resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 2**20, 2),
                         straggler=", ".join(f"{e.ranks} from {e.step_start}" for e in eps if e.kind == "straggler") or "none",
                         findings=", ".join(sorted(f"{e.analyzer}/{e.kind}" for e in eps)))
         finally:
