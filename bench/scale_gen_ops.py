@@ -34,6 +34,15 @@ def block(job, rng, s0, s1, tp_id, dp_id):
     rank = np.tile(np.arange(R), n); step = np.repeat(steps, R)
     ts = np.repeat(t_start, R)
     co = np.zeros(2 * K * n * R, g.COLL.dtype)
+
+    def fill(part, seq, group: bytes, nbytes: int, arr, done, ids) -> None:
+        """One all-reduce of every rank-step: its rows of ``co`` (a strided view) from its arrivals and ends (ms)."""
+        part["rank"], part["step"], part["seq"] = rank, step, seq
+        part["op"], part["group"], part["nbytes"] = b"all_reduce", group, nbytes
+        a, d = flat(arr), flat(done)
+        part["t_arrive"], part["t_done"], part["duration_ms"] = ts + a / 1000.0, ts + d / 1000.0, d - a
+        part["comm_id"] = np.tile(ids, n)
+
     # K TP all-reduces through the forward/backward (each after 1/K of the compute), then K DP bucket all-reduces
     # a slow link on rank SLOW from half-way: the TP and DP groups it is in move their data slower
     SLOW = 9
@@ -50,12 +59,7 @@ def block(job, rng, s0, s1, tp_id, dp_id):
         x = x + 0.6 * link_tp[..., :1]  # the slow link's TP group
         done = arr.max(axis=3, keepdims=True) + x
         done = np.broadcast_to(done, shape)
-        part = co[i::2 * K]
-        part["rank"], part["step"], part["seq"] = rank, step, step * K + i
-        part["op"], part["group"], part["nbytes"] = b"all_reduce", b"tp", 8 << 20
-        a, d = flat(arr), flat(done)
-        part["t_arrive"], part["t_done"], part["duration_ms"] = ts + a / 1000.0, ts + d / 1000.0, d - a
-        part["comm_id"] = np.tile(tp_id, n)
+        fill(co[i::2 * K], step * K + i, b"tp", 8 << 20, arr, done, tp_id)
         prev_done = done
     tp_done = prev_done
     for i in range(K):
@@ -65,12 +69,7 @@ def block(job, rng, s0, s1, tp_id, dp_id):
         x = 3.0 + rng.exponential(0.3, size=(n, 1) + shape[2:])
         x = x + 2.0 * link_dp[:, :1]  # the slow link's DP group
         done = np.broadcast_to(arr.max(axis=1, keepdims=True) + x, shape)
-        part = co[K + i::2 * K]
-        part["rank"], part["step"], part["seq"] = rank, step, step * K + i
-        part["op"], part["group"], part["nbytes"] = b"all_reduce", b"dp", 128 << 20
-        a, d = flat(arr), flat(done)
-        part["t_arrive"], part["t_done"], part["duration_ms"] = ts + a / 1000.0, ts + d / 1000.0, d - a
-        part["comm_id"] = np.tile(dp_id, n)
+        fill(co[K + i::2 * K], step * K + i, b"dp", 128 << 20, arr, done, dp_id)
         prev_done = done
     dp_done = prev_done
     step_ms = dp_done + 5.0
