@@ -22,88 +22,8 @@ import pandas as pd
 
 from analyzers.collectives import name_starts_with
 from analyzers.loader import RunData
+from analyzers.matrices import RankStepCells, distinct_codes, grid_matrix, is_float, rank_step_matrix, step_grid
 from analyzers.stats import leave_one_out_median
-
-
-def rank_step_matrix(frame: pd.DataFrame, col: str) -> pd.DataFrame:
-    """``frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)``: a rank x
-    step matrix of ``col`` (its last non-NaN value per (rank, step); ranks and steps without any left out).
-
-    For a float column the same matrix is a few numpy operations instead of pivot_table's generic groupby and
-    unstack. Other dtypes (where pivot_table's result dtype depends on gaps) go through pivot_table."""
-    values = frame[col] if col in frame.columns else None
-    if values is None or frame.empty or not _is_float(values):
-        return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
-    x = values.to_numpy(dtype=np.float64)
-    keep = ~np.isnan(x)  # "last" skips NaN; a (rank, step) with only NaN is no cell, as in pivot_table
-    if not keep.any():
-        return frame.pivot_table(index="rank", columns="step", values=col, aggfunc="last").sort_index(axis=1)
-    return RankStepCells(frame["rank"].to_numpy()[keep], frame["step"].to_numpy()[keep]).matrix(x[keep])
-
-
-def _is_float(values: pd.Series) -> bool:
-    """A float column of any width (the store's reader may narrow a column to float32): its matrix is float64."""
-    return isinstance(values.dtype, np.dtype) and values.dtype.kind == "f"
-
-
-def distinct_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(x, return_inverse=True)`` of integers without a sort where their span is not much wider than
-    their count (ranks, steps): each present value marked, its code the count of present values below it."""
-    x = np.asarray(x)
-    if len(x) == 0 or x.dtype.kind not in "iu":
-        return np.unique(x, return_inverse=True)
-    lo, hi = int(x.min()), int(x.max())
-    if hi - lo > 4 * len(x) + 1024:
-        return np.unique(x, return_inverse=True)
-    off = x - np.asarray(lo, dtype=x.dtype) if x.dtype.itemsize >= 4 and x.dtype.kind == "i" else x.astype(np.int64) - lo
-    present = np.bincount(off, minlength=hi - lo + 1) > 0
-    code = np.cumsum(present) - 1
-    return (np.flatnonzero(present) + lo).astype(x.dtype), code[off]
-
-
-class RankStepCells:
-    """Where each row of a set of step rows goes in a rank x step matrix: the sorted ranks and steps, and the
-    last row of each (rank, step) cell. Worked out once, it places any column of those rows."""
-
-    def __init__(self, rank: np.ndarray, step: np.ndarray):
-        self.ranks, ri = distinct_codes(rank)
-        self.steps, si = distinct_codes(step)
-        cell = ri.astype(np.int64) * len(self.steps) + si
-        n_cells = len(self.ranks) * len(self.steps)
-        if n_cells == len(cell) and (np.bincount(cell, minlength=n_cells) == 1).all():
-            # one row in every cell (a run's every rank in every step): each cell's row is its last
-            self.cell = np.arange(n_cells)
-            self.take = np.empty(n_cells, np.int64)
-            self.take[cell] = np.arange(n_cells)
-            return
-        if n_cells <= 4 * len(cell) + 1024:
-            # the last row of each cell (row order, as groupby's "last"): the largest row number that lands in it
-            last_row = np.full(n_cells, -1, np.int64)
-            np.maximum.at(last_row, cell, np.arange(len(cell), dtype=np.int64))
-            self.cell = np.flatnonzero(last_row >= 0)
-            self.take = last_row[self.cell]
-            return
-        # the end of each run of a stable sort by cell
-        order = np.argsort(cell, kind="stable")
-        cs = cell[order]
-        last = np.ones(len(cs), np.bool_)
-        last[:-1] = cs[1:] != cs[:-1]
-        self.take = order[last]
-        self.cell = cell[self.take]
-
-    def values(self, x: np.ndarray, dtype=np.float64) -> np.ndarray:
-        """The rows' values ``x`` as a ranks x steps array of ``dtype`` (NaN where a cell has no row)."""
-        n_cells = len(self.ranks) * len(self.steps)
-        if len(self.cell) == n_cells:  # every cell has a row (``cell`` is sorted): one gather, no scatter
-            return x[self.take].astype(dtype, copy=False).reshape(len(self.ranks), len(self.steps))
-        out = np.full(n_cells, np.nan, dtype=dtype)
-        out[self.cell] = x[self.take]
-        return out.reshape(len(self.ranks), len(self.steps))
-
-    def matrix(self, x: np.ndarray) -> pd.DataFrame:
-        """The matrix of the rows' values ``x`` (float)."""
-        return pd.DataFrame(self.values(x), index=pd.Index(self.ranks, name="rank"),
-                            columns=pd.Index(self.steps, name="step"))
 
 
 # --------------------------------------------------------------------------
@@ -170,14 +90,14 @@ class StepView:
         """Rank x step matrix of a column (``rank_step_matrix``)."""
         if name not in self._matrices:
             values = self.column(name)
-            grid = self._grid if _is_float(values) else None
+            grid = self._grid if is_float(values) else None
             if grid is not None:
                 ranks, steps = grid
-                got = _grid_matrix(values.to_numpy(), ranks, steps, slice(None), slice(None))
+                got = grid_matrix(values.to_numpy(), ranks, steps, slice(None), slice(None))
                 if got is not None:
                     self._matrices[name] = got
                     return got
-            if _is_float(values) and not self.rows.empty and not values.isna().any():
+            if is_float(values) and not self.rows.empty and not values.isna().any():
                 # a value in every row: every column without a gap has the same cells
                 self._matrices[name] = self._cells.matrix(values.to_numpy(dtype=np.float64))
             else:
@@ -234,7 +154,7 @@ class StepView:
             rows = self.rows.iloc[c0 * len(all_ranks):c1 * len(all_ranks)]  # the span's steps: a slice, no copy
             values = (self._derived[name].iloc[c0 * len(all_ranks):c1 * len(all_ranks)] if name in self._derived
                       else DERIVED_COLUMNS[name](rows) if name in DERIVED_COLUMNS else rows[name])
-            got = _grid_matrix(values.to_numpy(), all_ranks, steps, at, slice(c0, c1)) if _is_float(values) else None
+            got = grid_matrix(values.to_numpy(), all_ranks, steps, at, slice(c0, c1)) if is_float(values) else None
             if got is not None:
                 return got
         pos = self._span_rows(ranks, first, last)
@@ -265,47 +185,6 @@ class StepView:
     def has_rows(self, ranks: Iterable[int], first: int, last: int) -> bool:
         """Whether any of ``ranks`` has a row in steps ``first``..``last``."""
         return len(self._span_rows(ranks, first, last)) > 0
-
-
-def step_grid(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ranks, steps) where step records are a whole step x rank grid: step after step, ascending, each step's rows
-    the same ranks in ascending order (a store's steps and a live round's are); None where they are anything else."""
-    if len(step) == 0 or rank.dtype.kind not in "iu" or step.dtype.kind not in "iu":
-        return None
-    other = np.flatnonzero(step != step[0])
-    n = int(other[0]) if len(other) else len(step)
-    if len(step) % n:
-        return None
-    ranks = rank[:n]
-    if n > 1 and not bool((ranks[1:] > ranks[:-1]).all()):
-        return None
-    by_step = step.reshape(-1, n)
-    steps = by_step[:, 0]
-    if (len(steps) > 1 and not bool((steps[1:] > steps[:-1]).all())) or not bool((by_step == steps[:, None]).all()):
-        return None
-    if not bool((rank.reshape(-1, n) == ranks).all()):
-        return None
-    return ranks.copy(), steps.copy()
-
-
-def _grid_matrix(values: np.ndarray, ranks: np.ndarray, steps: np.ndarray, rows, cols: slice) -> pd.DataFrame | None:
-    """The rank x step matrix (float64) of a grid's ``values`` (step after step, each step's ranks in order; only
-    the steps ``cols`` of it), rows ``rows`` of the ranks and those steps: ``rank_step_matrix``'s, the ranks and
-    steps without a value left out. None where no cell has a value (``rank_step_matrix`` then)."""
-    n_steps = len(steps[cols])
-    by_step = values.reshape(n_steps, len(ranks))
-    if not isinstance(rows, slice):
-        by_step = by_step[:, rows]
-    out = np.empty((by_step.shape[1], n_steps))
-    np.copyto(out, by_step.T)  # converted to float64 and transposed in one pass
-    has = ~np.isnan(out)
-    if not has.any():
-        return None
-    df = pd.DataFrame(out, index=pd.Index(ranks[rows], name="rank"), columns=pd.Index(steps[cols], name="step"),
-                      copy=False)
-    if has.all():
-        return df
-    return df.loc[has.any(axis=1), has.any(axis=0)]
 
 
 class Placement:

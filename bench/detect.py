@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analyzers import run_all  # noqa: E402
-from analyzers.builder import Placement, rank_step_matrix  # noqa: E402
+from analyzers.builder import Placement  # noqa: E402
+from analyzers.matrices import rank_step_matrix  # noqa: E402
 from analyzers.loader import LoadError, load_run  # noqa: E402
 from analyzers.score import score  # noqa: E402
 from analyzers.stats import leave_one_out_median, temporal_sigma  # noqa: E402

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analyzers.builder import rank_step_matrix
+from analyzers.matrices import rank_step_matrix
 from analyzers.changepoint import cusum_runs, cusum_runs_rows
 from analyzers.collectives import group_key, group_keys
 from analyzers.persistence import persistent_runs, rows_with_runs

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from analyzer_fixtures import build
 
-from analyzers.builder import RankStepCells, StepView, step_node_median, build_frame
+from analyzers.builder import StepView, step_node_median, build_frame
+from analyzers.matrices import RankStepCells
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.checks import gpu_health, memory_pressure, straggler_scores, stragglers
 from analyzers.checks.straggler_scores import RankScores

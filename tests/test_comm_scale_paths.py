@@ -14,7 +14,7 @@ from test_slow_link_analysis import CROSS, warnings, with_egress_ops
 
 from analyzer_fixtures import build
 from analyzers import stats
-from analyzers.builder import RankStepCells, rank_step_matrix
+from analyzers.matrices import RankStepCells, rank_step_matrix
 from analyzers.checks import links, op_instances
 from analyzers.checks.comm import CommConfig
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from analyzers.loader import load_run
-from analyzers.builder import distinct_codes
+from analyzers.matrices import distinct_codes
 from analyzers.report.heat import rank_step_matrix
 from analyzers.report.model import build_report
 

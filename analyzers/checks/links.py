@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.changepoint import refine_onset
-from analyzers.builder import distinct_codes
+from analyzers.matrices import distinct_codes
 from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, CompletionLeads, completion_leads,  # noqa: F401
                                            last_arriver_ops, op_instances, release_op_instances)
 from analyzers.collectives import name_starts_with, stable_order

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage, distinct_codes
+from analyzers.builder import AnalysisFrame, Coverage
+from analyzers.matrices import distinct_codes
 from analyzers.evidence import fmt_ranks, fnum
 from ranksight.schema import Finding
 

@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import distinct_codes
+from analyzers.matrices import distinct_codes
 from analyzers.collectives import member_counts, stable_order
 
 SYMMETRIC_OPS = {"all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall", "barrier",

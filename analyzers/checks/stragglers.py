@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage, StepView, distinct_codes
+from analyzers.builder import AnalysisFrame, Coverage, StepView
+from analyzers.matrices import distinct_codes
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum

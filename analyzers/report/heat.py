@@ -2,7 +2,7 @@
 
 On a big run (a thousand ranks x ten thousand steps, or sixteen thousand ranks) pandas' pivot and a per-bucket
 ``DataFrame.median`` cost seconds; here each record's rank and step become integer codes and the matrix is filled by
-one assignment (``analyzers.builder.RankStepCells``, as the checks' matrices), and a step bucket's median per rank is one ``nanmedian`` over a slice. The values are the same as
+one assignment (``analyzers.matrices.RankStepCells``, as the checks' matrices), and a step bucket's median per rank is one ``nanmedian`` over a slice. The values are the same as
 ``steps.pivot_table(index="rank", columns="step", values=col, aggfunc="last")``: a cell holds the last non-missing
 record of that rank and step, and ranks or steps without any value have no row or column.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import RankStepCells, step_grid
+from analyzers.matrices import RankStepCells, step_grid
 
 
 @dataclass
