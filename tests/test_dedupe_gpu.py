@@ -37,7 +37,7 @@ def test_resends_inside_the_horizon_are_exact_and_late_first_arrivals_kept():
     resent = second(1050.0, 16)
     odd = second(1051.0, 16)  # never seen: older than each GPU's newest, inside the horizon
     t = pa.concat_tables([resent, odd, odd])
-    from head.store.dedupe import GpuIndex
+    from head.store.dedupe_sets import GpuIndex
     assert isinstance(idx, GpuIndex)
     codes = (t.column("node").to_numpy() << 20) | t.column("gpu").to_numpy()
     mask = idx._new_mask(codes, t.column("t").to_numpy())
