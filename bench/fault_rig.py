@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from cli.local_cluster import LocalCluster, free_port  # noqa: E402
 from head.receiver import HttpError, decompress, parse  # noqa: E402
-from ranksight import wire  # noqa: E402
+from ranksight import wire, wire_decode  # noqa: E402
 from ranksight.layout import RunDir  # noqa: E402
 from ranksight.spool import read_spool  # noqa: E402
 from ranksight.tables import KEYS, SPECS, read_table  # noqa: E402
@@ -53,7 +53,7 @@ def record_keys(run_id: str, body: bytes, encoding: str | None, content_type: st
     decodes it (records of another run and undecodable log records are not this run's data)."""
     req = parse("logs", decompress(body, encoding), content_type)
     out: dict[str, list[tuple]] = {}
-    for batch, _reason in wire.iter_batches(req):
+    for batch, _reason in wire_decode.iter_batches(req):
         if batch is None or batch.run_id != run_id or batch.kind not in wire.BATCH_KINDS:
             continue
         table = wire.BATCH_KINDS[batch.kind][1]

@@ -49,7 +49,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 
 from head import receiver as otlp_receiver  # noqa: E402
-from ranksight import wire  # noqa: E402
+from ranksight import wire, wire_decode  # noqa: E402
 from head.service import Head, tune_gc  # noqa: E402
 from ranksight import schema  # noqa: E402
 
@@ -168,7 +168,7 @@ def main() -> None:
         for body in flat:
             req = ExportLogsServiceRequest()
             req.ParseFromString(otlp_receiver.decompress(body, "gzip"))
-            for _b, _err in wire.iter_batches(req):
+            for _b, _err in wire_decode.iter_batches(req):
                 pass
 
     base_parse = min(cpu(lambda: parse_only(flat_of["json"])) for _ in range(2))

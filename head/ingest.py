@@ -13,7 +13,7 @@ import time
 
 from head.actions import ActionsBook
 from head.runs import LiveRuns
-from ranksight import wire, wire_rejections
+from ranksight import wire, wire_decode, wire_rejections
 from ranksight.tables import SPECS
 
 log = logging.getLogger("ranksight.head")
@@ -43,15 +43,15 @@ class Ingest:
         stats["log_requests"] += 1
         refused: dict[int, wire_rejections.Rejection] = {}  # log record index -> what of it was refused
         accepted = 0
-        groups: dict[tuple[str, str], list[tuple[int, wire.Batch]]] = {}
+        groups: dict[tuple[str, str], list[tuple[int, wire_decode.Batch]]] = {}
         # the bundles' packed sections: (run, table) -> layout -> [payloads, records]; and per run the log records
         # they came from (a run the store refuses refuses them) and the bundles' heartbeats
         fast: dict[tuple[str, str], dict[wire.PackedLayout, list]] = {}
         fast_from: dict[str, list[int]] = {}
         beats: dict[str, list[tuple[int, list]]] = {}
-        bundle_type = wire.Bundle
+        bundle_type = wire_decode.Bundle
         table_of = _TABLE_OF_KIND
-        for i, batch, reason in wire.iter_indexed(request, bundles=True):
+        for i, batch, reason in wire_decode.iter_indexed(request, bundles=True):
             if batch is None:
                 refused[i] = wire_rejections.Rejection(i=i, why=reason or "refused")
                 continue
@@ -82,7 +82,7 @@ class Ingest:
                 others = (batch,)
             for batch in others:
                 accepted += self._take(i, batch, groups, refused)
-        by_run: dict[str, list[tuple[str, list[tuple[int, wire.Batch]]]]] = {}
+        by_run: dict[str, list[tuple[str, list[tuple[int, wire_decode.Batch]]]]] = {}
         for (run_id, table), batches in groups.items():
             by_run.setdefault(run_id, []).append((table, batches))
         for run_id in fast_from:
@@ -109,7 +109,7 @@ class Ingest:
             log.warning("head: rejected %d log record(s): %s", rejected, "; ".join(r.why for r in list(refused.values())[:3]))
         return accepted, rejected, list(refused.values())
 
-    def _take(self, i: int, batch: wire.Batch, groups: dict, refused: dict) -> int:
+    def _take(self, i: int, batch: wire_decode.Batch, groups: dict, refused: dict) -> int:
         """One batch that is not a bundle's packed section: a table batch into ``groups``, a control record applied
         at once; what is refused goes to ``refused``. Returns the records accepted now (control records)."""
         table = _TABLE_OF_KIND.get(batch.kind)
@@ -144,13 +144,13 @@ class Ingest:
                     if not kept:
                         return 0
                     # re-encoded by the store (body None): the body as received holds the refused rows too
-                    batch = wire.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs, body=None)
+                    batch = wire_decode.Batch(run_id=run_id, kind=batch.kind, items=kept, attrs=batch.attrs, body=None)
             groups.setdefault((batch.run_id, table), []).append((i, batch))
         except ValueError as e:  # e.g. a run id the store refuses, records of another run
             refused[i] = wire_rejections.Rejection(i=i, why=str(e))
         return 0
 
-    def _queue(self, run_id: str, tables: list[tuple[str, list[wire.Batch]]],
+    def _queue(self, run_id: str, tables: list[tuple[str, list[wire_decode.Batch]]],
                bundled: dict[str, dict[wire.PackedLayout, list]] | None = None) -> int:
         """Log and queue a request's batches of one run (one write-ahead-log write for all its tables); the store
         dedupes them at its next processing (every flush, or before a view reads the live window). ``bundled``: the
@@ -187,7 +187,7 @@ class Ingest:
         self.live.runs[run_id].last_seen = time.time()
         return n
 
-    def _apply_control(self, b: wire.Batch) -> int:
+    def _apply_control(self, b: wire_decode.Batch) -> int:
         """Manifest, heartbeat and control acks: small, rare, applied one by one."""
         run_id = b.run_id
         live = self.live.run(run_id)
@@ -210,7 +210,7 @@ class Ingest:
         self.stats["metric_requests"] += 1
         n = 0
         for rm in request.resource_metrics:
-            res = wire.attributes(rm.resource.attributes)
+            res = wire_decode.attributes(rm.resource.attributes)
             node = res.get(wire.R_NODE)
             for sm in rm.scope_metrics:
                 for m in sm.metrics:
@@ -218,7 +218,7 @@ class Ingest:
                     if kind not in ("gauge", "sum", "histogram"):
                         continue
                     for p in getattr(m, kind).data_points:
-                        attrs = tuple(sorted((a.key, str(wire.any_value(a.value))) for a in p.attributes))
+                        attrs = tuple(sorted((a.key, str(wire_decode.any_value(a.value))) for a in p.attributes))
                         if kind == "histogram":
                             val = p.sum / p.count if p.count else 0.0
                         else:
@@ -229,7 +229,7 @@ class Ingest:
         return n
 
 
-def _body_rows(batch: wire.Batch, positions: list[int]) -> list[int]:
+def _body_rows(batch: wire_decode.Batch, positions: list[int]) -> list[int]:
     """Rows of the body as received of ``batch.items[positions]``: the same positions unless rows were already
     refused (``batch.refused``), which ``items`` lacks."""
     if not batch.refused:

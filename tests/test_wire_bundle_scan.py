@@ -1,5 +1,5 @@
-"""The head's fast bundle scan (``wire._scan_bundle``: one regex match per section header) takes exactly the bodies
-the step-by-step parser (``wire._raw_sections``) takes, with the same sections, and refuses the others whole: every
+"""The head's fast bundle scan (``wire_decode._scan_bundle``: one regex match per section header) takes exactly the bodies
+the step-by-step parser (``wire.raw_sections``) takes, with the same sections, and refuses the others whole: every
 truncation of a bundle, headers the fast pattern does not match, wrong counts, garbage. And the head's ingest of a
 request of many bundles stores what it stored one batch at a time, heartbeats included."""
 
@@ -7,13 +7,13 @@ import msgspec
 import pytest
 
 from head.service import Head
-from ranksight import wire
+from ranksight import wire, wire_decode
 from test_wire_bundle import RUN, TOKEN, bundle_record, request, sections
 
 
 def _as_sections(got):
     """A scanned bundle or a list of batches, as comparable (kind, layout text or None, payload/items) tuples."""
-    if isinstance(got, wire.Bundle):
+    if isinstance(got, wire_decode.Bundle):
         out = [(k, lay.text, bytes(p), c) for k, lay, p, c in got.packed]
         out += [("heartbeat", None, msgspec.json.encode(hb), 1) for hb in got.heartbeats]
         out += [(b.kind, None, bytes(b.body), len(b.items)) for b in got.others]
@@ -32,7 +32,7 @@ def _as_sections(got):
 def _both(body):
     """(fast result or the error, step-by-step result or the error)."""
     res = []
-    for fn in (wire._scan_bundle, wire._bundle_batches):
+    for fn in (wire_decode._scan_bundle, wire_decode._bundle_batches):
         try:
             res.append(_as_sections(fn(RUN, {}, body)))
         except wire.WireError as e:
