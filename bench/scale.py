@@ -173,7 +173,7 @@ def compress_body(raw: bytes, encoding: str) -> bytes:
     """A request body as the agents send it (``node.otlp_session.CompressingSession``): zstd to a head that takes
     it, deflate (zlib level 6) to an older one."""
     if encoding == "zstd":
-        from node.otlp_session import zstd_codec
+        from ranksight.zstd import zstd_codec
 
         return zstd_codec().compress(raw, asbytes=True)
     return zlib.compress(raw, 6)

@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from ranksight import wire_rejections
+from ranksight.zstd import zstd_codec
 
 # Bounds on what one request may cost the head: compressed bytes on the wire and
 # bytes after decompression (a small zstd or gzip bomb must not take the head's memory).
@@ -190,18 +191,6 @@ def zstd_content_size(body: bytes) -> int | None:
     return size + 256 if fcs_bytes == 2 else size
 
 
-_codec = None
-
-
-def _zstd_codec():
-    global _codec
-    if _codec is None:
-        import pyarrow as pa
-
-        _codec = pa.Codec("zstd")
-    return _codec
-
-
 def _unzstd(body: bytes, limit: int, budget: InflightBudget) -> bytes:
     """A zstd body (``Content-Encoding: zstd``, RFC 8878) decompressed with pyarrow's zstd codec (the head's pyarrow:
     no other dependency), at most ``limit`` bytes, reserved from ``budget``. A frame whose header declares its size
@@ -212,6 +201,10 @@ def _unzstd(body: bytes, limit: int, budget: InflightBudget) -> bytes:
     zstd's default (128 MiB), so a frame cannot ask for more memory than that either."""
     import pyarrow as pa
 
+    codec = zstd_codec()
+    if codec is None:  # this head's pyarrow was built without zstd: an agent falls back to deflate on the 415
+        raise HttpError(415, "unsupported Content-Encoding 'zstd' (this head's pyarrow has no zstd): "
+                             "send gzip or deflate")
     if not body:
         raise HttpError(400, "truncated zstd data: an empty body")
     declared = zstd_content_size(body)
@@ -221,7 +214,7 @@ def _unzstd(body: bytes, limit: int, budget: InflightBudget) -> bytes:
         if not budget.take(declared):
             raise HttpError(503, "too much decompressed data in flight: retry shortly")
         try:
-            return _zstd_codec().decompress(body, decompressed_size=declared, asbytes=True)
+            return codec.decompress(body, decompressed_size=declared, asbytes=True)
         except (OSError, pa.ArrowException):
             budget.give(declared)  # several frames, or a damaged one: the stream below reads or refuses it
     parts: list[bytes] = []

@@ -8,8 +8,14 @@ TLS and proxies keep requests (``env_once_session``).
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import zlib
 from typing import Any
+
+from ranksight.zstd import zstd_codec
+
+log = logging.getLogger("ranksight.agent")
 
 
 def exporter_session(url: str):
@@ -156,9 +162,6 @@ class CompressingSession:
         self.fell_back = False  # the head refused zstd once: deflate for good
 
     def request(self, method: str, url: str, headers=None, data=None, **kwargs):
-        import logging
-        import zlib
-
         headers = dict(headers or {})
         if data is None or "Content-Encoding" in headers:  # compressed already, or nothing to compress
             return self.inner.request(method, url, headers=headers, data=data, **kwargs)
@@ -170,7 +173,7 @@ class CompressingSession:
             if r.status_code != 415:
                 return r
             self.zstd, self.fell_back = False, True
-            logging.getLogger("ranksight.agent").warning(
+            log.warning(
                 "agent: the head refused a zstd body (415: %s): sending deflate from now on", r.text[:200])
         headers["Content-Encoding"] = "deflate"
         return self.inner.request(method, url, headers=headers, data=zlib.compress(raw, 6), **kwargs)
@@ -183,19 +186,3 @@ class CompressingSession:
             object.__setattr__(self, name, value)
         else:  # ``verify``, ``cert``: set by the SDK's transport on the session
             setattr(self.inner, name, value)
-
-
-_ZSTD = []  # [codec or None], made once
-
-
-def zstd_codec():
-    """pyarrow's zstd codec at its default level (fast: less agent CPU than zlib level 6, smaller bodies), or None
-    where this pyarrow was built without zstd."""
-    if not _ZSTD:
-        try:
-            import pyarrow as pa
-
-            _ZSTD.append(pa.Codec("zstd") if pa.Codec.is_available("zstd") else None)
-        except Exception:  # noqa: BLE001 - no pyarrow, or a broken one: deflate
-            _ZSTD.append(None)
-    return _ZSTD[0]

@@ -76,6 +76,18 @@ def test_truncated_or_garbage_zstd_is_a_400(bad, make):
     assert receiver.INFLIGHT.used == 0
 
 
+def test_a_head_whose_pyarrow_has_no_zstd_answers_415(monkeypatch):
+    """The answer an agent falls back to deflate on, not a server error."""
+    from ranksight import zstd
+
+    monkeypatch.setattr(zstd, "_CODEC", [None])
+    with pytest.raises(HttpError) as e:
+        receiver.decompress(zstd_one_shot(b"x" * 1000), "zstd")
+    assert e.value.status == 415 and "zstd" in e.value.reason
+    assert receiver.INFLIGHT.used == 0
+    assert not CompressingSession(object()).zstd  # an agent without zstd sends deflate from the start
+
+
 def test_a_zstd_bomb_is_refused_after_bounded_work(monkeypatch):
     monkeypatch.setattr(receiver, "MAX_DECOMPRESSED_BYTES", 8 * 1024 * 1024)
     big = b"\0" * (64 * 1024 * 1024)
