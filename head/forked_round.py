@@ -24,6 +24,7 @@ import os
 import pickle
 import select
 import signal
+import stat
 import time
 import traceback
 from typing import Any, Callable
@@ -79,6 +80,7 @@ def run_forked(fn: Callable[[Any], Any], data: Any, timeout_s: float,
         code = 0
         try:
             os.close(r)
+            _close_sockets()
             try:
                 answer = ("ok", fn(data))
             except BaseException:  # noqa: BLE001 - the head gets the error, the child just ends
@@ -114,6 +116,25 @@ def run_forked(fn: Callable[[Any], Any], data: Any, timeout_s: float,
     if kind == "error":
         raise RuntimeError(f"the analyzers failed in the analysis child:\n{value}")
     return value
+
+
+def _close_sockets() -> None:
+    """In the child: drop its copies of the head's sockets (the listening one, clients' connections). Closing a copy
+    sends nothing (the head's own descriptor keeps each open), but without it a child outliving a dead head would
+    hold the head's port and its clients' connections until the child ends. Where ``/proc`` is missing the copies
+    stay: harmless while the head lives."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        return
+    for fd in fds:
+        if fd <= 2:  # stdio stays, whatever it is
+            continue
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:  # the listing's own descriptor, already gone
+            pass
 
 
 def _how_it_ended(status: int) -> str:

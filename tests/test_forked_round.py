@@ -175,3 +175,33 @@ def test_auto_forks_only_a_large_round(monkeypatch):
     assert auto(large) == [100_000] and forks == [1]
     always = forked_round.forked_analyzer(lambda d: [forked_round.round_rows(d)])
     assert always(small) == [3_000] and forks == [1, 1]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_the_child_holds_none_of_the_heads_sockets():
+    """A child that outlived a dead head must not keep its port bound or its clients' connections open: the child
+    closes its copies of the sockets, and the head's own stay open (closing a copy sends nothing)."""
+    import socket
+    import stat
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    try:
+        def sockets_in_child(_data):
+            out = []
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                        out.append(int(name))
+                except OSError:
+                    pass
+            return out
+
+        assert forked_analyzer(sockets_in_child)(None) == []
+        served.sendall(b"still open")  # the head's connection survived the child's close
+        assert client.recv(16) == b"still open"
+        assert listener.fileno() >= 0 and not listener._closed  # type: ignore[attr-defined]
+    finally:
+        for s in (client, served, listener):
+            s.close()
