@@ -116,7 +116,7 @@ class LiveAnalysis:
 
     def __init__(self, live: LiveRuns, store: Store, stats: dict[str, int], analyzer: AnalyzerFn | None,
                  window: int | None = DEFAULT_ANALYZE_WINDOW, idle_recheck: float = IDLE_RECHECK_S,
-                 round_rows: int = ROUND_STEP_ROWS):
+                 round_rows: int = ROUND_STEP_ROWS, keep_freed: bool = True):
         self.live = live
         self.store = store
         self.stats = stats
@@ -131,7 +131,7 @@ class LiveAnalysis:
         # Called with every round's full list of current findings (head.policy_runner.PolicyRunner).
         self.round_hooks: list[Callable[[str, list[schema.Finding], schema.Manifest | None], Any]] = []
         self._marks: dict[str, tuple[tuple, float]] = {}  # run id -> (RunLive.data_mark(), monotonic time)
-        if analyzer is not None:
+        if analyzer is not None and keep_freed:  # process-wide: ``ranksight head --return-freed-memory`` leaves it
             keep_freed_memory()
 
     def analyze_once(self, run_id: str) -> list[schema.Finding]:

@@ -69,6 +69,12 @@ def head(
                                           help="Agents' keep-alive connections wait in one epoll between requests and "
                                                "a few threads serve the requests (plain HTTP on Linux), or a thread "
                                                "per connection (as under TLS)."),
+    keep_freed_memory: bool = typer.Option(True, "--keep-freed-memory/--return-freed-memory",
+                                           help="The C allocator (glibc) keeps what a live round frees, up to 1 GiB, "
+                                                "for the next round instead of handing it back to the system and "
+                                                "faulting it in again (faster rounds at scale, resident memory at its "
+                                                "high-water mark); --return-freed-memory keeps glibc's defaults (a "
+                                                "head sharing a node's memory with training)."),
     priority: str = typer.Option("normal", "--priority", envvar="RANKSIGHT_HEAD_PRIORITY",
                                  help="CPU/IO priority: normal (the head has a node of its own) | low (nice 19) | idle "
                                       "(SCHED_IDLE: for a head that must share the training cores)."),
@@ -127,7 +133,7 @@ def head(
             raise typer.BadParameter(f"--compact-to: {e}") from None
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
              analyze_window=analyze_window, public_read=public_read, agent_tls=agent_tls,
-             compact_to=compact_to or None, analyze_in=analyze_in)
+             compact_to=compact_to or None, analyze_in=analyze_in, keep_freed_memory=keep_freed_memory)
     h.analysis.round_hooks.append(PolicyRunner(h.actions, evict, PolicyConfig(
         min_nodes=min_nodes, confirm_rounds=confirm_rounds, cooldown_s=evict_cooldown)))
     try:

@@ -68,7 +68,7 @@ class Head:
                  flush_rows: int = 250_000, fsync: bool = False, analyze_window: int | None = DEFAULT_ANALYZE_WINDOW,
                  idle_recheck: float = IDLE_RECHECK_S, public_read: bool = False,
                  agent_tls: ssl.SSLContext | None = None, compact_to: str | None = None,
-                 compact_interval: float = 60.0, analyze_in: str = "auto"):
+                 compact_interval: float = 60.0, analyze_in: str = "auto", keep_freed_memory: bool = True):
         if not token:
             raise ValueError("the head needs a token")
         self.token = token
@@ -89,7 +89,7 @@ class Head:
             fn = forked_analyzer(fn, on_child_cpu=lambda s: self.cpu.add("analyze-child", s),  # type: ignore[arg-type]
                                  min_rows=FORK_MIN_ROWS if analyze_in == "auto" else 0)
         self.analysis = LiveAnalysis(self.live, self.store, self.stats, self.metrics.timed(fn),  # type: ignore[arg-type]
-                                     analyze_window, idle_recheck)
+                                     analyze_window, idle_recheck, keep_freed=keep_freed_memory)
         self.flush_interval = flush_interval
         self.analyzer_interval = analyzer_interval
         self._stop = threading.Event()

@@ -54,3 +54,17 @@ def test_live_analysis_sets_it_and_a_head_without_analysis_does_not(monkeypatch)
     assert calls == []
     analysis.LiveAnalysis(None, None, {}, analyzer=lambda data: [])
     assert calls == [1]
+    analysis.LiveAnalysis(None, None, {}, analyzer=lambda data: [], keep_freed=False)  # --return-freed-memory
+    assert calls == [1]
+
+
+def test_the_heads_switch_reaches_live_analysis(tmp_path, monkeypatch):
+    import head.analysis as analysis
+    from head.service import Head
+
+    calls = []
+    monkeypatch.setattr(analysis, "keep_freed_memory", lambda: calls.append(1) or True)
+    Head(tmp_path / "a", "t", analyzer=lambda data: [], keep_freed_memory=False).close()
+    assert calls == []
+    Head(tmp_path / "b", "t", analyzer=lambda data: []).close()
+    assert calls == [1]
