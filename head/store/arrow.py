@@ -44,17 +44,24 @@ def merge_packed(kind: str, chunks: list[tuple[wire.PackedLayout, bytes]]) -> tu
     order += [n for n in codes if n not in order]
     text = ",".join(f"{n}:S{width[n]}" if n in width else f"{n}:{codes[n]}" for n in order)
     union = wire.packed_layout_of(kind, text)
-    arrs = [np.frombuffer(body, lay.dtype) for lay, body in chunks]
-    out = np.empty(sum(len(a) for a in arrs), union.dtype)
-    pos = 0
-    for (lay, _), a in zip(chunks, arrs):
-        k = len(a)
+    # each layout's chunks joined into one array and written, field by field, to its rows' places in arrival order
+    # (one fancy-indexed copy per layout and field, not one slice per chunk and field: a flush holds a chunk per
+    # request and layout)
+    counts = np.array([len(body) // lay.dtype.itemsize for lay, body in chunks], np.int64)
+    starts = np.cumsum(counts) - counts
+    out = np.empty(int(counts.sum()), union.dtype)
+    for lay in layouts:
+        which = [j for j, (c_lay, _) in enumerate(chunks) if c_lay == lay]
+        a = np.frombuffer(b"".join([chunks[j][1] for j in which]), lay.dtype)
+        cnt = counts[which]
+        # row positions of this layout's chunks: start of each chunk + 0..its count-1
+        rows = np.repeat(starts[which] - (np.cumsum(cnt) - cnt), cnt) + np.arange(len(a))
         for name in order:
+            col = out[name]
             if name in lay.codes:
-                out[name][pos:pos + k] = a[name]
+                col[rows] = a[name]
             else:
-                out[name][pos:pos + k] = _packed_default(union.codes[name], lay.defaults.get(name))
-        pos += k
+                col[rows] = _packed_default(union.codes[name], lay.defaults.get(name))
     return out, union
 
 
