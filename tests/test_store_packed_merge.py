@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from head.store.arrow import _packed_default, merge_packed
+from head.store.arrow import _packed_default, merge_packed, packed_to_table
 from ranksight import schema, wire
 from ranksight.tables import SPECS
 
@@ -60,3 +60,21 @@ def test_many_chunks_of_several_layouts_merge_as_chunk_by_chunk():
     last = np.frombuffer(chunks[-1][1], chunks[-1][0].dtype)
     assert (got["step"][-len(last):] == last["step"]).all()
     assert set(union.dtype.names) <= {f.name for f in SPECS["steps"].schema}
+    # what the store takes of it (the new rows) reads as the same rows of the merged records
+    mask = np.arange(len(want)) % 3 != 1
+    kept = got[mask]
+    assert len(kept) == int(mask.sum())
+    for name in ("rank", "step", "host", "dp_rank"):
+        assert (kept[name] == want[mask][name]).all(), name
+
+
+def test_a_flush_of_several_layouts_is_stored_as_the_records_merged(tmp_path):
+    rng = random.Random(3)
+    chunks = []
+    for v in (0, 1, 2, 3, 1, 0):
+        layout, body = wire.pack_records("step", "r1", _steps(rng, 5, v))
+        chunks.append((wire.packed_layout_of("step", layout), body))
+    got, union = merge_packed("step", chunks)
+    a = packed_to_table("steps", "r1", got, union)
+    b = packed_to_table("steps", "r1", _reference("step", chunks), union)
+    assert a.num_rows == 30 and a.equals(b)
