@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from head.store.arrow import _packed_default, merge_packed, packed_to_table
+from head.store.arrow import packed_default, merge_packed, packed_to_table
 from ranksight import schema, wire
 from ranksight.tables import SPECS
 
@@ -20,7 +20,7 @@ def _reference(kind, chunks):
     for (lay, _), a in zip(chunks, arrs):
         k = len(a)
         for name in union.dtype.names:
-            out[name][pos:pos + k] = a[name] if name in lay.codes else _packed_default(union.codes[name],
+            out[name][pos:pos + k] = a[name] if name in lay.codes else packed_default(union.codes[name],
                                                                                         lay.defaults.get(name))
         pos += k
     return out

@@ -82,11 +82,11 @@ def merge_packed(kind: str, chunks: list[tuple[wire.PackedLayout, bytes]]
             if name in lay.codes:
                 cols[name][rows] = a[name]
             else:
-                cols[name][rows] = _packed_default(union.codes[name], lay.defaults.get(name))
+                cols[name][rows] = packed_default(union.codes[name], lay.defaults.get(name))
     return PackedColumns(cols, union.dtype, n), union
 
 
-def _packed_default(code: str, default) -> object:
+def packed_default(code: str, default) -> object:
     """A field's default as its packed code writes it."""
     if default is None:
         return np.nan if code == "f8" else wire.NULL_INT if code == "n8" else 0
