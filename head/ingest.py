@@ -12,7 +12,6 @@ import logging
 import time
 
 from head.actions import ActionsBook
-from head.ingest_bundles import BundleGather
 from head.runs import LiveRuns
 from ranksight import wire, wire_decode, wire_rejections
 from ranksight.tables import SPECS
@@ -45,21 +44,35 @@ class Ingest:
         refused: dict[int, wire_rejections.Rejection] = {}  # log record index -> what of it was refused
         accepted = 0
         groups: dict[tuple[str, str], list[tuple[int, wire_decode.Batch]]] = {}
-        # the bundles' packed sections, per run (``BundleGather``: cut and joined per table and layout once the
-        # request is read); and per run the bundles' heartbeats
-        gathers: dict[str, BundleGather] = {}
+        # the bundles' packed sections: (run, table) -> layout -> [payloads, records]; and per run the log records
+        # they came from (a run the store refuses refuses them) and the bundles' heartbeats
+        fast: dict[tuple[str, str], dict[wire.PackedLayout, list]] = {}
+        fast_from: dict[str, list[int]] = {}
         beats: dict[str, list[tuple[int, list]]] = {}
         bundle_type = wire_decode.Bundle
+        table_of = _TABLE_OF_KIND
         for i, batch, reason in wire_decode.iter_indexed(request, bundles=True):
             if batch is None:
                 refused[i] = wire_rejections.Rejection(i=i, why=reason or "refused")
                 continue
             if type(batch) is bundle_type:  # the volume path: one per agent and ship cycle
                 run_id = batch.run_id
-                g = gathers.get(run_id)
-                if g is None:
-                    g = gathers[run_id] = BundleGather()
-                g.add(i, batch)
+                for kind, lay, payload, count in batch.packed:
+                    key = (run_id, table_of[kind])
+                    by_lay = fast.get(key)
+                    if by_lay is None:
+                        by_lay = fast[key] = {}
+                    got = by_lay.get(lay)
+                    if got is None:
+                        by_lay[lay] = [[payload], count]
+                    else:
+                        got[0].append(payload)
+                        got[1] += count
+                src = fast_from.get(run_id)
+                if src is None:
+                    fast_from[run_id] = [i]
+                else:
+                    src.append(i)
                 if batch.heartbeats:
                     beats.setdefault(run_id, []).append((i, batch.heartbeats))
                 if not batch.others:
@@ -72,18 +85,17 @@ class Ingest:
         by_run: dict[str, list[tuple[str, list[tuple[int, wire_decode.Batch]]]]] = {}
         for (run_id, table), batches in groups.items():
             by_run.setdefault(run_id, []).append((table, batches))
-        for run_id in gathers:
+        for run_id in fast_from:
             by_run.setdefault(run_id, [])
         for run_id, tables in by_run.items():
-            g = gathers.get(run_id)
+            packed = {table: by_lay for (rid, table), by_lay in fast.items() if rid == run_id}
             try:
-                packed = g.by_table(_TABLE_OF_KIND) if g is not None else {}
                 accepted += self._queue(run_id, [(table, [b for _, b in batches]) for table, batches in tables], packed)
             except ValueError as e:
                 for _, batches in tables:
                     for i, _ in batches:
                         refused[i] = wire_rejections.Rejection(i=i, why=str(e))
-                for i in (g.records if g is not None else ()):
+                for i in fast_from.get(run_id, ()):
                     refused[i] = wire_rejections.Rejection(i=i, why=str(e))
         for run_id, hbs in beats.items():
             try:

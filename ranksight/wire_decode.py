@@ -50,23 +50,6 @@ class Bundle:
     packed: list  # (kind, PackedLayout, payload, record count) per packed section, in body order
     heartbeats: list  # Heartbeat
     others: list  # Batch
-    # a bundle of a known shape (``_learn_shape``): ``packed`` is empty and its packed sections are
-    # ``shape_sections(shape)`` of ``body``, so the ingest can cut a whole request's sections at once
-    shape: int = -1
-    body: bytes = b""
-
-    def sections(self) -> list:
-        """The packed sections as ``packed`` holds them, for a bundle of a known shape too."""
-        if self.shape < 0:
-            return self.packed
-        body = self.body
-        return [(kind, lay, body[a:b], count) for kind, lay, a, b, count in _shapes[self.shape][0]]
-
-
-def shape_sections(shape: int) -> tuple:
-    """The packed sections of bundles of a known shape: ``(kind, PackedLayout, payload start, end, record count)``
-    per section, in body order."""
-    return _shapes[shape][0]
 
 
 def any_value(v) -> Any:
@@ -308,7 +291,9 @@ def _scan_bundle(run_id: str, attrs: dict[str, Any], body: bytes) -> Bundle:
             k = m.lastindex
             start = m.end()
             if start + int(m.group(k)) == n:
-                return Bundle(run_id, attrs, [], [decode_body("heartbeat", body[start:])], [], k - 1, body)
+                return Bundle(run_id, attrs,
+                              [(kind, lay, body[a:b], count) for kind, lay, a, b, count in _shapes[k - 1][0]],
+                              [decode_body("heartbeat", body[start:])], [])
     packed: list = []
     heartbeats: list = []
     others: list = []

@@ -14,7 +14,7 @@ from test_wire_bundle import RUN, TOKEN, bundle_record, request, sections
 def _as_sections(got):
     """A scanned bundle or a list of batches, as comparable (kind, layout text or None, payload/items) tuples."""
     if isinstance(got, wire_decode.Bundle):
-        out = [(k, lay.text, bytes(p), c) for k, lay, p, c in got.sections()]
+        out = [(k, lay.text, bytes(p), c) for k, lay, p, c in got.packed]
         out += [("heartbeat", None, msgspec.json.encode(hb), 1) for hb in got.heartbeats]
         out += [(b.kind, None, bytes(b.body), len(b.items)) for b in got.others]
         return sorted(out, key=repr)
