@@ -1,43 +1,20 @@
-"""A request's bundles gathered per table and layout (``head.ingest_bundles.BundleGather``: bundles of a known shape
-cut from all bodies at once) give the payloads the bundle-by-bundle walk gives: the same bytes in the same order
-(arrival order, body order within a bundle), the same record counts, whether bundles are of known shapes, of none,
-or mixed; and a head stores, acknowledges and refuses the same as before."""
+"""A request of bundles of many shapes (some the head knows, ``wire_decode._learn_shape``, some it cannot learn) is
+stored, acknowledged and refused the same whether the head knows their shapes or not."""
 
 import random
 
 import msgspec
 import pytest
 
-from head.ingest_bundles import BundleGather
 from head.service import Head
 from ranksight import schema, wire, wire_decode
 from test_wire_bundle import RUN, TOKEN, bundle_record, heartbeat, request, sections
-
-TABLE_OF = {k: t for k, (_, t) in wire.BATCH_KINDS.items() if t}
 
 
 @pytest.fixture(autouse=True)
 def no_shapes(monkeypatch):
     monkeypatch.setattr(wire_decode, "_shapes", [])
     monkeypatch.setattr(wire_decode, "_shapes_re", None)
-
-
-def _per_bundle(bundles):
-    """The walk the gather replaced: each bundle's sections appended in order."""
-    out = {}
-    for b in bundles:
-        for kind, lay, payload, count in b.sections():
-            got = out.setdefault(TABLE_OF[kind], {}).setdefault(lay, [[], 0])
-            got[0].append(payload)
-            got[1] += count
-    return {t: {lay: (b"".join(p), c) for lay, (p, c) in by.items()} for t, by in out.items()}
-
-
-def _gathered(bundles):
-    g = BundleGather()
-    for i, b in enumerate(bundles):
-        g.add(i, b)
-    return {t: {lay: (b"".join(p), c) for lay, (p, c) in by.items()} for t, by in g.by_table(TABLE_OF).items()}
 
 
 def _colls(node, n):
@@ -62,18 +39,6 @@ def _bundle_bodies(rng, n):
         hb = ("heartbeat", None, msgspec.json.encode(heartbeat(node, t=100.0 + rng.random())), 1)
         out.append(wire.pack_bundle([hb] + secs if rng.random() < 0.15 else secs + [hb]))
     return out
-
-
-def test_gathered_payloads_are_the_per_bundle_walk():
-    rng = random.Random(5)
-    bodies = _bundle_bodies(rng, 200)
-    bundles = [wire_decode._scan_bundle(RUN, {}, b) for b in bodies]
-    assert any(b.shape >= 0 for b in bundles) and any(b.shape < 0 for b in bundles)
-    want = _per_bundle(bundles)
-    got = _gathered(bundles)
-    assert got == want
-    assert sum(c for by in got.values() for _, c in by.values()) == sum(
-        c for b in bundles for *_, c in b.sections())
 
 
 def test_a_request_of_bundles_is_stored_acknowledged_and_refused_as_bundle_by_bundle(tmp_path):
