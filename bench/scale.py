@@ -235,6 +235,25 @@ def ingest_by_kind(fleet: Fleet, seconds: int = 4) -> dict[str, float]:
     return out
 
 
+def ingest_in_process(seconds: list[list[bytes]], warmup: int, encoding: str, tree: Path) -> dict:
+    """``bench/scale_inproc.py`` on these bodies, in a child whose head code comes from ``tree``."""
+    with tempfile.TemporaryDirectory(prefix="ranksight-scale-bodies-") as d:
+        path = Path(d) / "bodies.pickle"
+        path.write_bytes(pickle_dumps(seconds))
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "scale_inproc.py"), str(path),
+                            str(warmup), encoding], env=env, cwd=tree, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"in-process ingest failed:\n{p.stdout}{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def pickle_dumps(obj) -> bytes:
+    import pickle
+
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def scrape(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -406,6 +425,10 @@ def main() -> None:
                     help="one more argument for the head's command line (repeat it)")
     ap.add_argument("--bodies-cache", type=Path,
                     help="keep the built request bodies in this folder and reuse them (same options and encoding)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="instead of the HTTP run: the head's ingest and flush of the same bodies in one process, one "
+                         "core, no HTTP (bench/scale_inproc.py, the head from --head-tree), as ms of CPU per second "
+                         "of the fleet after --warmup seconds")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     if a.warmup >= a.seconds:
@@ -448,6 +471,17 @@ def main() -> None:
             print(f"  {k:32s} {v:6.1f} %")
         print(flush=True)
 
+    if a.in_process:
+        got = ingest_in_process(seconds, a.warmup, a.encoding, a.head_tree.resolve())
+        print(f"head in-process (one core, no HTTP; {got['seconds']} s after {a.warmup} s of warm-up), CPU per second "
+              f"of the fleet: ingest {got['ingest_ms']:.1f} ms, flush {got['flush_ms']:.1f} ms, total "
+              f"{got['total_ms']:.1f} ms ({got['total_ms'] / 10:.1f} % of one core); {got['accepted']} records "
+              f"accepted, {got['rejected']} log records rejected; load average {os.getloadavg()[0]:.1f}")
+        if a.json:
+            a.json.write_text(json.dumps(dict(ranks=a.ranks, agents_per_request=a.agents_per_request,
+                                              encoding=a.encoding, bundle=not a.no_bundle, in_process=got), indent=1))
+        return
+
     tmp = Path(tempfile.mkdtemp(prefix="ranksight-scale-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -471,10 +505,13 @@ def main() -> None:
             if i + 1 == a.warmup:
                 marks["from"] = (time.monotonic(), scrape(url))
 
-        rounds_seen = RoundWatch(url, a.warmup)
+        # each round's time read from /metrics once a second; with live analysis off there is none to read, and a
+        # scrape a second would make the head process its queue twice a second (a Prometheus scrape comes every
+        # 15-60 s), which is not what is measured then
+        rounds_seen = RoundWatch(url, a.warmup) if a.analyze_interval > 0 else None
         behind, client_cpu, connections = send_seconds(url, seconds, a, on_second)
         marks["to"] = (time.monotonic(), scrape(url))
-        round_times = rounds_seen.stop()
+        round_times = rounds_seen.stop() if rounds_seen is not None else []
         req = urllib.request.Request(f"{url}/api/runs/{RUN}/findings", headers={"Authorization": f"Bearer {TOKEN}"})
         findings = json.loads(urllib.request.urlopen(req, timeout=60).read())
     finally:

@@ -22,7 +22,6 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
@@ -33,6 +32,8 @@ import pyarrow.compute as pc
 from head.live_frames import (ConvertedWindow, SharedDictionaries, analysis_frame, numpy_column, plain_strings,
                               samples_frame_of, tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
 from head.live_gpu import GPU_DICT_COLUMNS, concat_gpu, dense_gpu_keys, gpu_codes, gpu_records
+from head.live_ranks import MAX_RANK as _MAX_RANK
+from head.live_ranks import AgentLive, RankState
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -46,7 +47,6 @@ log = logging.getLogger("ranksight.live")
 DEFAULT_WINDOW = 512  # steps per rank kept in memory
 MAX_COMMUNICATORS = 1 << 20  # process groups kept (a 16,384-rank job with its pipeline links has ~50,000)
 TRACES_KEPT = 8192  # trace summaries kept: the last few captures of a large job
-_MAX_RANK = 1 << 22  # ranks above this are kept in the windows but get no per-rank state
 # GPU samples kept per (node, gpu): the GPU checks (analyzers/checks/gpu_health.py: a share of throttled samples, at
 # least 3; memory_pressure: each GPU's capacity) judge each GPU on its own recent samples, so the bound is per GPU
 # (a minute at the agents' 1 s sampling), not global (a global one holds under a second of a 16,384-GPU fleet)
@@ -62,99 +62,6 @@ DICT_COLUMNS = {"steps": ("run_id", "host"), "collectives": ("run_id", "op", "gr
                 "gpu": GPU_DICT_COLUMNS}
 
 
-@dataclass
-class AgentLive:
-    node: int
-    host: str = ""
-    url: str = ""
-    last_seen: float = 0.0
-    heartbeat: Any = None
-    # the head's clock minus the node's: the smallest (receive time - the heartbeat's own send time) seen, i.e. the
-    # clock difference plus the quickest delivery (a heartbeat is made just before its export, so a backlog the agent
-    # ships late does not count)
-    clock_offset: float = float("inf")
-
-
-class _RankState:
-    """Per-rank latest state as numpy arrays indexed by rank."""
-
-    def __init__(self):
-        self.n = 0
-        self._alloc(0)
-
-    def _alloc(self, n: int) -> None:
-        def grow(old, fill, dtype):
-            a = np.full(n, fill, dtype=dtype)
-            if old is not None:
-                a[:len(old)] = old
-            return a
-
-        g = self.__dict__.get
-        self.present = grow(g("present"), False, np.bool_)  # has step or collective records
-        self.has_step = grow(g("has_step"), False, np.bool_)
-        self.node = grow(g("node"), -1, np.int64)
-        self.host = grow(g("host"), "", object)
-        self.last_step = grow(g("last_step"), -1, np.int64)
-        self.attempt = grow(g("attempt"), 0, np.int64)
-        self.t_end = grow(g("t_end"), 0.0, np.float64)
-        self.step_ms = grow(g("step_ms"), 0.0, np.float64)
-        self.last_seen = grow(g("last_seen"), 0.0, np.float64)
-        self.world_size = grow(g("world_size"), 0, np.int64)
-        # the rank ended: an ``exit`` or ``evicted`` event at or after its last step (a step after it clears it)
-        self.exited = grow(g("exited"), False, np.bool_)
-        self.exit_t = grow(g("exit_t"), 0.0, np.float64)
-        self.exit_reason = grow(g("exit_reason"), "", object)
-        self.n = n
-
-    def ensure(self, max_rank: int) -> None:
-        if max_rank >= self.n:
-            self._alloc(max(max_rank + 1, 2 * self.n, 64))
-
-    def ranks(self) -> np.ndarray:
-        return np.nonzero(self.present)[0]
-
-    def record_steps(self, t: pa.Table, rank: np.ndarray, ok: np.ndarray) -> None:
-        """Each rank's newest step in ``t`` (rows of the steps table; ``rank`` its rank column, ``ok`` the rows whose
-        rank gets per-rank state) becomes its latest, unless the rank already has a newer (attempt, step)."""
-        step, attempt = numpy_column(t, "step").astype(np.int64), numpy_column(t, "attempt").astype(np.int64)
-        # each rank's newest (attempt, step) in this batch
-        order = np.lexsort((step, attempt, rank))
-        rs = rank[order]
-        last = np.ones(len(rs), np.bool_)
-        last[:-1] = rs[1:] != rs[:-1]
-        sel = order[last]
-        sel = sel[ok[sel]]
-        r = rank[sel]
-        fresh = ~self.has_step[r] | (attempt[sel] > self.attempt[r]) | (
-            (attempt[sel] == self.attempt[r]) & (step[sel] >= self.last_step[r]))
-        s, r = sel[fresh], r[fresh]
-        if len(s):
-            take = pa.array(s)
-            node = t.column("node").take(take).to_numpy(zero_copy_only=False)
-            self.node[r] = np.where(np.isnan(node.astype(np.float64)), -1, node).astype(np.int64)
-            self.host[r] = t.column("host").take(take).to_numpy(zero_copy_only=False)
-            self.last_step[r] = step[s]
-            self.attempt[r] = attempt[s]
-            self.t_end[r] = numpy_column(t, "t_end")[s]
-            self.step_ms[r] = numpy_column(t, "step_ms")[s]
-            ws = numpy_column(t, "world_size")[s].astype(np.float64)
-            self.world_size[r] = np.where(np.isnan(ws), 0, ws).astype(np.int64)
-            self.has_step[r] = True
-            # a step that ended after the rank's exit: it runs again (a restarted job)
-            again = self.exited[r] & (self.t_end[r] > self.exit_t[r])
-            self.exited[r[again]] = False
-            self.exit_reason[r[again]] = ""
-
-    def record_exit(self, rank: int, t: float, reason: str) -> None:
-        """An ``exit`` (or ``evicted``) event of ``rank`` at ``t``; one older than the rank's last step is an earlier
-        attempt's, and is not its end."""
-        if self.has_step[rank] and 0 < t < self.t_end[rank]:
-            return
-        self.exited[rank] = True
-        self.exit_t[rank] = t
-        self.exit_reason[rank] = reason
-
-
 class RunLive:
     """One run's live window (steps, collectives, samples, events, XIDs), per-rank and per-agent liveness, and its
     manifest."""
@@ -163,7 +70,7 @@ class RunLive:
         self.run_id = run_id
         self.window = window
         self.lock = threading.RLock()
-        self.state = _RankState()
+        self.state = RankState()
         self._steps: deque = deque()  # Arrow tables, oldest first
         self._steps_rows = 0
         self._colls: deque = deque()

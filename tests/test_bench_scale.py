@@ -39,3 +39,18 @@ def test_scale_bench_one_connection_per_agent(tmp_path):
     assert len(got["behind_s"]) == 14 and got["requests"] >= 8 * 5
     assert got["round_s"] and all(r > 0 for r in got["round_s"])
     assert got["findings"] and all(3 in f["ranks"] for f in got["findings"]), got["findings"]
+
+
+def test_scale_bench_in_process(tmp_path):
+    """--in-process: the same bodies through the head's ingest and flush in one process, no HTTP: every record taken,
+    the CPU per second of the fleet reported by stage."""
+    out = tmp_path / "scale.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--ranks", "64", "--pp", "2", "--seconds", "5",
+                        "--warmup", "2", "--agents-per-request", "4", "--in-process", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(out.read_text())["in_process"]
+    assert got["seconds"] == 3 and got["rejected"] == 0 and got["accepted"] > 64 * 5
+    assert got["ingest_ms"] > 0 and got["flush_ms"] > 0
+    assert abs(got["total_ms"] - got["ingest_ms"] - got["flush_ms"]) < 1e-6
+    assert "head in-process" in p.stdout

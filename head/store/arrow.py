@@ -24,11 +24,34 @@ def _const_string(value: str, n: int) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b * n))
 
 
-def merge_packed(kind: str, chunks: list[tuple[wire.PackedLayout, bytes]]) -> tuple[np.ndarray, wire.PackedLayout]:
-    """One structured array, in the order of ``chunks``, from packed bodies of one kind in several layouts (string
-    fields of another width, fields one sender left at their default): the union of their fields, each string as
-    wide as its widest, a field a chunk lacks filled with its default (null as the packed codes write it). The live
-    window keeps rows in arrival order, so a flush's rows must not be regrouped by layout."""
+class PackedColumns:
+    """Packed records as one contiguous numpy array per field, standing in for a structured array where the
+    store reads one (``col = a[name]``, ``a[mask]``, ``len(a)``, ``a.dtype.names``): what ``merge_packed`` makes of
+    chunks in several layouts, so each field is copied once, straight into the column ``packed_to_table`` hands to
+    Arrow, instead of into a merged structured array and out of it again."""
+
+    __slots__ = ("cols", "dtype", "n")
+
+    def __init__(self, cols: dict[str, np.ndarray], dtype: np.dtype, n: int):
+        self.cols, self.dtype, self.n = cols, dtype, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.cols[key]
+        cols = {name: col[key] for name, col in self.cols.items()}  # a mask or index array: every column alike
+        return PackedColumns(cols, self.dtype, len(next(iter(cols.values()))) if cols else 0)
+
+
+def merge_packed(kind: str, chunks: list[tuple[wire.PackedLayout, bytes]]
+                 ) -> tuple[np.ndarray | PackedColumns, wire.PackedLayout]:
+    """One structured array (one layout) or ``PackedColumns`` (several), in the order of ``chunks``, from packed
+    bodies of one kind in several layouts (string fields of another width, fields one sender left at their default):
+    the union of their fields, each string as wide as its widest, a field a chunk lacks filled with its default (null
+    as the packed codes write it). The live window keeps rows in arrival order, so a flush's rows must not be
+    regrouped by layout."""
     layouts = {lay for lay, _ in chunks}
     if len(layouts) == 1:
         lay = chunks[0][0]
@@ -44,21 +67,26 @@ def merge_packed(kind: str, chunks: list[tuple[wire.PackedLayout, bytes]]) -> tu
     order += [n for n in codes if n not in order]
     text = ",".join(f"{n}:S{width[n]}" if n in width else f"{n}:{codes[n]}" for n in order)
     union = wire.packed_layout_of(kind, text)
-    arrs = [np.frombuffer(body, lay.dtype) for lay, body in chunks]
-    out = np.empty(sum(len(a) for a in arrs), union.dtype)
-    pos = 0
-    for (lay, _), a in zip(chunks, arrs):
-        k = len(a)
+    # each layout's chunks joined into one array, and each of its fields written to its rows' places (in arrival
+    # order) of that field's column: one fancy-indexed copy per layout and field, not one per chunk and field
+    counts = np.array([len(body) // lay.dtype.itemsize for lay, body in chunks], np.int64)
+    starts = np.cumsum(counts) - counts
+    n = int(counts.sum())
+    cols = {name: np.empty(n, union.dtype[name]) for name in order}
+    for lay in layouts:
+        which = [j for j, (c_lay, _) in enumerate(chunks) if c_lay == lay]
+        a = np.frombuffer(b"".join([chunks[j][1] for j in which]), lay.dtype)
+        cnt = counts[which]
+        rows = np.repeat(starts[which] - (np.cumsum(cnt) - cnt), cnt) + np.arange(len(a))  # chunk start + 0..count-1
         for name in order:
             if name in lay.codes:
-                out[name][pos:pos + k] = a[name]
+                cols[name][rows] = a[name]
             else:
-                out[name][pos:pos + k] = _packed_default(union.codes[name], lay.defaults.get(name))
-        pos += k
-    return out, union
+                cols[name][rows] = packed_default(union.codes[name], lay.defaults.get(name))
+    return PackedColumns(cols, union.dtype, n), union
 
 
-def _packed_default(code: str, default) -> object:
+def packed_default(code: str, default) -> object:
     """A field's default as its packed code writes it."""
     if default is None:
         return np.nan if code == "f8" else wire.NULL_INT if code == "n8" else 0
@@ -67,8 +95,8 @@ def _packed_default(code: str, default) -> object:
     return int(default) if code in ("b1", "i8", "n8") else default
 
 
-def packed_to_table(table: str, run_id: str, arr: np.ndarray, layout: wire.PackedLayout) -> pa.Table:
-    """Arrow table of the store schema from a numpy structured array of packed records."""
+def packed_to_table(table: str, run_id: str, arr: np.ndarray | PackedColumns, layout: wire.PackedLayout) -> pa.Table:
+    """Arrow table of the store schema from a numpy structured array of packed records (or ``PackedColumns``)."""
     spec = SPECS[table]
     n = len(arr)
     names = arr.dtype.names or ()

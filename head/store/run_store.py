@@ -386,7 +386,8 @@ class RunStore:
         return n
 
     def _write_part(self, table: str, chunks: list[pa.Table]) -> None:
-        arrow = pa.concat_tables(chunks).combine_chunks() if len(chunks) > 1 else chunks[0]
+        # the chunks as they are (no combined copy): the writer makes one row group of them either way
+        arrow = pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
         d = self.root / table / store_layout.partition_dir(self.run_id, self.clock())
         d.mkdir(parents=True, exist_ok=True)
         self._seq += 1
