@@ -1,0 +1,234 @@
+"""A partition's rows written in the loader's key order with bounded memory: an external sort for compaction.
+
+The loader (``analyzers.columnar``) sorts the steps by (step, rank) and the collectives by (attempt, step, rank,
+group, seq), a group ordered by where it first appears in the rows read, and skips that sort on files whose marker
+(``ranksight.sort_marker``) says the rows already come in that order. A head's parts do not (ranks ship
+independently), so compaction sorts them, without holding the partition in memory:
+
+1. each input's rows (as compaction reads them) are appended to a spill file (Arrow IPC, lz4, next to the output,
+   a dot-name ``remove_stale_tmp`` clears after a crash), and only the key columns are kept in memory, narrowed;
+2. the row order is computed from the keys alone (one int64 code per row and a stable argsort; ``np.lexsort`` when
+   the code would not fit);
+3. the output is gathered slice by slice (``SLICE_ROWS``) from the memory-mapped spill, a few decoded spill batches
+   cached (rows that arrive nearly in order, as parts do, touch one or two batches per slice).
+
+Memory: the key columns (4 bytes each per row), the code and the order (8 bytes each per row), one slice and the
+cached batches; not the partition's rows.
+
+The group order the rows are sorted by is the one the sorted rows themselves give (a fixed point): groups ordered by
+the first (attempt, step, rank) they appear in, groups new in the same one by where they first appear in the input.
+Then the first-seen order of the output is the order it is sorted by, so the loader, which orders groups by first
+appearance, finds the file in its own order (the marker's check, ``OrderCheck``, confirms it row by row).
+
+Rows are only reordered, never dropped or changed: a key seen twice stays twice (then the file is sorted but not
+marked, and the loader's dedupe decides as before); rows with equal keys keep their input order (a stable sort).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ranksight.sort_marker import GROUP, KEYS
+
+SLICE_ROWS = 131_072  # rows gathered per output write (one row group of the compacted file)
+SPILL_BATCH_ROWS = 131_072  # rows per spill batch (inputs gathered into batches of about this many)
+CACHED_BATCHES = 8  # decoded spill batches kept while gathering
+
+
+def sortable(table: str) -> bool:
+    return table in KEYS
+
+
+class Keys:
+    """The key columns of the rows appended, in input order, as narrow integer arrays; groups as codes in the order
+    they first appear in the input (nulls: 0 for numbers, a group of their own)."""
+
+    def __init__(self, table: str):
+        self.key = KEYS[table]
+        self.parts: dict[str, list[np.ndarray]] = {c: [] for c in self.key}
+        self.groups: dict[object, int] = {}
+        self.rows = 0
+
+    def add(self, t: pa.Table) -> None:
+        for c in self.key:
+            col = t.column(c) if c in t.column_names else pa.nulls(t.num_rows, pa.int64())
+            self.parts[c].append(self._group(col) if c == GROUP else self._number(col))
+        self.rows += t.num_rows
+
+    @staticmethod
+    def _number(col: pa.ChunkedArray) -> np.ndarray:
+        if col.null_count:
+            col = pc.fill_null(col, 0)
+        v = col.to_numpy()
+        if v.dtype.kind not in "iu":
+            v = v.astype(np.int64)
+        lo, hi = (int(v.min()), int(v.max())) if len(v) else (0, 0)
+        small = np.int32 if -2**31 <= lo and hi < 2**31 else np.int64
+        return v.astype(small, copy=False)
+
+    def _group(self, col: pa.ChunkedArray) -> np.ndarray:
+        arr = col.combine_chunks()
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.cast(arr.type.value_type)
+        enc = pc.dictionary_encode(arr, null_encoding="encode")  # its dictionary in the order of first appearance
+        lut = np.array([self.groups.setdefault(s, len(self.groups)) for s in enc.dictionary.to_pylist()] + [0],
+                       dtype=np.int32)
+        return lut[enc.indices.to_numpy()]
+
+    def column(self, c: str) -> np.ndarray:
+        parts = self.parts.pop(c)
+        if not parts:
+            return np.zeros(0, np.int32)
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return out
+
+
+def _code(keys: list[np.ndarray]) -> np.ndarray | None:
+    """One int64 per row ordering as the tuple of ``keys``; None when their spans' product does not fit."""
+    spans, los = [], []
+    total = 1
+    for k in keys:
+        lo, hi = (int(k.min()), int(k.max())) if len(k) else (0, 0)
+        spans.append(hi - lo + 1)
+        los.append(lo)
+        total *= spans[-1]
+        if total >= 2**62:
+            return None
+    code = keys[0].astype(np.int64)
+    code -= los[0]
+    for k, lo, span in zip(keys[1:], los[1:], spans[1:]):
+        code *= span
+        code += k
+        code -= lo
+    return code
+
+
+def _stable_order(keys: list[np.ndarray]) -> np.ndarray:
+    code = _code(keys)
+    if code is None:
+        return np.lexsort(keys[::-1])  # (stable)
+    if bool((code[1:] >= code[:-1]).all()):
+        return np.arange(len(code), dtype=np.int64)
+    return np.argsort(code, kind="stable")
+
+
+def row_order(table: str, keys: Keys) -> np.ndarray:
+    """The input rows' positions in the key order (stable), the groups in their fixed-point order."""
+    key = list(KEYS[table])
+    if GROUP not in key:
+        return _stable_order([keys.column(c) for c in key])
+    gpos = key.index(GROUP)
+    head = [keys.column(c) for c in key[:gpos]]  # (attempt, step, rank)
+    g = keys.column(GROUP)
+    block = _code(head)
+    if block is None:  # spans too wide for one code: the blocks' ranks instead
+        block = np.empty(len(g), np.int64)
+        block[np.lexsort(head[::-1])] = np.arange(len(g))
+    # each group's first block (and, within it, its input first-seen code breaks ties): its rank is the group's order
+    n_groups = int(g.max(initial=-1)) + 1
+    first_block = pd.Series(block).groupby(g).min().reindex(range(n_groups)).to_numpy()
+    by_first = np.lexsort((np.arange(n_groups), first_block))
+    rank_of = np.empty(n_groups, np.int32)
+    rank_of[by_first] = np.arange(n_groups, dtype=np.int32)
+    del block, first_block
+    g = rank_of[g] if len(g) else g
+    tail = [keys.column(c) for c in key[gpos + 1:]]
+    return _stable_order(head + [g] + tail)
+
+
+class Spill:
+    """Rows appended to an Arrow IPC file, read back by global row position through a memory map."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path = path
+        self.schema = schema
+        self._sink = pa.OSFile(str(path), "wb")
+        self._writer = pa.ipc.new_file(self._sink, schema,
+                                       options=pa.ipc.IpcWriteOptions(compression=_spill_codec()))
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._sizes: list[int] = []
+        self._reader = None
+        self._map = None
+        self.starts: np.ndarray | None = None
+        self._cache: OrderedDict[int, pa.RecordBatch] = OrderedDict()
+
+    def append(self, t: pa.Table) -> None:
+        self._pending.append(t)
+        self._pending_rows += t.num_rows
+        if self._pending_rows >= SPILL_BATCH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            t = pa.concat_tables(self._pending).combine_chunks()
+            for b in t.to_batches():
+                self._writer.write_batch(b)
+                self._sizes.append(b.num_rows)
+        self._pending, self._pending_rows = [], 0
+
+    def finish(self) -> None:
+        """Done appending: the file closed and mapped for reading."""
+        self._flush()
+        self._writer.close()
+        self._sink.close()
+        self._map = pa.memory_map(str(self.path), "r")
+        self._reader = pa.ipc.open_file(self._map)
+        self.starts = np.concatenate(([0], np.cumsum(self._sizes, dtype=np.int64)))
+
+    def _batch(self, i: int) -> pa.RecordBatch:
+        b = self._cache.get(i)
+        if b is None:
+            b = self._reader.get_batch(i)
+            self._cache[i] = b
+            if len(self._cache) > CACHED_BATCHES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(i)
+        return b
+
+    def take(self, idx: np.ndarray) -> pa.Table:
+        """The rows at global positions ``idx``, in that order."""
+        which = np.searchsorted(self.starts, idx, side="right") - 1
+        if len(which) and bool((which[1:] >= which[:-1]).all()):
+            perm = None
+            sorted_idx, sorted_which = idx, which
+        else:
+            perm = np.argsort(which, kind="stable")
+            sorted_idx, sorted_which = idx[perm], which[perm]
+        pieces = []
+        bounds = np.flatnonzero(np.diff(sorted_which)) + 1
+        for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(sorted_idx)]))):
+            b = int(sorted_which[lo])
+            local = sorted_idx[lo:hi] - self.starts[b]
+            pieces.append(self._batch(b).take(pa.array(local)))
+        t = pa.Table.from_batches(pieces, schema=self.schema) if pieces else self.schema.empty_table()
+        if perm is not None:
+            inv = np.empty_like(perm)
+            inv[perm] = np.arange(len(perm))
+            t = t.take(pa.array(inv))
+        return t
+
+    def close(self) -> None:
+        self._cache.clear()
+        self._reader = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if not self._sink.closed:
+            try:
+                self._writer.close()
+            except (pa.ArrowException, OSError):
+                pass
+            self._sink.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _spill_codec() -> str | None:
+    return "lz4" if pa.Codec.is_available("lz4") else None
