@@ -9,8 +9,7 @@ independently), so compaction sorts them, without holding the partition in memor
    a dot-name ``remove_stale_tmp`` clears after a crash), and only the key columns are kept in memory, narrowed;
 2. the row order is computed from the keys alone (one int64 code per row and a stable argsort; ``np.lexsort`` when
    the code would not fit);
-3. the output is gathered slice by slice (``SLICE_ROWS``) from the memory-mapped spill, a few decoded spill batches
-   cached (rows that arrive nearly in order, as parts do, touch one or two batches per slice).
+3. the output is gathered slice by slice (``SLICE_ROWS``) from the spill, a few decoded spill batches cached (rows that arrive nearly in order, as parts do, touch one or two batches per slice).
 
 Memory: the key columns (4 bytes each per row), the code and the order (8 bytes each per row), one slice and the
 cached batches; not the partition's rows.
@@ -30,7 +29,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -89,61 +87,90 @@ class Keys:
         return out
 
 
-def _code(keys: list[np.ndarray]) -> np.ndarray | None:
-    """One int64 per row ordering as the tuple of ``keys``; None when their spans' product does not fit."""
-    spans, los = [], []
-    total = 1
+def _spans(keys: list[np.ndarray]) -> list[tuple[int, int]] | None:
+    """(lowest value, span) of each key; None when the spans' product does not fit one int64 code."""
+    out, total = [], 1
     for k in keys:
         lo, hi = (int(k.min()), int(k.max())) if len(k) else (0, 0)
-        spans.append(hi - lo + 1)
-        los.append(lo)
-        total *= spans[-1]
+        out.append((lo, hi - lo + 1))
+        total *= hi - lo + 1
         if total >= 2**62:
             return None
-    code = keys[0].astype(np.int64)
-    code -= los[0]
-    for k, lo, span in zip(keys[1:], los[1:], spans[1:]):
+    return out
+
+
+def _code(keys: list[np.ndarray]) -> np.ndarray | None:
+    """One int64 per row ordering as the tuple of ``keys``, built in place; the keys are taken out of the list as
+    they are added (so their memory goes as the code grows). None (and the keys left) when it would not fit."""
+    spans = _spans(keys)
+    if spans is None:
+        return None
+    code = keys.pop(0).astype(np.int64)
+    code -= spans[0][0]
+    for lo, span in spans[1:]:
+        k = keys.pop(0)
         code *= span
         code += k
         code -= lo
+        del k
     return code
 
 
 def _stable_order(keys: list[np.ndarray]) -> np.ndarray:
+    """Row positions sorted (stable) by the tuple of ``keys``; the list is emptied as it is used."""
     code = _code(keys)
     if code is None:
-        return np.lexsort(keys[::-1])  # (stable)
+        order = np.lexsort(keys[::-1])  # (stable)
+        keys.clear()
+        return order
     if bool((code[1:] >= code[:-1]).all()):
         return np.arange(len(code), dtype=np.int64)
     return np.argsort(code, kind="stable")
 
 
 def row_order(table: str, keys: Keys) -> np.ndarray:
-    """The input rows' positions in the key order (stable), the groups in their fixed-point order."""
+    """The input rows' positions in the key order (stable), the groups in their fixed-point order. Memory: the key
+    columns until they are folded into one int64 code, then the code and the order."""
     key = list(KEYS[table])
     if GROUP not in key:
         return _stable_order([keys.column(c) for c in key])
     gpos = key.index(GROUP)
-    head = [keys.column(c) for c in key[:gpos]]  # (attempt, step, rank)
+    head = [keys.column(c) for c in key[:gpos]]  # (attempt, step, rank): the block a row is in
     g = keys.column(GROUP)
+    n = len(g)
     block = _code(head)
     if block is None:  # spans too wide for one code: the blocks' ranks instead
-        block = np.empty(len(g), np.int64)
-        block[np.lexsort(head[::-1])] = np.arange(len(g))
-    # each group's first block (and, within it, its input first-seen code breaks ties): its rank is the group's order
+        block = np.empty(n, np.int64)
+        block[np.lexsort(head[::-1])] = np.arange(n)
+        head.clear()
+    # each group's first block (ties: the group first seen earlier in the input): that order is the groups' order
     n_groups = int(g.max(initial=-1)) + 1
-    first_block = pd.Series(block).groupby(g).min().reindex(range(n_groups)).to_numpy()
+    first_block = np.full(n_groups, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first_block, g, block)
     by_first = np.lexsort((np.arange(n_groups), first_block))
     rank_of = np.empty(n_groups, np.int32)
     rank_of[by_first] = np.arange(n_groups, dtype=np.int32)
-    del block, first_block
-    g = rank_of[g] if len(g) else g
-    tail = [keys.column(c) for c in key[gpos + 1:]]
-    return _stable_order(head + [g] + tail)
+    np.take(rank_of, g, out=g)  # in place: the groups' codes now in that order
+    # the code over (block, group, the rest): the block's code extended in place
+    tail = [g] + [keys.column(c) for c in key[gpos + 1:]]
+    del g
+    spans = _spans([block] + tail)
+    if spans is None:
+        return _stable_order([block] + tail)
+    for lo, span in spans[1:]:
+        k = tail.pop(0)
+        block *= span
+        block += k
+        block -= lo
+        del k
+    if bool((block[1:] >= block[:-1]).all()):
+        return np.arange(n, dtype=np.int64)
+    return np.argsort(block, kind="stable")
 
 
 class Spill:
-    """Rows appended to an Arrow IPC file, read back by global row position through a memory map."""
+    """Rows appended to an Arrow IPC file, read back by global row position (batches decoded on demand, a few
+    cached)."""
 
     def __init__(self, path: Path, schema: pa.Schema):
         self.path = path
@@ -178,7 +205,9 @@ class Spill:
         self._flush()
         self._writer.close()
         self._sink.close()
-        self._map = pa.memory_map(str(self.path), "r")
+        # read, not memory-mapped: the batches decoded land in the cache (freed as it turns over), where a mapping
+        # would keep every page of the spill it touched in the process's resident set
+        self._map = pa.OSFile(str(self.path), "rb")
         self._reader = pa.ipc.open_file(self._map)
         self.starts = np.concatenate(([0], np.cumsum(self._sizes, dtype=np.int64)))
 
