@@ -154,6 +154,7 @@ def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bo
             covers.extend(store_layout.read_covers(f))
         if spill is not None:
             spill.finish()
+            pa.default_memory_pool().release_unused()  # the inputs' pages back before the sort's arrays
             at = sorted_merge.row_order(table, keys)
             keys = None
             for lo in range(0, len(at), sorted_merge.SLICE_ROWS):
