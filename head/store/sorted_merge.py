@@ -194,7 +194,9 @@ class Spill:
 
     def _flush(self) -> None:
         if self._pending:
-            t = pa.concat_tables(self._pending).combine_chunks()
+            t = pa.concat_tables(self._pending)
+            if t.num_rows < SPILL_BATCH_ROWS // 4 * len(self._pending):  # small parts: gathered into one batch
+                t = t.combine_chunks()
             for b in t.to_batches():
                 self._writer.write_batch(b)
                 self._sizes.append(b.num_rows)
@@ -223,26 +225,16 @@ class Spill:
         return b
 
     def take(self, idx: np.ndarray) -> pa.Table:
-        """The rows at global positions ``idx``, in that order."""
+        """The rows at global positions ``idx``, in that order: one take over the batches they are in (as chunks
+        of one table, not copied together first)."""
         which = np.searchsorted(self.starts, idx, side="right") - 1
-        if len(which) and bool((which[1:] >= which[:-1]).all()):
-            perm = None
-            sorted_idx, sorted_which = idx, which
-        else:
-            perm = np.argsort(which, kind="stable")
-            sorted_idx, sorted_which = idx[perm], which[perm]
-        pieces = []
-        bounds = np.flatnonzero(np.diff(sorted_which)) + 1
-        for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(sorted_idx)]))):
-            b = int(sorted_which[lo])
-            local = sorted_idx[lo:hi] - self.starts[b]
-            pieces.append(self._batch(b).take(pa.array(local)))
-        t = pa.Table.from_batches(pieces, schema=self.schema) if pieces else self.schema.empty_table()
-        if perm is not None:
-            inv = np.empty_like(perm)
-            inv[perm] = np.arange(len(perm))
-            t = t.take(pa.array(inv))
-        return t
+        touched = np.unique(which)
+        batches = [self._batch(int(b)) for b in touched]
+        sizes = np.array([b.num_rows for b in batches], dtype=np.int64)
+        at = np.zeros(int(touched[-1]) + 1 if len(touched) else 0, np.int64)  # each touched batch's offset in them
+        at[touched] = np.concatenate(([0], np.cumsum(sizes)[:-1])) if len(sizes) else sizes
+        local = idx - self.starts[which] + at[which]
+        return pa.Table.from_batches(batches, schema=self.schema).take(pa.array(local))
 
     def close(self) -> None:
         self._cache.clear()
