@@ -263,3 +263,21 @@ def test_sort_memory_is_the_keys_not_the_rows(tmp_path):
     assert srt["table_bytes"] > 100 * rows
     extra = (srt["peak"] - srt["start"]) - (plain["peak"] - plain["start"])
     assert extra < 64 * rows, (plain, srt)
+
+
+def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
+    # dictionaries for strings and integers, BYTE_STREAM_SPLIT for floats: DuckDB reads the same values pyarrow does
+    duckdb = pytest.importorskip("duckdb")
+    store = _shuffled_copy(parts_store, tmp_path / "s", pieces=2)
+    compact_run(RunDir(store, scale_gen.RUN).root)
+    for table in ("steps", "collectives", "gpu"):
+        (f,) = _files(store, table)
+        meta = pq.ParquetFile(f).metadata
+        encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
+                     for i in range(meta.num_columns)}
+        floats = [n for n in SPECS[table].schema.names if pa.types.is_floating(SPECS[table].schema.field(n).type)]
+        assert floats and all("BYTE_STREAM_SPLIT" in encodings[n] for n in floats), encodings
+        want = pq.read_table(f).to_pandas()
+        got = duckdb.connect().execute(f"select * from read_parquet('{f}')").df()
+        for c in floats + ["rank" if "rank" in want.columns else "node"]:
+            np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float))
