@@ -281,3 +281,26 @@ def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
         got = duckdb.connect().execute(f"select * from read_parquet('{f}')").df()
         for c in floats + ["rank" if "rank" in want.columns else "node"]:
             np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float))
+
+
+def test_a_big_unsorted_compacted_file_is_sorted_a_row_group_at_a_time(parts_store, tmp_path, monkeypatch):
+    # a store an earlier head compacted without sorting: one big file per partition, compacted again (sorted) while
+    # read a row group at a time
+    store = _shuffled_copy(parts_store, tmp_path / "s")
+    with monkeypatch.context() as m:
+        m.setattr(compaction, "SORT", False)
+        compact_run(RunDir(store, scale_gen.RUN).root)
+    (old,) = _files(store, "collectives")
+    assert not columnar.marked_in_order("collectives", [old])
+    want = pq.read_table(old).to_pandas().drop(columns="group_ranks")
+    monkeypatch.setattr(compaction, "BIG_INPUT_ROWS", 100)
+    monkeypatch.setattr(compaction, "ROW_GROUP_ROWS", 100)
+    read_whole = []
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda self, *a, **k: read_whole.append(1))
+    counts = compact_run(RunDir(store, scale_gen.RUN).root)
+    assert counts["collectives"]["marked"] == 1 and not read_whole
+    (new,) = _files(store, "collectives")
+    got = pq.read_table(new).to_pandas().drop(columns="group_ranks")
+    assert len(got) == len(want) > 100
+    pd.testing.assert_frame_equal(got.sort_values(list(got.columns)).reset_index(drop=True),
+                                  want.sort_values(list(got.columns)).reset_index(drop=True))

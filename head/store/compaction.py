@@ -65,9 +65,30 @@ def _read_schema(f: StoreFile) -> pa.Schema:
         return pq.read_schema(fh)
 
 
-def _read(f: StoreFile) -> pa.Table:
+# An input with more rows than this (an earlier compacted file of the hour, after a restart; a store compacted
+# again) is read a row group at a time, so the merge never holds a whole partition's rows.
+BIG_INPUT_ROWS = 4 * ROW_GROUP_ROWS
+
+
+class _Big:
+    """An input read a row group at a time by the writer (not prefetched whole)."""
+
+    def __init__(self, f: StoreFile):
+        self.f = f
+
+    def tables(self):
+        with self.f.open() as fh:
+            pf = pq.ParquetFile(fh, page_checksum_verification=True)
+            for i in range(pf.num_row_groups):
+                yield pf.read_row_group(i)
+
+
+def _read(f: StoreFile) -> pa.Table | _Big:
     with f.open() as fh:
-        return pq.read_table(fh, page_checksum_verification=True)
+        pf = pq.ParquetFile(fh, page_checksum_verification=True)
+        if pf.metadata.num_rows > BIG_INPUT_ROWS:
+            return _Big(f)
+        return pf.read()
 
 
 class _SchemaChanged(Exception):
@@ -151,32 +172,37 @@ def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bo
         pending, pending_rows = [], 0
 
     try:
-        for f, t in _prefetched(inputs):
-            if isinstance(t, Exception):
-                log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, t)
+        for f, got in _prefetched(inputs):
+            if isinstance(got, Exception):
+                log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, got)
                 continue
-            if strict and not set(t.column_names) <= set(schema.names):
-                raise _SchemaChanged(f.path)
-            try:
-                t = conform(t, schema)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-                if strict:
-                    raise _SchemaChanged(f.path) from e
-                log.error("store: compaction leaves %s alone (%s)", f.path, e)
-                continue
-            if t.num_rows:
-                if spill is not None:
-                    keys.add(t)
-                    spill.append(t)
-                else:
-                    order.add(t)
-                    pending.append(t)
-                    pending_rows += t.num_rows
-                    if pending_rows >= ROW_GROUP_ROWS:
-                        write_pending()
-            rows += t.num_rows
-            covers.append(f.name)
-            covers.extend(store_layout.read_covers(f))
+            # a big input in row groups: one that fails part way fails the merge (the inputs stay as they are)
+            for t in (got.tables() if isinstance(got, _Big) else (got,)):
+                if strict and not set(t.column_names) <= set(schema.names):
+                    raise _SchemaChanged(f.path)
+                try:
+                    t = conform(t, schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                    if strict:
+                        raise _SchemaChanged(f.path) from e
+                    if isinstance(got, _Big):
+                        raise
+                    log.error("store: compaction leaves %s alone (%s)", f.path, e)
+                    break
+                if t.num_rows:
+                    if spill is not None:
+                        keys.add(t)
+                        spill.append(t)
+                    else:
+                        order.add(t)
+                        pending.append(t)
+                        pending_rows += t.num_rows
+                        if pending_rows >= ROW_GROUP_ROWS:
+                            write_pending()
+                rows += t.num_rows
+            else:
+                covers.append(f.name)
+                covers.extend(store_layout.read_covers(f))
         if spill is not None:
             spill.finish()
             pa.default_memory_pool().release_unused()  # the inputs' pages back before the sort's arrays
