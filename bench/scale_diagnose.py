@@ -20,6 +20,9 @@ RunData), the builder's eager part (``build_frame``) and each check (the frame's
 inside the first check that asks), the logs stored with the run, and the report (model + JSON). ``--profile`` runs
 the checks under cProfile and prints the top functions.
 
+``--shuffled``: stores generated with each flush's rows in a random order (ranks ship independently, as on a real
+job), so compaction has to sort them for the loader's marked path.
+
 ``--load-only``: instead of the CLI, a subprocess per tree and round that only loads the run (store -> ``RunData``,
 as ``diagnose`` does): wall and CPU time of the load, the process's peak RSS, and each frame's rows and size
 (``--profile`` then profiles the load). The baseline runs at every size in this mode.
@@ -275,6 +278,8 @@ def main() -> None:
     ap.add_argument("--no-split", action="store_true", help="skip the time split")
     ap.add_argument("--load-only", action="store_true", help="time only the load (store -> RunData): wall, CPU, peak "
                                                              "RSS and frame sizes, baseline at every size")
+    ap.add_argument("--shuffled", action="store_true", help="stores whose parts hold each flush's rows in a random "
+                                                            "order, as a real head's do (scale_gen Job.shuffled)")
     a = ap.parse_args()
     jobs_of: dict[str, int | None] = {}
     trees = {}
@@ -289,7 +294,7 @@ def main() -> None:
     rows = []
     for size in a.sizes.split(","):
         ranks, steps = parse_size(size)
-        job = Job(ranks=ranks, steps=steps)
+        job = Job(ranks=ranks, steps=steps, shuffled=a.shuffled)
         store = cached(job, Path(a.cache))
         if a.load_only:
             print(f"\n== load only: {ranks} ranks x {steps} steps; store {store}", flush=True)

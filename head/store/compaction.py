@@ -319,7 +319,10 @@ def remove_stale_tmp(local_table_dir: Path, older_than: float) -> int:
     n = 0
     if not local_table_dir.is_dir():
         return 0
-    for p in local_table_dir.glob(f"*/*/.{COMPACTED_PREFIX}*{TMP_SUFFIX}"):
+    import itertools
+
+    pattern = f".{COMPACTED_PREFIX}*{TMP_SUFFIX}"  # hour partitions, and the flat parts ``ranksight compact`` merges
+    for p in itertools.chain(local_table_dir.glob(f"*/*/{pattern}"), local_table_dir.glob(pattern)):
         try:
             if p.stat().st_mtime <= older_than:
                 p.unlink()
