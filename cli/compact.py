@@ -6,6 +6,7 @@ head left uncompacted. Run it only on runs no head is writing (a live head compa
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -28,23 +29,44 @@ def compact_run(run_root: Path) -> dict[str, dict[str, int]]:
     return out
 
 
-@compact_command.callback(invoke_without_command=True)
-def main(store: Path = typer.Argument(..., help="The store directory (the head's --store)."),
-         runs: Optional[List[str]] = typer.Argument(None, help="Run ids (default: every run in the store).")) -> None:
+@compact_command.command()
+def compact(
+    runs: Optional[List[str]] = typer.Argument(None, help="Run ids (default: every run in the store)."),
+    store: Path = typer.Option(Path("./runs"), "--store", help="Run store directory (the head's --store)."),
+    as_json: bool = typer.Option(False, "--json", help='Print one JSON object, {"store", "runs": [...]}.'),
+) -> None:
+    """Merge each partition of the runs' tables that is not one compacted file yet (steps and collectives: sorted
+    and marked) into one, and remove what it replaces. Exit 1 when there is no store at --store, 2 for a bad run
+    id."""
     from ranksight.layout import RunDir
 
+    def fail(msg: str, code: int) -> None:
+        if as_json:
+            typer.echo(json.dumps({"store": str(store), "error": msg, "runs": []}))
+        else:
+            typer.echo(msg, err=True)
+        raise typer.Exit(code)
+
     if not store.is_dir():
-        raise typer.BadParameter(f"{store}: no such store directory")
+        fail(f"no store at {store} (use --store DIR)", 1)
     ids = runs or sorted(d.name for d in store.iterdir() if d.is_dir() and not d.name.startswith("."))
     for run_id in ids:
         try:
-            RunDir(store, run_id)  # validates the id
+            RunDir(store, run_id)  # validates the id (no path tricks)
         except ValueError as e:
-            raise typer.BadParameter(str(e)) from e
+            fail(str(e), 2)
+        if not (store / run_id).is_dir():
+            fail(f"no run {run_id} in {store}", 2)
+    out = []
+    for run_id in ids:
         t0 = time.monotonic()
-        counts = compact_run(store / run_id)
-        merged = sum(c["partitions"] for c in counts.values())
-        marked = sum(c["marked"] for c in counts.values())
-        rows = sum(c["rows"] for c in counts.values())
-        typer.echo(f"{run_id}: {merged} partition(s) compacted ({rows} rows, {marked} marked sorted) "
-                   f"in {time.monotonic() - t0:.1f} s")
+        tables = compact_run(store / run_id)
+        row = {"run_id": run_id, "seconds": round(time.monotonic() - t0, 3), "tables": tables,
+               "partitions": sum(c["partitions"] for c in tables.values()),
+               "marked": sum(c["marked"] for c in tables.values()), "rows": sum(c["rows"] for c in tables.values())}
+        out.append(row)
+        if not as_json:
+            typer.echo(f"{run_id}: {row['partitions']} partition(s) compacted ({row['rows']} rows, {row['marked']} "
+                       f"marked sorted) in {row['seconds']:.1f} s")
+    if as_json:
+        typer.echo(json.dumps({"store": str(store), "runs": out}, indent=2))
