@@ -20,6 +20,9 @@ RunData), the builder's eager part (``build_frame``) and each check (the frame's
 inside the first check that asks), the logs stored with the run, and the report (model + JSON). ``--profile`` runs
 the checks under cProfile and prints the top functions.
 
+``--shuffled``: stores generated with each flush's rows in a random order (ranks ship independently, as on a real
+job), so compaction has to sort them for the loader's marked path.
+
 ``--load-only``: instead of the CLI, a subprocess per tree and round that only loads the run (store -> ``RunData``,
 as ``diagnose`` does): wall and CPU time of the load, the process's peak RSS, and each frame's rows and size
 (``--profile`` then profiles the load). The baseline runs at every size in this mode.
@@ -136,12 +139,14 @@ print("LOAD " + json.dumps(out))
 """
 
 
-def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Namespace) -> list[tuple]:
-    """``--load-only`` at one store: per round and tree a fresh process that loads the run; returns report rows."""
+def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Namespace,
+              stores: dict[str, Path] | None = None) -> list[tuple]:
+    """``--load-only`` at one store (``stores``: another store for some trees): per round and tree a fresh process
+    that loads the run; returns report rows."""
     got: dict[str, list[dict]] = {t: [] for t in trees}
     for i in range(rounds):
         for t, tree in trees.items():
-            r = run_measured([sys.executable, "-c", LOAD_ONLY, str(store), RUN, "1" if a.profile else "0"], tree,
+            r = run_measured([sys.executable, "-c", LOAD_ONLY, str((stores or {}).get(t, store)), RUN, "1" if a.profile else "0"], tree,
                              a.max_rss_gb, a.timeout, keep_stdout=True)
             line = next((x for x in r["stdout"].splitlines() if x.startswith("LOAD ")), None)
             if line is None:
@@ -275,6 +280,11 @@ def main() -> None:
     ap.add_argument("--no-split", action="store_true", help="skip the time split")
     ap.add_argument("--load-only", action="store_true", help="time only the load (store -> RunData): wall, CPU, peak "
                                                              "RSS and frame sizes, baseline at every size")
+    ap.add_argument("--baseline-cache", default="", help="--load-only: the baseline loads the store of the same "
+                                                         "name from this cache (e.g. as the baseline's head compacted "
+                                                         "it), this tree the one in --cache")
+    ap.add_argument("--shuffled", action="store_true", help="stores whose parts hold each flush's rows in a random "
+                                                            "order, as a real head's do (scale_gen Job.shuffled)")
     a = ap.parse_args()
     jobs_of: dict[str, int | None] = {}
     trees = {}
@@ -289,11 +299,13 @@ def main() -> None:
     rows = []
     for size in a.sizes.split(","):
         ranks, steps = parse_size(size)
-        job = Job(ranks=ranks, steps=steps)
+        job = Job(ranks=ranks, steps=steps, shuffled=a.shuffled)
         store = cached(job, Path(a.cache))
         if a.load_only:
-            print(f"\n== load only: {ranks} ranks x {steps} steps; store {store}", flush=True)
-            for t, walls, cpus, rss, frames, nrows in load_only(store, trees, a.rounds, a):
+            other = {"baseline": Path(a.baseline_cache) / store.name} if a.baseline_cache else None
+            print(f"\n== load only: {ranks} ranks x {steps} steps; store {store}"
+                  + (f" (baseline: {other['baseline']})" if other else ""), flush=True)
+            for t, walls, cpus, rss, frames, nrows in load_only(store, trees, a.rounds, a, other):
                 print(f"   {t:8s} load wall min {min(walls):.1f} median {statistics.median(walls):.1f} s, CPU min "
                       f"{min(cpus):.1f} median {statistics.median(cpus):.1f} s, peak RSS {rss:.2f} GiB; frames "
                       + ", ".join(f"{n} {v:.2f}" for n, v in frames.items()) + f" GiB (total "

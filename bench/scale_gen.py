@@ -55,6 +55,9 @@ class Job:
     # True: the store as the head leaves a finished run (every hour partition compacted into one file per table
     # when it closes); False: the flushed parts as they are (a live run, or a head stopped before compacting)
     compact: bool = True
+    # True: each flush's step and collective rows reach the head in a random order (ranks ship independently, as
+    # on a real job), so its parts are not in the loader's key order; False: in (step, rank) order
+    shuffled: bool = False
 
     @property
     def tp(self) -> int:
@@ -74,7 +77,7 @@ class Job:
 
     def name(self) -> str:
         return (f"r{self.ranks}-s{self.steps}-st{self.step_s:g}-f{self.flush_s:g}-x{self.straggler}-{self.factor:g}"
-                + ("-compacted" if self.compact else "-parts"))
+                + ("-shuffled" if self.shuffled else "") + ("-compacted" if self.compact else "-parts"))
 
 
 def _layout(kind: str, fields: list[tuple[str, str]]) -> wire.PackedLayout:
@@ -259,6 +262,8 @@ def generate(job: Job, store: Path, log=print) -> Path:
         s1 = min(job.steps, done + per_flush)
         st, co = _block(job, rng, done, s1, tp_id, dp_id)
         g, h = _samples(job, rng, T0 + done * job.step_s, T0 + s1 * job.step_s)
+        if job.shuffled:
+            st, co = st[rng.permutation(len(st))], co[rng.permutation(len(co))]
         rs.enqueue_packed("steps", _packed(STEP, st))
         rs.enqueue_packed("collectives", _packed(COLL, co))
         rs.enqueue_packed("gpu", _packed(GPU, g))

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("node.cli:agent_command", "Run the node agent: tail spools, sample GPUs/host, ship OTLP, serve /metrics."),
     "head": ("head.cli:head_command", "Run the head service: OTLP receiver, run store, live analysis, HTTP API."),
     "runs": ("cli.runs:runs_command", "List the runs in a store."),
+    "compact": ("cli.compact:compact_command", "Compact a stored run's partitions again, sorted (no head needed)."),
     "action": ("cli.action:action_command", "Ask the head to checkpoint, profile or evict a node of a run."),
     "ops": ("cli.ops:ops_command", "A rank's raw collective records over a step range, from its node (via the head)."),
     "dashboards": ("dashboards.cli:dashboards_command", "Build Grafana dashboards and push them to a Grafana."),

@@ -71,6 +71,8 @@ def cases(store: Path, tmp: Path) -> dict[str, list[tuple[list[str], set[int], s
     return {
         "runs": [(["runs", "--store", str(store), "--json"], {0}, {"store", "runs"}),
                  (["runs", "--store", str(tmp / "none"), "--json"], {1}, {"store", "error", "runs"})],
+        "compact": [(["compact", "--store", str(store), "--json"], {0}, {"store", "runs"}),
+                    (["compact", "--store", str(tmp / "none"), "--json"], {1}, {"store", "error", "runs"})],
         "launch": [(["launch", "--inject", "no_such_fault:rank=0", "--json"], {2}, {"error", "exit_code", "run_id"}),
                    (["launch", "--nnodes", "1", "--nproc-per-node", "1", "--steps", "2", "--no-live", "--no-agents",
                      "--store", str(tmp / "launch"), "--run-id", "j1", "--json"], {0},

@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from head.store import sorted_merge
 from head.store.arrow import conform
 from ranksight import store_layout
 from ranksight.sort_marker import OrderCheck
@@ -39,6 +40,8 @@ from ranksight.store_layout import COMPACTED_PREFIX, COVERS_KEY, StoreFile
 log = logging.getLogger("ranksight.store")
 
 TMP_SUFFIX = ".tmp"
+SPILL_SUFFIX = ".spill.arrow" + TMP_SUFFIX  # the sort's spill beside the output: a dot-name, cleared like it
+SORT = True  # steps and collectives written in the loader's key order (``sorted_merge``)
 PREFETCH = 8  # input files read ahead of the writer
 # Rows per row group of a merged file (one write per part would leave the parts' tiny row groups, and readers pay
 # per row group much as they paid per file); at most this many rows are held before a write.
@@ -62,9 +65,30 @@ def _read_schema(f: StoreFile) -> pa.Schema:
         return pq.read_schema(fh)
 
 
-def _read(f: StoreFile) -> pa.Table:
+# An input with more rows than this (an earlier compacted file of the hour, after a restart; a store compacted
+# again) is read a row group at a time, so the merge never holds a whole partition's rows.
+BIG_INPUT_ROWS = 4 * ROW_GROUP_ROWS
+
+
+class _Big:
+    """An input read a row group at a time by the writer (not prefetched whole)."""
+
+    def __init__(self, f: StoreFile):
+        self.f = f
+
+    def tables(self):
+        with self.f.open() as fh:
+            pf = pq.ParquetFile(fh, page_checksum_verification=True)
+            for i in range(pf.num_row_groups):
+                yield pf.read_row_group(i)
+
+
+def _read(f: StoreFile) -> pa.Table | _Big:
     with f.open() as fh:
-        return pq.read_table(fh, page_checksum_verification=True)
+        pf = pq.ParquetFile(fh, page_checksum_verification=True)
+        if pf.metadata.num_rows > BIG_INPUT_ROWS:
+            return _Big(f)
+        return pf.read()
 
 
 class _SchemaChanged(Exception):
@@ -98,17 +122,48 @@ def _prefetched(files: list[StoreFile], ahead: int = PREFETCH):
             yield f, fut.result()
 
 
+def writer_options(schema: pa.Schema) -> dict:
+    """How a compacted file encodes its columns: dictionaries for strings and integers (few distinct values per row
+    group: ranks, steps, groups, hosts), none for floats (durations and clocks rarely repeat: a dictionary is tried,
+    fails and falls back to plain pages, at a cost to writer and reader), whose bytes are split by position instead
+    (BYTE_STREAM_SPLIT: exponents and high bytes together compress better). Snappy as before, so any engine that
+    reads Parquet reads them (DuckDB, Spark 3, pyarrow)."""
+    def leaf(t: pa.DataType) -> pa.DataType:
+        while pa.types.is_list(t) or pa.types.is_large_list(t):
+            t = t.value_type
+        return t
+
+    dict_cols, split_cols = [], []
+    for f in schema:
+        t = leaf(f.type)
+        name = f.name if t is f.type else None  # list columns: pyarrow names their leaf; left at its default
+        if name is None:
+            continue
+        if pa.types.is_floating(t):
+            split_cols.append(name)
+        elif pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t) \
+                or pa.types.is_dictionary(t) or pa.types.is_boolean(t):
+            dict_cols.append(name)
+    return {"compression": "snappy", "use_dictionary": dict_cols, "use_byte_stream_split": split_cols or False}
+
+
 def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bool, table: str = ""
                ) -> tuple[list[str], int]:
     """Write the inputs' rows in ``schema`` to ``tmp``; ``strict``: an input with a column the schema lacks, or a
-    type it cannot be cast to, raises _SchemaChanged (the caller then unifies all inputs' schemas first). When the
-    rows of ``table`` come strictly in its key's order, the file says so (``ranksight.sort_marker``)."""
+    type it cannot be cast to, raises _SchemaChanged (the caller then unifies all inputs' schemas first). The rows
+    of a table with a loader key (steps, collectives) are written in that key's order (``sorted_merge``: an
+    external sort through a spill file beside ``tmp``); when they come strictly in that order (no key twice), the
+    file says so (``ranksight.sort_marker``)."""
     order = OrderCheck(table)
     covers: list[str] = []
     rows = 0
     pending: list[pa.Table] = []  # the parts are small: gathered into row groups of ROW_GROUP_ROWS
     pending_rows = 0
-    writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True)
+    writer = pq.ParquetWriter(tmp, schema, write_page_checksum=True, **writer_options(schema))
+    spill = keys = None
+    if SORT and sorted_merge.sortable(table):
+        spill = sorted_merge.Spill(tmp.with_name(tmp.name[:-len(TMP_SUFFIX)] + SPILL_SUFFIX), schema)
+        keys = sorted_merge.Keys(table)
 
     def write_pending() -> None:
         nonlocal pending, pending_rows
@@ -117,32 +172,53 @@ def _write_all(inputs: list[StoreFile], tmp: Path, schema: pa.Schema, strict: bo
         pending, pending_rows = [], 0
 
     try:
-        for f, t in _prefetched(inputs):
-            if isinstance(t, Exception):
-                log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, t)
+        for f, got in _prefetched(inputs):
+            if isinstance(got, Exception):
+                log.error("store: compaction leaves %s alone (unreadable: %s)", f.path, got)
                 continue
-            if strict and not set(t.column_names) <= set(schema.names):
-                raise _SchemaChanged(f.path)
-            try:
-                t = conform(t, schema)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-                if strict:
-                    raise _SchemaChanged(f.path) from e
-                log.error("store: compaction leaves %s alone (%s)", f.path, e)
-                continue
-            if t.num_rows:
+            # a big input in row groups: one that fails part way fails the merge (the inputs stay as they are)
+            for t in (got.tables() if isinstance(got, _Big) else (got,)):
+                if strict and not set(t.column_names) <= set(schema.names):
+                    raise _SchemaChanged(f.path)
+                try:
+                    t = conform(t, schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                    if strict:
+                        raise _SchemaChanged(f.path) from e
+                    if isinstance(got, _Big):
+                        raise
+                    log.error("store: compaction leaves %s alone (%s)", f.path, e)
+                    break
+                if t.num_rows:
+                    if spill is not None:
+                        keys.add(t)
+                        spill.append(t)
+                    else:
+                        order.add(t)
+                        pending.append(t)
+                        pending_rows += t.num_rows
+                        if pending_rows >= ROW_GROUP_ROWS:
+                            write_pending()
+                rows += t.num_rows
+            else:
+                covers.append(f.name)
+                covers.extend(store_layout.read_covers(f))
+        if spill is not None:
+            spill.finish()
+            pa.default_memory_pool().release_unused()  # the inputs' pages back before the sort's arrays
+            at = sorted_merge.row_order(table, keys)
+            keys = None
+            for lo in range(0, len(at), sorted_merge.SLICE_ROWS):
+                t = spill.take(at[lo:lo + sorted_merge.SLICE_ROWS])
                 order.add(t)
-                pending.append(t)
-                pending_rows += t.num_rows
-                if pending_rows >= ROW_GROUP_ROWS:
-                    write_pending()
-            rows += t.num_rows
-            covers.append(f.name)
-            covers.extend(store_layout.read_covers(f))
+                writer.write_table(t, row_group_size=ROW_GROUP_ROWS)
+                del t
         write_pending()
         writer.add_key_value_metadata({COVERS_KEY: json.dumps(sorted(set(covers))).encode(), **order.metadata()})
     finally:
         writer.close()
+        if spill is not None:
+            spill.close()
     return sorted(set(covers)), rows
 
 
@@ -243,7 +319,10 @@ def remove_stale_tmp(local_table_dir: Path, older_than: float) -> int:
     n = 0
     if not local_table_dir.is_dir():
         return 0
-    for p in local_table_dir.glob(f"*/*/.{COMPACTED_PREFIX}*{TMP_SUFFIX}"):
+    import itertools
+
+    pattern = f".{COMPACTED_PREFIX}*{TMP_SUFFIX}"  # hour partitions, and the flat parts ``ranksight compact`` merges
+    for p in itertools.chain(local_table_dir.glob(f"*/*/{pattern}"), local_table_dir.glob(pattern)):
         try:
             if p.stat().st_mtime <= older_than:
                 p.unlink()
@@ -251,3 +330,39 @@ def remove_stale_tmp(local_table_dir: Path, older_than: float) -> int:
         except FileNotFoundError:
             pass
     return n
+
+
+def recompact_table(table_dir: Path, table: str, schema: pa.Schema | None = None) -> dict[str, int]:
+    """Compact again the partitions of a run's table (a local store no head is writing): each partition that is not
+    already one compacted file (in key order and marked, for a table with a loader key) is merged into one, and the
+    files it covers are removed; the flat parts of an older store (no hour partitions) are one partition here. For stores an earlier head compacted without sorting (``ranksight compact``).
+    Returns counts: partitions merged, rows, partitions marked sorted, files removed."""
+    from ranksight.sort_marker import read_marker
+
+    out = {"partitions": 0, "rows": 0, "marked": 0, "removed": 0}
+    remove_stale_tmp(table_dir, time.time())
+    files = store_layout.list_table(table_dir)
+    out["removed"] += remove_covered(files, time.time(), 0)
+    by_part: dict[str, list[StoreFile]] = {}
+    for f in store_layout.visible(store_layout.list_table(table_dir)):
+        # the hour partitions, and the flat parts of older stores (".": one partition; a head leaves those alone,
+        # as it may still be writing them)
+        if f.partition == "." or f.partition.startswith(f"{store_layout.RUN_KEY}="):
+            by_part.setdefault(f.partition, []).append(f)
+    for part, fs in sorted(by_part.items()):
+        if len(fs) == 1 and fs[0].compacted and (not (SORT and sorted_merge.sortable(table))
+                                                 or read_marker(_metadata(fs[0]), table) is not None):
+            continue
+        new, rows = compact_partition(fs, table, part, table_dir, None, table_dir / ".compact", schema=schema)
+        if new is None:
+            continue
+        out["partitions"] += 1
+        out["rows"] += rows
+        out["marked"] += read_marker(_metadata(new), table) is not None
+        out["removed"] += remove_covered(fs + [new], time.time(), 0)
+    return out
+
+
+def _metadata(f: StoreFile) -> dict | None:
+    with f.open() as fh:
+        return pq.read_metadata(fh).metadata
