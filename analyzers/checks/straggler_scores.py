@@ -34,8 +34,12 @@ class RankScores:
         block = max(1, BLOCK_CELLS // max(1, values.shape[1]))
         first = 0
         for members in judged:
-            ref = steps.group_reference(signal, members).to_numpy(dtype=float)
             own = values if members == index else values[[pos_of[r] for r in members]]
+            if members == index or np.isnan(own).any():
+                # the whole world's reference is the view's, shared with the checks that ask for it (comm)
+                ref = steps.group_reference(signal, members).to_numpy(dtype=float)
+            else:
+                ref = loo_median_values(own)
             self._own.append((own, ref, first))
             for b in range(0, len(members), block):
                 o, p = own[b:b + block], ref[b:b + block]
@@ -81,14 +85,83 @@ class RankScores:
 
 
 def row_sigmas(lr: np.ndarray) -> np.ndarray:
-    """``row_robust_sigmas(lr)``: where every score is finite, the same two medians per row without its copies of
-    the block (the second one partitions its own temporary in place)."""
+    """``row_robust_sigmas(lr)``: where every score is finite, the same two medians per row (``median_finite``)
+    without its copies of the block (the second one partitions its own temporary in place)."""
     if not np.isfinite(lr).all():
         return row_robust_sigmas(lr)
     if lr.shape[1] == 0:
         return np.zeros(lr.shape[0])
-    med = np.median(lr, axis=1)
-    return MAD_SCALE * np.median(np.abs(lr - med[:, None]), axis=1, overwrite_input=True)
+    med = median_finite(lr, axis=1)
+    dev = lr - med[:, None]
+    np.abs(dev, out=dev)
+    return MAD_SCALE * median_finite(dev, axis=1, overwrite_input=True)
+
+
+def median_finite(x: np.ndarray, axis: int, overwrite_input: bool = False) -> np.ndarray:
+    """``np.median(x, axis)`` of an array without NaN (the same values: an even count's median is (low + high) / 2,
+    as np.median's mean of the two gives). One partition at the lower middle place and the minimum of what lies
+    above it: np.median partitions at both middle places and at the last one (its NaN test), and each place is a
+    selection pass of its own."""
+    n = x.shape[axis]
+    if n == 0 or axis not in (0, 1) or x.ndim != 2:
+        return np.median(x, axis=axis, overwrite_input=overwrite_input)
+    k = (n - 1) // 2
+    if overwrite_input:
+        x.partition(k, axis=axis)
+        part = x
+    else:
+        part = np.partition(x, k, axis=axis)
+    low = np.take(part, k, axis=axis)
+    if n % 2:
+        return low
+    high = part[k + 1:].min(axis=0) if axis == 0 else part[:, k + 1:].min(axis=1)
+    low = low + high
+    low /= 2.0
+    return low
+
+
+# Columns of a group's leave-one-out reference are worked out this many cells at a time.
+LOO_BLOCK_CELLS = 1 << 20
+
+
+def loo_median_values(values: np.ndarray) -> np.ndarray:
+    """``analyzers.stats.leave_one_out_median`` of a rank x step array without NaN (the same values): each column's
+    few middle order statistics from one partition at the lowest of them and the minima above it (a partition at
+    several places costs a selection pass per place), a block of columns at a time."""
+    n_rows, n_cols = values.shape
+    out = np.empty((n_rows, n_cols))
+    if n_rows < 2 or n_cols == 0:
+        out.fill(np.nan)
+        return out
+    step = max(1, LOO_BLOCK_CELLS // n_rows)
+    for c0 in range(0, n_cols, step):
+        out[:, c0:c0 + step] = _loo_block(values[:, c0:c0 + step])
+    return out
+
+
+def _loo_block(values: np.ndarray) -> np.ndarray:
+    """The leave-one-out column medians of a block without NaN: removing a cell x from a column of n values leaves
+    m = n - 1, whose median sits at places lo = (m - 1) // 2 and hi = m // 2 of what is left; the value left at
+    place j is the sorted column's j-th if that one is below x, else its (j + 1)-th (as in
+    ``analyzers.stats._loo_median_block``, whose arithmetic this repeats)."""
+    n_rows = values.shape[0]
+    m = n_rows - 1
+    lo, hi = (m - 1) // 2, m // 2
+    part = np.partition(values, lo, axis=0)
+    at = {lo: part[lo]}  # the sorted column's lo-th, (lo + 1)-th and, for an odd n, (lo + 2)-th values
+    upper = part[lo + 1:]
+    at[lo + 1] = upper.min(axis=0)
+    if hi != lo:
+        # the second smallest above lo: the smallest once one copy of the smallest is out of the way
+        first = upper.argmin(axis=0)
+        upper[first, np.arange(upper.shape[1])] = np.inf
+        at[lo + 2] = upper.min(axis=0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo_v = np.where(at[lo][None, :] < values, at[lo][None, :], at[lo + 1][None, :])
+        hi_v = lo_v if hi == lo else np.where(at[hi][None, :] < values, at[hi][None, :], at[hi + 1][None, :])
+        lo_v += hi_v
+        lo_v /= 2.0
+    return lo_v
 
 
 def with_baseline_noise(sigma: float, logr: np.ndarray, cfg: StragglerConfig) -> tuple[float, float | None]:

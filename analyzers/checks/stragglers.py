@@ -39,7 +39,7 @@ from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.checks.straggler_scores import RankScores, with_baseline_noise
+from analyzers.checks.straggler_scores import RankScores, median_finite, with_baseline_noise
 from analyzers.stats import leave_one_out_median, temporal_sigma
 from ranksight.schema import Finding
 
@@ -342,7 +342,7 @@ def _column_medians(m: pd.DataFrame) -> pd.Series:
 def _median_rows_down(x: np.ndarray) -> np.ndarray:
     """np.nanmedian(x, axis=0): np.median's partition where there is no NaN (the same values; nanmedian sorts
     masked arrays along a short axis, seconds over 10,000 steps)."""
-    return np.median(x, axis=0) if not np.isnan(x).any() else np.nanmedian(x, axis=0)
+    return median_finite(x, axis=0) if not np.isnan(x).any() else np.nanmedian(x, axis=0)
 
 
 def _severity(ratio: float, cfg: StragglerConfig) -> str:
