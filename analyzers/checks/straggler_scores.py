@@ -36,7 +36,7 @@ class RankScores:
         block = max(1, BLOCK_CELLS // max(1, values.shape[1]))
         first = 0
         for members in judged:
-            own = values if members == index else values[[pos_of[r] for r in members]]
+            own = values if members == index else _rows(values, [pos_of[r] for r in members])
             out = self.logr[first:first + len(members)]
             if members == index or np.isnan(own).any():
                 # the whole world's reference is the view's, shared with the checks that ask for it (comm)
@@ -93,6 +93,14 @@ class RankScores:
         return rows, np.minimum(self.logr[rows], clip[rows, None])
 
 
+def _rows(values: np.ndarray, pos: list[int]) -> np.ndarray:
+    """``values[pos]``: a view where the rows are a run of consecutive ones (a pipeline stage's ranks, as placed
+    most often), else a copy."""
+    if pos and pos == list(range(pos[0], pos[0] + len(pos))):
+        return values[pos[0]:pos[0] + len(pos)]
+    return values[pos]
+
+
 def row_sigmas(lr: np.ndarray) -> np.ndarray:
     """``row_robust_sigmas(lr)``: where every score is finite, the same two medians per row (``median_finite``)
     without its copies of the block (the second one partitions its own temporary in place)."""
@@ -115,15 +123,16 @@ def median_finite(x: np.ndarray, axis: int, overwrite_input: bool = False) -> np
     if n == 0 or axis not in (0, 1) or x.ndim != 2:
         return np.median(x, axis=axis, overwrite_input=overwrite_input)
     k = (n - 1) // 2
-    if overwrite_input:
-        x.partition(k, axis=axis)
+    if overwrite_input and axis == 1:
+        x.partition(k, axis=1)
         part = x
-    else:
-        part = np.partition(x, k, axis=axis)
-    low = np.take(part, k, axis=axis)
+    else:  # a column's values laid out contiguously (one partition of rows is faster than one of columns)
+        part = np.ascontiguousarray(x.T) if axis == 0 else x.copy()
+        part.partition(k, axis=1)
+    low = part[:, k].copy()
     if n % 2:
         return low
-    high = part[k + 1:].min(axis=0) if axis == 0 else part[:, k + 1:].min(axis=1)
+    high = part[:, k + 1:].min(axis=1)
     low = low + high
     low /= 2.0
     return low

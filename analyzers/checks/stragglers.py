@@ -152,7 +152,7 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if rank is None:
         tp = co[keep]
     else:
-        all_steps = distinct_codes(step[keep])[0]  # the whole matrix's steps
+        all_steps = _distinct_steps(step[keep])  # the whole matrix's steps
         rank_col = co["rank"].to_numpy()
         gr = co["group_ranks"].iloc[np.flatnonzero(keep & (rank_col == rank))].dropna()
         gr = gr.iloc[0] if len(gr) else None
@@ -168,6 +168,17 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if all_steps is not None and len(w.columns) != len(all_steps):
         w = w.reindex(columns=pd.Index(all_steps, name="step"))
     return w, members
+
+
+def _distinct_steps(step: np.ndarray) -> np.ndarray:
+    """``distinct_codes(step)[0]`` (the distinct steps, sorted) without the codes."""
+    if len(step) == 0 or step.dtype.kind not in "iu":
+        return distinct_codes(step)[0]
+    lo = int(step.min())
+    if int(step.max()) - lo > 4 * len(step) + 1024:
+        return distinct_codes(step)[0]
+    off = (step - np.asarray(lo, dtype=step.dtype)).astype(np.intp, copy=False)
+    return (np.flatnonzero(np.bincount(off) > 0) + lo).astype(step.dtype)
 
 
 def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
