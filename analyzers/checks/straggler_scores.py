@@ -127,7 +127,7 @@ def median_finite(x: np.ndarray, axis: int, overwrite_input: bool = False) -> np
         x.partition(k, axis=1)
         part = x
     else:  # a column's values laid out contiguously (one partition of rows is faster than one of columns)
-        part = np.ascontiguousarray(x.T) if axis == 0 else x.copy()
+        part = x.T.copy(order="C") if axis == 0 else x.copy()
         part.partition(k, axis=1)
     low = part[:, k].copy()
     if n % 2:
@@ -166,7 +166,7 @@ class LooStats:
         n_rows = values.shape[0]
         m = n_rows - 1
         lo, hi = (m - 1) // 2, m // 2
-        cols = np.ascontiguousarray(values.T)
+        cols = values.T.copy(order="C")  # a copy even where the transpose is contiguous: it is partitioned in place
         cols.partition(lo, axis=1)
         at = {lo: cols[:, lo].copy()}
         upper = cols[:, lo + 1:]
