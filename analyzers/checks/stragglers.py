@@ -152,12 +152,13 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if rank is None:
         tp = co[keep]
     else:
-        all_steps = _distinct_steps(step[keep])  # the whole matrix's steps
-        rank_col = co["rank"].to_numpy()
-        gr = co["group_ranks"].iloc[np.flatnonzero(keep & (rank_col == rank))].dropna()
+        rows = np.flatnonzero(keep)  # the kept rows' ranks are compared, not every collective's
+        all_steps = _distinct_steps(step[rows])  # the whole matrix's steps
+        kept_ranks = co["rank"].to_numpy()[rows]
+        gr = co["group_ranks"].iloc[rows[kept_ranks == rank]].dropna()
         gr = gr.iloc[0] if len(gr) else None
         group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
-        tp = co.iloc[np.flatnonzero(keep & np.isin(rank_col, np.asarray(group, dtype=np.int64)))]
+        tp = co.iloc[rows[np.isin(kept_ranks, np.asarray(group, dtype=np.int64))]]
     members: dict[int, list[int]] = {}
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
@@ -307,7 +308,7 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     base_cols = comp.columns[: cfg.baseline_steps]
     values = comp.to_numpy(dtype=float)
     pos_of = {r: i for i, r in enumerate(comp.index.tolist())}
-    rows_of = {g: np.asarray([pos_of[r] for r in m], dtype=np.int64) for g, m in groups.items()}
+    rows_of = {g: _row_picker([pos_of[r] for r in m]) for g, m in groups.items()}  # a slice where consecutive
     # numpy's nanmedian is pandas' median (skipping NaN) on the arrays, without a frame per group
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a rank or step without any value: NaN, as pandas gives
@@ -340,6 +341,13 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
                             peers_ms=float(np.nanmedian(comp.loc[others, s0:s1].to_numpy(dtype=float))) if others else None,
                             threshold=thr, confirmed_at=confirmation_step(flags, s0, cfg.persist)))
     return out
+
+
+def _row_picker(pos: list[int]) -> slice | np.ndarray:
+    """An index of rows ``pos``: a slice (a view, not a copy) where they are consecutive."""
+    if pos and pos == list(range(pos[0], pos[0] + len(pos))):
+        return slice(pos[0], pos[0] + len(pos))
+    return np.asarray(pos, dtype=np.int64)
 
 
 def _column_medians(m: pd.DataFrame) -> pd.Series:
