@@ -30,27 +30,33 @@ class RankScores:
         self.ranks: list = [r for m in judged for r in m]
         self.logr = np.empty((len(self.ranks), values.shape[1]))
         self.row_sigma = np.empty(len(self.ranks))
-        self._own: list[tuple[np.ndarray, np.ndarray, int]] = []  # per group: own rows, peers' rows, first row
+        # per group: its own rows, its peers' reference (the rows' array, or the columns' order statistics it is read
+        # off), its first row
+        self._own: list[tuple[np.ndarray, Any, int]] = []
         block = max(1, BLOCK_CELLS // max(1, values.shape[1]))
         first = 0
         for members in judged:
-            ref = steps.group_reference(signal, members).to_numpy(dtype=float)
-            own = values if members == index else values[[pos_of[r] for r in members]]
-            self._own.append((own, ref, first))
+            own = values if members == index else _rows(values, [pos_of[r] for r in members])
+            out = self.logr[first:first + len(members)]
+            if members == index or np.isnan(own).any():
+                # the whole world's reference is the view's, shared with the checks that ask for it (comm)
+                ref = steps.group_reference(signal, members).to_numpy(dtype=float)
+                for b in range(0, len(members), block):
+                    log_ratio(own[b:b + block], ref[b:b + block].copy(), out[b:b + block])
+                self._own.append((own, ref, first))
+            else:
+                self._own.append((own, loo_log_ratios(own, out), first))
             for b in range(0, len(members), block):
-                o, p = own[b:b + block], ref[b:b + block]
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = o / np.where(p == 0, np.nan, p)
-                    lr = np.log(np.where(ratio > 0, ratio, np.nan))
-                self.logr[first + b:first + b + len(lr)] = lr
-                self.row_sigma[first + b:first + b + len(lr)] = row_sigmas(lr)
+                chunk = out[b:b + block]
+                self.row_sigma[first + b:first + b + len(chunk)] = row_sigmas(chunk)
             first += len(members)
 
     def own_and_peers(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``i``'s own signal and its peers' median, by step."""
         for own, ref, first in reversed(self._own):
             if i >= first:
-                return own[i - first], ref[i - first]
+                row = own[i - first]
+                return row, (ref[i - first] if isinstance(ref, np.ndarray) else ref.reference(row[None, :])[0])
         raise IndexError(i)
 
     def noise_sigma(self, cfg: StragglerConfig) -> tuple[float, float | None]:
@@ -70,25 +76,151 @@ class RankScores:
         for b in range(0, n, block):
             x = np.minimum(self.logr[b:b + block], clip[b:b + block, None])
             x -= drift
-            y = x if np.isfinite(x).all() else np.where(np.isfinite(x), x, 0.0)  # a skipped step adds nothing
-            c = np.cumsum(y, axis=1)
-            rise = (c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1)).max(axis=1) if n_cols else np.zeros(len(x))
-            # the sums' rounding is below n x eps x sum |y| <= n^2 x eps x max |y|: far below this margin
-            margin = 1e-9 * n_cols * (np.abs(y).max(axis=1) if n_cols else 0.0) + 1e-12
+            if not np.isfinite(x).all():
+                x[~np.isfinite(x)] = 0.0  # a skipped step adds nothing
+            c = np.cumsum(x, axis=1)
+            if n_cols:
+                low = np.minimum(c, 0.0)
+                np.minimum.accumulate(low, axis=1, out=low)
+                np.subtract(c, low, out=c)
+                rise = c.max(axis=1)
+                # the sums' rounding is below n x eps x sum |y| <= n^2 x eps x max |y|: far below this margin
+                margin = 1e-9 * n_cols * np.maximum(x.max(axis=1), -x.min(axis=1)) + 1e-12
+            else:
+                rise, margin = np.zeros(len(x)), 1e-12
             keep.append(b + np.flatnonzero(rise >= h[b:b + block] - margin))
         rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
         return rows, np.minimum(self.logr[rows], clip[rows, None])
 
 
+def _rows(values: np.ndarray, pos: list[int]) -> np.ndarray:
+    """``values[pos]``: a view where the rows are a run of consecutive ones (a pipeline stage's ranks, as placed
+    most often), else a copy."""
+    if pos and pos == list(range(pos[0], pos[0] + len(pos))):
+        return values[pos[0]:pos[0] + len(pos)]
+    return values[pos]
+
+
 def row_sigmas(lr: np.ndarray) -> np.ndarray:
-    """``row_robust_sigmas(lr)``: where every score is finite, the same two medians per row without its copies of
-    the block (the second one partitions its own temporary in place)."""
+    """``row_robust_sigmas(lr)``: where every score is finite, the same two medians per row (``median_finite``)
+    without its copies of the block (the second one partitions its own temporary in place)."""
     if not np.isfinite(lr).all():
         return row_robust_sigmas(lr)
     if lr.shape[1] == 0:
         return np.zeros(lr.shape[0])
-    med = np.median(lr, axis=1)
-    return MAD_SCALE * np.median(np.abs(lr - med[:, None]), axis=1, overwrite_input=True)
+    med = median_finite(lr, axis=1)
+    dev = lr - med[:, None]
+    np.abs(dev, out=dev)
+    return MAD_SCALE * median_finite(dev, axis=1, overwrite_input=True)
+
+
+def median_finite(x: np.ndarray, axis: int, overwrite_input: bool = False) -> np.ndarray:
+    """``np.median(x, axis)`` of an array without NaN (the same values: an even count's median is (low + high) / 2,
+    as np.median's mean of the two gives). One partition at the lower middle place and the minimum of what lies
+    above it: np.median partitions at both middle places and at the last one (its NaN test), and each place is a
+    selection pass of its own."""
+    n = x.shape[axis]
+    if n == 0 or axis not in (0, 1) or x.ndim != 2:
+        return np.median(x, axis=axis, overwrite_input=overwrite_input)
+    k = (n - 1) // 2
+    if overwrite_input and axis == 1:
+        x.partition(k, axis=1)
+        part = x
+    else:  # a column's values laid out contiguously (one partition of rows is faster than one of columns)
+        part = x.T.copy(order="C") if axis == 0 else x.copy()
+        part.partition(k, axis=1)
+    low = part[:, k].copy()
+    if n % 2:
+        return low
+    high = part[:, k + 1:].min(axis=1)
+    low = low + high
+    low /= 2.0
+    return low
+
+
+def log_ratio(own: np.ndarray, ref: np.ndarray, out: np.ndarray) -> None:
+    """``out`` = log(own / ref), NaN where ref is 0 or the ratio is not positive. ``ref`` is overwritten."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref[ref == 0] = np.nan
+        np.divide(own, ref, out=ref)
+        ref[~(ref > 0)] = np.nan
+        np.log(ref, out=out)
+
+
+class LooStats:
+    """The column order statistics a group's leave-one-out reference is read off (``reference``): for a column of
+    n values without NaN, removing a cell x leaves m = n - 1 values, whose median sits at places lo = (m - 1) // 2
+    and hi = m // 2 of what is left; the value left at place j is the sorted column's j-th if that one is below x,
+    else its (j + 1)-th (``analyzers.stats._loo_median_block``'s arithmetic, repeated here)."""
+
+    def __init__(self, n_rows: int, at: dict[int, np.ndarray]):
+        m = n_rows - 1
+        self.lo, self.hi = (m - 1) // 2, m // 2
+        self.at = at  # place in the sorted column -> that value of each column
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "LooStats":
+        """The statistics of ``values``' columns: one partition at lo of the columns laid out as rows (a partition
+        at several places costs a selection pass per place, and a column's values are contiguous there), the
+        minimum above it, and for an odd n the next one."""
+        n_rows = values.shape[0]
+        m = n_rows - 1
+        lo, hi = (m - 1) // 2, m // 2
+        cols = values.T.copy(order="C")  # a copy even where the transpose is contiguous: it is partitioned in place
+        cols.partition(lo, axis=1)
+        at = {lo: cols[:, lo].copy()}
+        upper = cols[:, lo + 1:]
+        at[lo + 1] = upper.min(axis=1)
+        if hi != lo:
+            # the second smallest above lo: the smallest once one copy of the smallest is out of the way
+            upper[np.arange(upper.shape[0]), upper.argmin(axis=1)] = np.inf
+            at[lo + 2] = upper.min(axis=1)
+        return cls(n_rows, at)
+
+    @classmethod
+    def joined(cls, n_rows: int, parts: list["LooStats"]) -> "LooStats":
+        if len(parts) == 1:
+            return parts[0]
+        return cls(n_rows, {k: np.concatenate([p.at[k] for p in parts]) for k in parts[0].at})
+
+    def reference(self, values: np.ndarray) -> np.ndarray:
+        """The leave-one-out medians of ``values`` (rows of the group, the columns these statistics are of)."""
+        lo, hi, at = self.lo, self.hi, self.at
+        with np.errstate(invalid="ignore", over="ignore"):
+            lo_v = np.where(at[lo][None, :] < values, at[lo][None, :], at[lo + 1][None, :])
+            hi_v = lo_v if hi == lo else np.where(at[hi][None, :] < values, at[hi][None, :], at[hi + 1][None, :])
+            lo_v += hi_v
+            lo_v /= 2.0
+        return lo_v
+
+
+# Columns of a group's leave-one-out reference are worked out this many cells at a time.
+LOO_BLOCK_CELLS = 1 << 20
+
+
+def loo_log_ratios(values: np.ndarray, out: np.ndarray) -> LooStats:
+    """``out`` = log(values / their leave-one-out column medians) (``log_ratio``) of a group's rows without NaN (at
+    least 2), a block of columns at a time; returns the columns' ``LooStats`` (a row's reference is read off them
+    again when it is needed, instead of holding the group's whole reference)."""
+    n_rows, n_cols = values.shape
+    step = max(1, LOO_BLOCK_CELLS // max(1, n_rows))
+    parts = []
+    for c0 in range(0, n_cols, step):
+        blk = values[:, c0:c0 + step]
+        st = LooStats.of(blk)
+        log_ratio(blk, st.reference(blk), out[:, c0:c0 + step])
+        parts.append(st)
+    return LooStats.joined(n_rows, parts)
+
+
+def loo_median_values(values: np.ndarray) -> np.ndarray:
+    """``analyzers.stats.leave_one_out_median`` of a rank x step array without NaN (the same values)."""
+    n_rows, n_cols = values.shape
+    if n_rows < 2 or n_cols == 0:
+        return np.full((n_rows, n_cols), np.nan)
+    step = max(1, LOO_BLOCK_CELLS // n_rows)
+    return np.concatenate([LooStats.of(values[:, c0:c0 + step]).reference(values[:, c0:c0 + step])
+                           for c0 in range(0, n_cols, step)], axis=1)
 
 
 def with_baseline_noise(sigma: float, logr: np.ndarray, cfg: StragglerConfig) -> tuple[float, float | None]:

@@ -39,7 +39,7 @@ from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
-from analyzers.checks.straggler_scores import RankScores, with_baseline_noise
+from analyzers.checks.straggler_scores import RankScores, median_finite, with_baseline_noise
 from analyzers.stats import leave_one_out_median, temporal_sigma
 from ranksight.schema import Finding
 
@@ -152,12 +152,13 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if rank is None:
         tp = co[keep]
     else:
-        all_steps = distinct_codes(step[keep])[0]  # the whole matrix's steps
-        rank_col = co["rank"].to_numpy()
-        gr = co["group_ranks"].iloc[np.flatnonzero(keep & (rank_col == rank))].dropna()
+        rows = np.flatnonzero(keep)  # the kept rows' ranks are compared, not every collective's
+        all_steps = _distinct_steps(step[rows])  # the whole matrix's steps
+        kept_ranks = co["rank"].to_numpy()[rows]
+        gr = co["group_ranks"].iloc[rows[kept_ranks == rank]].dropna()
         gr = gr.iloc[0] if len(gr) else None
         group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
-        tp = co.iloc[np.flatnonzero(keep & np.isin(rank_col, np.asarray(group, dtype=np.int64)))]
+        tp = co.iloc[rows[np.isin(kept_ranks, np.asarray(group, dtype=np.int64))]]
     members: dict[int, list[int]] = {}
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
@@ -168,6 +169,17 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if all_steps is not None and len(w.columns) != len(all_steps):
         w = w.reindex(columns=pd.Index(all_steps, name="step"))
     return w, members
+
+
+def _distinct_steps(step: np.ndarray) -> np.ndarray:
+    """``distinct_codes(step)[0]`` (the distinct steps, sorted) without the codes."""
+    if len(step) == 0 or step.dtype.kind not in "iu":
+        return distinct_codes(step)[0]
+    lo = int(step.min())
+    if int(step.max()) - lo > 4 * len(step) + 1024:
+        return distinct_codes(step)[0]
+    off = (step - np.asarray(lo, dtype=step.dtype)).astype(np.intp, copy=False)
+    return (np.flatnonzero(np.bincount(off) > 0) + lo).astype(step.dtype)
 
 
 def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
@@ -296,7 +308,7 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     base_cols = comp.columns[: cfg.baseline_steps]
     values = comp.to_numpy(dtype=float)
     pos_of = {r: i for i, r in enumerate(comp.index.tolist())}
-    rows_of = {g: np.asarray([pos_of[r] for r in m], dtype=np.int64) for g, m in groups.items()}
+    rows_of = {g: _row_picker([pos_of[r] for r in m]) for g, m in groups.items()}  # a slice where consecutive
     # numpy's nanmedian is pandas' median (skipping NaN) on the arrays, without a frame per group
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a rank or step without any value: NaN, as pandas gives
@@ -331,6 +343,13 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     return out
 
 
+def _row_picker(pos: list[int]) -> slice | np.ndarray:
+    """An index of rows ``pos``: a slice (a view, not a copy) where they are consecutive."""
+    if pos and pos == list(range(pos[0], pos[0] + len(pos))):
+        return slice(pos[0], pos[0] + len(pos))
+    return np.asarray(pos, dtype=np.int64)
+
+
 def _column_medians(m: pd.DataFrame) -> pd.Series:
     """``m.median()`` (each step's median over the ranks, NaN left out) by ``_median_rows_down``: pandas' median of a
     few hundred ranks sorts masked arrays."""
@@ -342,7 +361,7 @@ def _column_medians(m: pd.DataFrame) -> pd.Series:
 def _median_rows_down(x: np.ndarray) -> np.ndarray:
     """np.nanmedian(x, axis=0): np.median's partition where there is no NaN (the same values; nanmedian sorts
     masked arrays along a short axis, seconds over 10,000 steps)."""
-    return np.median(x, axis=0) if not np.isnan(x).any() else np.nanmedian(x, axis=0)
+    return median_finite(x, axis=0) if not np.isnan(x).any() else np.nanmedian(x, axis=0)
 
 
 def _severity(ratio: float, cfg: StragglerConfig) -> str:

@@ -1,0 +1,71 @@
+"""The straggler scores' order statistics (``analyzers.checks.straggler_scores``): one partition at the lower middle
+place and the minima above it give np.median's medians and ``leave_one_out_median``'s references exactly (odd and
+even counts, ties, infinities), for arrays in either memory order, and leave their input as it was (the partitions
+work on copies: a transpose that is already contiguous is not the caller's array to reorder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analyzers.checks import straggler_scores
+from analyzers.checks.straggler_scores import LooStats, log_ratio, loo_log_ratios, loo_median_values, median_finite
+from analyzers.stats import leave_one_out_median
+
+
+def _arrays():
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 3, 4, 5, 8, 9, 64, 65):
+        for kind in ("normal", "ties"):
+            v = rng.normal(100.0, 5.0, (n, 37)) if kind == "normal" else rng.integers(0, 3, (n, 37)).astype(float)
+            if n > 2:
+                v[1, 3] = np.inf
+            for order in ("C", "F"):
+                yield np.array(v, order=order)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_median_finite_is_np_median(axis):
+    for v in _arrays():
+        before = v.copy()
+        assert np.array_equal(median_finite(v, axis), np.median(before, axis=axis))
+        assert np.array_equal(v, before)  # untouched
+        w = v.copy(order="K")
+        assert np.array_equal(median_finite(w, axis, overwrite_input=True), np.median(before, axis=axis))
+
+
+def test_loo_median_values_is_leave_one_out_median(monkeypatch):
+    for cells in (straggler_scores.LOO_BLOCK_CELLS, 50):  # one block, and blocks of a column or two
+        monkeypatch.setattr(straggler_scores, "LOO_BLOCK_CELLS", cells)
+        for v in _arrays():
+            before = v.copy()
+            want = leave_one_out_median(pd.DataFrame(before)).to_numpy()
+            assert np.array_equal(loo_median_values(v), want, equal_nan=True)
+            assert np.array_equal(v, before)
+
+
+def test_loo_log_ratios_and_a_rows_reference():
+    for v in _arrays():
+        if v.shape[0] < 2:
+            continue
+        before = v.copy()
+        out = np.empty(v.shape)
+        stats = loo_log_ratios(v, out)
+        ref = leave_one_out_median(pd.DataFrame(before)).to_numpy()
+        want = np.empty(v.shape)
+        log_ratio(before, ref.copy(), want)
+        assert np.array_equal(out, want, equal_nan=True)
+        assert np.array_equal(v, before)
+        assert isinstance(stats, LooStats)
+        assert np.array_equal(stats.reference(v[-1:])[0], ref[-1], equal_nan=True)
+
+
+def test_log_ratio_marks_a_zero_reference_and_a_non_positive_ratio():
+    own = np.array([[2.0, 1.0, -1.0, 0.0]])
+    ref = np.array([[1.0, 0.0, 1.0, 1.0]])
+    out = np.empty(own.shape)
+    with np.errstate(divide="ignore"):
+        log_ratio(own, ref, out)
+    assert out[0, 0] == np.log(2.0)
+    assert np.isnan(out[0, 1:]).all()
