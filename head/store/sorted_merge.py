@@ -105,7 +105,13 @@ def _code(keys: list[np.ndarray]) -> np.ndarray | None:
     spans = _spans(keys)
     if spans is None:
         return None
-    code = keys.pop(0).astype(np.int64)
+    return _fold(keys.pop(0).astype(np.int64), keys, spans)
+
+
+def _fold(code: np.ndarray, keys: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
+    """``code`` (int64, changed in place) made the first key of the tuple ``(code, *keys)``: each value less its
+    key's lowest (``spans``: ``_spans`` of the whole tuple), times the next key's span, plus that key. The keys are
+    taken out of the list as they are folded in."""
     code -= spans[0][0]
     for lo, span in spans[1:]:
         k = keys.pop(0)
@@ -116,6 +122,13 @@ def _code(keys: list[np.ndarray]) -> np.ndarray | None:
     return code
 
 
+def _order_of(code: np.ndarray) -> np.ndarray:
+    """Row positions sorted (stable) by ``code``; no sort when they already are (parts that arrived in order)."""
+    if bool((code[1:] >= code[:-1]).all()):
+        return np.arange(len(code), dtype=np.int64)
+    return np.argsort(code, kind="stable")
+
+
 def _stable_order(keys: list[np.ndarray]) -> np.ndarray:
     """Row positions sorted (stable) by the tuple of ``keys``; the list is emptied as it is used."""
     code = _code(keys)
@@ -123,9 +136,7 @@ def _stable_order(keys: list[np.ndarray]) -> np.ndarray:
         order = np.lexsort(keys[::-1])  # (stable)
         keys.clear()
         return order
-    if bool((code[1:] >= code[:-1]).all()):
-        return np.arange(len(code), dtype=np.int64)
-    return np.argsort(code, kind="stable")
+    return _order_of(code)
 
 
 def row_order(table: str, keys: Keys) -> np.ndarray:
@@ -157,15 +168,7 @@ def row_order(table: str, keys: Keys) -> np.ndarray:
     spans = _spans([block] + tail)
     if spans is None:
         return _stable_order([block] + tail)
-    for lo, span in spans[1:]:
-        k = tail.pop(0)
-        block *= span
-        block += k
-        block -= lo
-        del k
-    if bool((block[1:] >= block[:-1]).all()):
-        return np.arange(n, dtype=np.int64)
-    return np.argsort(block, kind="stable")
+    return _order_of(_fold(block, tail, spans))
 
 
 class Spill:
