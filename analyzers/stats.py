@@ -82,10 +82,13 @@ def leave_one_out_median(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 LOO_BLOCK_CELLS = 1 << 20  # columns taken this many cells at a time: the temporaries stay a few tens of MB
+LOO_FULL_BLOCK_CELLS = 1 << 17  # a matrix without NaN: its columns, transposed, this many cells at a time (in cache)
 
 
 def _loo_median(values: np.ndarray) -> np.ndarray:
     n_rows, n_cols = values.shape
+    if n_rows >= 2 and n_cols >= 1 and not np.isnan(values).any():
+        return _loo_median_full(values)
     if n_rows >= 2 and n_cols > 1 and n_rows * n_cols > LOO_BLOCK_CELLS:
         # each column on its own: a block of columns at a time (a 1,024 x 10,000 matrix whole needs ~10 temporaries
         # of its size)
@@ -95,6 +98,39 @@ def _loo_median(values: np.ndarray) -> np.ndarray:
             out[:, c0:c0 + step] = _loo_median_block(values[:, c0:c0 + step])
         return out
     return _loo_median_block(values)
+
+
+def _loo_median_full(values: np.ndarray) -> np.ndarray:
+    """``_loo_median_block``'s medians of a matrix without NaN (2 rows or more): every column holds n values, and a
+    cell's reference reads only the column's order statistics at the places lo, lo + 1 (and hi + 1 = lo + 2 where
+    n - 1 is even) of the n - 1 values left; those are found by one single-place partition (numpy partitions at
+    several places many times slower than at one) and a min (or a short partition) of what lies above it. The
+    columns a block at a time, transposed so that each is contiguous and the block stays in cache."""
+    n_rows, n_cols = values.shape
+    m = n_rows - 1  # values left
+    lo, hi = (m - 1) // 2, m // 2
+    out = np.empty((n_rows, n_cols))
+    step = max(32, LOO_FULL_BLOCK_CELLS // n_rows)  # 32 columns at least: a partition per row has a fixed cost
+    with np.errstate(invalid="ignore", over="ignore"):
+        for c0 in range(0, n_cols, step):
+            block = np.ascontiguousarray(values[:, c0:c0 + step].T, dtype=np.float64)  # columns x rows
+            part = np.partition(block, lo, axis=1)
+            at_lo = part[:, lo:lo + 1]
+            above = part[:, lo + 1:]
+            if hi == lo:
+                at_lo1 = above.min(axis=1, keepdims=True)
+            else:  # the two smallest above lo: places lo + 1 and lo + 2
+                two = np.sort(np.partition(above, 1, axis=1)[:, :2], axis=1) if above.shape[1] > 2 else np.sort(above, axis=1)
+                at_lo1, at_lo2 = two[:, 0:1], two[:, 1:2]
+            # the value left at place j: the sorted column's j-th if that one is below the cell's value, else its (j+1)-th
+            lo_v = np.where(at_lo < block, at_lo, at_lo1)
+            if hi != lo:
+                lo_v += np.where(at_lo1 < block, at_lo1, at_lo2)
+            else:
+                lo_v += lo_v
+            lo_v /= 2.0
+            out[:, c0:c0 + step] = lo_v.T
+    return out
 
 
 def _loo_median_block(values: np.ndarray) -> np.ndarray:

@@ -328,7 +328,7 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
         return []
     wait = view.matrix("sync_wait_ms")
     arr = view.matrix("sync_arrival")
-    step_ms = st.groupby("step")["step_ms"].median()
+    step_ms = view.per_step_median("step_ms")
     if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
         return []
     wait_ref = view.reference("sync_wait_ms")
