@@ -52,7 +52,8 @@ def grid_transfer_ms(st: pd.DataFrame, n_ranks: int) -> pd.Series:
     and a zero's sign)."""
     wait = st["sync_wait_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
     by_step = wait.reshape(-1, n_ranks)
-    waiting = by_step - np.fmin.reduce(by_step, axis=1)[:, None]  # fmin: NaN left out (NaN where a step has none)
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, as pandas gives (then 0)
+        waiting = by_step - np.fmin.reduce(by_step, axis=1)[:, None]  # fmin: NaN left out (NaN where a step has none)
     waiting = waiting.ravel()
     np.nan_to_num(waiting, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
     waiting[waiting < 0.0] = 0.0

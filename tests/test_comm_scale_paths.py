@@ -133,7 +133,9 @@ def test_window_can_fill_is_false_only_where_no_pair_can_fill_a_window():
     one = window(seed=0)  # one op per communicator and step, two communicators a rank: cells of two
     assert not links.window_can_fill(_leads(one), cfg.link_window, cfg.link_min_ops, cheaper_only=False)
     assert links.window_can_fill(_leads(one), cfg.link_window, 3, cheaper_only=False)  # 3 steps hold 3 ops
-    # where pairing costs no more than the bound, it is not worked out (True)
+    # where pairing costs no more than the bound, it is not worked out (True), unless the records are in (step,
+    # rank) order (the bound from neighbours: test_window_bound_from_records_in_order_is_the_counted_one)
+    assert links.most_in_cell_in_order(*_cell_arrays(_leads(one))) is None
     assert links.window_can_fill(_leads(one), cfg.link_window, cfg.link_min_ops)
     # two ops of one communicator in a step: a cell of two that is one pair's
     tp = one[one["group"] == "tp"]
@@ -214,3 +216,109 @@ def test_op_weights_of_an_int32_column_without_a_copy_are_the_clipped_ones():
     low = pd.DataFrame({"ops": np.array([0, 3, -1, 1], np.int32)})
     assert list(op_instances._op_weights(low, rows)) == [1, 3, 1, 1]
     assert list(op_instances._op_weights(co, np.array([1, 3]))) == [3, 1]
+
+
+def _cell_arrays(leads):
+    """The complete records' ranks, steps and communicators (what window_can_fill bounds)."""
+    c = leads.complete
+    return leads.rank[c], leads.step[c], leads.gcode[c]
+
+
+def _in_step_rank_order(co):
+    return co.sort_values(["step", "rank"], kind="stable", ignore_index=True)
+
+
+def test_window_bound_from_records_in_order_is_the_counted_one():
+    # a store compacted in key order holds its records by (step, rank): the bound read off neighbouring records is
+    # the one the cell counts give (cheaper_only=False), for cells of two of different communicators, of one
+    # communicator twice, of three, and of heavier records; and records out of that order are not read so
+    cfg = CommConfig()
+    one = window(seed=0)
+    tp = one[one["group"] == "tp"]
+    dp = one[one["group"] == "dp"]
+    twice = pd.concat([tp, tp.assign(seq=tp["seq"] + 1000)], ignore_index=True)
+    three = pd.concat([one, dp.assign(seq=dp["seq"] + 1000, gkey=dp["gkey"].str.replace("dp", "ep"))], ignore_index=True)
+    cases = [(one, 1), (one.assign(ops=2), 1), (twice, 2), (three, 3), (tp, 1)]
+    for co, most in cases:
+        ordered = _in_step_rank_order(co)
+        leads = _leads(ordered)
+        assert links.most_in_cell_in_order(*_cell_arrays(leads)) == most
+        for min_ops in (2, 3, 4, 7):
+            counted = links.window_can_fill(_leads(co), cfg.link_window, min_ops, cheaper_only=False)
+            assert links.window_can_fill(_leads(ordered), cfg.link_window, min_ops) == counted, (most, min_ops)
+    assert not links.window_can_fill(_leads(_in_step_rank_order(one)), cfg.link_window, cfg.link_min_ops)
+    shuffled = _in_step_rank_order(one).iloc[::-1].reset_index(drop=True)
+    assert links.most_in_cell_in_order(*_cell_arrays(_leads(shuffled))) is None
+    op_instances.release_op_instances()
+
+
+def test_early_finishers_on_records_in_order_still_fire():
+    # the slow egress with 8 ops a step, its records in (step, rank) order: the bound lets the signature run
+    def slow(r, s, members):
+        return r in (2, 3) and s >= 10 and members in CROSS["dp"]
+
+    data = with_egress_ops(build(world=4, nodes=2, steps=26), CROSS, slow, 6.0)
+    data.collectives = _in_step_rank_order(data.collectives)
+    fs = warnings(data)
+    assert [(f.ranks, f.evidence["scope"], {r["method"] for r in f.evidence["ranks"]}) for f in fs] == \
+        [([2, 3], "node", {"completion_lead"})]
+
+
+def test_leave_one_out_median_of_a_full_matrix_by_single_place_partitions_is_the_sorted_one(monkeypatch):
+    # every row count's middle places (odd and even counts left), ties, and blocks of columns of every width
+    rng = np.random.default_rng(11)
+    for n in (2, 3, 4, 5, 8, 9, 64, 65):
+        for v in (rng.normal(size=(n, 70)), rng.integers(0, 3, size=(n, 70)).astype(float)):
+            want = stats._loo_median_block(v)
+            np.testing.assert_array_equal(stats._loo_median_full(v), want)
+            monkeypatch.setattr(stats, "LOO_FULL_BLOCK_CELLS", n * 5)  # 32-column blocks (the last one shorter)
+            np.testing.assert_array_equal(stats._loo_median(v), want)
+            monkeypatch.undo()
+    with_gap = rng.normal(size=(6, 40))
+    with_gap[2, 3] = np.nan  # a gap: the general path
+    np.testing.assert_array_equal(stats._loo_median(with_gap), stats._loo_median_block(with_gap))
+
+
+def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
+    from analyzers.builder import StepView, grid_transfer_ms, transfer_ms
+
+    rng = np.random.default_rng(12)
+    for trial in range(60):
+        nr, ns = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        dt = (np.float32, np.float64)[trial % 2]
+        n = nr * ns
+        st = pd.DataFrame({"rank": np.tile(np.arange(nr), ns).astype(np.int32),
+                           "step": np.repeat(np.arange(ns) + 3, nr).astype(np.int32),
+                           "sync_wait_ms": rng.choice([np.nan, 0.0, -0.0, 1.0, 2.5, np.inf], size=n).astype(dt),
+                           "comm_ms": rng.choice([np.nan, 0.0, 1.0, 2.0, 5.0, -1.0], size=n).astype(dt),
+                           "step_ms": rng.choice([np.nan, 1.0, 2.0, 4.5, 7.0], size=n).astype(dt)})
+        want = transfer_ms(st)
+        got = grid_transfer_ms(st, nr)
+        pd.testing.assert_series_equal(got, want)
+        assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
+        view = StepView(st)
+        pd.testing.assert_series_equal(view.column("transfer_ms"), want)
+        pd.testing.assert_series_equal(view.per_step_median("step_ms"), st.groupby("step")["step_ms"].median(),
+                                       check_index_type=False)
+    off_grid = st.iloc[::-1]  # not a grid: pandas' own
+    pd.testing.assert_series_equal(StepView(off_grid).per_step_median("step_ms"),
+                                   off_grid.groupby("step")["step_ms"].median())
+
+
+def test_compute_check_by_rows_is_the_one_of_whole_frames():
+    rng = np.random.default_rng(13)
+    comp = pd.DataFrame(rng.choice([0.0, 1.0, 2.0, 3.5, np.nan], size=(5, 12)), index=[0, 1, 2, 4, 7],
+                        columns=range(10, 22))
+    ref = pd.DataFrame(stats._loo_median(comp.to_numpy()), index=comp.index, columns=comp.columns)
+    extra = pd.DataFrame(rng.normal(size=(5, 12)) * 10, index=comp.index, columns=comp.columns)
+    asked = []
+    lazy = links.ComputeCheck.of_matrix(comp, lambda: asked.append(1) or ref, extra)
+    whole = links.ComputeCheck(comp / ref.replace(0, np.nan), comp - ref, extra)
+    for r in (0, 1, 2, 4, 7, 99):
+        for s0, s1 in ((10, 21), (12, 15), (30, 40)):
+            np.testing.assert_equal(lazy.compute_ratio(r, s0, s1), whole.compute_ratio(r, s0, s1))
+            assert lazy.slow_computer(r, s0, s1) == whole.slow_computer(r, s0, s1)
+        got, want = lazy.ratio_row(r), (whole.comp_ratio.loc[r] if r in whole.comp_ratio.index else None)
+        assert (got is None) == (want is None) and (got is None or got.equals(want))
+    assert asked == [1]  # the reference built once, when first needed
+    pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio)

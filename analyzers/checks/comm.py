@@ -152,9 +152,14 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     ref = view.reference("transfer_ms")
     extra = tr - ref
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = tr / ref.replace(0, np.nan)
-    comp_ref = view.reference(signal)
-    compute = ComputeCheck(comp / comp_ref.replace(0, np.nan), comp - comp_ref, extra)
+        # tr / ref.replace(0, NaN): a division by zero's cells set to NaN after it (one matrix, not two)
+        ref_values = ref.to_numpy()
+        ratio_values = tr.to_numpy() / ref_values
+        ratio_values[ref_values == 0] = np.nan
+        ratio = pd.DataFrame(ratio_values, index=tr.index, columns=tr.columns, copy=False)
+        del ref_values, ratio_values
+    # the compute ratio of a suspect's row, when one is asked about (the straggler check reads the same reference)
+    compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra)
     cands = []
     wait = view.matrix("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
@@ -466,7 +471,6 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     # the peers' references contain the culprit, so their excess shifts with it and would inflate sigma.
     sigma = temporal_sigma(med)
     threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
-    comp_ratio = compute.comp_ratio
     out = []
     flag_rows = (excess >= threshold).fillna(False)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -474,7 +478,8 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
             continue
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1])) if r in comp_ratio.index else float("nan")
+            row = compute.ratio_row(r)
+            cr = float(np.nanmedian(row.loc[s0:s1])) if row is not None else float("nan")
             # the window reaches back last_window - 1 steps: the delay began at most that much before the first flag
             onset = max(steps[0], s0 - cfg.last_window + 1)
             with np.errstate(invalid="ignore"):
