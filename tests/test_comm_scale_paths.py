@@ -322,3 +322,15 @@ def test_compute_check_by_rows_is_the_one_of_whole_frames():
         assert (got is None) == (want is None) and (got is None or got.equals(want))
     assert asked == [1]  # the reference built once, when first needed
     pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio)
+
+
+def test_median_rows_by_one_single_place_partition_is_numpys():
+    # odd and even row lengths, ties, one column; and the robust sigmas that read it
+    rng = np.random.default_rng(14)
+    for shape in [(1, 1), (3, 1), (2, 2), (5, 7), (4, 8), (30, 100), (7, 101)]:
+        for v in (rng.normal(size=shape), rng.integers(0, 3, size=shape).astype(float)):
+            np.testing.assert_array_equal(stats.median_rows(v), np.median(v, axis=1))
+            w = v.copy()
+            np.testing.assert_array_equal(stats.median_rows(w, overwrite_input=True), np.median(v, axis=1))
+            want = [stats.robust_sigma(row) for row in v]
+            np.testing.assert_array_equal(stats.row_robust_sigmas(v), want)

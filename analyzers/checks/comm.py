@@ -27,6 +27,7 @@ import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
+from analyzers.checks.heap import reuse_freed_pages
 from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
                                     slow_communicators)
 from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, collective_wait_ms_of,
@@ -563,10 +564,12 @@ def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
 
 
 def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding]:
-    try:
-        return _analyze(frame, cfg or CommConfig())
-    finally:
-        release_op_instances()  # the op instances of the round's collectives: over a GiB at 20 M records
+    # its temporaries (dozens of rank x step matrices, per-record arrays of 20 M records) reuse freed pages
+    with reuse_freed_pages():
+        try:
+            return _analyze(frame, cfg or CommConfig())
+        finally:
+            release_op_instances()  # the op instances of the round's collectives: over a GiB at 20 M records
 
 
 def _analyze(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
