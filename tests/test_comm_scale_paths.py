@@ -334,3 +334,18 @@ def test_median_rows_by_one_single_place_partition_is_numpys():
             np.testing.assert_array_equal(stats.median_rows(w, overwrite_input=True), np.median(v, axis=1))
             want = [stats.robust_sigma(row) for row in v]
             np.testing.assert_array_equal(stats.row_robust_sigmas(v), want)
+
+
+def test_first_positions_chunk_by_chunk_are_the_scattered_ones(monkeypatch):
+    rng = np.random.default_rng(15)
+    monkeypatch.setattr(op_instances, "FIRST_CHUNK", 7)
+    for n_codes, n in ((5, 100), (9, 40), (3, 0), (4, 5)):
+        codes = rng.integers(0, n_codes, n).astype(np.int32)
+        codes[codes == 2] = 1  # a code that never occurs: every chunk looked at
+        want = np.full(n_codes, n, np.int64)
+        np.minimum.at(want, codes, np.arange(n))
+        np.testing.assert_array_equal(op_instances.first_positions(codes, n_codes), want)
+        late = np.r_[np.zeros(30, np.int32), codes]  # code 0 first, the others later
+        want_late = np.full(n_codes, len(late), np.int64)
+        np.minimum.at(want_late, late, np.arange(len(late)))
+        np.testing.assert_array_equal(op_instances.first_positions(late, n_codes), want_late)
