@@ -38,6 +38,7 @@ from analyzers.stats import leave_one_out_median, rows_with_window_count, tempor
 from ranksight.schema import Finding
 
 NAME = "comm"
+REUSE_PAGES_ROWS = 1_000_000  # step and collective records from which the check's temporaries reuse freed pages
 WAIT_BY_RANK = 64  # up to this many ranks asked about, their collective waits from their own ops' records only
 
 
@@ -564,8 +565,10 @@ def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
 
 
 def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding]:
-    # its temporaries (dozens of rank x step matrices, per-record arrays of 20 M records) reuse freed pages
-    with reuse_freed_pages():
+    # its temporaries (dozens of rank x step matrices, per-record arrays of 20 M records) reuse freed pages; a small
+    # run's (a live round of a small job, in the head's own process) leave the allocator as it is
+    big = len(frame.data.collectives) + len(frame.data.steps) >= REUSE_PAGES_ROWS
+    with reuse_freed_pages(big):
         try:
             return _analyze(frame, cfg or CommConfig())
         finally:

@@ -41,10 +41,11 @@ _DEPTH = [0]  # nested uses: only the outermost one sets and restores
 
 
 @contextlib.contextmanager
-def reuse_freed_pages() -> Iterator[None]:
-    """Within the block, large temporaries reuse freed heap pages instead of fresh mappings (see the module)."""
+def reuse_freed_pages(enabled: bool = True) -> Iterator[None]:
+    """Within the block, large temporaries reuse freed heap pages instead of fresh mappings (see the module); not
+    ``enabled``: the allocator left as it is."""
     libc = _LIBC
-    if libc is None or _DEPTH[0]:
+    if libc is None or _DEPTH[0] or not enabled:
         _DEPTH[0] += 1
         try:
             yield
@@ -53,7 +54,7 @@ def reuse_freed_pages() -> Iterator[None]:
         return
     _DEPTH[0] += 1
     libc.mallopt(M_MMAP_THRESHOLD, LARGE)
-    libc.mallopt(M_TRIM_THRESHOLD, 2 * LARGE)
+    libc.mallopt(M_TRIM_THRESHOLD, LARGE)  # freed memory at the he's top kept up to this much
     try:
         yield
     finally:
