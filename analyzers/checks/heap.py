@@ -54,7 +54,7 @@ def reuse_freed_pages(enabled: bool = True) -> Iterator[None]:
         return
     _DEPTH[0] += 1
     libc.mallopt(M_MMAP_THRESHOLD, LARGE)
-    libc.mallopt(M_TRIM_THRESHOLD, LARGE)  # freed memory at the he's top kept up to this much
+    libc.mallopt(M_TRIM_THRESHOLD, LARGE)  # freed memory at the heap top kept up to this much
     try:
         yield
     finally:
