@@ -499,7 +499,13 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
     weights = leads.weight
     heaviest = max(float(np.nanmax(weights)) if len(weights) else 1.0, 1.0)
     every = bool(complete.all())
-    most = most_in_cell_in_order(*((rank, step, gcode) if every else (rank[complete], step[complete], gcode[complete])))
+    if every:
+        most = most_in_cell_in_order(rank, step, gcode)
+    else:  # the complete records; where they are one stretch (the first step's left out), a slice of each array
+        lo = int(np.argmax(complete))
+        hi = len(complete) - int(np.argmax(complete[::-1]))
+        at = slice(lo, hi) if bool(complete[lo:hi].all()) else complete
+        most = most_in_cell_in_order(rank[at], step[at], gcode[at])
     if most is not None:  # records in (step, rank) order: the bound from neighbours, one pass
         return most * heaviest * max(int(window), 1) >= max(min_ops, 1)
     r0, s0 = int(rank.min()), int(step.min())
@@ -553,14 +559,14 @@ def most_in_cell_in_order(rank: np.ndarray, step: np.ndarray, gcode: np.ndarray)
     if not bool((~same_step | same_rank | (rank[1:] > rank[:-1])).all()):
         return None
     same_rank &= same_step  # record i + 1 is in record i's cell
-    at = np.flatnonzero(same_rank)
-    if not len(at):
+    if not bool(same_rank.any()):
         return 1
+    if not bool((same_rank[1:] & same_rank[:-1]).any()):  # no cell of three: cells of two, told apart by neighbours
+        same_rank &= gcode[1:] == gcode[:-1]
+        return 2 if bool(same_rank.any()) else 1
+    at = np.flatnonzero(same_rank)
     breaks = np.flatnonzero(np.diff(at) != 1)
-    longest = int(np.diff(np.r_[-1, breaks, len(at) - 1]).max()) + 1  # records in the longest cell
-    if longest > 2:
-        return longest
-    return 2 if bool((gcode[at] == gcode[at + 1]).any()) else 1
+    return int(np.diff(np.r_[-1, breaks, len(at) - 1]).max()) + 1  # records in the longest cell
 
 
 CHUNK_ROWS = 1 << 22  # records per windowed_medians call: bounds its working arrays (~10 per record)
