@@ -382,3 +382,13 @@ def test_reuse_freed_pages_sets_the_allocator_only_when_enabled_and_outermost(mo
     except ValueError:
         pass
     assert calls[-1] == ("trim", 0) and heap._DEPTH == [0]  # restored when the work raises
+
+
+def test_sorted_members_of_shared_lists_by_a_gather_are_the_tuples():
+    shared = [np.array([3, 1, 2]), np.array([5, 4]), np.array([7])]
+    rows = pd.Series([shared[i] for i in [0, 1, 0, 2, 1, 1, 0]] + [np.array([9, 8])], dtype=object)
+    got = links.sorted_members(rows)
+    want = [tuple(sorted(int(x) for x in m)) for m in rows]
+    assert list(got) == want and all(type(t) is tuple for t in got)
+    frame = pd.DataFrame({"suspects": got})
+    assert frame["suspects"].iloc[0] == (1, 2, 3) and frame["suspects"].iloc[3] == (7,)
