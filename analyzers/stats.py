@@ -306,6 +306,7 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
     row_of = np.full(len(index), -1, np.int64)
     row_of[labels_used] = np.arange(len(labels_used))
     col = s_arr.astype(np.int64) - g0 - (window - 1)  # the first grid step of each output step's window
+    contiguous_cols = len(col) > 0 and bool((np.diff(col) == 1).all())
     chunk = max(1, (1 << 23) // max(1, len(s_arr) * window * k))  # labels per pass: bounded memory
     sc, sstep, sval = code[order], cell_step[order], vals[order]
     for c0 in range(0, len(labels_used), chunk):
@@ -322,7 +323,9 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
         if k * window <= SMALL_SORT:
             win = _sorted_small([dense[:, col + w, j] for w in range(window) for j in range(k)])
         else:
-            win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
+            view = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)  # part x steps x k x window
+            # consecutive output steps (the usual case): a slice of the windows, not a gather (one copy less)
+            win = view[:, int(col[0]):int(col[0]) + len(col)] if contiguous_cols else view[:, col]
             win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
         csum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(count, axis=1)], axis=1)
         nsum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(nans, axis=1)], axis=1)

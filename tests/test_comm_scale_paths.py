@@ -392,3 +392,19 @@ def test_sorted_members_of_shared_lists_by_a_gather_are_the_tuples():
     assert list(got) == want and all(type(t) is tuple for t in got)
     frame = pd.DataFrame({"suspects": got})
     assert frame["suspects"].iloc[0] == (1, 2, 3) and frame["suspects"].iloc[3] == (7,)
+
+
+def test_windowed_medians_of_many_ops_per_step_by_a_slice_of_windows_are_the_windows_medians():
+    # 4 values a step in 3-step windows (12 values: the sort path); consecutive output steps (a slice of the windows)
+    # and scattered ones (a gather), against each window's own median and quantile
+    rng = np.random.default_rng(16)
+    labels = np.repeat(np.arange(5), 40 * 4)
+    step = np.tile(np.repeat(np.arange(40), 4), 5)
+    vals = rng.random(len(labels)).round(2)
+    keep = rng.random(len(labels)) > 0.1  # some cells with fewer values
+    labels, step, vals = labels[keep], step[keep], vals[keep]
+    for steps in (list(range(2, 40)), [2, 5, 6, 9, 30, 39]):
+        for q in (0.5, 0.25):
+            got = stats.windowed_medians(labels, step, vals, list(range(5)), steps, 3, 4, q)
+            want = stats._windowed_medians_by_label(labels, step, vals, list(range(5)), steps, 3, 4, q)
+            pd.testing.assert_frame_equal(got, want)
