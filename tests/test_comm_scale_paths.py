@@ -294,15 +294,15 @@ def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
                            "step_ms": rng.choice([np.nan, 1.0, 2.0, 4.5, 7.0], size=n).astype(dt)})
         want = transfer_ms(st)
         got = grid_transfer_ms(st, nr)
-        pd.testing.assert_series_equal(got, want)
+        pd.testing.assert_series_equal(got, want, check_exact=True)
         assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
         view = StepView(st)
-        pd.testing.assert_series_equal(view.column("transfer_ms"), want)
+        pd.testing.assert_series_equal(view.column("transfer_ms"), want, check_exact=True)
         pd.testing.assert_series_equal(view.per_step_median("step_ms"), st.groupby("step")["step_ms"].median(),
-                                       check_index_type=False)
+                                       check_index_type=False, check_exact=True)
     off_grid = st.iloc[::-1]  # not a grid: pandas' own
     pd.testing.assert_series_equal(StepView(off_grid).per_step_median("step_ms"),
-                                   off_grid.groupby("step")["step_ms"].median())
+                                   off_grid.groupby("step")["step_ms"].median(), check_exact=True)
 
 
 def test_compute_check_by_rows_is_the_one_of_whole_frames():
@@ -321,7 +321,7 @@ def test_compute_check_by_rows_is_the_one_of_whole_frames():
         got, want = lazy.ratio_row(r), (whole.comp_ratio.loc[r] if r in whole.comp_ratio.index else None)
         assert (got is None) == (want is None) and (got is None or got.equals(want))
     assert asked == [1]  # the reference built once, when first needed
-    pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio)
+    pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio, check_exact=True)
 
 
 def test_median_rows_by_one_single_place_partition_is_numpys():
@@ -407,4 +407,21 @@ def test_windowed_medians_of_many_ops_per_step_by_a_slice_of_windows_are_the_win
         for q in (0.5, 0.25):
             got = stats.windowed_medians(labels, step, vals, list(range(5)), steps, 3, 4, q)
             want = stats._windowed_medians_by_label(labels, step, vals, list(range(5)), steps, 3, 4, q)
-            pd.testing.assert_frame_equal(got, want)
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_per_step_means_of_a_grid_are_pandas_groupby_means():
+    from analyzers.builder import StepView
+
+    rng = np.random.default_rng(18)
+    for nr, ns in ((1, 1), (3, 4), (9, 5), (130, 3), (300, 7)):  # segments past numpy's pairwise blocks
+        st = pd.DataFrame({"rank": np.tile(np.arange(nr), ns).astype(np.int32),
+                           "step": np.repeat(np.arange(ns) + 2, nr).astype(np.int32),
+                           "a": rng.gamma(2.0, 3.0, nr * ns), "b": rng.gamma(2.0, 3.0, nr * ns).astype(np.float32)})
+        cols = {"x": st["a"], "y": st["b"]}
+        want = pd.DataFrame({"step": st["step"], **cols}).groupby("step").agg(x=("x", "mean"), y=("y", "mean"))
+        pd.testing.assert_frame_equal(StepView(st).per_step_means(cols), want, check_exact=True)
+        gap = st.assign(a=st["a"].where(st.index != 1))  # a NaN: pandas' own (compensated sums)
+        cols = {"x": gap["a"], "y": gap["b"]}
+        want = pd.DataFrame({"step": gap["step"], **cols}).groupby("step").agg(x=("x", "mean"), y=("y", "mean"))
+        pd.testing.assert_frame_equal(StepView(gap).per_step_means(cols), want, check_exact=True)

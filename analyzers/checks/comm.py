@@ -101,8 +101,7 @@ def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[lis
     """The exposed-communication findings, and the exposed share of step time per step they were judged on."""
     out: list[Finding] = []
     st = view.rows
-    per_step = (pd.DataFrame({"step": st["step"], "transfer": view.column("transfer_ms"), "step_ms": st["step_ms"]})
-                .groupby("step").agg(transfer=("transfer", "mean"), step_ms=("step_ms", "mean")))
+    per_step = view.per_step_means({"transfer": view.column("transfer_ms"), "step_ms": st["step_ms"]})
     per_step = per_step[per_step["step_ms"] > 0]
     if per_step.empty:
         return out, pd.Series(dtype=float)
