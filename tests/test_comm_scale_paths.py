@@ -6,6 +6,8 @@ window (and run, and still firing, where one can)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 from test_comm_vectorized import records
@@ -425,3 +427,15 @@ def test_per_step_means_of_a_grid_are_pandas_groupby_means():
         cols = {"x": gap["a"], "y": gap["b"]}
         want = pd.DataFrame({"step": gap["step"], **cols}).groupby("step").agg(x=("x", "mean"), y=("y", "mean"))
         pd.testing.assert_frame_equal(StepView(gap).per_step_means(cols), want, check_exact=True)
+
+
+def test_communicators_by_rank_from_distinct_pairs_are_the_groupby_sets():
+    from analyzers.checks.comm import _communicators_by_rank
+
+    rng = np.random.default_rng(19)
+    for names, dtype in itertools.product((["tp[0,1]", "tp[2,3]", "pp:0>1"], ["tp[0,1]", None]), ("category", object)):
+        part = pd.DataFrame({"rank": rng.integers(0, 6, 500).astype(np.int32),
+                             "gkey": pd.Series(rng.choice(names, 500), dtype=dtype)})
+        want = part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
+        assert _communicators_by_rank(part) == want
+    assert _communicators_by_rank(part.iloc[:0]) == {}
