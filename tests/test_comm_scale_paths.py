@@ -439,3 +439,26 @@ def test_communicators_by_rank_from_distinct_pairs_are_the_groupby_sets():
         want = part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
         assert _communicators_by_rank(part) == want
     assert _communicators_by_rank(part.iloc[:0]) == {}
+
+
+def test_unexplained_wait_in_place_is_pandas_arithmetic():
+    from analyzers.checks.comm import _unexplained_wait
+
+    rng = np.random.default_rng(20)
+    idx, cols = pd.Index([0, 1, 3, 4], name="rank"), pd.Index(range(5, 35), name="step")
+
+    def m(values, index=idx, columns=cols):
+        return pd.DataFrame(rng.choice(values, size=(len(index), len(columns))), index=index, columns=columns)
+
+    vals = [np.nan, -0.0, 0.0, 1.5, -2.0, 7.25, np.inf]
+    times = [np.nan, 100.0, 100.001, 99.998, 100.0005]
+    wait, wait_ref, arr, arr_ref = m(vals), m(vals), m(times), m(times)
+    want_lag = (arr - arr_ref) * 1000.0
+    want = (wait_ref - wait) - want_lag.clip(lower=0)
+    got, lag = _unexplained_wait(wait, wait_ref, arr, arr_ref)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    pd.testing.assert_frame_equal(lag, want_lag, check_exact=True)
+    assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
+    other = m(times, index=pd.Index([0, 1, 2, 3], name="rank"))  # other ranks: pandas' aligned arithmetic
+    got2, _ = _unexplained_wait(wait, wait_ref, other, other)
+    pd.testing.assert_frame_equal(got2, (wait_ref - wait) - ((other - other) * 1000.0).clip(lower=0), check_exact=True)
