@@ -50,17 +50,19 @@ def grid_transfer_ms(st: pd.DataFrame, n_ranks: int) -> pd.Series:
     ``n_ranks`` of them): each step's smallest wait is a row minimum of the reshaped column, not a groupby-transform
     (half a second at 10 M rows). The same values: a minimum is exact, and the clips keep what pandas' keep (NaN,
     and a zero's sign)."""
-    wait = st["sync_wait_ms"].to_numpy(dtype=np.float64, na_value=np.nan)
-    by_step = wait.reshape(-1, n_ranks)
+    # one new array, worked in place: the waits (a copy), less each step's smallest, then the transfer time
+    col = st["sync_wait_ms"]
+    out = col.to_numpy(dtype=np.float64, na_value=np.nan)
+    if np.may_share_memory(out, col.to_numpy()):  # the column's own float64 array: not ours to change
+        out = out.copy()
+    by_step = out.reshape(-1, n_ranks)
     with np.errstate(invalid="ignore"):  # inf - inf: NaN, as pandas gives (then 0)
-        waiting = by_step - np.fmin.reduce(by_step, axis=1)[:, None]  # fmin: NaN left out (NaN where a step has none)
-    waiting = waiting.ravel()
-    np.nan_to_num(waiting, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
-    waiting[waiting < 0.0] = 0.0
-    comm = st["comm_ms"]
-    comm = comm.to_numpy() if is_float(comm) else comm.to_numpy(dtype=np.float64, na_value=np.nan)
-    out = comm - waiting
-    with np.errstate(invalid="ignore"):
+        by_step -= np.fmin.reduce(by_step, axis=1)[:, None]  # fmin: NaN left out (NaN where a step has none)
+        out[np.isnan(out)] = 0.0  # fillna(0.0)
+        out[out < 0.0] = 0.0  # clip(lower=0.0): -0.0 and NaN kept (none left)
+        comm = st["comm_ms"]
+        comm = comm.to_numpy() if is_float(comm) else comm.to_numpy(dtype=np.float64, na_value=np.nan)
+        np.subtract(comm, out, out=out)  # comm_ms - waiting (a float32 column widened first, as pandas does)
         out[out < 0.0] = 0.0
     return pd.Series(out, index=st.index, copy=False)
 

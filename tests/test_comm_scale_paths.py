@@ -295,7 +295,9 @@ def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
                            "comm_ms": rng.choice([np.nan, 0.0, 1.0, 2.0, 5.0, -1.0], size=n).astype(dt),
                            "step_ms": rng.choice([np.nan, 1.0, 2.0, 4.5, 7.0], size=n).astype(dt)})
         want = transfer_ms(st)
+        orig = st.copy()
         got = grid_transfer_ms(st, nr)
+        pd.testing.assert_frame_equal(st, orig, check_exact=True)  # worked on a copy: the rows as they were
         pd.testing.assert_series_equal(got, want, check_exact=True)
         assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
         view = StepView(st)
