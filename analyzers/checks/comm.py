@@ -181,23 +181,29 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
                 continue  # a slow computer, not a slow link: the straggler check owns it
             spans.append((r, flags, s0, s1, n))
     del wait, wait_ref, others_wait_more, flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
+    # each span's transfer figures, read now: the ratios, the transfer times and their references go before the
+    # op instances are built (82 MB a matrix at 1,024 ranks x 10,000 steps; no other check reads them; the compute
+    # check keeps the excess)
+    figures = [(float(np.nanmedian(tr.loc[r, s0:s1])), float(np.nanmedian(ref.loc[r, s0:s1])),
+                float(np.nanmedian(ratio.loc[r, s0:s1]))) for r, _, s0, s1, _ in spans]
+    judged_steps = sorted(int(x) for x in tr.columns)
+    all_ranks = set(tr.index)
+    del ratio, tr, ref
+    view.release("transfer_ms")
     # the wait at every collective, of those ranks only (the TP partners of a straggler: a few); many: every rank's
     ranks_asked = {r for r, *_ in spans}
     late_wait = None if not spans else (
         collective_wait_ms_of(frame.data.collectives, ranks_asked, cfg.match_tol_ms) if len(ranks_asked) <= WAIT_BY_RANK
         else collective_wait_ms(frame.data.collectives, cfg.match_tol_ms))
-    for r, flags, s0, s1, n in spans:
+    for (r, flags, s0, s1, n), (own, peers, ratio_median) in zip(spans, figures):
         cr = compute.compute_ratio(r, s0, s1)
         if r in late_wait.index:
             waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
             if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
                 continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
-        cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
-                          peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
+        cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=own, peers=peers, ratio=ratio_median,
                           comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
-    # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
-    # ranks x 10,000 steps)
-    del late_wait, ratio
+    del late_wait
     co = frame.data.collectives
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
@@ -206,7 +212,6 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
     release_op_instances()  # leads and last arrivers are all the rest reads of them (a GiB at 20 M records)
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
-    judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
     del last  # a row per op instance (2 M at 20 M records), read by the two signatures above only
     cands = _merge_direct(cands, early_finishers(co, cfg, judged_steps, compute, leads), cfg)
@@ -218,7 +223,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     flagged = {c["rank"] for c in cands}
     for node, members in node_ranks.items():
         cs = [c for c in cands if c["rank"] in members]
-        if len(members) >= 2 and set(members) <= flagged and len(node_ranks) > 1 and flagged != set(tr.index):
+        if len(members) >= 2 and set(members) <= flagged and len(node_ranks) > 1 and flagged != all_ranks:
             out.append(_node_link_finding(node, members, cs))
             used |= set(members)
     for c in cands:
@@ -339,6 +344,8 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
         return []
     wait_ref = view.reference("sync_wait_ms")
     unexplained, lag = _unexplained_wait(wait, wait_ref, arr, view.reference("sync_arrival"))
+    del arr
+    view.release("sync_arrival")  # read by this signature only (the straggler check places its own spans)
     step_floor = 0.10 * step_ms.reindex(unexplained.columns).fillna(0)
     if not (unexplained.to_numpy(dtype=float) >= np.maximum(cfg.min_extra_ms, step_floor.to_numpy(dtype=float))[None, :]).any():
         return []  # no cell above the floor's fixed parts: none above the floor (its noise part is not needed)
