@@ -5,8 +5,8 @@ of 20 M records. glibc hands every block over its mmap threshold (at most 32 MiB
 as a fresh mapping and unmaps it on free, so each temporary is new memory the kernel must fault in and zero page by
 page: on a busy host that costs as much as the arithmetic on it. ``reuse_freed_pages`` raises the threshold for the
 duration of a block of work, so freed temporaries stay in the heap and the next one of a like size reuses their
-pages; afterwards the thresholds go back to glibc's adaptive ceiling and the heap's free memory is returned
-(``malloc_trim``). Values are untouched: only where the bytes live changes. Elsewhere than glibc: nothing.
+pages; afterwards the mmap threshold goes to glibc's adaptive ceiling, the trim threshold to its initial value, and
+the heap's free memory is returned (``malloc_trim``). Values are untouched: only where the bytes live changes. Elsewhere than glibc: nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 M_MMAP_THRESHOLD = -3
 LARGE = 1 << 30  # blocks up to this size from the heap while the work runs
 AFTER_MMAP = 32 << 20  # after: glibc's ceiling for its adaptive mmap threshold (64-bit) ...
-AFTER_TRIM = 64 << 20  # ... and the trim threshold it pairs with it (twice that)
+AFTER_TRIM = 128 << 10  # ... and its initial trim threshold: freed memory at the heap's top goes back at once (at
+# twice the mmap threshold, as glibc pairs them, the checks after this one kept up to 64 MiB of freed blocks each)
 
 
 def _glibc():
