@@ -432,8 +432,9 @@ def test_per_step_means_of_a_grid_are_pandas_groupby_means():
 
 
 def test_communicators_by_rank_from_distinct_pairs_are_the_groupby_sets():
-    from analyzers.checks.comm import _communicators_by_rank
+    from analyzers.checks import comm
 
+    _communicators_by_rank = comm._communicators_by_rank
     rng = np.random.default_rng(19)
     for names, dtype in itertools.product((["tp[0,1]", "tp[2,3]", "pp:0>1"], ["tp[0,1]", None]), ("category", object)):
         part = pd.DataFrame({"rank": rng.integers(0, 6, 500).astype(np.int32),
@@ -444,8 +445,9 @@ def test_communicators_by_rank_from_distinct_pairs_are_the_groupby_sets():
 
 
 def test_unexplained_wait_in_place_is_pandas_arithmetic():
-    from analyzers.checks.comm import _unexplained_wait
+    from analyzers.checks import comm
 
+    _unexplained_wait = comm._unexplained_wait
     rng = np.random.default_rng(20)
     idx, cols = pd.Index([0, 1, 3, 4], name="rank"), pd.Index(range(5, 35), name="step")
 
