@@ -45,6 +45,28 @@ def transfer_ms(st: pd.DataFrame) -> pd.Series:
     return (st["comm_ms"] - waiting).clip(lower=0.0)
 
 
+def grid_transfer_ms(st: pd.DataFrame, n_ranks: int) -> pd.Series:
+    """``transfer_ms`` of rows that are a whole step x rank grid (``matrices.step_grid``: each step's rows together,
+    ``n_ranks`` of them): each step's smallest wait is a row minimum of the reshaped column, not a groupby-transform
+    (half a second at 10 M rows). The same values: a minimum is exact, and the clips keep what pandas' keep (NaN,
+    and a zero's sign)."""
+    # one new array, worked in place: the waits (a copy), less each step's smallest, then the transfer time
+    col = st["sync_wait_ms"]
+    out = col.to_numpy(dtype=np.float64, na_value=np.nan)
+    if np.may_share_memory(out, col.to_numpy()):  # the column's own float64 array: not ours to change
+        out = out.copy()
+    by_step = out.reshape(-1, n_ranks)
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, as pandas gives (then 0)
+        by_step -= np.fmin.reduce(by_step, axis=1)[:, None]  # fmin: NaN left out (NaN where a step has none)
+        out[np.isnan(out)] = 0.0  # fillna(0.0)
+        out[out < 0.0] = 0.0  # clip(lower=0.0): -0.0 and NaN kept (none left)
+        comm = st["comm_ms"]
+        comm = comm.to_numpy() if is_float(comm) else comm.to_numpy(dtype=np.float64, na_value=np.nan)
+        np.subtract(comm, out, out=out)  # comm_ms - waiting (a float32 column widened first, as pandas does)
+        out[out < 0.0] = 0.0
+    return pd.Series(out, index=st.index, copy=False)
+
+
 def total_wait_ms(st: pd.DataFrame) -> pd.Series:
     """Time each step row spent blocked for others: the gradient sync's wait plus the pipeline's p2p waits."""
     return st["sync_wait_ms"].fillna(0.0) + st["pipeline_wait_ms"].fillna(0.0)
@@ -83,8 +105,54 @@ class StepView:
         if name not in DERIVED_COLUMNS:
             return self.rows[name]
         if name not in self._derived:
-            self._derived[name] = DERIVED_COLUMNS[name](self.rows)
+            grid = self._grid if name == "transfer_ms" else None
+            self._derived[name] = (grid_transfer_ms(self.rows, len(grid[0])) if grid is not None
+                                   else DERIVED_COLUMNS[name](self.rows))
         return self._derived[name]
+
+    def release(self, name: str) -> None:
+        """Forget the matrix, the reference and the derived column of ``name`` (a check done with a column no other
+        check reads frees 80 MB a matrix at 1,024 x 10,000; one that asks again gets them rebuilt)."""
+        self._matrices.pop(name, None)
+        self._references.pop(name, None)
+        self._derived.pop(name, None)
+
+    def per_step_means(self, columns: dict[str, pd.Series]) -> pd.DataFrame:
+        """``pd.DataFrame({"step": rows["step"], **columns}).groupby("step").agg(<each column's mean>)``: on a grid
+        whose columns have no NaN, each step's rows are one contiguous segment, and pandas takes such means as
+        ``np.add.reduceat`` over the float64 values divided by the segment sizes: the same call here, without the
+        frame and the group numbering of 10 M rows. Otherwise (a gap, no grid) pandas' own (it then sums with
+        compensation, skipping NaN)."""
+        grid = self._grid
+        if grid is not None and all(is_float(v) for v in columns.values()):
+            ranks, steps = grid
+            arrays = {name: v.to_numpy(dtype=np.float64) for name, v in columns.items()}
+            if len(steps) and not any(np.isnan(a).any() for a in arrays.values()):
+                starts = np.arange(len(steps), dtype=np.intp) * len(ranks)
+                sizes = np.full(len(steps), float(len(ranks)))
+                return pd.DataFrame({name: np.add.reduceat(a, starts) / sizes for name, a in arrays.items()},
+                                    index=pd.Index(steps, name="step"))
+        frame = pd.DataFrame({"step": self.rows["step"], **columns})
+        return frame.groupby("step").agg(**{name: (name, "mean") for name in columns})
+
+    def per_step_median(self, name: str) -> pd.Series:
+        """``rows.groupby("step")[name].median()`` of a float column: on a grid, each step's rows are one row of the
+        reshaped column (numpy's median of the same values in float64: the same middle values and mean of two, cast
+        back to the column's width as pandas does); otherwise pandas'."""
+        values = self.rows[name]
+        grid = self._grid if is_float(values) else None
+        if grid is None:
+            return self.rows.groupby("step")[name].median()
+        ranks, steps = grid
+        by_step = values.to_numpy(dtype=np.float64).reshape(len(steps), len(ranks))
+        if np.isnan(by_step).any():
+            med = np.full(len(steps), np.nan)
+            has = ~np.isnan(by_step).all(axis=1)
+            med[has] = np.nanmedian(by_step[has], axis=1)
+        else:
+            med = np.median(by_step, axis=1)
+        # in the column's own width, as pandas gives it (its median in float64, the result cast back)
+        return pd.Series(med.astype(values.dtype, copy=False), index=pd.Index(steps, name="step"), name=name)
 
     def matrix(self, name: str) -> pd.DataFrame:
         """Rank x step matrix of a column (``rank_step_matrix``)."""

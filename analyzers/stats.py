@@ -47,9 +47,9 @@ def row_robust_sigmas(values: np.ndarray) -> np.ndarray:
     """``robust_sigma`` of each row of a 2-D array (non-finite values left out; 0.0 for a row without any)."""
     if values.shape[1] and np.isfinite(values).all():
         # every value finite (a full matrix): the same two medians without the masked copy, the deviations in place
-        dev = values - np.median(values, axis=1)[:, None]
+        dev = values - median_rows(values)[:, None]
         np.abs(dev, out=dev)
-        return MAD_SCALE * np.median(dev, axis=1, overwrite_input=True)
+        return MAD_SCALE * median_rows(dev, overwrite_input=True)
     v = np.where(np.isfinite(values), values, np.nan)
     has = ~np.isnan(v).all(axis=1)
     out = np.zeros(v.shape[0])
@@ -60,12 +60,30 @@ def row_robust_sigmas(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def median_rows(v: np.ndarray, overwrite_input: bool = False) -> np.ndarray:
+    """``np.median(v, axis=1)`` of a 2-D float array without NaN, the same floats: the middle value, or the mean of
+    the two middle ones ((low + high) / 2, as np.mean of the two gives). np.median partitions an even row at its two
+    middle places at once, which numpy does many times slower than at one place: here one single-place partition,
+    and the next value up is the minimum of what lies above it."""
+    n = v.shape[1]
+    if n == 0 or v.shape[0] == 0 or v.dtype != np.float64:
+        return np.median(v, axis=1)
+    part = v if overwrite_input else v.copy()
+    lo = (n - 1) // 2
+    part.partition(lo, axis=1)
+    low = part[:, lo]
+    if n % 2:
+        return low.copy()
+    high = part[:, lo + 1:].min(axis=1)
+    return (low + high) / 2.0
+
+
 def _nanmedian_rows(v: np.ndarray) -> np.ndarray:
     """np.nanmedian along axis 1 of rows that each have a non-NaN value (no all-NaN warning to silence)."""
     if v.shape[1] == 0:
         return np.full(v.shape[0], np.nan)
     if not np.isnan(v).any():  # np.median's partition over every row at once: the same values, no per-row call
-        return np.median(v, axis=1)
+        return median_rows(v)
     return np.nanmedian(v, axis=1)
 
 
@@ -82,10 +100,13 @@ def leave_one_out_median(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 LOO_BLOCK_CELLS = 1 << 20  # columns taken this many cells at a time: the temporaries stay a few tens of MB
+LOO_FULL_BLOCK_CELLS = 1 << 17  # a matrix without NaN: its columns, transposed, this many cells at a time (in cache)
 
 
 def _loo_median(values: np.ndarray) -> np.ndarray:
     n_rows, n_cols = values.shape
+    if n_rows >= 2 and n_cols >= 1 and not np.isnan(values).any():
+        return _loo_median_full(values)
     if n_rows >= 2 and n_cols > 1 and n_rows * n_cols > LOO_BLOCK_CELLS:
         # each column on its own: a block of columns at a time (a 1,024 x 10,000 matrix whole needs ~10 temporaries
         # of its size)
@@ -95,6 +116,39 @@ def _loo_median(values: np.ndarray) -> np.ndarray:
             out[:, c0:c0 + step] = _loo_median_block(values[:, c0:c0 + step])
         return out
     return _loo_median_block(values)
+
+
+def _loo_median_full(values: np.ndarray) -> np.ndarray:
+    """``_loo_median_block``'s medians of a matrix without NaN (2 rows or more): every column holds n values, and a
+    cell's reference reads only the column's order statistics at the places lo, lo + 1 (and hi + 1 = lo + 2 where
+    n - 1 is even) of the n - 1 values left; those are found by one single-place partition (numpy partitions at
+    several places many times slower than at one) and a min (or a short partition) of what lies above it. The
+    columns a block at a time, transposed so that each is contiguous and the block stays in cache."""
+    n_rows, n_cols = values.shape
+    m = n_rows - 1  # values left
+    lo, hi = (m - 1) // 2, m // 2
+    out = np.empty((n_rows, n_cols))
+    step = max(32, LOO_FULL_BLOCK_CELLS // n_rows)  # 32 columns at least: a partition per row has a fixed cost
+    with np.errstate(invalid="ignore", over="ignore"):
+        for c0 in range(0, n_cols, step):
+            block = np.ascontiguousarray(values[:, c0:c0 + step].T, dtype=np.float64)  # columns x rows
+            part = np.partition(block, lo, axis=1)
+            at_lo = part[:, lo:lo + 1]
+            above = part[:, lo + 1:]
+            if hi == lo:
+                at_lo1 = above.min(axis=1, keepdims=True)
+            else:  # the two smallest above lo: places lo + 1 and lo + 2
+                two = np.sort(np.partition(above, 1, axis=1)[:, :2], axis=1) if above.shape[1] > 2 else np.sort(above, axis=1)
+                at_lo1, at_lo2 = two[:, 0:1], two[:, 1:2]
+            # the value left at place j: the sorted column's j-th if that one is below the cell's value, else its (j+1)-th
+            lo_v = np.where(at_lo < block, at_lo, at_lo1)
+            if hi != lo:
+                lo_v += np.where(at_lo1 < block, at_lo1, at_lo2)
+            else:
+                lo_v += lo_v
+            lo_v /= 2.0
+            out[:, c0:c0 + step] = lo_v.T
+    return out
 
 
 def _loo_median_block(values: np.ndarray) -> np.ndarray:
@@ -252,6 +306,7 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
     row_of = np.full(len(index), -1, np.int64)
     row_of[labels_used] = np.arange(len(labels_used))
     col = s_arr.astype(np.int64) - g0 - (window - 1)  # the first grid step of each output step's window
+    contiguous_cols = len(col) > 0 and bool((np.diff(col) == 1).all())
     chunk = max(1, (1 << 23) // max(1, len(s_arr) * window * k))  # labels per pass: bounded memory
     sc, sstep, sval = code[order], cell_step[order], vals[order]
     for c0 in range(0, len(labels_used), chunk):
@@ -268,7 +323,9 @@ def windowed_medians(labels: Iterable[Any], step: Iterable[Any], values: Iterabl
         if k * window <= SMALL_SORT:
             win = _sorted_small([dense[:, col + w, j] for w in range(window) for j in range(k)])
         else:
-            win = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)[:, col]  # part x S x k x window
+            view = np.lib.stride_tricks.sliding_window_view(dense, window, axis=1)  # part x steps x k x window
+            # consecutive output steps (the usual case): a slice of the windows, not a gather (one copy less)
+            win = view[:, int(col[0]):int(col[0]) + len(col)] if contiguous_cols else view[:, col]
             win = np.sort(win.reshape(len(part), len(s_arr), k * window), axis=2)
         csum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(count, axis=1)], axis=1)
         nsum = np.concatenate([np.zeros((len(part), 1), np.int64), np.cumsum(nans, axis=1)], axis=1)

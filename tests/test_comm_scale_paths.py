@@ -6,6 +6,8 @@ window (and run, and still firing, where one can)."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 from test_comm_vectorized import records
@@ -133,7 +135,9 @@ def test_window_can_fill_is_false_only_where_no_pair_can_fill_a_window():
     one = window(seed=0)  # one op per communicator and step, two communicators a rank: cells of two
     assert not links.window_can_fill(_leads(one), cfg.link_window, cfg.link_min_ops, cheaper_only=False)
     assert links.window_can_fill(_leads(one), cfg.link_window, 3, cheaper_only=False)  # 3 steps hold 3 ops
-    # where pairing costs no more than the bound, it is not worked out (True)
+    # where pairing costs no more than the bound, it is not worked out (True), unless the records are in (step,
+    # rank) order (the bound from neighbours: test_window_bound_from_records_in_order_is_the_counted_one)
+    assert links.most_in_cell_in_order(*_cell_arrays(_leads(one))) is None
     assert links.window_can_fill(_leads(one), cfg.link_window, cfg.link_min_ops)
     # two ops of one communicator in a step: a cell of two that is one pair's
     tp = one[one["group"] == "tp"]
@@ -214,3 +218,251 @@ def test_op_weights_of_an_int32_column_without_a_copy_are_the_clipped_ones():
     low = pd.DataFrame({"ops": np.array([0, 3, -1, 1], np.int32)})
     assert list(op_instances._op_weights(low, rows)) == [1, 3, 1, 1]
     assert list(op_instances._op_weights(co, np.array([1, 3]))) == [3, 1]
+
+
+def _cell_arrays(leads):
+    """The complete records' ranks, steps and communicators (what window_can_fill bounds)."""
+    c = leads.complete
+    return leads.rank[c], leads.step[c], leads.gcode[c]
+
+
+def _in_step_rank_order(co):
+    return co.sort_values(["step", "rank"], kind="stable", ignore_index=True)
+
+
+def test_window_bound_from_records_in_order_is_the_counted_one():
+    # a store compacted in key order holds its records by (step, rank): the bound read off neighbouring records is
+    # the one the cell counts give (cheaper_only=False), for cells of two of different communicators, of one
+    # communicator twice, of three, and of heavier records; and records out of that order are not read so
+    cfg = CommConfig()
+    one = window(seed=0)
+    tp = one[one["group"] == "tp"]
+    dp = one[one["group"] == "dp"]
+    twice = pd.concat([tp, tp.assign(seq=tp["seq"] + 1000)], ignore_index=True)
+    three = pd.concat([one, dp.assign(seq=dp["seq"] + 1000, gkey=dp["gkey"].str.replace("dp", "ep"))], ignore_index=True)
+    cases = [(one, 1), (one.assign(ops=2), 1), (twice, 2), (three, 3), (tp, 1)]
+    for co, most in cases:
+        ordered = _in_step_rank_order(co)
+        leads = _leads(ordered)
+        assert links.most_in_cell_in_order(*_cell_arrays(leads)) == most
+        for min_ops in (2, 3, 4, 7):
+            counted = links.window_can_fill(_leads(co), cfg.link_window, min_ops, cheaper_only=False)
+            assert links.window_can_fill(_leads(ordered), cfg.link_window, min_ops) == counted, (most, min_ops)
+    assert not links.window_can_fill(_leads(_in_step_rank_order(one)), cfg.link_window, cfg.link_min_ops)
+    shuffled = _in_step_rank_order(one).iloc[::-1].reset_index(drop=True)
+    assert links.most_in_cell_in_order(*_cell_arrays(_leads(shuffled))) is None
+    op_instances.release_op_instances()
+
+
+def test_early_finishers_on_records_in_order_still_fire():
+    # the slow egress with 8 ops a step, its records in (step, rank) order: the bound lets the signature run
+    def slow(r, s, members):
+        return r in (2, 3) and s >= 10 and members in CROSS["dp"]
+
+    data = with_egress_ops(build(world=4, nodes=2, steps=26), CROSS, slow, 6.0)
+    data.collectives = _in_step_rank_order(data.collectives)
+    fs = warnings(data)
+    assert [(f.ranks, f.evidence["scope"], {r["method"] for r in f.evidence["ranks"]}) for f in fs] == \
+        [([2, 3], "node", {"completion_lead"})]
+
+
+def test_leave_one_out_median_of_a_full_matrix_by_single_place_partitions_is_the_sorted_one(monkeypatch):
+    # every row count's middle places (odd and even counts left), ties, and blocks of columns of every width
+    rng = np.random.default_rng(11)
+    for n in (2, 3, 4, 5, 8, 9, 64, 65):
+        for v in (rng.normal(size=(n, 70)), rng.integers(0, 3, size=(n, 70)).astype(float)):
+            want = stats._loo_median_block(v)
+            np.testing.assert_array_equal(stats._loo_median_full(v), want)
+            monkeypatch.setattr(stats, "LOO_FULL_BLOCK_CELLS", n * 5)  # 32-column blocks (the last one shorter)
+            np.testing.assert_array_equal(stats._loo_median(v), want)
+            monkeypatch.undo()
+    with_gap = rng.normal(size=(6, 40))
+    with_gap[2, 3] = np.nan  # a gap: the general path
+    np.testing.assert_array_equal(stats._loo_median(with_gap), stats._loo_median_block(with_gap))
+
+
+def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
+    from analyzers.builder import StepView, grid_transfer_ms, transfer_ms
+
+    rng = np.random.default_rng(12)
+    for trial in range(60):
+        nr, ns = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        dt = (np.float32, np.float64)[trial % 2]
+        n = nr * ns
+        st = pd.DataFrame({"rank": np.tile(np.arange(nr), ns).astype(np.int32),
+                           "step": np.repeat(np.arange(ns) + 3, nr).astype(np.int32),
+                           "sync_wait_ms": rng.choice([np.nan, 0.0, -0.0, 1.0, 2.5, np.inf], size=n).astype(dt),
+                           "comm_ms": rng.choice([np.nan, 0.0, 1.0, 2.0, 5.0, -1.0], size=n).astype(dt),
+                           "step_ms": rng.choice([np.nan, 1.0, 2.0, 4.5, 7.0], size=n).astype(dt)})
+        want = transfer_ms(st)
+        orig = st.copy()
+        got = grid_transfer_ms(st, nr)
+        pd.testing.assert_frame_equal(st, orig, check_exact=True)  # worked on a copy: the rows as they were
+        pd.testing.assert_series_equal(got, want, check_exact=True)
+        assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
+        view = StepView(st)
+        pd.testing.assert_series_equal(view.column("transfer_ms"), want, check_exact=True)
+        pd.testing.assert_series_equal(view.per_step_median("step_ms"), st.groupby("step")["step_ms"].median(),
+                                       check_index_type=False, check_exact=True)
+    off_grid = st.iloc[::-1]  # not a grid: pandas' own
+    pd.testing.assert_series_equal(StepView(off_grid).per_step_median("step_ms"),
+                                   off_grid.groupby("step")["step_ms"].median(), check_exact=True)
+
+
+def test_compute_check_by_rows_is_the_one_of_whole_frames():
+    rng = np.random.default_rng(13)
+    comp = pd.DataFrame(rng.choice([0.0, 1.0, 2.0, 3.5, np.nan], size=(5, 12)), index=[0, 1, 2, 4, 7],
+                        columns=range(10, 22))
+    ref = pd.DataFrame(stats._loo_median(comp.to_numpy()), index=comp.index, columns=comp.columns)
+    extra = pd.DataFrame(rng.normal(size=(5, 12)) * 10, index=comp.index, columns=comp.columns)
+    asked = []
+    lazy = links.ComputeCheck.of_matrix(comp, lambda: asked.append(1) or ref, extra)
+    whole = links.ComputeCheck(comp / ref.replace(0, np.nan), comp - ref, extra)
+    for r in (0, 1, 2, 4, 7, 99):
+        for s0, s1 in ((10, 21), (12, 15), (30, 40)):
+            np.testing.assert_equal(lazy.compute_ratio(r, s0, s1), whole.compute_ratio(r, s0, s1))
+            assert lazy.slow_computer(r, s0, s1) == whole.slow_computer(r, s0, s1)
+        got, want = lazy.ratio_row(r), (whole.comp_ratio.loc[r] if r in whole.comp_ratio.index else None)
+        assert (got is None) == (want is None) and (got is None or got.equals(want))
+    assert asked == [1]  # the reference built once, when first needed
+    pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio, check_exact=True)
+
+
+def test_median_rows_by_one_single_place_partition_is_numpys():
+    # odd and even row lengths, ties, one column; and the robust sigmas that read it
+    rng = np.random.default_rng(14)
+    for shape in [(1, 1), (3, 1), (2, 2), (5, 7), (4, 8), (30, 100), (7, 101)]:
+        for v in (rng.normal(size=shape), rng.integers(0, 3, size=shape).astype(float)):
+            np.testing.assert_array_equal(stats.median_rows(v), np.median(v, axis=1))
+            w = v.copy()
+            np.testing.assert_array_equal(stats.median_rows(w, overwrite_input=True), np.median(v, axis=1))
+            want = [stats.robust_sigma(row) for row in v]
+            np.testing.assert_array_equal(stats.row_robust_sigmas(v), want)
+
+
+def test_first_positions_chunk_by_chunk_are_the_scattered_ones(monkeypatch):
+    rng = np.random.default_rng(15)
+    monkeypatch.setattr(op_instances, "FIRST_CHUNK", 7)
+    for n_codes, n in ((5, 100), (9, 40), (3, 0), (4, 5)):
+        codes = rng.integers(0, n_codes, n).astype(np.int32)
+        codes[codes == 2] = 1  # a code that never occurs: every chunk looked at
+        want = np.full(n_codes, n, np.int64)
+        np.minimum.at(want, codes, np.arange(n))
+        np.testing.assert_array_equal(op_instances.first_positions(codes, n_codes), want)
+        late = np.r_[np.zeros(30, np.int32), codes]  # code 0 first, the others later
+        want_late = np.full(n_codes, len(late), np.int64)
+        np.minimum.at(want_late, late, np.arange(len(late)))
+        np.testing.assert_array_equal(op_instances.first_positions(late, n_codes), want_late)
+
+
+def test_reuse_freed_pages_sets_the_allocator_only_when_enabled_and_outermost(monkeypatch):
+    from analyzers.checks import heap
+
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append(("mallopt", param, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+            return 1
+
+    monkeypatch.setattr(heap, "_LIBC", FakeLibc())
+    with heap.reuse_freed_pages(False):
+        pass
+    assert calls == []
+    with heap.reuse_freed_pages():
+        with heap.reuse_freed_pages():  # nested: the outer one's settings stand
+            assert calls == [("mallopt", heap.M_MMAP_THRESHOLD, heap.LARGE), ("mallopt", heap.M_TRIM_THRESHOLD, heap.LARGE)]
+        assert len(calls) == 2
+    assert calls[2:] == [("mallopt", heap.M_MMAP_THRESHOLD, heap.AFTER_MMAP),
+                         ("mallopt", heap.M_TRIM_THRESHOLD, heap.AFTER_TRIM), ("trim", 0)]
+    calls.clear()
+    try:
+        with heap.reuse_freed_pages():
+            raise ValueError
+    except ValueError:
+        pass
+    assert calls[-1] == ("trim", 0) and heap._DEPTH == [0]  # restored when the work raises
+
+
+def test_sorted_members_of_shared_lists_by_a_gather_are_the_tuples():
+    shared = [np.array([3, 1, 2]), np.array([5, 4]), np.array([7])]
+    rows = pd.Series([shared[i] for i in [0, 1, 0, 2, 1, 1, 0]] + [np.array([9, 8])], dtype=object)
+    got = links.sorted_members(rows)
+    want = [tuple(sorted(int(x) for x in m)) for m in rows]
+    assert list(got) == want and all(type(t) is tuple for t in got)
+    frame = pd.DataFrame({"suspects": got})
+    assert frame["suspects"].iloc[0] == (1, 2, 3) and frame["suspects"].iloc[3] == (7,)
+
+
+def test_windowed_medians_of_many_ops_per_step_by_a_slice_of_windows_are_the_windows_medians():
+    # 4 values a step in 3-step windows (12 values: the sort path); consecutive output steps (a slice of the windows)
+    # and scattered ones (a gather), against each window's own median and quantile
+    rng = np.random.default_rng(16)
+    labels = np.repeat(np.arange(5), 40 * 4)
+    step = np.tile(np.repeat(np.arange(40), 4), 5)
+    vals = rng.random(len(labels)).round(2)
+    keep = rng.random(len(labels)) > 0.1  # some cells with fewer values
+    labels, step, vals = labels[keep], step[keep], vals[keep]
+    for steps in (list(range(2, 40)), [2, 5, 6, 9, 30, 39]):
+        for q in (0.5, 0.25):
+            got = stats.windowed_medians(labels, step, vals, list(range(5)), steps, 3, 4, q)
+            want = stats._windowed_medians_by_label(labels, step, vals, list(range(5)), steps, 3, 4, q)
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_per_step_means_of_a_grid_are_pandas_groupby_means():
+    from analyzers.builder import StepView
+
+    rng = np.random.default_rng(18)
+    for nr, ns in ((1, 1), (3, 4), (9, 5), (130, 3), (300, 7)):  # segments past numpy's pairwise blocks
+        st = pd.DataFrame({"rank": np.tile(np.arange(nr), ns).astype(np.int32),
+                           "step": np.repeat(np.arange(ns) + 2, nr).astype(np.int32),
+                           "a": rng.gamma(2.0, 3.0, nr * ns), "b": rng.gamma(2.0, 3.0, nr * ns).astype(np.float32)})
+        cols = {"x": st["a"], "y": st["b"]}
+        want = pd.DataFrame({"step": st["step"], **cols}).groupby("step").agg(x=("x", "mean"), y=("y", "mean"))
+        pd.testing.assert_frame_equal(StepView(st).per_step_means(cols), want, check_exact=True)
+        gap = st.assign(a=st["a"].where(st.index != 1))  # a NaN: pandas' own (compensated sums)
+        cols = {"x": gap["a"], "y": gap["b"]}
+        want = pd.DataFrame({"step": gap["step"], **cols}).groupby("step").agg(x=("x", "mean"), y=("y", "mean"))
+        pd.testing.assert_frame_equal(StepView(gap).per_step_means(cols), want, check_exact=True)
+
+
+def test_communicators_by_rank_from_distinct_pairs_are_the_groupby_sets():
+    from analyzers.checks import comm
+
+    _communicators_by_rank = comm._communicators_by_rank
+    rng = np.random.default_rng(19)
+    for names, dtype in itertools.product((["tp[0,1]", "tp[2,3]", "pp:0>1"], ["tp[0,1]", None]), ("category", object)):
+        part = pd.DataFrame({"rank": rng.integers(0, 6, 500).astype(np.int32),
+                             "gkey": pd.Series(rng.choice(names, 500), dtype=dtype)})
+        want = part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
+        assert _communicators_by_rank(part) == want
+    assert _communicators_by_rank(part.iloc[:0]) == {}
+
+
+def test_unexplained_wait_in_place_is_pandas_arithmetic():
+    from analyzers.checks import comm
+
+    _unexplained_wait = comm._unexplained_wait
+    rng = np.random.default_rng(20)
+    idx, cols = pd.Index([0, 1, 3, 4], name="rank"), pd.Index(range(5, 35), name="step")
+
+    def m(values, index=idx, columns=cols):
+        return pd.DataFrame(rng.choice(values, size=(len(index), len(columns))), index=index, columns=columns)
+
+    vals = [np.nan, -0.0, 0.0, 1.5, -2.0, 7.25, np.inf]
+    times = [np.nan, 100.0, 100.001, 99.998, 100.0005]
+    wait, wait_ref, arr, arr_ref = m(vals), m(vals), m(times), m(times)
+    want_lag = (arr - arr_ref) * 1000.0
+    want = (wait_ref - wait) - want_lag.clip(lower=0)
+    got, lag = _unexplained_wait(wait, wait_ref, arr, arr_ref)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    pd.testing.assert_frame_equal(lag, want_lag, check_exact=True)
+    assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
+    other = m(times, index=pd.Index([0, 1, 2, 3], name="rank"))  # other ranks: pandas' aligned arithmetic
+    got2, _ = _unexplained_wait(wait, wait_ref, other, other)
+    pd.testing.assert_frame_equal(got2, (wait_ref - wait) - ((other - other) * 1000.0).clip(lower=0), check_exact=True)

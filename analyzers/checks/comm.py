@@ -27,6 +27,7 @@ import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
+from analyzers.checks.heap import reuse_freed_pages
 from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
                                     slow_communicators)
 from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, collective_wait_ms_of,
@@ -37,6 +38,7 @@ from analyzers.stats import leave_one_out_median, rows_with_window_count, tempor
 from ranksight.schema import Finding
 
 NAME = "comm"
+REUSE_PAGES_ROWS = 1_000_000  # step and collective records from which the check's temporaries reuse freed pages
 WAIT_BY_RANK = 64  # up to this many ranks asked about, their collective waits from their own ops' records only
 
 
@@ -99,8 +101,7 @@ def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[lis
     """The exposed-communication findings, and the exposed share of step time per step they were judged on."""
     out: list[Finding] = []
     st = view.rows
-    per_step = (pd.DataFrame({"step": st["step"], "transfer": view.column("transfer_ms"), "step_ms": st["step_ms"]})
-                .groupby("step").agg(transfer=("transfer", "mean"), step_ms=("step_ms", "mean")))
+    per_step = view.per_step_means({"transfer": view.column("transfer_ms"), "step_ms": st["step_ms"]})
     per_step = per_step[per_step["step_ms"] > 0]
     if per_step.empty:
         return out, pd.Series(dtype=float)
@@ -152,9 +153,14 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     ref = view.reference("transfer_ms")
     extra = tr - ref
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = tr / ref.replace(0, np.nan)
-    comp_ref = view.reference(signal)
-    compute = ComputeCheck(comp / comp_ref.replace(0, np.nan), comp - comp_ref, extra)
+        # tr / ref.replace(0, NaN): a division by zero's cells set to NaN after it (one matrix, not two)
+        ref_values = ref.to_numpy()
+        ratio_values = tr.to_numpy() / ref_values
+        ratio_values[ref_values == 0] = np.nan
+        ratio = pd.DataFrame(ratio_values, index=tr.index, columns=tr.columns, copy=False)
+        del ref_values, ratio_values
+    # the compute ratio of a suspect's row, when one is asked about (the straggler check reads the same reference)
+    compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra)
     cands = []
     wait = view.matrix("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
@@ -175,23 +181,29 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
                 continue  # a slow computer, not a slow link: the straggler check owns it
             spans.append((r, flags, s0, s1, n))
     del wait, wait_ref, others_wait_more, flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
+    # each span's transfer figures, read now: the ratios, the transfer times and their references go before the
+    # op instances are built (82 MB a matrix at 1,024 ranks x 10,000 steps; no other check reads them; the compute
+    # check keeps the excess)
+    figures = [(float(np.nanmedian(tr.loc[r, s0:s1])), float(np.nanmedian(ref.loc[r, s0:s1])),
+                float(np.nanmedian(ratio.loc[r, s0:s1]))) for r, _, s0, s1, _ in spans]
+    judged_steps = sorted(int(x) for x in tr.columns)
+    all_ranks = set(tr.index)
+    del ratio, tr, ref
+    view.release("transfer_ms")
     # the wait at every collective, of those ranks only (the TP partners of a straggler: a few); many: every rank's
     ranks_asked = {r for r, *_ in spans}
     late_wait = None if not spans else (
         collective_wait_ms_of(frame.data.collectives, ranks_asked, cfg.match_tol_ms) if len(ranks_asked) <= WAIT_BY_RANK
         else collective_wait_ms(frame.data.collectives, cfg.match_tol_ms))
-    for r, flags, s0, s1, n in spans:
+    for (r, flags, s0, s1, n), (own, peers, ratio_median) in zip(spans, figures):
         cr = compute.compute_ratio(r, s0, s1)
         if r in late_wait.index:
             waited = float(np.nanmedian(late_wait.loc[r, s0:s1].reindex(range(s0, s1 + 1)).fillna(0.0)))
             if waited >= 0.5 * float(np.nanmedian(extra.loc[r, s0:s1])):
                 continue  # its long collectives wait for a late peer (FSDP all-gathers behind a stalled rank)
-        cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=float(np.nanmedian(tr.loc[r, s0:s1])),
-                          peers=float(np.nanmedian(ref.loc[r, s0:s1])), ratio=float(np.nanmedian(ratio.loc[r, s0:s1])),
+        cands.append(dict(rank=int(r), onset=s0, end=s1, n=n, own=own, peers=peers, ratio=ratio_median,
                           comp_ratio=cr, confirmed=confirmation_step(flags, s0, cfg.persist)))
-    # what the transfer-ratio signature alone read goes before the op instances are built (82 MB a matrix at 1,024
-    # ranks x 10,000 steps)
-    del late_wait, ratio
+    del late_wait
     co = frame.data.collectives
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
@@ -200,7 +212,6 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
     release_op_instances()  # leads and last arrivers are all the rest reads of them (a GiB at 20 M records)
     cands += _self_delay(cfg, view, {c["rank"] for c in cands}, last, compute, leads)
-    judged_steps = sorted(int(x) for x in tr.columns)
     cands = _merge_direct(cands, slow_communicators(co, cfg, judged_steps, compute, last), cfg)
     del last  # a row per op instance (2 M at 20 M records), read by the two signatures above only
     cands = _merge_direct(cands, early_finishers(co, cfg, judged_steps, compute, leads), cfg)
@@ -212,7 +223,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     flagged = {c["rank"] for c in cands}
     for node, members in node_ranks.items():
         cs = [c for c in cands if c["rank"] in members]
-        if len(members) >= 2 and set(members) <= flagged and len(node_ranks) > 1 and flagged != set(tr.index):
+        if len(members) >= 2 and set(members) <= flagged and len(node_ranks) > 1 and flagged != all_ranks:
             out.append(_node_link_finding(node, members, cs))
             used |= set(members)
     for c in cands:
@@ -328,13 +339,13 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
         return []
     wait = view.matrix("sync_wait_ms")
     arr = view.matrix("sync_arrival")
-    step_ms = st.groupby("step")["step_ms"].median()
+    step_ms = view.per_step_median("step_ms")
     if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
         return []
     wait_ref = view.reference("sync_wait_ms")
-    deficit = wait_ref - wait
-    lag = (arr - view.reference("sync_arrival")) * 1000.0
-    unexplained = deficit - lag.clip(lower=0)
+    unexplained, lag = _unexplained_wait(wait, wait_ref, arr, view.reference("sync_arrival"))
+    del arr
+    view.release("sync_arrival")  # read by this signature only (the straggler check places its own spans)
     step_floor = 0.10 * step_ms.reindex(unexplained.columns).fillna(0)
     if not (unexplained.to_numpy(dtype=float) >= np.maximum(cfg.min_extra_ms, step_floor.to_numpy(dtype=float))[None, :]).any():
         return []  # no cell above the floor's fixed parts: none above the floor (its noise part is not needed)
@@ -358,6 +369,23 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
                             lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
     return out
+
+
+def _unexplained_wait(wait: pd.DataFrame, wait_ref: pd.DataFrame, arr: pd.DataFrame,
+                      arr_ref: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(wait_ref - wait - lag.clip(lower=0), lag), lag = (arr - arr_ref) x 1000: the wait deficit less the arrival
+    lag, in ms. Over the same cells, two new matrices instead of five (80 MB each at 1,024 x 10,000): where the lag
+    is below zero its clip is 0, and x - 0.0 is x (NaN and -0.0 included); else pandas' aligned arithmetic."""
+    if not (wait.index.equals(arr.index) and wait.columns.equals(arr.columns)):
+        lag = (arr - arr_ref) * 1000.0
+        return (wait_ref - wait) - lag.clip(lower=0), lag
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as pandas gives it (silently)
+        lag_values = np.subtract(arr.to_numpy(), arr_ref.to_numpy())
+        lag_values *= 1000.0
+        unexplained = np.subtract(wait_ref.to_numpy(), wait.to_numpy())
+        np.subtract(unexplained, lag_values, out=unexplained, where=~(lag_values < 0))
+    return (pd.DataFrame(unexplained, index=wait.index, columns=wait.columns, copy=False),
+            pd.DataFrame(lag_values, index=arr.index, columns=arr.columns, copy=False))
 
 
 def _merge_direct(cands: list[dict], comms: list[dict], cfg: CommConfig) -> list[dict]:
@@ -387,8 +415,7 @@ def _drop_link_partners(cands: list[dict], frame: AnalysisFrame) -> list[dict]:
     sd = [c for c in cands if c.get("method") == "self_delay"]
     drop = set()
     if direct and not frame.data.collectives.empty:
-        part = frame.collectives_of(("tp", "pp"))
-        part_keys = part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
+        part_keys = _communicators_by_rank(frame.collectives_of(("tp", "pp")))
         for c in cands:
             if c.get("method") != "wait_deficit" and c.get("method") is not None:
                 continue
@@ -405,6 +432,23 @@ def _drop_link_partners(cands: list[dict], frame: AnalysisFrame) -> list[dict]:
             if a["onset"] <= b["end"] and b["onset"] <= a["end"] and (a["own"] - a["peers"]) < (b["own"] - b["peers"]):
                 drop.add(id(a))
     return [c for c in cands if id(c) not in drop]
+
+
+def _communicators_by_rank(part: pd.DataFrame) -> dict[int, set[str]]:
+    """rank -> the names (``str``) of the communicators its records are of: ``part.groupby("rank")["gkey"]`` as sets,
+    from the distinct (rank, communicator) pairs (a string per record cost seconds at 8 M tensor-parallel records)."""
+    if part.empty:
+        return {}
+    rank = part["rank"].to_numpy()
+    if rank.dtype.kind not in "iu" or bool(part["gkey"].isna().any()):  # (a missing name: str of what it is)
+        return part.groupby("rank")["gkey"].agg(lambda x: set(map(str, x))).to_dict()
+    codes, uniq = pd.factorize(part["gkey"])
+    names = [str(u) for u in uniq]
+    pairs = pd.unique(rank.astype(np.int64) * len(names) + codes)
+    out: dict[int, set[str]] = {}
+    for r, c in zip((pairs // len(names)).tolist(), (pairs % len(names)).tolist()):
+        out.setdefault(r, set()).add(names[c])
+    return out
 
 
 def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFrame, compute: ComputeCheck,
@@ -466,7 +510,6 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     # the peers' references contain the culprit, so their excess shifts with it and would inflate sigma.
     sigma = temporal_sigma(med)
     threshold = max(cfg.last_min_extra_ms, cfg.last_k * sigma)
-    comp_ratio = compute.comp_ratio
     out = []
     flag_rows = (excess >= threshold).fillna(False)
     for r in rows_with_runs(flag_rows, cfg.persist):
@@ -474,7 +517,8 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
             continue
         flags = flag_rows.loc[r]
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
-            cr = float(np.nanmedian(comp_ratio.loc[r, s0:s1])) if r in comp_ratio.index else float("nan")
+            row = compute.ratio_row(r)
+            cr = float(np.nanmedian(row.loc[s0:s1])) if row is not None else float("nan")
             # the window reaches back last_window - 1 steps: the delay began at most that much before the first flag
             onset = max(steps[0], s0 - cfg.last_window + 1)
             with np.errstate(invalid="ignore"):
@@ -558,10 +602,14 @@ def _transport(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:
 
 
 def analyze(frame: AnalysisFrame, cfg: CommConfig | None = None) -> list[Finding]:
-    try:
-        return _analyze(frame, cfg or CommConfig())
-    finally:
-        release_op_instances()  # the op instances of the round's collectives: over a GiB at 20 M records
+    # its temporaries (dozens of rank x step matrices, per-record arrays of 20 M records) reuse freed pages; a small
+    # run's (a live round of a small job, in the head's own process) leave the allocator as it is
+    big = len(frame.data.collectives) + len(frame.data.steps) >= REUSE_PAGES_ROWS
+    with reuse_freed_pages(big):
+        try:
+            return _analyze(frame, cfg or CommConfig())
+        finally:
+            release_op_instances()  # the op instances of the round's collectives: over a GiB at 20 M records
 
 
 def _analyze(frame: AnalysisFrame, cfg: CommConfig) -> list[Finding]:

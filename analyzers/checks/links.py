@@ -51,20 +51,71 @@ LINK_DOMINANCE = 2.0  # ... unless its transfers exceed its peers' by more than 
 class ComputeCheck:
     """Is a slow-link suspect really a slow computer? Per rank and step: its compute against its peers' (ratio and
     extra ms) and its transfers' extra ms over its peers' (from the step records, as the transfer-ratio signature
-    measures them)."""
+    measures them).
 
-    def __init__(self, comp_ratio: pd.DataFrame, comp_extra_ms: pd.DataFrame, transfer_extra_ms: pd.DataFrame):
-        self.comp_ratio, self.comp_extra_ms, self.transfer_extra_ms = comp_ratio, comp_extra_ms, transfer_extra_ms
+    Built from the frames (``ComputeCheck(ratio, extra, transfer_extra)``), or from the compute matrix and a way to
+    get its reference (``of_matrix``): then a rank's ratio and extra ms are worked out for its row when asked (a
+    few suspects are; the whole ranks x steps frames were two matrices of 80 MB at 1,024 x 10,000, each cell the
+    same arithmetic as a row's)."""
 
-    @staticmethod
-    def _median(frame: pd.DataFrame, r: int, s0: int, s1: int) -> float:
-        if r not in frame.index:
+    def __init__(self, comp_ratio: pd.DataFrame | None, comp_extra_ms: pd.DataFrame | None,
+                 transfer_extra_ms: pd.DataFrame):
+        self._comp_ratio, self._comp_extra_ms, self.transfer_extra_ms = comp_ratio, comp_extra_ms, transfer_extra_ms
+        self._comp = self._reference = None
+        self._rows: dict = {}
+
+    @classmethod
+    def of_matrix(cls, comp: pd.DataFrame, reference, transfer_extra_ms: pd.DataFrame) -> "ComputeCheck":
+        """From the compute matrix and ``reference()``, its leave-one-out reference (called on first need)."""
+        out = cls(None, None, transfer_extra_ms)
+        out._comp, out._reference = comp, reference
+        return out
+
+    def _ref(self) -> pd.DataFrame:
+        if callable(self._reference):
+            self._reference = self._reference()
+        return self._reference
+
+    @property
+    def comp_ratio(self) -> pd.DataFrame:
+        """Every rank's compute ratio (a frame: worked out whole when asked for whole)."""
+        if self._comp_ratio is None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                self._comp_ratio = self._comp / self._ref().replace(0, np.nan)
+        return self._comp_ratio
+
+    @property
+    def comp_extra_ms(self) -> pd.DataFrame:
+        if self._comp_extra_ms is None:
+            self._comp_extra_ms = self._comp - self._ref()
+        return self._comp_extra_ms
+
+    def ratio_row(self, r: int) -> pd.Series | None:
+        """Rank r's compute ratio per step (``comp_ratio.loc[r]``); None where it has no row."""
+        return self._row("ratio", r)
+
+    def _row(self, which: str, r: int) -> pd.Series | None:
+        whole = self._comp_ratio if which == "ratio" else self._comp_extra_ms if which == "extra" else self.transfer_extra_ms
+        if whole is not None:
+            return whole.loc[r] if r in whole.index else None
+        if (which, r) not in self._rows:
+            if r not in self._comp.index:
+                self._rows[which, r] = None
+            else:
+                own, ref = self._comp.loc[r], self._ref().loc[r]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    self._rows[which, r] = own / ref.replace(0, np.nan) if which == "ratio" else own - ref
+        return self._rows[which, r]
+
+    def _median(self, which: str, r: int, s0: int, s1: int) -> float:
+        row = self._row(which, r)
+        if row is None:
             return float("nan")
-        vals = frame.loc[r, [s for s in frame.columns if s0 <= s <= s1]].to_numpy(dtype=float)
+        vals = row.loc[[s for s in row.index if s0 <= s <= s1]].to_numpy(dtype=float)
         return float(np.nanmedian(vals)) if np.isfinite(vals).any() else float("nan")
 
     def compute_ratio(self, r: int, s0: int, s1: int) -> float:
-        return self._median(self.comp_ratio, r, s0, s1)
+        return self._median("ratio", r, s0, s1)
 
     def slow_computer(self, r: int, s0: int, s1: int) -> bool:
         """Rank r over [s0, s1] computes >= STRAGGLER_RATIO x its peers and that explains its transfers: they exceed
@@ -74,8 +125,9 @@ class ComputeCheck:
         cr = self.compute_ratio(r, s0, s1)
         if not (np.isfinite(cr) and cr >= STRAGGLER_RATIO):
             return False
-        comp_extra, tr_extra = self._median(self.comp_extra_ms, r, s0, s1), self._median(self.transfer_extra_ms, r, s0, s1)
+        comp_extra, tr_extra = self._median("extra", r, s0, s1), self._median("transfer", r, s0, s1)
         return not (np.isfinite(comp_extra) and np.isfinite(tr_extra) and tr_extra > LINK_DOMINANCE * max(comp_extra, 0.0))
+
 
 def shift_robust_sigmas(frame: pd.DataFrame, lag: int) -> pd.Series:
     """Each row's noise over time, robust to a level shift: the robust sigma of x[s] - x[s - lag] (windows ``lag``
@@ -135,8 +187,9 @@ def p2p_transfers(co: pd.DataFrame, first_step: int | None = None) -> pd.DataFra
 
 def sorted_members(members: pd.Series) -> list[tuple]:
     """Each row's member ranks as a sorted tuple; each distinct member list object converted once (a communicator's
-    ops all carry the same shared array, analyzers/collectives.py ``with_members``), else each distinct numpy member
-    list by its bytes."""
+    ops all carry the same shared array, analyzers/collectives.py ``with_members``) and handed to its rows by one
+    gather of an object array (a Python lookup per row cost a third of a second at 1.6 M last arrivers), else each
+    distinct numpy member list by its bytes."""
     values = members.tolist()
     if not values:
         return []
@@ -145,7 +198,10 @@ def sorted_members(members: pd.Series) -> list[tuple]:
         firsts = np.full(len(first), len(values), np.int64)
         np.minimum.at(firsts, code, np.arange(len(values)))
         conv = _sorted_members_by_value([values[i] for i in firsts])
-        return [conv[c] for c in code]
+        by_code = np.empty(len(conv), dtype=object)
+        for i, members_of in enumerate(conv):  # one by one: a list of tuples would be taken as a 2-D block
+            by_code[i] = members_of
+        return by_code[code].tolist()
     return _sorted_members_by_value(values)
 
 
@@ -436,13 +492,26 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
     holds two records of one communicator; each weighs at most the heaviest record. With one op per communicator
     and step (the generated scale stores) no 3-step window holds 4, and ``early_finishers`` has nothing to judge.
     Two records of one communicator in a cell of two are told apart by their codes' sum (a + b = 2a only if b = a);
-    a cell of three or more is not looked into (the bound is then its record count). Worked out only where the
-    ranks x communicators table the pairing needs is larger than the ranks x steps one this needs (16,384 ranks in
-    2,080 communicators), unless ``cheaper_only`` is False; else True."""
+    a cell of three or more is not looked into (the bound is then its record count). Records in (step, rank) order
+    (``most_in_cell_in_order``): the same bound from neighbouring records, always. Otherwise worked out only where
+    the ranks x communicators table the pairing needs is larger than the ranks x steps one this needs (16,384 ranks
+    in 2,080 communicators), unless ``cheaper_only`` is False; else True."""
     complete = leads.complete
     rank, step, gcode = leads.rank, leads.step, leads.gcode
     if not len(rank) or step.dtype.kind not in "iu" or rank.dtype.kind not in "iu":
         return True
+    weights = leads.weight
+    heaviest = max(float(np.nanmax(weights)) if len(weights) else 1.0, 1.0)
+    every = bool(complete.all())
+    if every:
+        most = most_in_cell_in_order(rank, step, gcode)
+    else:  # the complete records; where they are one stretch (the first step's left out), a slice of each array
+        lo = int(np.argmax(complete))
+        hi = len(complete) - int(np.argmax(complete[::-1]))
+        at = slice(lo, hi) if bool(complete[lo:hi].all()) else complete
+        most = most_in_cell_in_order(rank[at], step[at], gcode[at])
+    if most is not None:  # records in (step, rank) order: the bound from neighbours, one pass
+        return most * heaviest * max(int(window), 1) >= max(min_ops, 1)
     r0, s0 = int(rank.min()), int(step.min())
     n_s = int(step.max()) - s0 + 1
     n_cells = (int(rank.max()) - r0 + 1) * n_s
@@ -450,7 +519,6 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
         return True
     if cheaper_only and (int(rank.max()) - r0 + 1) * len(leads.gkeys) <= n_cells:
         return True  # pairing the records (a table over ranks x communicators) costs no more than this bound
-    every = bool(complete.all())
     wide = np.int64 if n_cells >= 2**31 else np.int32
 
     def cells(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -476,9 +544,33 @@ def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: 
             cell, at = cells(lo, lo + chunk)
             same = same or bool(((count[cell] == 2) & (2.0 * gcode[at] == total[cell])).any())
         most = 2 if same else 1
-    weights = leads.weight
-    heaviest = float(np.nanmax(weights)) if len(weights) else 1.0
-    return most * max(heaviest, 1.0) * max(int(window), 1) >= max(min_ops, 1)
+    return most * heaviest * max(int(window), 1) >= max(min_ops, 1)
+
+
+def most_in_cell_in_order(rank: np.ndarray, step: np.ndarray, gcode: np.ndarray) -> int | None:
+    """For records in (step, rank) order (a store compacted in key order holds them so): an upper bound on the records
+    one (rank, communicator) has in one step, from neighbouring records only (a (rank, step) cell's records are
+    adjacent): 1 where no cell holds two records of one communicator, 2 where a cell of two does, and a cell's
+    length where one holds three or more. None where the records are not in that order (``window_can_fill`` then
+    counts the cells)."""
+    n = len(rank)
+    if n < 2:
+        return n
+    same_step = step[1:] == step[:-1]
+    if not bool((same_step | (step[1:] > step[:-1])).all()):
+        return None
+    same_rank = rank[1:] == rank[:-1]
+    if not bool((~same_step | same_rank | (rank[1:] > rank[:-1])).all()):
+        return None
+    same_rank &= same_step  # record i + 1 is in record i's cell
+    if not bool(same_rank.any()):
+        return 1
+    if not bool((same_rank[1:] & same_rank[:-1]).any()):  # no cell of three: cells of two, told apart by neighbours
+        same_rank &= gcode[1:] == gcode[:-1]
+        return 2 if bool(same_rank.any()) else 1
+    at = np.flatnonzero(same_rank)
+    breaks = np.flatnonzero(np.diff(at) != 1)
+    return int(np.diff(np.r_[-1, breaks, len(at) - 1]).max()) + 1  # records in the longest cell
 
 
 CHUNK_ROWS = 1 << 22  # records per windowed_medians call: bounds its working arrays (~10 per record)

@@ -86,8 +86,7 @@ class _OpInstances:
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
-        first_of_key = np.full(len(self.gkeys), n, np.int64)  # each communicator's first kept record (no sort)
-        np.minimum.at(first_of_key, self.gcode, np.arange(n))
+        first_of_key = first_positions(self.gcode, len(self.gkeys))  # each communicator's first kept record
         key_codes = np.flatnonzero(first_of_key < n)
         size_of_key = np.zeros(len(self.gkeys), np.int64)  # by gcode (codes of keys no kept row has stay 0)
         if n:
@@ -175,6 +174,23 @@ class _OpInstances:
         """``complete`` as a mask over the instances (each has a record: its count is its member count, 2 or more)."""
         tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
         return (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+
+
+FIRST_CHUNK = 1 << 20  # first_positions looks at this many records at a time
+
+
+def first_positions(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """Each code's first position in ``codes`` (``len(codes)`` for a code that does not occur), without a sort: a
+    chunk of records at a time, until every code has been seen (a run's communicators all appear in its first
+    steps: one chunk of 20 M records, not a scatter of all of them)."""
+    n = len(codes)
+    first = np.full(n_codes, n, np.int64)
+    for lo in range(0, n, FIRST_CHUNK):
+        hi = min(n, lo + FIRST_CHUNK)
+        np.minimum.at(first, codes[lo:hi], np.arange(lo, hi, dtype=np.int64))
+        if bool((first < n).all()):
+            break
+    return first
 
 
 def _factorize_sorted(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
