@@ -9,10 +9,8 @@ stored in the ``findings`` table and handed to the finding listeners (alerts).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -25,6 +23,7 @@ from head.history import analysis_due
 from head.runs import LiveRuns
 from head.store import Store
 from ranksight import schema
+from ranksight.allocator import keep_freed_memory
 from ranksight.tables import SPECS, read_table
 
 if TYPE_CHECKING:
@@ -53,31 +52,6 @@ MIN_ANALYZE_WINDOW = 64
 # one runs at least this often while the run is not finished: the live hang check judges silence
 # against the clock (60 s at least), so it must still look at a run that went quiet.
 IDLE_RECHECK_S = 15.0
-
-
-# The C allocator's settings while live analysis runs (glibc's mallopt): blocks up to 32 MiB (its largest mmap
-# threshold; a round's columns and rank x step matrices at 16,384 ranks are 4-16 MiB each) come from the heap, and up
-# to 1 GiB freed at its top stays there. glibc's defaults hand a round's freed arrays back to the system and the next
-# round faults every page in again, kernel time that grows with the job (bench/head_analysis.py; bench/RESULTS.md H6).
-MALLOC_MMAP_THRESHOLD = 32 << 20
-MALLOC_TRIM_THRESHOLD = 1 << 30
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def keep_freed_memory() -> bool:
-    """Let the C allocator keep what a round frees for the next round (``MALLOC_MMAP_THRESHOLD``,
-    ``MALLOC_TRIM_THRESHOLD``): the head's resident memory stays near its high-water mark instead of going down and up
-    again every round. True where it was set (glibc), False elsewhere (the defaults stay)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
 
 
 def round_window(window: int | None, ranks: int, max_rows: int = ROUND_STEP_ROWS) -> int | None:

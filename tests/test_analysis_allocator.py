@@ -1,5 +1,6 @@
-"""Live analysis keeps the memory a round frees for the next round (head.analysis.keep_freed_memory): a second round
-of the same allocations reuses the pages instead of faulting them in again."""
+"""The allocator settings (ranksight/allocator.py). Live analysis keeps the memory a round frees for the next round
+(keep_freed_memory): a second round of the same allocations reuses the pages instead of faulting them in again.
+diagnose's comm check on a big run reuses freed pages while it runs, then puts back what the process had."""
 
 import subprocess
 import sys
@@ -68,3 +69,62 @@ def test_the_heads_switch_reaches_live_analysis(tmp_path, monkeypatch):
     assert calls == []
     Head(tmp_path / "b", "t", analyzer=lambda data: []).close()
     assert calls == [1]
+
+
+class _FakeLibc:
+    def __init__(self):
+        self.calls = []
+
+    def mallopt(self, param, value):
+        self.calls.append(("mallopt", param, value))
+        return 1
+
+    def malloc_trim(self, pad):
+        self.calls.append(("trim", pad))
+        return 1
+
+
+def test_reuse_freed_pages_sets_the_allocator_only_when_enabled_and_outermost(monkeypatch):
+    """diagnose's comm check on a big run: large temporaries from the heap while it runs; afterwards glibc's usual
+    settings and the free memory handed back (a process that did not ask to keep)."""
+    from ranksight import allocator
+
+    libc = _FakeLibc()
+    calls = libc.calls
+    monkeypatch.setattr(allocator, "_LIBC", libc)
+    monkeypatch.setattr(allocator, "_KEPT", [False])
+    with allocator.reuse_freed_pages(False):
+        pass
+    assert calls == []
+    with allocator.reuse_freed_pages():
+        with allocator.reuse_freed_pages():  # nested: the outer one's settings stand
+            assert calls == [("mallopt", allocator.M_MMAP_THRESHOLD, allocator.LARGE),
+                             ("mallopt", allocator.M_TRIM_THRESHOLD, allocator.LARGE)]
+        assert len(calls) == 2
+    assert calls[2:] == [("mallopt", allocator.M_MMAP_THRESHOLD, allocator.AFTER_MMAP),
+                         ("mallopt", allocator.M_TRIM_THRESHOLD, allocator.AFTER_TRIM), ("trim", 0)]
+    calls.clear()
+    try:
+        with allocator.reuse_freed_pages():
+            raise ValueError
+    except ValueError:
+        pass
+    assert calls[-1] == ("trim", 0) and allocator._DEPTH == [0]  # restored when the work raises
+
+
+def test_a_big_check_in_a_head_that_keeps_freed_memory_leaves_the_heads_settings(monkeypatch):
+    """A live round run in the head's own process (``--analyze-in thread``) on a big job: after the comm check the
+    head's settings are back and nothing is trimmed, so the next round still reuses the pages."""
+    from ranksight import allocator
+
+    libc = _FakeLibc()
+    monkeypatch.setattr(allocator, "_LIBC", libc)
+    monkeypatch.setattr(allocator, "_KEPT", [False])
+    assert allocator.keep_freed_memory()
+    libc.calls.clear()
+    with allocator.reuse_freed_pages():
+        pass
+    assert libc.calls == [("mallopt", allocator.M_MMAP_THRESHOLD, allocator.LARGE),
+                          ("mallopt", allocator.M_TRIM_THRESHOLD, allocator.LARGE),
+                          ("mallopt", allocator.M_MMAP_THRESHOLD, allocator.KEEP_MMAP_THRESHOLD),
+                          ("mallopt", allocator.M_TRIM_THRESHOLD, allocator.KEEP_TRIM_THRESHOLD)]

@@ -355,39 +355,6 @@ def test_first_positions_chunk_by_chunk_are_the_scattered_ones(monkeypatch):
         np.testing.assert_array_equal(op_instances.first_positions(late, n_codes), want_late)
 
 
-def test_reuse_freed_pages_sets_the_allocator_only_when_enabled_and_outermost(monkeypatch):
-    from analyzers.checks import heap
-
-    calls = []
-
-    class FakeLibc:
-        def mallopt(self, param, value):
-            calls.append(("mallopt", param, value))
-            return 1
-
-        def malloc_trim(self, pad):
-            calls.append(("trim", pad))
-            return 1
-
-    monkeypatch.setattr(heap, "_LIBC", FakeLibc())
-    with heap.reuse_freed_pages(False):
-        pass
-    assert calls == []
-    with heap.reuse_freed_pages():
-        with heap.reuse_freed_pages():  # nested: the outer one's settings stand
-            assert calls == [("mallopt", heap.M_MMAP_THRESHOLD, heap.LARGE), ("mallopt", heap.M_TRIM_THRESHOLD, heap.LARGE)]
-        assert len(calls) == 2
-    assert calls[2:] == [("mallopt", heap.M_MMAP_THRESHOLD, heap.AFTER_MMAP),
-                         ("mallopt", heap.M_TRIM_THRESHOLD, heap.AFTER_TRIM), ("trim", 0)]
-    calls.clear()
-    try:
-        with heap.reuse_freed_pages():
-            raise ValueError
-    except ValueError:
-        pass
-    assert calls[-1] == ("trim", 0) and heap._DEPTH == [0]  # restored when the work raises
-
-
 def test_sorted_members_of_shared_lists_by_a_gather_are_the_tuples():
     shared = [np.array([3, 1, 2]), np.array([5, 4]), np.array([7])]
     rows = pd.Series([shared[i] for i in [0, 1, 0, 2, 1, 1, 0]] + [np.array([9, 8])], dtype=object)

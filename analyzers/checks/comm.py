@@ -27,7 +27,7 @@ import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # noqa: F401 (the comm check's API)
-from analyzers.checks.heap import reuse_freed_pages
+from ranksight.allocator import reuse_freed_pages
 from analyzers.checks.links import (STRAGGLER_RATIO, ComputeCheck, early_finishers, latest_finish_ms,
                                     slow_communicators)
 from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, collective_wait_ms_of,
