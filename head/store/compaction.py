@@ -21,6 +21,7 @@ partition's rows twice only while a crashed head has not restarted (docs/store.m
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -319,8 +320,6 @@ def remove_stale_tmp(local_table_dir: Path, older_than: float) -> int:
     n = 0
     if not local_table_dir.is_dir():
         return 0
-    import itertools
-
     pattern = f".{COMPACTED_PREFIX}*{TMP_SUFFIX}"  # hour partitions, and the flat parts ``ranksight compact`` merges
     for p in itertools.chain(local_table_dir.glob(f"*/*/{pattern}"), local_table_dir.glob(pattern)):
         try:
@@ -335,8 +334,9 @@ def remove_stale_tmp(local_table_dir: Path, older_than: float) -> int:
 def recompact_table(table_dir: Path, table: str, schema: pa.Schema | None = None) -> dict[str, int]:
     """Compact again the partitions of a run's table (a local store no head is writing): each partition that is not
     already one compacted file (in key order and marked, for a table with a loader key) is merged into one, and the
-    files it covers are removed; the flat parts of an older store (no hour partitions) are one partition here. For stores an earlier head compacted without sorting (``ranksight compact``).
-    Returns counts: partitions merged, rows, partitions marked sorted, files removed."""
+    files it covers are removed; the flat parts of an older store (no hour partitions) are one partition here. For
+    stores an earlier head compacted without sorting (``ranksight compact``). Returns counts: partitions merged,
+    rows, partitions marked sorted, files removed."""
     from ranksight.sort_marker import read_marker
 
     out = {"partitions": 0, "rows": 0, "marked": 0, "removed": 0}

@@ -9,7 +9,8 @@ independently), so compaction sorts them, without holding the partition in memor
    a dot-name ``remove_stale_tmp`` clears after a crash), and only the key columns are kept in memory, narrowed;
 2. the row order is computed from the keys alone (one int64 code per row and a stable argsort; ``np.lexsort`` when
    the code would not fit);
-3. the output is gathered slice by slice (``SLICE_ROWS``) from the spill, a few decoded spill batches cached (rows that arrive nearly in order, as parts do, touch one or two batches per slice).
+3. the output is gathered slice by slice (``SLICE_ROWS``) from the spill, a few decoded spill batches cached (rows
+   that arrive nearly in order, as parts do, touch one or two batches per slice).
 
 Memory: the key columns (4 bytes each per row), the code and the order (8 bytes each per row), one slice and the
 cached batches; not the partition's rows.
