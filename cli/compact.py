@@ -36,8 +36,8 @@ def compact(
     as_json: bool = typer.Option(False, "--json", help='Print one JSON object, {"store", "runs": [...]}.'),
 ) -> None:
     """Merge each partition of the runs' tables that is not one compacted file yet (steps and collectives: sorted
-    and marked) into one, and remove what it replaces. Exit 1 when there is no store at --store, 2 for a bad run
-    id."""
+    and marked) into one, and remove what it replaces. Exit 1 when there is no store at --store or a head holds it, 2 for a bad
+    run id."""
     from ranksight.layout import RunDir
 
     def fail(msg: str, code: int) -> None:
@@ -57,6 +57,12 @@ def compact(
             fail(str(e), 2)
         if not (store / run_id).is_dir():
             fail(f"no run {run_id} in {store}", 2)
+    from head.store.store_lock import StoreBusy, StoreLock
+
+    try:  # a head compacts its own runs; merging under it would remove parts it still counts on
+        lock = StoreLock(store, "ranksight compact")
+    except StoreBusy as e:
+        fail(f"{e}: a running head compacts its own runs (stop it first to compact them here)", 1)
     out = []
     for run_id in ids:
         t0 = time.monotonic()
@@ -68,5 +74,6 @@ def compact(
         if not as_json:
             typer.echo(f"{run_id}: {row['partitions']} partition(s) compacted ({row['rows']} rows, {row['marked']} "
                        f"marked sorted) in {row['seconds']:.1f} s")
+    lock.release()
     if as_json:
         typer.echo(json.dumps({"store": str(store), "runs": out}, indent=2))

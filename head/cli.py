@@ -131,6 +131,12 @@ def head(
             open_location(compact_to)
         except StoreLocationError as e:
             raise typer.BadParameter(f"--compact-to: {e}") from None
+    from head.store.store_lock import StoreBusy, StoreLock
+
+    try:  # one head per store (two would interleave their write-ahead logs); held until this process ends
+        store_lock = StoreLock(store, "ranksight head")
+    except StoreBusy as e:
+        raise typer.BadParameter(f"{e}: one head per store", param_hint="--store") from None
     h = Head(store, token, window=window, flush_interval=flush_interval, analyzer_interval=analyze_interval, fsync=fsync,
              analyze_window=analyze_window, public_read=public_read, agent_tls=agent_tls,
              compact_to=compact_to or None, analyze_in=analyze_in, keep_freed_memory=keep_freed_memory)
@@ -182,4 +188,5 @@ def head(
     h.close()
     if sender is not None:
         sender.close()
+    store_lock.release()
     print("ranksight head: stopped, store flushed", flush=True)

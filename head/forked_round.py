@@ -29,6 +29,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+from head.store.store_lock import held_fds
+
 log = logging.getLogger("ranksight.head")
 
 # How long a child may take before it is killed and its round counted lost: far beyond any round (<= 5 s at 16,384
@@ -81,6 +83,8 @@ def run_forked(fn: Callable[[Any], Any], data: Any, timeout_s: float,
         try:
             os.close(r)
             _close_sockets()
+            for fd in held_fds():  # the store's lock: a child outliving its head must not keep the store locked
+                os.close(fd)
             try:
                 answer = ("ok", fn(data))
             except BaseException:  # noqa: BLE001 - the head gets the error, the child just ends
