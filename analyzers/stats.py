@@ -169,12 +169,7 @@ def _loo_median_block(values: np.ndarray) -> np.ndarray:
         places = {(m_all - 1) // 2, (m_all - 1) // 2 + 1, m_all // 2, m_all // 2 + 1, (n_rows - 1) // 2, n_rows // 2}
         srt = np.partition(values, sorted({min(max(k, 0), n_rows - 1) for k in places}), axis=0)
         lo, hi = (m_all - 1) // 2, m_all // 2  # the same places in every column: rows of the partitioned block
-        with np.errstate(invalid="ignore", over="ignore"):
-            lo_v = np.where(srt[lo][None, :] < values, srt[lo][None, :], srt[lo + 1][None, :])
-            hi_v = lo_v if hi == lo else np.where(srt[hi][None, :] < values, srt[hi][None, :], srt[hi + 1][None, :])
-            lo_v += hi_v
-            lo_v /= 2.0
-        return lo_v
+        return loo_median_of_full_columns(values, srt[lo], srt[lo + 1], *((srt[hi], srt[hi + 1]) if hi != lo else ()))
     else:
         srt = np.sort(values, axis=0)  # NaNs last
     n_valid = valid.sum(axis=0)  # per column
@@ -195,6 +190,20 @@ def _loo_median_block(values: np.ndarray) -> np.ndarray:
     out[ok_valid] = med_valid[ok_valid]
     out[ok_nan] = np.broadcast_to(med_nan[None, :], out.shape)[ok_nan]
     return out
+
+
+def loo_median_of_full_columns(values: np.ndarray, at_lo: np.ndarray, at_lo1: np.ndarray,
+                               at_hi: np.ndarray | None = None, at_hi1: np.ndarray | None = None) -> np.ndarray:
+    """Each cell's leave-one-out median, from its column's order statistics (every column full, no NaN): ``at_lo``,
+    ``at_lo1`` the column's values at the others' lower middle place ``lo`` and ``lo + 1`` of the sorted column,
+    ``at_hi``, ``at_hi1`` at the upper one (left out when the others are odd in number: the same place). A cell above
+    the value at a place leaves it where it is; a cell at or below it moves the next value down into the place."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo_v = np.where(at_lo[None, :] < values, at_lo[None, :], at_lo1[None, :])
+        hi_v = lo_v if at_hi is None else np.where(at_hi[None, :] < values, at_hi[None, :], at_hi1[None, :])
+        lo_v += hi_v
+        lo_v /= 2.0
+    return lo_v
 
 
 def group_loo_median(code: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import StepView
-from analyzers.stats import MAD_SCALE, robust_sigma, row_robust_sigmas
+from analyzers.stats import MAD_SCALE, loo_median_of_full_columns, robust_sigma, row_robust_sigmas
 
 StragglerConfig = Any  # analyzers.checks.stragglers.StragglerConfig (not imported: that module imports this one)
 
@@ -186,12 +186,7 @@ class LooStats:
     def reference(self, values: np.ndarray) -> np.ndarray:
         """The leave-one-out medians of ``values`` (rows of the group, the columns these statistics are of)."""
         lo, hi, at = self.lo, self.hi, self.at
-        with np.errstate(invalid="ignore", over="ignore"):
-            lo_v = np.where(at[lo][None, :] < values, at[lo][None, :], at[lo + 1][None, :])
-            hi_v = lo_v if hi == lo else np.where(at[hi][None, :] < values, at[hi][None, :], at[hi + 1][None, :])
-            lo_v += hi_v
-            lo_v /= 2.0
-        return lo_v
+        return loo_median_of_full_columns(values, at[lo], at[lo + 1], *((at[hi], at[hi + 1]) if hi != lo else ()))
 
 
 # Columns of a group's leave-one-out reference are worked out this many cells at a time.
