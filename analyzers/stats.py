@@ -119,35 +119,15 @@ def _loo_median(values: np.ndarray) -> np.ndarray:
 
 
 def _loo_median_full(values: np.ndarray) -> np.ndarray:
-    """``_loo_median_block``'s medians of a matrix without NaN (2 rows or more): every column holds n values, and a
-    cell's reference reads only the column's order statistics at the places lo, lo + 1 (and hi + 1 = lo + 2 where
-    n - 1 is even) of the n - 1 values left; those are found by one single-place partition (numpy partitions at
-    several places many times slower than at one) and a min (or a short partition) of what lies above it. The
-    columns a block at a time, transposed so that each is contiguous and the block stays in cache."""
+    """``_loo_median_block``'s medians of a matrix without NaN (2 rows or more), from each column's order statistics
+    (``LooStats``: one single-place partition and the minima above it; numpy partitions at several places many times
+    slower than at one), a block of columns at a time so that the block stays in cache."""
     n_rows, n_cols = values.shape
-    m = n_rows - 1  # values left
-    lo, hi = (m - 1) // 2, m // 2
     out = np.empty((n_rows, n_cols))
     step = max(32, LOO_FULL_BLOCK_CELLS // n_rows)  # 32 columns at least: a partition per row has a fixed cost
-    with np.errstate(invalid="ignore", over="ignore"):
-        for c0 in range(0, n_cols, step):
-            block = np.ascontiguousarray(values[:, c0:c0 + step].T, dtype=np.float64)  # columns x rows
-            part = np.partition(block, lo, axis=1)
-            at_lo = part[:, lo:lo + 1]
-            above = part[:, lo + 1:]
-            if hi == lo:
-                at_lo1 = above.min(axis=1, keepdims=True)
-            else:  # the two smallest above lo: places lo + 1 and lo + 2
-                two = np.sort(np.partition(above, 1, axis=1)[:, :2], axis=1) if above.shape[1] > 2 else np.sort(above, axis=1)
-                at_lo1, at_lo2 = two[:, 0:1], two[:, 1:2]
-            # the value left at place j: the sorted column's j-th if that one is below the cell's value, else its (j+1)-th
-            lo_v = np.where(at_lo < block, at_lo, at_lo1)
-            if hi != lo:
-                lo_v += np.where(at_lo1 < block, at_lo1, at_lo2)
-            else:
-                lo_v += lo_v
-            lo_v /= 2.0
-            out[:, c0:c0 + step] = lo_v.T
+    for c0 in range(0, n_cols, step):
+        block = np.asarray(values[:, c0:c0 + step], dtype=np.float64)
+        out[:, c0:c0 + step] = LooStats.of(block).reference(block)
     return out
 
 
@@ -204,6 +184,48 @@ def loo_median_of_full_columns(values: np.ndarray, at_lo: np.ndarray, at_lo1: np
         lo_v += hi_v
         lo_v /= 2.0
     return lo_v
+
+
+class LooStats:
+    """The column order statistics a group's leave-one-out reference is read off (``reference``): for a column of
+    n values without NaN, removing a cell x leaves m = n - 1 values, whose median sits at places lo = (m - 1) // 2
+    and hi = m // 2 of what is left; the value left at place j is the sorted column's j-th if that one is below x,
+    else its (j + 1)-th (``_loo_median_block``'s arithmetic: ``loo_median_of_full_columns``)."""
+
+    def __init__(self, n_rows: int, at: dict[int, np.ndarray]):
+        m = n_rows - 1
+        self.lo, self.hi = (m - 1) // 2, m // 2
+        self.at = at  # place in the sorted column -> that value of each column
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "LooStats":
+        """The statistics of ``values``' columns: one partition at lo of the columns laid out as rows (a partition
+        at several places costs a selection pass per place, and a column's values are contiguous there), the
+        minimum above it, and for an odd n the next one."""
+        n_rows = values.shape[0]
+        m = n_rows - 1
+        lo, hi = (m - 1) // 2, m // 2
+        cols = values.T.copy(order="C")  # a copy even where the transpose is contiguous: it is partitioned in place
+        cols.partition(lo, axis=1)
+        at = {lo: cols[:, lo].copy()}
+        upper = cols[:, lo + 1:]
+        at[lo + 1] = upper.min(axis=1)
+        if hi != lo:
+            # the second smallest above lo: the smallest once one copy of the smallest is out of the way
+            upper[np.arange(upper.shape[0]), upper.argmin(axis=1)] = np.inf
+            at[lo + 2] = upper.min(axis=1)
+        return cls(n_rows, at)
+
+    @classmethod
+    def joined(cls, n_rows: int, parts: list["LooStats"]) -> "LooStats":
+        if len(parts) == 1:
+            return parts[0]
+        return cls(n_rows, {k: np.concatenate([p.at[k] for p in parts]) for k in parts[0].at})
+
+    def reference(self, values: np.ndarray) -> np.ndarray:
+        """The leave-one-out medians of ``values`` (rows of the group, the columns these statistics are of)."""
+        lo, hi, at = self.lo, self.hi, self.at
+        return loo_median_of_full_columns(values, at[lo], at[lo + 1], *((at[hi], at[hi + 1]) if hi != lo else ()))
 
 
 def group_loo_median(code: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import StepView
-from analyzers.stats import MAD_SCALE, loo_median_of_full_columns, robust_sigma, row_robust_sigmas
+from analyzers.stats import MAD_SCALE, LooStats, median_rows, robust_sigma, row_robust_sigmas
 
 StragglerConfig = Any  # analyzers.checks.stragglers.StragglerConfig (not imported: that module imports this one)
 
@@ -115,27 +115,13 @@ def row_sigmas(lr: np.ndarray) -> np.ndarray:
 
 
 def median_finite(x: np.ndarray, axis: int, overwrite_input: bool = False) -> np.ndarray:
-    """``np.median(x, axis)`` of an array without NaN (the same values: an even count's median is (low + high) / 2,
-    as np.median's mean of the two gives). One partition at the lower middle place and the minimum of what lies
-    above it: np.median partitions at both middle places and at the last one (its NaN test), and each place is a
-    selection pass of its own."""
-    n = x.shape[axis]
-    if n == 0 or axis not in (0, 1) or x.ndim != 2:
+    """``np.median(x, axis)`` of a 2-D array without NaN (the same values) by ``stats.median_rows``' single-place
+    partition; a column's values are laid out as a row first (one partition of rows is faster than one of columns)."""
+    if x.shape[axis] == 0 or axis not in (0, 1) or x.ndim != 2:
         return np.median(x, axis=axis, overwrite_input=overwrite_input)
-    k = (n - 1) // 2
-    if overwrite_input and axis == 1:
-        x.partition(k, axis=1)
-        part = x
-    else:  # a column's values laid out contiguously (one partition of rows is faster than one of columns)
-        part = x.T.copy(order="C") if axis == 0 else x.copy()
-        part.partition(k, axis=1)
-    low = part[:, k].copy()
-    if n % 2:
-        return low
-    high = part[:, k + 1:].min(axis=1)
-    low = low + high
-    low /= 2.0
-    return low
+    if axis == 0:
+        return median_rows(x.T.copy(order="C"), overwrite_input=True)
+    return median_rows(x, overwrite_input=overwrite_input)
 
 
 def log_ratio(own: np.ndarray, ref: np.ndarray, out: np.ndarray) -> None:
@@ -145,48 +131,6 @@ def log_ratio(own: np.ndarray, ref: np.ndarray, out: np.ndarray) -> None:
         np.divide(own, ref, out=ref)
         ref[~(ref > 0)] = np.nan
         np.log(ref, out=out)
-
-
-class LooStats:
-    """The column order statistics a group's leave-one-out reference is read off (``reference``): for a column of
-    n values without NaN, removing a cell x leaves m = n - 1 values, whose median sits at places lo = (m - 1) // 2
-    and hi = m // 2 of what is left; the value left at place j is the sorted column's j-th if that one is below x,
-    else its (j + 1)-th (``analyzers.stats._loo_median_block``'s arithmetic, repeated here)."""
-
-    def __init__(self, n_rows: int, at: dict[int, np.ndarray]):
-        m = n_rows - 1
-        self.lo, self.hi = (m - 1) // 2, m // 2
-        self.at = at  # place in the sorted column -> that value of each column
-
-    @classmethod
-    def of(cls, values: np.ndarray) -> "LooStats":
-        """The statistics of ``values``' columns: one partition at lo of the columns laid out as rows (a partition
-        at several places costs a selection pass per place, and a column's values are contiguous there), the
-        minimum above it, and for an odd n the next one."""
-        n_rows = values.shape[0]
-        m = n_rows - 1
-        lo, hi = (m - 1) // 2, m // 2
-        cols = values.T.copy(order="C")  # a copy even where the transpose is contiguous: it is partitioned in place
-        cols.partition(lo, axis=1)
-        at = {lo: cols[:, lo].copy()}
-        upper = cols[:, lo + 1:]
-        at[lo + 1] = upper.min(axis=1)
-        if hi != lo:
-            # the second smallest above lo: the smallest once one copy of the smallest is out of the way
-            upper[np.arange(upper.shape[0]), upper.argmin(axis=1)] = np.inf
-            at[lo + 2] = upper.min(axis=1)
-        return cls(n_rows, at)
-
-    @classmethod
-    def joined(cls, n_rows: int, parts: list["LooStats"]) -> "LooStats":
-        if len(parts) == 1:
-            return parts[0]
-        return cls(n_rows, {k: np.concatenate([p.at[k] for p in parts]) for k in parts[0].at})
-
-    def reference(self, values: np.ndarray) -> np.ndarray:
-        """The leave-one-out medians of ``values`` (rows of the group, the columns these statistics are of)."""
-        lo, hi, at = self.lo, self.hi, self.at
-        return loo_median_of_full_columns(values, at[lo], at[lo + 1], *((at[hi], at[hi + 1]) if hi != lo else ()))
 
 
 # Columns of a group's leave-one-out reference are worked out this many cells at a time.
