@@ -32,8 +32,7 @@ import pyarrow.compute as pc
 from head.live_frames import (ConvertedWindow, SharedDictionaries, analysis_frame, numpy_column, plain_strings,
                               samples_frame_of, tail_per_rank, to_pandas_shared_lists, window_chunks, window_rows)
 from head.live_gpu import GPU_DICT_COLUMNS, concat_gpu, dense_gpu_keys, gpu_codes, gpu_records
-from head.live_ranks import MAX_RANK as _MAX_RANK
-from head.live_ranks import AgentLive, RankState
+from head.live_ranks import MAX_RANK, AgentLive, RankState
 from ranksight import schema
 from ranksight.tables import SPECS, TABLE_TYPES
 
@@ -214,7 +213,7 @@ class RunLive:
                 st = self.state
                 for r in rows:
                     self.events.append(r)
-                    if 0 <= r.rank < _MAX_RANK:
+                    if 0 <= r.rank < MAX_RANK:
                         st.ensure(r.rank)
                         st.last_seen[r.rank] = now
                         if r.event in ("exit", "evicted"):
@@ -262,7 +261,7 @@ class RunLive:
             self.add(table, rows, now)
             return
         rank = numpy_column(t, "rank").astype(np.int64)
-        ok = (rank >= 0) & (rank < _MAX_RANK)
+        ok = (rank >= 0) & (rank < MAX_RANK)
         with self.lock:
             t = self._dicts[table].encode(t)  # strings held once per value, not per row
             self.last_seen = now
@@ -320,7 +319,7 @@ class RunLive:
         with self.lock:
             st = self.state
             rank = np.asarray(rank, np.int64)
-            ok = (rank >= 0) & (rank < _MAX_RANK) & np.isfinite(t_end)
+            ok = (rank >= 0) & (rank < MAX_RANK) & np.isfinite(t_end)
             if ok.any():
                 st.ensure(int(rank[ok].max()))
                 seen = np.zeros(st.n)

@@ -68,24 +68,25 @@ def reuse_freed_pages(enabled: bool = True) -> Iterator[None]:
     """Within the block, large temporaries reuse freed heap pages instead of fresh mappings (see the module); not
     ``enabled``: the allocator left as it is."""
     libc = _LIBC
-    if libc is None or _DEPTH[0] or not enabled:
-        _DEPTH[0] += 1
-        try:
-            yield
-        finally:
-            _DEPTH[0] -= 1
-        return
+    outermost = libc is not None and enabled and not _DEPTH[0]
     _DEPTH[0] += 1
-    libc.mallopt(M_MMAP_THRESHOLD, LARGE)
-    libc.mallopt(M_TRIM_THRESHOLD, LARGE)  # freed memory at the heap's top kept up to this much
+    if outermost:
+        libc.mallopt(M_MMAP_THRESHOLD, LARGE)
+        libc.mallopt(M_TRIM_THRESHOLD, LARGE)  # freed memory at the heap's top kept up to this much
     try:
         yield
     finally:
         _DEPTH[0] -= 1
-        if _KEPT[0]:  # a head keeping freed memory between rounds: back to its settings, nothing handed back
-            libc.mallopt(M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD)
-            libc.mallopt(M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)
-        else:
-            libc.mallopt(M_MMAP_THRESHOLD, AFTER_MMAP)
-            libc.mallopt(M_TRIM_THRESHOLD, AFTER_TRIM)
-            libc.malloc_trim(0)  # the heap's free pages back to the system
+        if outermost:
+            _put_back(libc)
+
+
+def _put_back(libc) -> None:
+    """The settings the process had before ``reuse_freed_pages``."""
+    if _KEPT[0]:  # a head keeping freed memory between rounds: back to its settings, nothing handed back
+        libc.mallopt(M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)
+    else:
+        libc.mallopt(M_MMAP_THRESHOLD, AFTER_MMAP)
+        libc.mallopt(M_TRIM_THRESHOLD, AFTER_TRIM)
+        libc.malloc_trim(0)  # the heap's free pages back to the system

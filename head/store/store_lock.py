@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 LOCK_NAME = ".head.lock"
-_held: dict[int, int] = {}  # descriptor -> 1, for the forked round's child to close
+_held: set[int] = set()  # the descriptors held, for the forked round's child to close
 
 
 class StoreBusy(RuntimeError):
@@ -23,7 +23,7 @@ class StoreBusy(RuntimeError):
 
 
 def held_fds() -> list[int]:
-    return list(_held)
+    return sorted(_held)
 
 
 class StoreLock:
@@ -48,11 +48,11 @@ class StoreLock:
         os.ftruncate(fd, 0)
         os.write(fd, f"{who} pid {os.getpid()}\n".encode())
         self.fd = fd
-        _held[fd] = 1
+        _held.add(fd)
 
     def release(self) -> None:
         if self.fd is not None:
-            _held.pop(self.fd, None)
+            _held.discard(self.fd)
             os.close(self.fd)  # the lock goes with it; the file stays (removing it would race a new holder)
             self.fd = None
 
