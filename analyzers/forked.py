@@ -19,6 +19,7 @@ Only where ``os.fork`` exists (POSIX); ``run_all(jobs=1)``, the default, runs in
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import selectors
@@ -47,13 +48,15 @@ def available_cpus() -> int:
 
 def idle_cpus() -> int:
     """The available CPUs less the ones other processes keep busy (the 1-minute load average, this process's own
-    share of it aside): forking checks onto CPUs that are busy only adds the forks' cost."""
+    share of it aside), to the nearest CPU: forking checks onto CPUs that are busy only adds the forks' cost, but a
+    CPU idle more than half the time still runs a check sooner than waiting for the others (truncating instead
+    gave one process on a 2-core box as soon as the load passed 1.0, this process's own load included)."""
     cpus = available_cpus()
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return cpus
-    return max(1, min(cpus, int(cpus - max(0.0, load - 1.0))))
+    return max(1, min(cpus, math.floor(cpus - max(0.0, load - 1.0) + 0.5)))
 
 
 def default_jobs(data: Any, n_checks: int) -> int:

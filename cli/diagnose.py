@@ -40,7 +40,7 @@ def _diagnose_cli(
     jobs: Optional[int] = typer.Option(
         None, "--jobs", "-j", min=1,
         help="Processes the checks run in, forked after the run is loaded (they share its frames). Default: one per "
-             "idle CPU (the available ones less the load average) on a big run (over 500,000 step and collective "
+             "idle CPU (the available ones less the load average, to the nearest) on a big run (over 500,000 step and collective "
              "records), else 1. Each adds its check's working memory to the run's."),
     progress: Optional[bool] = typer.Option(
         None, "--progress/--no-progress",

@@ -68,3 +68,13 @@ def test_default_jobs_small_run_in_process():
     data = _straggler_run()
     assert forked.default_jobs(data, 10) == 1  # a fork per check costs more than it saves on a small run
     assert forked.schedule(["fp16", "stragglers", "comm", "zzz"]) == ["comm", "stragglers", "fp16", "zzz"]
+
+
+@pytest.mark.parametrize("load, cpus, want", [(0.2, 2, 2), (1.0, 2, 2), (1.4, 2, 2), (1.6, 2, 1), (2.5, 2, 1),
+                                              (9.0, 2, 1), (3.0, 16, 14), (3.6, 16, 13), (0.0, 1, 1)])
+def test_idle_cpus_rounds_to_the_nearest_cpu(monkeypatch, load, cpus, want):
+    # this process's own load (1.0) aside, a CPU idle more than half the time counts: truncating made it 1 job on a
+    # 2-core box as soon as the load average passed 1.0
+    monkeypatch.setattr(forked, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(forked.os, "getloadavg", lambda: (load, load, load))
+    assert forked.idle_cpus() == want
