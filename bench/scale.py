@@ -254,6 +254,19 @@ def pickle_dumps(obj) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def stored_rows(run_dir: Path) -> dict[str, int]:
+    """Rows of the run's steps, collectives and GPU samples in the store (the files a reader reads)."""
+    import pyarrow.parquet as pq
+
+    from ranksight import store_layout
+
+    out = {}
+    for table in ("steps", "collectives", "gpu"):
+        files = store_layout.table_files(run_dir / table) if (run_dir / table).exists() else []
+        out[table] = sum(pq.ParquetFile(f.path).metadata.num_rows for f in files)
+    return out
+
+
 def scrape(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -514,11 +527,11 @@ def main() -> None:
         round_times = rounds_seen.stop() if rounds_seen is not None else []
         req = urllib.request.Request(f"{url}/api/runs/{RUN}/findings", headers={"Authorization": f"Bearer {TOKEN}"})
         findings = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        head.terminate()  # a head that stops flushes and compacts: then every record sent is in the store
+        head.wait(300)
+        stored = stored_rows(tmp / "store" / RUN)
     finally:
-        head.terminate()
-        try:
-            head.wait(120)
-        except subprocess.TimeoutExpired:
+        if head.poll() is None:
             head.kill()
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -554,12 +567,18 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"straggler findings naming rank {SLOW_RANK}: "
           f"{sum(SLOW_RANK in f.get('ranks', []) for f in named)} of {len(named)} straggler findings")
+    # a node's collective records depend on its pipeline stage alone (node = dp * pp + stage)
+    colls_per_s = sum(len(fleet.node_records(stage, 1)["collective"]) for stage in range(a.pp)) * (fleet.nodes // a.pp)
+    sent = {"steps": a.ranks * a.seconds, "collectives": colls_per_s * a.seconds, "gpu": a.ranks * a.seconds}
+    lost = {t: sent[t] - stored.get(t, 0) for t in sent if stored.get(t, 0) != sent[t]}
+    print("store after the head stopped: " + ", ".join(f"{t} {stored.get(t, 0)} of {n} sent" for t, n in sent.items())
+          + (f"; MISSING OR EXTRA: {lost}" if lost else "; every record sent is stored once"))
     if a.json:
         a.json.write_text(json.dumps(dict(ranks=a.ranks, tp=a.tp, pp=a.pp, agents_per_request=a.agents_per_request, bundle=not a.no_bundle, encoding=a.encoding,
                                           seconds=a.seconds, span_s=span, share_pct=share, connections=connections, round_s=round_times,
                                           requests=answered, http_us_per_request=http_us, client_cpu_s=client_cpu, ingest_by_kind_pct=by_kind, rounds=rounds,
                                           mean_round_s=mean_round, behind_s=behind, agent_ms_per_node=agent_ms,
-                                          findings=named), indent=1))
+                                          findings=named, stored=stored, sent=sent), indent=1))
 
 
 if __name__ == "__main__":

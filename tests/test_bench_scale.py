@@ -23,6 +23,8 @@ def test_scale_bench_small_fleet(tmp_path):
     assert got["rounds"] >= 1
     assert got["findings"] and all(3 in f["ranks"] for f in got["findings"]), got["findings"]
     assert "share of one core by part" in p.stdout
+    assert got["stored"] == got["sent"] and got["sent"]["collectives"] > 0, (got["stored"], got["sent"])  # none lost
+    assert "every record sent is stored once" in p.stdout
 
 
 def test_scale_bench_one_connection_per_agent(tmp_path):
