@@ -5,8 +5,8 @@ each collective's members and communicator key). On the store's tables (steps, c
 millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frames without a Python object per row:
 
 - only the columns the analyzers read (``SKIPPED``: the ones no check or report reads are left out);
-- an integer or boolean column whose Parquet statistics say it holds one value in every row (a run's attempt 0, its
-  flags False, a GPU's XID count 0) made from the footers, not decoded (``footer_constants``); zeros as zeroed
+- a column whose Parquet statistics say it holds one value in every row (a run's attempt 0, its flags False, a GPU's
+  XID count 0, a loss scale never set) made from the footers, not decoded (``footer_constants``); zeros as zeroed
   memory the system hands out on first write, so a column no one writes to costs no memory;
 - the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
   once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
@@ -211,18 +211,24 @@ def _same(a: object, b: object) -> bool:
 
 
 def footer_constants(table: str, dataset: ds.Dataset) -> dict[str, object]:
-    """The stored integer and boolean columns of ``table`` whose Parquet statistics say they hold one value in every
-    row of every file (min = max and no null, or null throughout) -> that value as the column holds it (``_NULL``:
-    null everywhere). Such a column (a run's attempt 0, its flags False, a GPU's XID count 0, a count of ops 1...)
-    is made from the footer instead of decoded; a file without statistics or without the column, a float column
-    (its statistics leave NaN out) or a string column: not constant."""
+    """The stored numeric and boolean columns of ``table`` whose Parquet statistics say they hold one value in every
+    row of every file -> that value as the column holds it (``_NULL``: null everywhere). Such a column (a run's
+    attempt 0, its flags False, a GPU's XID count 0, a count of ops 1, a loss scale never set...) is made from the
+    footer instead of decoded. Integers and booleans: min = max and no null, or null throughout; floats only null
+    throughout (their statistics leave NaN out). A file without statistics or without the column, a string column:
+    not constant."""
     spec = SPECS[table].schema
-    candidates = {}
+    candidates: dict[str, object] = {}
+    floats = set()
     for c in wanted_columns(table):
         t = spec.field(c).type
-        if (pa.types.is_integer(t) or pa.types.is_boolean(t)) and _numbers(table, spec.field(c)) is not None:
+        if _numbers(table, spec.field(c)) is None:
+            continue
+        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t):
             candidates[c] = None  # (value not known yet)
-    physical = {"INT32", "INT64", "BOOLEAN"}
+            if pa.types.is_floating(t):
+                floats.add(c)
+    physical = {"INT32", "INT64", "BOOLEAN", "FLOAT", "DOUBLE"}
     for frag in _fragments(dataset):
         if not candidates:
             break
@@ -248,7 +254,7 @@ def footer_constants(table: str, dataset: ds.Dataset) -> dict[str, object]:
                     value = None
                 elif st.null_count == rg.num_rows:
                     value = _NULL
-                elif st.null_count == 0 and st.has_min_max and st.min == st.max:
+                elif st.null_count == 0 and st.has_min_max and st.min == st.max and c not in floats:
                     value = st.min
                 else:
                     value = None

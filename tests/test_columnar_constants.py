@@ -45,8 +45,10 @@ def _write(store, table, name, rows, drop=(), **opts):
 
 @pytest.fixture()
 def store(tmp_path):
-    steps_a = [_step(r, s, microbatches=1, overflow=(r, s) == (1, 2)) for s in range(4) for r in range(4)]
-    steps_b = [_step(r, s, microbatches=2) for s in range(4, 8) for r in range(4)]
+    steps_a = [_step(r, s, microbatches=1, overflow=(r, s) == (1, 2), grad_norm=1.0) for s in range(4) for r in range(4)]
+    # grad_norm 1.0 throughout but NaN once: a float's statistics do not show the NaN
+    steps_b = [_step(r, s, microbatches=2, grad_norm=float("nan") if (r, s) == (2, 6) else 1.0)
+               for s in range(4, 8) for r in range(4)]
     _write(tmp_path, "steps", "part-0000000000000000001-0-000001.parquet", steps_a)
     _write(tmp_path, "steps", "part-0000000000000000002-0-000001.parquet", steps_b)
     gpu_a = [_gpu(n, g, 1000.0 + i, ecc_dbe=0, xid_total=0, throttle_reasons=0, mem_total_bytes=80 * 2**30)
@@ -81,8 +83,11 @@ def test_constants_are_what_every_row_group_says(store):
     # one value in every row group of both files; microbatches changes between files, overflow within one
     assert st["attempt"] == 0 and st["world_size"] == 4 and st["mem_bytes"] == BIG
     assert st["skipped"] is False and st["profiling"] is False
-    for c in ("microbatches", "overflow", "rank", "step", "node", "t_start", "step_ms", "loss"):
-        assert c not in st, c  # varies, or a float (its statistics leave NaN out)
+    assert st["loss_scale"] is columnar._NULL and st["sync_arrival"] is columnar._NULL  # floats null throughout
+    for c in ("microbatches", "overflow", "rank", "step", "node", "t_start"):
+        assert c not in st, c  # varies
+    # a float of one value is decoded all the same: its statistics leave NaN out
+    assert "step_ms" not in st and "optimizer_ms" not in st and "grad_norm" not in st
     gp = _constants(store, "gpu")
     assert gp["ecc_sbe"] is columnar._NULL and gp["retired_pages"] is columnar._NULL  # null in every row
     assert gp["mem_total_bytes"] == 80 * 2**30 and gp["simulated"] is False
@@ -97,6 +102,9 @@ def test_frames_equal_the_decoded_ones(store, monkeypatch):
     assert got.steps["mem_bytes"].dtype == np.float32
     assert got.steps["mem_bytes"].iloc[0] == np.int64(BIG).astype(np.float32)
     assert got.gpu["ecc_sbe"].isna().all() and got.gpu["ecc_sbe"].dtype == np.float32
+    assert got.steps["loss_scale"].isna().all() and got.steps["sync_arrival"].dtype == np.float64
+    assert (got.steps["optimizer_ms"] == 0).all() and got.steps["optimizer_ms"].dtype == np.float32
+    assert got.steps["grad_norm"].isna().sum() == 1
     assert (got.gpu.loc[got.gpu["t"] < 1004, "throttle_reasons"] == 0).all()
 
 
