@@ -52,9 +52,10 @@ TABLES = ("steps", "collectives", "gpu", "host")
 SKIPPED: dict[str, tuple[str, ...]] = {
     "steps": ("run_id", "tokens", "lr"),
     "collectives": ("run_id",),
-    "gpu": ("run_id", "uuid", "mem_util_pct", "mem_used_bytes", "power_limit_w", "mem_clock_mhz", "throttle_names",
-            "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
-    "host": ("run_id", "cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
+    "gpu": ("run_id", "uuid", "mem_util_pct", "mem_used_bytes", "power_w", "power_limit_w", "mem_clock_mhz",
+            "throttle_names", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
+    "host": ("run_id", "cpu_pct", "load1", "mem_used_bytes", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes",
+             "disk_write_bytes"),
 }
 
 # How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
