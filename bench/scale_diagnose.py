@@ -128,6 +128,8 @@ data = load_run(store, run, progress=False)
 out["load_s"], out["load_cpu_s"] = time.perf_counter() - t, time.process_time() - c
 if prof: prof.disable()
 out["maxrss_gib"] = rss()
+# resident now, the frames held: below their nominal size where a column is zeroed memory never written
+out["rss_now_gib"] = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**30
 names = ("steps", "collectives", "gpu", "host")
 out["rows"] = {n: len(getattr(data, n)) for n in names}
 out["frames_gib"] = {n: float(getattr(data, n).memory_usage(deep=False).sum()) / 2**30 for n in names}
@@ -156,7 +158,8 @@ def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Name
             o["proc_maxrss_gib"] = r["maxrss_gib"]
             got[t].append(o)
             print(f"   round {i + 1} {t:8s} load {o['load_s']:6.1f} s (CPU {o['load_cpu_s']:6.1f} s), peak RSS "
-                  f"{r['maxrss_gib']:5.2f} GiB; frames " + ", ".join(f"{n} {v:.2f}" for n, v in o["frames_gib"].items())
+                  f"{r['maxrss_gib']:5.2f} GiB, RSS after it {o['rss_now_gib']:5.2f} GiB; frames "
+                  + ", ".join(f"{n} {v:.2f}" for n, v in o["frames_gib"].items())
                   + f" GiB; load average {os.getloadavg()[0]:.1f}", flush=True)
             if o.get("profile"):
                 print(o["profile"])
@@ -164,7 +167,8 @@ def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Name
     for t, rs in got.items():
         if rs:
             rows.append((t, [r["load_s"] for r in rs], [r["load_cpu_s"] for r in rs],
-                         max(r["proc_maxrss_gib"] for r in rs), rs[-1]["frames_gib"], rs[-1]["rows"]))
+                         max(r["proc_maxrss_gib"] for r in rs), rs[-1]["frames_gib"], rs[-1]["rows"],
+                         max(r["rss_now_gib"] for r in rs)))
     return rows
 
 
@@ -305,11 +309,13 @@ def main() -> None:
             other = {"baseline": Path(a.baseline_cache) / store.name} if a.baseline_cache else None
             print(f"\n== load only: {ranks} ranks x {steps} steps; store {store}"
                   + (f" (baseline: {other['baseline']})" if other else ""), flush=True)
-            for t, walls, cpus, rss, frames, nrows in load_only(store, trees, a.rounds, a, other):
+            for t, walls, cpus, rss, frames, nrows, rss_now in load_only(store, trees, a.rounds, a, other):
                 print(f"   {t:8s} load wall min {min(walls):.1f} median {statistics.median(walls):.1f} s, CPU min "
-                      f"{min(cpus):.1f} median {statistics.median(cpus):.1f} s, peak RSS {rss:.2f} GiB; frames "
+                      f"{min(cpus):.1f} median {statistics.median(cpus):.1f} s, peak RSS {rss:.2f} GiB, RSS after "
+                      f"the load {rss_now:.2f} GiB; frames "
                       + ", ".join(f"{n} {v:.2f}" for n, v in frames.items()) + f" GiB (total "
-                      f"{sum(frames.values()):.2f}); rows {nrows}", flush=True)
+                      f"{sum(frames.values()):.2f}, nominal: zeroed columns never written are not resident); rows "
+                      f"{nrows}", flush=True)
             continue
         use = [t for t in trees if t.startswith("now") or ranks * steps <= br * bs]
         print(f"\n== {ranks} ranks x {steps} steps (TP {job.tp} x PP {job.pp} x DP {job.dp}; straggler rank "
