@@ -26,6 +26,9 @@ job), so compaction has to sort them for the loader's marked path.
 ``--load-only``: instead of the CLI, a subprocess per tree and round that only loads the run (store -> ``RunData``,
 as ``diagnose`` does): wall and CPU time of the load, the process's peak RSS, and each frame's rows and size
 (``--profile`` then profiles the load). The baseline runs at every size in this mode.
+
+``--baseline-cache DIR``: the baseline reads the store of the same name in DIR (as the baseline's head wrote it),
+this tree the one in ``--cache`` (as this tree's head writes it, e.g. another compaction encoding).
 """
 
 from __future__ import annotations
@@ -284,9 +287,9 @@ def main() -> None:
     ap.add_argument("--no-split", action="store_true", help="skip the time split")
     ap.add_argument("--load-only", action="store_true", help="time only the load (store -> RunData): wall, CPU, peak "
                                                              "RSS and frame sizes, baseline at every size")
-    ap.add_argument("--baseline-cache", default="", help="--load-only: the baseline loads the store of the same "
-                                                         "name from this cache (e.g. as the baseline's head compacted "
-                                                         "it), this tree the one in --cache")
+    ap.add_argument("--baseline-cache", default="", help="the baseline reads the store of the same name from this "
+                                                         "cache (e.g. as the baseline's head compacted it), this tree "
+                                                         "the one in --cache")
     ap.add_argument("--shuffled", action="store_true", help="stores whose parts hold each flush's rows in a random "
                                                             "order, as a real head's do (scale_gen Job.shuffled)")
     a = ap.parse_args()
@@ -326,7 +329,8 @@ def main() -> None:
         runs: dict[str, list[dict]] = {t: [] for t in use}
         for i in range(a.rounds):
             for t in use:
-                r = run_measured(cli_cmd(store, jobs_of.get(t)), trees[t], a.max_rss_gb, a.timeout)
+                where = Path(a.baseline_cache) / store.name if a.baseline_cache and t == "baseline" else store
+                r = run_measured(cli_cmd(where, jobs_of.get(t)), trees[t], a.max_rss_gb, a.timeout)
                 runs[t].append(r)
                 state = f"killed ({r['killed']})" if r["killed"] else f"exit {r['rc']}"
                 print(f"   round {i + 1} {t:8s} {r['wall_s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  {r['maxrss_gib']:5.2f} GiB "
@@ -337,7 +341,8 @@ def main() -> None:
         split = {}
         if not a.no_split:
             for t in dict.fromkeys(x for x in use if jobs_of.get(x, 1) in (None, 1)):
-                r = run_measured([sys.executable, "-c", PHASES, str(store), RUN, "1" if a.profile else "0"],
+                where = Path(a.baseline_cache) / store.name if a.baseline_cache and t == "baseline" else store
+                r = run_measured([sys.executable, "-c", PHASES, str(where), RUN, "1" if a.profile else "0"],
                                  trees[t], a.max_rss_gb, a.timeout, keep_stdout=True)
                 line = next((x for x in r["stdout"].splitlines() if x.startswith("PHASES ")), None)
                 if line is None:
