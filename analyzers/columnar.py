@@ -40,6 +40,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from analyzers import footer_stats
+from analyzers.footer_stats import NULL
 from ranksight import sort_marker
 from ranksight.tables import SPECS
 
@@ -199,73 +201,20 @@ def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, ba
     return rows, scanned(), constants
 
 
-_NULL = object()  # footer_constants: a column null in every row
-
-
-def _fragments(dataset: ds.Dataset) -> Iterator:
-    for d in getattr(dataset, "children", None) or [dataset]:
-        yield from d.get_fragments()
-
-
-def _same(a: object, b: object) -> bool:
-    return a is b if a is _NULL or b is _NULL else a == b
-
-
 def footer_constants(table: str, dataset: ds.Dataset) -> dict[str, object]:
-    """The stored numeric and boolean columns of ``table`` whose Parquet statistics say they hold one value in every
-    row of every file -> that value as the column holds it (``_NULL``: null everywhere). Such a column (a run's
-    attempt 0, its flags False, a GPU's XID count 0, a count of ops 1, a loss scale never set...) is made from the
-    footer instead of decoded. Integers and booleans: min = max and no null, or null throughout; floats only null
-    throughout (their statistics leave NaN out). A file without statistics or without the column, a string column:
-    not constant."""
+    """The numeric columns of ``table`` the footers of ``dataset`` show to hold one value in every row
+    (``footer_stats.one_value``): made from the footer instead of decoded (a run's attempt 0, its flags
+    False, a GPU's XID count 0, a count of ops 1, a loss scale never set...). At least one column is left to the scan
+    (its batches carry the row counts)."""
     spec = SPECS[table].schema
-    candidates: dict[str, object] = {}
-    floats = set()
+    kinds = {}
     for c in wanted_columns(table):
         t = spec.field(c).type
-        if _numbers(table, spec.field(c)) is None:
-            continue
-        if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t):
-            candidates[c] = None  # (value not known yet)
-            if pa.types.is_floating(t):
-                floats.add(c)
-    physical = {"INT32", "INT64", "BOOLEAN", "FLOAT", "DOUBLE"}
-    for frag in _fragments(dataset):
-        if not candidates:
-            break
-        md = frag.metadata
-        if md.num_rows == 0:
-            continue
-        if md.num_row_groups == 0:
-            return {}
-        first = md.row_group(0)
-        where = {first.column(i).path_in_schema: i for i in range(first.num_columns)}
-        for c in list(candidates):
-            i = where.get(c)
-            if i is None:
-                del candidates[c]
-                continue
-            for g in range(md.num_row_groups):
-                rg = md.row_group(g)
-                col = rg.column(i)
-                st = col.statistics if col.is_stats_set else None
-                if rg.num_rows == 0:
-                    continue
-                if st is None or col.physical_type not in physical or not st.has_null_count:
-                    value = None
-                elif st.null_count == rg.num_rows:
-                    value = _NULL
-                elif st.null_count == 0 and st.has_min_max and st.min == st.max and c not in floats:
-                    value = st.min
-                else:
-                    value = None
-                seen = candidates[c]
-                if value is None or (seen is not None and not _same(seen, value)):
-                    del candidates[c]
-                    break
-                candidates[c] = value
-    out = {c: v for c, v in candidates.items() if v is not None}
-    if out and len(out) == len(wanted_columns(table)):  # the scan reads at least one column (its row counts)
+        if _numbers(table, spec.field(c)) is not None and (
+                pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)):
+            kinds[c] = pa.types.is_floating(t)
+    out = footer_stats.one_value(dataset, kinds)
+    if out and len(out) == len(wanted_columns(table)):
         out.pop(next(iter(out)))
     return out
 
@@ -274,7 +223,7 @@ def constant_column(table: str, field: pa.Field, value: object, n: int) -> np.nd
     """``n`` rows of ``value`` (``footer_constants``') as ``Numbers`` would convert them. Zero (0, False): zeroed
     memory the system hands out on first write, so a column never written costs no memory."""
     dtype, fill = _numbers(table, field)
-    if value is _NULL:
+    if value is NULL:
         value = fill if fill is not None else np.nan
     # the stored value cast as a decoded column is (an int64 to float32 rounds as numpy's cast does)
     v = np.asarray([value]).astype(dtype)[0]

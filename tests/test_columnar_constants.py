@@ -83,13 +83,13 @@ def test_constants_are_what_every_row_group_says(store):
     # one value in every row group of both files; microbatches changes between files, overflow within one
     assert st["attempt"] == 0 and st["world_size"] == 4 and st["mem_bytes"] == BIG
     assert st["skipped"] is False and st["profiling"] is False
-    assert st["loss_scale"] is columnar._NULL and st["sync_arrival"] is columnar._NULL  # floats null throughout
+    assert st["loss_scale"] is columnar.NULL and st["sync_arrival"] is columnar.NULL  # floats null throughout
     for c in ("microbatches", "overflow", "rank", "step", "node", "t_start"):
         assert c not in st, c  # varies
     # a float of one value is decoded all the same: its statistics leave NaN out
     assert "step_ms" not in st and "optimizer_ms" not in st and "grad_norm" not in st
     gp = _constants(store, "gpu")
-    assert gp["ecc_sbe"] is columnar._NULL and gp["retired_pages"] is columnar._NULL  # null in every row
+    assert gp["ecc_sbe"] is columnar.NULL and gp["retired_pages"] is columnar.NULL  # null in every row
     assert gp["mem_total_bytes"] == 80 * 2**30 and gp["simulated"] is False
     for c in ("ecc_dbe", "xid_total", "throttle_reasons", "node", "gpu"):
         assert c not in gp, c  # null somewhere only, one row differs, a file without the column, varies
