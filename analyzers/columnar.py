@@ -40,8 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from analyzers import footer_stats
-from analyzers.footer_stats import NULL
+from analyzers.footer_stats import NULL, one_value
 from ranksight import sort_marker
 from ranksight.tables import SPECS
 
@@ -203,7 +202,7 @@ def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, ba
 
 def footer_constants(table: str, dataset: ds.Dataset) -> dict[str, object]:
     """The numeric columns of ``table`` the footers of ``dataset`` show to hold one value in every row
-    (``footer_stats.one_value``): made from the footer instead of decoded (a run's attempt 0, its flags
+    (``analyzers.footer_stats.one_value``): made from the footer instead of decoded (a run's attempt 0, its flags
     False, a GPU's XID count 0, a count of ops 1, a loss scale never set...). At least one column is left to the scan
     (its batches carry the row counts)."""
     spec = SPECS[table].schema
@@ -213,7 +212,7 @@ def footer_constants(table: str, dataset: ds.Dataset) -> dict[str, object]:
         if _numbers(table, spec.field(c)) is not None and (
                 pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)):
             kinds[c] = pa.types.is_floating(t)
-    out = footer_stats.one_value(dataset, kinds)
+    out = one_value(dataset, kinds)
     if out and len(out) == len(wanted_columns(table)):
         out.pop(next(iter(out)))
     return out
