@@ -5,6 +5,9 @@ each collective's members and communicator key). On the store's tables (steps, c
 millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frames without a Python object per row:
 
 - only the columns the analyzers read (``SKIPPED``: the ones no check or report reads are left out);
+- a column whose Parquet statistics say it holds one value in every row (a run's attempt 0, its flags False, a GPU's
+  XID count 0, a loss scale never set) made from the footers, not decoded (``footer_constants``); zeros as zeroed
+  memory the system hands out on first write, so a column no one writes to costs no memory;
 - the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
   once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
 - strings dictionary-encoded (pandas Categoricals with their categories in sorted order, so a sort by them is the
@@ -37,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from analyzers.footer_stats import NULL, one_value
 from ranksight import sort_marker
 from ranksight.tables import SPECS
 
@@ -49,9 +53,10 @@ TABLES = ("steps", "collectives", "gpu", "host")
 SKIPPED: dict[str, tuple[str, ...]] = {
     "steps": ("run_id", "tokens", "lr"),
     "collectives": ("run_id",),
-    "gpu": ("run_id", "uuid", "mem_util_pct", "mem_used_bytes", "power_limit_w", "mem_clock_mhz", "throttle_names",
-            "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
-    "host": ("run_id", "cpu_pct", "load1", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes", "disk_write_bytes"),
+    "gpu": ("run_id", "uuid", "mem_util_pct", "mem_used_bytes", "power_w", "power_limit_w", "mem_clock_mhz",
+            "throttle_names", "pcie_tx_bytes_s", "pcie_rx_bytes_s", "nvlink_tx_bytes_s", "nvlink_rx_bytes_s"),
+    "host": ("run_id", "cpu_pct", "load1", "mem_used_bytes", "net_rx_bytes", "net_tx_bytes", "disk_read_bytes",
+             "disk_write_bytes"),
 }
 
 # How each column becomes a numpy array: (dtype, value for nulls or None to keep them as NaN), with the values
@@ -157,23 +162,27 @@ SCAN_READAHEAD = {"fragment_readahead": 1, "batch_readahead": 2}
 
 
 def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, bad: list[int] | None
-             ) -> tuple[int, Iterator[pa.RecordBatch]]:
-    """(rows, their record batches in file order) of the part files of ``table``, ``wanted_columns`` only: read on
-    all cores by one dataset scan (``bad`` None: a damaged or foreign file raises), or file by file, the bad ones
-    skipped and counted in ``bad[0]``. ``on_file`` is called as each file is read."""
+             ) -> tuple[int, Iterator[pa.RecordBatch], dict[str, object]]:
+    """(rows, their record batches in file order, the constant columns) of the part files of ``table``,
+    ``wanted_columns`` only: read on all cores by one dataset scan (``bad`` None: a damaged or foreign file raises),
+    or file by file, the bad ones skipped and counted in ``bad[0]``. The columns the footers say hold one value
+    throughout (``footer_constants``; dataset scan only) are left out of the scan. ``on_file`` is called as each
+    file is read."""
     columns = wanted_columns(table)
     schema = _read_schema(table, columns)
     dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
     if bad is not None:
-        return _one_by_one(files, schema, dict_cols, on_file, bad)
+        return (*_one_by_one(files, schema, dict_cols, on_file, bad), {})
     dataset = _dataset(files, schema, dict_cols)
+    constants = footer_constants(table, dataset)
     rows = dataset.count_rows()  # the footers: the columns are allocated once, at their full length
     by_path = {_where(f)[0]: f for f in files}
+    scan_columns = [c for c in columns if c not in constants]
 
     def scanned() -> Iterator[pa.RecordBatch]:
         seen: set[str] = set()
         last = None
-        for tagged in dataset.scanner(use_threads=True, **SCAN_READAHEAD).scan_batches():
+        for tagged in dataset.scanner(columns=scan_columns, use_threads=True, **SCAN_READAHEAD).scan_batches():
             path = tagged.fragment.path
             if path != last:
                 if last is not None and on_file is not None:
@@ -188,7 +197,36 @@ def _batches(table: str, files: list, on_file: Callable[[Path], None] | None, ba
                 if path not in seen:  # a file without rows
                     on_file(f)
 
-    return rows, scanned()
+    return rows, scanned(), constants
+
+
+def footer_constants(table: str, dataset: ds.Dataset) -> dict[str, object]:
+    """The numeric columns of ``table`` the footers of ``dataset`` show to hold one value in every row
+    (``analyzers.footer_stats.one_value``): made from the footer instead of decoded (a run's attempt 0, its flags
+    False, a GPU's XID count 0, a count of ops 1, a loss scale never set...). At least one column is left to the scan
+    (its batches carry the row counts)."""
+    spec = SPECS[table].schema
+    kinds = {}
+    for c in wanted_columns(table):
+        t = spec.field(c).type
+        if _numbers(table, spec.field(c)) is not None and (
+                pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t)):
+            kinds[c] = pa.types.is_floating(t)
+    out = one_value(dataset, kinds)
+    if out and len(out) == len(wanted_columns(table)):
+        out.pop(next(iter(out)))
+    return out
+
+
+def constant_column(table: str, field: pa.Field, value: object, n: int) -> np.ndarray:
+    """``n`` rows of ``value`` (``footer_constants``') as ``Numbers`` would convert them. Zero (0, False): zeroed
+    memory the system hands out on first write, so a column never written costs no memory."""
+    dtype, fill = _numbers(table, field)
+    if value is NULL:
+        value = fill if fill is not None else np.nan
+    # the stored value cast as a decoded column is (an int64 to float32 rounds as numpy's cast does)
+    v = np.asarray([value]).astype(dtype)[0]
+    return np.zeros(n, dtype) if v == 0 else np.full(n, v, dtype)
 
 
 def _one_by_one(files: list, schema: pa.Schema, dict_cols: list[str], on_file, bad: list[int]
@@ -314,22 +352,31 @@ class MemberLists:
         return out
 
 
-def _sink(table: str, field: pa.Field, n: int):
+def _numbers(table: str, field: pa.Field) -> tuple | None:
+    """(numpy dtype, value for nulls or None for NaN) of a numeric column; None for strings and lists."""
     how = CONVERT.get(table, {}).get(field.name)
+    if how is not None:
+        return how
+    t = field.type
+    if pa.types.is_dictionary(t) or pa.types.is_string(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        return None
+    if pa.types.is_boolean(t):
+        return np.bool_, False
+    small = table in ("gpu", "host")  # telemetry: percentages, clocks, watts, counters hold in 32 bits
+    if pa.types.is_floating(t) or field.name in NULLABLE.get(table, ()):
+        return np.float32 if small else np.float64, None
+    # telemetry counters (throttle reason bits, XID and ECC totals, node and GPU numbers) hold in 32 bits
+    return np.int32 if small and "bytes" not in field.name else np.int64, 0
+
+
+def _sink(table: str, field: pa.Field, n: int):
+    how = _numbers(table, field)
     if how is not None:
         return Numbers(n, *how)
     t = field.type
     if pa.types.is_dictionary(t) or pa.types.is_string(t):
         return Strings(n)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return Lists(n)
-    if pa.types.is_boolean(t):
-        return Numbers(n, np.bool_, False)
-    small = table in ("gpu", "host")  # telemetry: percentages, clocks, watts, counters hold in 32 bits
-    if pa.types.is_floating(t) or field.name in NULLABLE.get(table, ()):
-        return Numbers(n, np.float32 if small else np.float64, None)
-    # telemetry counters (throttle reason bits, XID and ECC totals, node and GPU numbers) hold in 32 bits
-    return Numbers(n, np.int32 if small and "bytes" not in field.name else np.int64, 0)
+    return Lists(n)
 
 
 def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] | None = None
@@ -347,11 +394,14 @@ def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] 
 CHUNK_ROWS = 1 << 18  # batches (a part file's each) gathered into this many rows before they are converted
 
 
-def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[str, object] | None:
+def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch], constants: dict[str, object] | None = None
+                 ) -> dict[str, object] | None:
     """``n`` rows of ``table`` from ``batches`` (a store's part files, or the head's live window) into the columns
     the analyzers read (``wanted_columns``), each converted once into a preallocated numpy/Categorical column; None
-    when there is no row."""
-    sinks = {f.name: _sink(table, f, n) for f in _read_schema(table, wanted_columns(table))} if n else {}
+    when there is no row. ``constants``: columns not in the batches, one value in every row (``footer_constants``)."""
+    constants = constants or {}
+    fields = _read_schema(table, wanted_columns(table))
+    sinks = {f.name: _sink(table, f, n) for f in fields if f.name not in constants} if n else {}
     at = 0
     buf: list[pa.RecordBatch] = []
     rows = 0
@@ -380,7 +430,8 @@ def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch]) -> dict[
         flush()
     if not at:
         return None
-    return {name: sink.done(at) for name, sink in sinks.items()}
+    return {f.name: constant_column(table, f, constants[f.name], at) if f.name in constants else sinks[f.name].done(at)
+            for f in fields}
 
 
 # --------------------------------------------------------------------------

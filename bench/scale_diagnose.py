@@ -26,6 +26,9 @@ job), so compaction has to sort them for the loader's marked path.
 ``--load-only``: instead of the CLI, a subprocess per tree and round that only loads the run (store -> ``RunData``,
 as ``diagnose`` does): wall and CPU time of the load, the process's peak RSS, and each frame's rows and size
 (``--profile`` then profiles the load). The baseline runs at every size in this mode.
+
+``--baseline-cache DIR``: the baseline reads the store of the same name in DIR (as the baseline's head wrote it),
+this tree the one in ``--cache`` (as this tree's head writes it, e.g. another compaction encoding).
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ data = load_run(store, run, progress=False)
 out["load_s"], out["load_cpu_s"] = time.perf_counter() - t, time.process_time() - c
 if prof: prof.disable()
 out["maxrss_gib"] = rss()
+# resident now, the frames held: below their nominal size where a column is zeroed memory never written
+out["rss_now_gib"] = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**30
 names = ("steps", "collectives", "gpu", "host")
 out["rows"] = {n: len(getattr(data, n)) for n in names}
 out["frames_gib"] = {n: float(getattr(data, n).memory_usage(deep=False).sum()) / 2**30 for n in names}
@@ -156,7 +161,8 @@ def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Name
             o["proc_maxrss_gib"] = r["maxrss_gib"]
             got[t].append(o)
             print(f"   round {i + 1} {t:8s} load {o['load_s']:6.1f} s (CPU {o['load_cpu_s']:6.1f} s), peak RSS "
-                  f"{r['maxrss_gib']:5.2f} GiB; frames " + ", ".join(f"{n} {v:.2f}" for n, v in o["frames_gib"].items())
+                  f"{r['maxrss_gib']:5.2f} GiB, RSS after it {o['rss_now_gib']:5.2f} GiB; frames "
+                  + ", ".join(f"{n} {v:.2f}" for n, v in o["frames_gib"].items())
                   + f" GiB; load average {os.getloadavg()[0]:.1f}", flush=True)
             if o.get("profile"):
                 print(o["profile"])
@@ -164,7 +170,8 @@ def load_only(store: Path, trees: dict[str, Path], rounds: int, a: argparse.Name
     for t, rs in got.items():
         if rs:
             rows.append((t, [r["load_s"] for r in rs], [r["load_cpu_s"] for r in rs],
-                         max(r["proc_maxrss_gib"] for r in rs), rs[-1]["frames_gib"], rs[-1]["rows"]))
+                         max(r["proc_maxrss_gib"] for r in rs), rs[-1]["frames_gib"], rs[-1]["rows"],
+                         max(r["rss_now_gib"] for r in rs)))
     return rows
 
 
@@ -280,9 +287,9 @@ def main() -> None:
     ap.add_argument("--no-split", action="store_true", help="skip the time split")
     ap.add_argument("--load-only", action="store_true", help="time only the load (store -> RunData): wall, CPU, peak "
                                                              "RSS and frame sizes, baseline at every size")
-    ap.add_argument("--baseline-cache", default="", help="--load-only: the baseline loads the store of the same "
-                                                         "name from this cache (e.g. as the baseline's head compacted "
-                                                         "it), this tree the one in --cache")
+    ap.add_argument("--baseline-cache", default="", help="the baseline reads the store of the same name from this "
+                                                         "cache (e.g. as the baseline's head compacted it), this tree "
+                                                         "the one in --cache")
     ap.add_argument("--shuffled", action="store_true", help="stores whose parts hold each flush's rows in a random "
                                                             "order, as a real head's do (scale_gen Job.shuffled)")
     a = ap.parse_args()
@@ -305,11 +312,13 @@ def main() -> None:
             other = {"baseline": Path(a.baseline_cache) / store.name} if a.baseline_cache else None
             print(f"\n== load only: {ranks} ranks x {steps} steps; store {store}"
                   + (f" (baseline: {other['baseline']})" if other else ""), flush=True)
-            for t, walls, cpus, rss, frames, nrows in load_only(store, trees, a.rounds, a, other):
+            for t, walls, cpus, rss, frames, nrows, rss_now in load_only(store, trees, a.rounds, a, other):
                 print(f"   {t:8s} load wall min {min(walls):.1f} median {statistics.median(walls):.1f} s, CPU min "
-                      f"{min(cpus):.1f} median {statistics.median(cpus):.1f} s, peak RSS {rss:.2f} GiB; frames "
+                      f"{min(cpus):.1f} median {statistics.median(cpus):.1f} s, peak RSS {rss:.2f} GiB, RSS after "
+                      f"the load {rss_now:.2f} GiB; frames "
                       + ", ".join(f"{n} {v:.2f}" for n, v in frames.items()) + f" GiB (total "
-                      f"{sum(frames.values()):.2f}); rows {nrows}", flush=True)
+                      f"{sum(frames.values()):.2f}, nominal: zeroed columns never written are not resident); rows "
+                      f"{nrows}", flush=True)
             continue
         use = [t for t in trees if t.startswith("now") or ranks * steps <= br * bs]
         print(f"\n== {ranks} ranks x {steps} steps (TP {job.tp} x PP {job.pp} x DP {job.dp}; straggler rank "
@@ -320,7 +329,8 @@ def main() -> None:
         runs: dict[str, list[dict]] = {t: [] for t in use}
         for i in range(a.rounds):
             for t in use:
-                r = run_measured(cli_cmd(store, jobs_of.get(t)), trees[t], a.max_rss_gb, a.timeout)
+                where = Path(a.baseline_cache) / store.name if a.baseline_cache and t == "baseline" else store
+                r = run_measured(cli_cmd(where, jobs_of.get(t)), trees[t], a.max_rss_gb, a.timeout)
                 runs[t].append(r)
                 state = f"killed ({r['killed']})" if r["killed"] else f"exit {r['rc']}"
                 print(f"   round {i + 1} {t:8s} {r['wall_s']:7.1f} s (CPU {r['cpu_s']:6.1f} s)  {r['maxrss_gib']:5.2f} GiB "
@@ -331,7 +341,8 @@ def main() -> None:
         split = {}
         if not a.no_split:
             for t in dict.fromkeys(x for x in use if jobs_of.get(x, 1) in (None, 1)):
-                r = run_measured([sys.executable, "-c", PHASES, str(store), RUN, "1" if a.profile else "0"],
+                where = Path(a.baseline_cache) / store.name if a.baseline_cache and t == "baseline" else store
+                r = run_measured([sys.executable, "-c", PHASES, str(where), RUN, "1" if a.profile else "0"],
                                  trees[t], a.max_rss_gb, a.timeout, keep_stdout=True)
                 line = next((x for x in r["stdout"].splitlines() if x.startswith("PHASES ")), None)
                 if line is None:

@@ -8,6 +8,7 @@ mode (bench/scale_diagnose.py --load-only).
 - the load-only bench prints the load's time, peak RSS and frame sizes.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,4 @@ def test_load_only_bench(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "load wall min" in r.stdout and "peak RSS" in r.stdout and "frames steps" in r.stdout, r.stdout
+    assert re.search(r"RSS after the load \d+\.\d\d GiB", r.stdout), r.stdout

@@ -266,7 +266,8 @@ def test_sort_memory_is_the_keys_not_the_rows(tmp_path):
 
 
 def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
-    # dictionaries for strings and integers, BYTE_STREAM_SPLIT for floats: DuckDB reads the same values pyarrow does
+    # dictionaries for strings and integers, BYTE_STREAM_SPLIT for floats, LZ4_RAW pages: DuckDB reads the same
+    # values pyarrow does
     duckdb = pytest.importorskip("duckdb")
     store = _shuffled_copy(parts_store, tmp_path / "s", pieces=2)
     compact_run(RunDir(store, scale_gen.RUN).root)
@@ -275,12 +276,32 @@ def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
         meta = pq.ParquetFile(f).metadata
         encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
                      for i in range(meta.num_columns)}
+        # (pyarrow calls Parquet's LZ4_RAW "LZ4")
+        assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"LZ4"}
+        codecs = duckdb.connect().execute(f"select distinct compression from parquet_metadata('{f}')").fetchall()
+        assert codecs == [("LZ4_RAW",)]
         floats = [n for n in SPECS[table].schema.names if pa.types.is_floating(SPECS[table].schema.field(n).type)]
         assert floats and all("BYTE_STREAM_SPLIT" in encodings[n] for n in floats), encodings
         want = pq.read_table(f).to_pandas()
         got = duckdb.connect().execute(f"select * from read_parquet('{f}')").df()
         for c in floats + ["rank" if "rank" in want.columns else "node"]:
             np.testing.assert_array_equal(got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float))
+
+
+def test_snappy_and_lz4_compacted_files_load_the_same(parts_store, tmp_path, monkeypatch):
+    """A store compacted with snappy pages (a head before LZ4) loads the same frames as one compacted with LZ4."""
+    frames = {}
+    for codec in ("snappy", "lz4"):
+        store = _shuffled_copy(parts_store, tmp_path / codec, pieces=2)
+        with monkeypatch.context() as m:
+            m.setattr(compaction, "COMPRESSION", codec)
+            compact_run(RunDir(store, scale_gen.RUN).root)
+        (f,) = _files(store, "steps")
+        assert pq.ParquetFile(f).metadata.row_group(0).column(0).compression == codec.upper()
+        frames[codec] = load_run(store, scale_gen.RUN)
+    for table in ("steps", "collectives", "gpu", "host"):
+        pd.testing.assert_frame_equal(getattr(frames["lz4"], table), getattr(frames["snappy"], table),
+                                      check_exact=True, obj=table)
 
 
 def test_a_big_unsorted_compacted_file_is_sorted_a_row_group_at_a_time(parts_store, tmp_path, monkeypatch):
