@@ -266,7 +266,7 @@ def test_sort_memory_is_the_keys_not_the_rows(tmp_path):
 
 
 def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
-    # dictionaries for strings and integers, BYTE_STREAM_SPLIT for floats, LZ4_RAW pages: DuckDB reads the same
+    # dictionaries for strings and integers, BYTE_STREAM_SPLIT for floats, snappy pages: DuckDB reads the same
     # values pyarrow does
     duckdb = pytest.importorskip("duckdb")
     store = _shuffled_copy(parts_store, tmp_path / "s", pieces=2)
@@ -276,10 +276,9 @@ def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
         meta = pq.ParquetFile(f).metadata
         encodings = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
                      for i in range(meta.num_columns)}
-        # (pyarrow calls Parquet's LZ4_RAW "LZ4")
-        assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"LZ4"}
+        assert {meta.row_group(0).column(i).compression for i in range(meta.num_columns)} == {"SNAPPY"}
         codecs = duckdb.connect().execute(f"select distinct compression from parquet_metadata('{f}')").fetchall()
-        assert codecs == [("LZ4_RAW",)]
+        assert codecs == [("SNAPPY",)]
         floats = [n for n in SPECS[table].schema.names if pa.types.is_floating(SPECS[table].schema.field(n).type)]
         assert floats and all("BYTE_STREAM_SPLIT" in encodings[n] for n in floats), encodings
         want = pq.read_table(f).to_pandas()
@@ -289,7 +288,8 @@ def test_compacted_encodings_read_by_duckdb(parts_store, tmp_path):
 
 
 def test_snappy_and_lz4_compacted_files_load_the_same(parts_store, tmp_path, monkeypatch):
-    """A store compacted with snappy pages (a head before LZ4) loads the same frames as one compacted with LZ4."""
+    """A store compacted with snappy pages loads the same frames as one compacted with LZ4 (``COMPRESSION``'s other
+    choice)."""
     frames = {}
     for codec in ("snappy", "lz4"):
         store = _shuffled_copy(parts_store, tmp_path / codec, pieces=2)

@@ -123,17 +123,19 @@ def _prefetched(files: list[StoreFile], ahead: int = PREFETCH):
             yield f, fut.result()
 
 
-COMPRESSION = "lz4"  # pyarrow's name for Parquet's LZ4_RAW codec
+# Snappy: the codec every Parquet engine reads (Spark 3.2-3.4's parquet-mr, Trino, Athena, DuckDB, pyarrow). "lz4"
+# (Parquet's LZ4_RAW) decompresses faster (a shorter load in diagnose: bench/RESULTS.md DG3) and makes
+# slightly smaller files, but engines built on parquet-mr before 1.13 (Spark before 3.5) cannot read it, and a
+# store any engine can read is the point of the store's layout.
+COMPRESSION = "snappy"
 
 
 def writer_options(schema: pa.Schema) -> dict:
     """How a compacted file encodes its columns: dictionaries for strings and integers (few distinct values per row
     group: ranks, steps, groups, hosts), none for floats (durations and clocks rarely repeat: a dictionary is tried,
     fails and falls back to plain pages, at a cost to writer and reader), whose bytes are split by position instead
-    (BYTE_STREAM_SPLIT: exponents and high bytes together compress better). Pages compressed with LZ4 (Parquet's
-    LZ4_RAW): a file a little smaller than with snappy, and quicker to decompress, which is most of what
-    ``diagnose``'s load spends decoding the float pages; DuckDB and pyarrow read it (tested), as does any reader
-    that knows LZ4_RAW. Snappy where this pyarrow has no LZ4."""
+    (BYTE_STREAM_SPLIT: exponents and high bytes together compress better). Pages compressed with ``COMPRESSION``
+    (snappy; DuckDB reads them: tested), snappy where this pyarrow lacks the codec set there."""
     def leaf(t: pa.DataType) -> pa.DataType:
         while pa.types.is_list(t) or pa.types.is_large_list(t):
             t = t.value_type
