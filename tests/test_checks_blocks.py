@@ -250,6 +250,19 @@ def test_grid_matrix_is_the_placed_cells_one(shuffle):
     assert 4 not in view.matrix("sync_arrival").index and 7 not in view.matrix("sync_wait_ms").columns
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_distinct_ranks_and_steps_from_the_grid_are_the_rows_unique_ones(shuffle):
+    view = _view(3, shuffle, False)
+    partial = StepView(view.rows.iloc[5:])  # a step misses ranks: no grid, the rows' own values
+    assert (view._grid is not None) == (not shuffle) and partial._grid is None
+    for v in (view, partial):
+        for name in ("rank", "step"):
+            want = sorted(int(x) for x in v.rows[name].unique())
+            got = v.distinct(name)
+            assert got == want and all(type(x) is int for x in got)
+            assert v.distinct(name) is got  # kept
+
+
 def test_no_grid_where_a_step_misses_a_rank_or_repeats_one():
     view = _view(2, False, False)
     assert StepView(view.rows.iloc[1:]).__dict__.get("_grid") is None and StepView(view.rows.iloc[1:])._grid is None

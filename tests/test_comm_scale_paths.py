@@ -33,6 +33,47 @@ def test_instance_numbers_by_table_are_those_of_the_hashed_keys():
     assert (narrow == want).all() and (wide == want).all()
 
 
+def test_instance_numbers_of_a_gapless_span_are_the_keys_as_numbered_by_the_hash():
+    # every (communicator, seq) of the span present (each communicator's sequence numbers without a gap, the
+    # generated stores): the keys are their own numbers, as the running count and the hashed keys number them
+    rng = np.random.default_rng(2)
+    gcode = np.repeat(np.arange(5, dtype=np.int32), 300)
+    seq = np.tile(np.arange(7, 307, dtype=np.int32), 5)
+    order = rng.permutation(len(gcode))
+    gcode, seq = np.r_[gcode[order], gcode[:40]], np.r_[seq[order], seq[:40]]  # some keys twice
+    got, m = op_instances._instance_numbers(gcode, seq)
+    hashed, m2 = op_instances._instance_numbers(gcode, seq * 1000)
+    assert m == m2 == 5 * 300
+    assert (got == hashed).all() and got.dtype == np.int32
+
+
+def test_gkey_numbered_from_categorical_codes_with_every_category_present():
+    cats = ["tp[4,5]", "dp[0,2]", "tp[0,1]"]
+    col = pd.Series(pd.Categorical(["tp[4,5]", "dp[0,2]", "tp[0,1]", "dp[0,2]"], categories=cats))
+    codes, uniq = op_instances._factorize_sorted(col)
+    want_codes, want_uniq = pd.factorize(col, sort=True)
+    assert list(codes) == list(want_codes) and list(uniq) == list(np.asarray(want_uniq, dtype=object))
+
+
+def test_float_values_are_the_column_own_array_or_a_float64_conversion():
+    col = pd.Series([1.0, np.nan, 3.0])
+    assert np.shares_memory(op_instances.float_values(col), col.to_numpy())
+    for other in (pd.Series([1.0, None, 3.0], dtype="Float64"), pd.Series([1, 2, 3], dtype=np.int32),
+                  pd.Series([1.0, np.nan], dtype=np.float32)):
+        got = op_instances.float_values(other)
+        np.testing.assert_array_equal(got, other.to_numpy(dtype=float, na_value=np.nan))
+        assert got.dtype == np.float64
+
+
+def test_counts_by_chunks_are_bincounts(monkeypatch):
+    monkeypatch.setattr(op_instances, "COUNT_CHUNK", 7)
+    codes = np.random.default_rng(4).integers(0, 9, 100).astype(np.int32)
+    for n in (0, 5, 7, 100):
+        got = op_instances.counts(codes[:n], 12)
+        np.testing.assert_array_equal(got, np.bincount(codes[:n], minlength=12))
+        assert got.dtype == np.int64
+
+
 def test_gkey_numbered_from_categorical_codes_as_factorize_sorts():
     cats = ["tp[4,5]", "dp[0,2]", "unused", "tp[0,1]", "dp[1,3]"]
     values = ["tp[4,5]", "dp[1,3]", None, "tp[0,1]", "dp[0,2]", "tp[4,5]"]

@@ -107,7 +107,7 @@ def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[lis
         return out, pd.Series(dtype=float)
     share = per_step["transfer"] / per_step["step_ms"]
     med = float(share.median())
-    ranks = sorted(int(r) for r in st["rank"].unique())
+    ranks = view.distinct("rank")
     nodes = frame.placement.nodes_of(ranks)
     growth_found = False
     if len(share) >= cfg.baseline_steps + cfg.growth_persist:
@@ -464,9 +464,8 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     after the other members (``leads``) is left out: it was waiting for a peer's late data after all."""
     if last.empty or last["rank"].nunique() < 2:
         return []
-    st = view.rows
-    steps = sorted(int(x) for x in st["step"].unique())
-    ranks = sorted(int(r) for r in st["rank"].unique())
+    steps = view.distinct("step")
+    ranks = view.distinct("rank")
     weights = last["ops"] if "ops" in last.columns else None
     last_step = last["step"].to_numpy()
     code = pd.Index(ranks).get_indexer(last["rank"].astype(int).to_numpy())

@@ -35,7 +35,7 @@ class _OpInstances:
     Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
 
     def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
-        t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
+        t_done = float_values(co["t_done"])
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
         op_col = co["op"]
         if isinstance(op_col.dtype, pd.CategoricalDtype):  # its own codes (-1: missing), not a recode of every row
@@ -82,7 +82,7 @@ class _OpInstances:
         # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
         self.symmetric = symmetric[pick(op_code)] if kind != "symmetric" else None
         del op_code
-        self.t_arrive = pick(co["t_arrive"].to_numpy(dtype=float, na_value=np.nan))
+        self.t_arrive = pick(float_values(co["t_arrive"]))
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
@@ -136,7 +136,7 @@ class _OpInstances:
         t_done = self.t_done if recs is None else self.t_done[recs]
         dur = self.dur if recs is None else self.dur[recs]
         if recs is None:
-            self.inst_count = np.bincount(inst, minlength=m)
+            self.inst_count = counts(inst, m)
         tmax = np.full(m, -np.inf)
         tmin = np.full(m, np.inf)
         np.maximum.at(tmax, inst, t_done)
@@ -176,6 +176,28 @@ class _OpInstances:
         return (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
 
 
+def float_values(col: pd.Series) -> np.ndarray:
+    """A column's values as float64 with NaN for a missing one: a float64 numpy column's own array (read only, as every
+    array of the op instances is; a copy of 20 M records is 160 MB), else converted."""
+    if isinstance(col.dtype, np.dtype) and col.dtype == np.float64:
+        return col.to_numpy()
+    return col.to_numpy(dtype=float, na_value=np.nan)
+
+
+COUNT_CHUNK = 1 << 22  # counts: this many records at a time
+
+
+def counts(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """``np.bincount(codes, minlength=n_codes)`` (codes 0 .. n_codes - 1), a chunk of records at a time: bincount
+    converts 32-bit codes to 64-bit ones first, a temporary of the chunk's size (of 20 M records: 160 MB)."""
+    if len(codes) <= COUNT_CHUNK:
+        return np.bincount(codes, minlength=n_codes)
+    out = np.zeros(n_codes, np.int64)
+    for lo in range(0, len(codes), COUNT_CHUNK):
+        out += np.bincount(codes[lo:lo + COUNT_CHUNK], minlength=n_codes)
+    return out
+
+
 FIRST_CHUNK = 1 << 20  # first_positions looks at this many records at a time
 
 
@@ -202,8 +224,11 @@ def _factorize_sorted(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         return codes, np.asarray(uniq, dtype=object)
     cat_codes = col.cat.codes.to_numpy()
     cats = col.cat.categories
-    present = np.bincount(cat_codes[cat_codes >= 0] if (cat_codes < 0).any() else cat_codes,
-                          minlength=len(cats)) > 0
+    # the categories present: marked in a table (a bincount converts every code to a 64-bit integer first); a
+    # missing value's code (-1) marks the extra last slot
+    present = np.zeros(len(cats) + 1, dtype=bool)
+    present[cat_codes] = True
+    present = present[:-1]
     if present.all():  # every category present: the codes are the numbers (no gather)
         return cat_codes.astype(np.int32 if len(cats) < 2**31 else np.int64), np.asarray(cats, dtype=object)
     number = np.full(len(cats) + 1, -1, dtype=np.int32 if len(cats) < 2**31 else np.int64)  # the last: code -1
@@ -230,6 +255,8 @@ def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, i
         key -= s_lo
         present = np.zeros(span, dtype=bool)
         present[key] = True
+        if bool(present.all()):  # every key of the span present (each communicator's sequence numbers without a
+            return key.astype(width, copy=False), span  # gap): a key is its own number
         number = np.cumsum(present, dtype=np.int64 if span >= 2**31 else np.int32)
         m = int(number[-1]) if span else 0
         number -= 1
