@@ -66,7 +66,7 @@ def test_float_values_are_the_column_own_array_or_a_float64_conversion():
 
 
 def test_counts_by_chunks_are_bincounts(monkeypatch):
-    monkeypatch.setattr(op_instances, "COUNT_CHUNK", 7)
+    monkeypatch.setattr(op_instances, "RECORD_CHUNK", 7)
     codes = np.random.default_rng(4).integers(0, 9, 100).astype(np.int32)
     for n in (0, 5, 7, 100):
         got = op_instances.counts(codes[:n], 12)
@@ -348,6 +348,24 @@ def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
     off_grid = st.iloc[::-1]  # not a grid: pandas' own
     pd.testing.assert_series_equal(StepView(off_grid).per_step_median("step_ms"),
                                    off_grid.groupby("step")["step_ms"].median(), check_exact=True)
+
+
+def test_per_step_median_by_blocks_of_steps_is_pandas_one(monkeypatch):
+    from analyzers import builder
+
+    monkeypatch.setattr(builder, "MEDIAN_BLOCK_STEPS", 3)
+    rng = np.random.default_rng(14)
+    for trial in range(20):
+        nr, ns = int(rng.integers(1, 7)), int(rng.integers(1, 12))
+        values = rng.choice([np.nan, 1.0, 2.0, 4.5, 7.0, 0.1], size=nr * ns).astype((np.float32, np.float64)[trial % 2])
+        if trial % 3 == 0:
+            values[: nr * 2] = np.nan  # whole steps without a value
+        st = pd.DataFrame({"rank": np.tile(np.arange(nr), ns).astype(np.int32),
+                           "step": np.repeat(np.arange(ns) + 3, nr).astype(np.int32), "step_ms": values})
+        view = builder.StepView(st)
+        assert view._grid is not None
+        pd.testing.assert_series_equal(view.per_step_median("step_ms"), st.groupby("step")["step_ms"].median(),
+                                       check_index_type=False, check_exact=True)
 
 
 def test_compute_check_by_rows_is_the_one_of_whole_frames():

@@ -88,6 +88,21 @@ def test_last_arriver_ops_same_as_groupby_idxmax():
                                       check_dtype=False)
 
 
+def test_last_arriver_ops_by_chunks_of_records_are_the_whole_ones(monkeypatch):
+    from analyzers.checks import op_instances
+
+    for seed in range(3):
+        co = window(seed)
+        whole = last_arriver_ops(co, 3)
+        op_instances.release_op_instances()
+        monkeypatch.setattr(op_instances, "RECORD_CHUNK", 5)
+        got = last_arriver_ops(co, 3)
+        op_instances.release_op_instances()
+        monkeypatch.undo()
+        assert len(co) > 5 * 4 and len(got)
+        pd.testing.assert_frame_equal(got, whole)
+
+
 def test_stable_order_is_lexsort():
     from analyzers.collectives import stable_order
     rng = np.random.default_rng(3)

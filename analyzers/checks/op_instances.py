@@ -184,17 +184,17 @@ def float_values(col: pd.Series) -> np.ndarray:
     return col.to_numpy(dtype=float, na_value=np.nan)
 
 
-COUNT_CHUNK = 1 << 22  # counts: this many records at a time
+RECORD_CHUNK = 1 << 22  # per-record temporaries (counts, the last arrivers' latest arrivals): this many records at a time
 
 
 def counts(codes: np.ndarray, n_codes: int) -> np.ndarray:
     """``np.bincount(codes, minlength=n_codes)`` (codes 0 .. n_codes - 1), a chunk of records at a time: bincount
     converts 32-bit codes to 64-bit ones first, a temporary of the chunk's size (of 20 M records: 160 MB)."""
-    if len(codes) <= COUNT_CHUNK:
+    if len(codes) <= RECORD_CHUNK:
         return np.bincount(codes, minlength=n_codes)
     out = np.zeros(n_codes, np.int64)
-    for lo in range(0, len(codes), COUNT_CHUNK):
-        out += np.bincount(codes[lo:lo + COUNT_CHUNK], minlength=n_codes)
+    for lo in range(0, len(codes), RECORD_CHUNK):
+        out += np.bincount(codes[lo:lo + RECORD_CHUNK], minlength=n_codes)
     return out
 
 
@@ -334,7 +334,8 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     if not has.any():
         return pd.DataFrame(columns=cols + ["ops"])
     # per instance, the latest arrival; of equal ones the first record (groupby idxmax): each instance's latest
-    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records).
+    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records;
+    # the latest arrival of each record's instance is gathered a chunk of records at a time, not 160 MB at once).
     # Over every record, those that are not complete records sent to an extra instance past the real ones (no
     # gathers of the complete ones' arrays)
     m = ops.n_inst
@@ -343,7 +344,8 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     n = len(inst)
     latest = np.full(m + 1, -np.inf)
     np.fmax.at(latest, inst, t)  # NaN arrivals left out, as idxmax does
-    at_latest = np.flatnonzero(t == latest[inst])
+    at_latest = np.concatenate([lo + np.flatnonzero(t[lo:lo + RECORD_CHUNK] == latest[inst[lo:lo + RECORD_CHUNK]])
+                                for lo in range(0, len(inst), RECORD_CHUNK)] or [np.zeros(0, np.intp)])
     first = np.full(m + 1, n, np.int64)
     np.minimum.at(first, inst[at_latest], at_latest)
     first = first[:m]
