@@ -47,6 +47,22 @@ def test_instance_numbers_of_a_gapless_span_are_the_keys_as_numbered_by_the_hash
     assert (got == hashed).all() and got.dtype == np.int32
 
 
+def test_instances_communicators_from_the_table_are_those_of_their_records():
+    rng = np.random.default_rng(5)
+    for gapless in (True, False):
+        gcode = np.repeat(np.arange(4, dtype=np.int32), 50)
+        seq = np.tile(np.arange(-3, 47, dtype=np.int32), 4)
+        if not gapless:  # some keys missing: numbered by the running count
+            kept = rng.random(len(gcode)) < 0.7
+            gcode, seq = gcode[kept], seq[kept]
+        order = rng.permutation(len(gcode))
+        inst, m, inst_gcode = op_instances._instances(gcode[order], seq[order])
+        want = np.zeros(m, np.int64)
+        want[inst] = gcode[order]
+        assert inst_gcode is not None and (inst_gcode == want).all() and inst_gcode.dtype == np.int64
+    assert op_instances._instances(gcode, seq * 100_000)[2] is None  # hashed: scattered by the caller
+
+
 def test_gkey_numbered_from_categorical_codes_with_every_category_present():
     cats = ["tp[4,5]", "dp[0,2]", "tp[0,1]"]
     col = pd.Series(pd.Categorical(["tp[4,5]", "dp[0,2]", "tp[0,1]", "dp[0,2]"], categories=cats))

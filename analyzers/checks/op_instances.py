@@ -93,11 +93,12 @@ class _OpInstances:
             size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key[key_codes]]]).to_numpy()
         # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
         # distinct instances sorted (np.unique sorted every record)
-        self.inst, m = _instance_numbers(self.gcode, self.seq)
+        self.inst, m, inst_gcode = _instances(self.gcode, self.seq)
         self.n_inst = m
         # per instance: its communicator, record count, member count, spread of completion times, longest duration
-        inst_gcode = np.zeros(m, np.int64)
-        inst_gcode[self.inst] = self.gcode
+        if inst_gcode is None:
+            inst_gcode = np.zeros(m, np.int64)
+            inst_gcode[self.inst] = self.gcode
         self.inst_size = size_of_key[inst_gcode]
         self._instance_figures()
 
@@ -241,6 +242,14 @@ def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, i
     Where the (communicator, seq) span is not much wider than the records (sequence numbers count a communicator's
     ops), each present key is marked in a table over the span and numbered by a running count (no hash, no sort);
     else the keys are hashed (pd.factorize) and only the distinct ones sorted."""
+    inst, m, _ = _instances(gcode, seq)
+    return inst, m
+
+
+def _instances(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """``_instance_numbers``, and each instance's communicator (its gcode) where the table numbered them: read off
+    the present keys (an instance's key is its communicator x the span + its seq), not scattered from every record;
+    None where the keys were hashed."""
     n = len(gcode)
     if n and seq.dtype.kind not in "iu":
         seq = seq - seq.min()  # (as the keys were before: a float column's values as they are)
@@ -256,18 +265,19 @@ def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, i
         present = np.zeros(span, dtype=bool)
         present[key] = True
         if bool(present.all()):  # every key of the span present (each communicator's sequence numbers without a
-            return key.astype(width, copy=False), span  # gap): a key is its own number
+            # gap): a key is its own number
+            return key.astype(width, copy=False), span, np.arange(span, dtype=np.int64) // s_span
         number = np.cumsum(present, dtype=np.int64 if span >= 2**31 else np.int32)
         m = int(number[-1]) if span else 0
         number -= 1
         inst = number[key]
-        return inst.astype(width, copy=False), m
+        return inst.astype(width, copy=False), m, np.flatnonzero(present).astype(np.int64) // s_span
     key = gcode.astype(np.int64) * s_span + (seq - s_lo)
     code, uniq_key = pd.factorize(key)
     order = np.argsort(uniq_key, kind="stable")
     rank_of = np.empty(len(uniq_key), width)
     rank_of[order] = np.arange(len(uniq_key))
-    return rank_of[code], len(uniq_key)  # gathered in its final width (no int64 copy of every record)
+    return rank_of[code], len(uniq_key), None  # gathered in its final width (no int64 copy of every record)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -559,8 +569,8 @@ def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -
     """``collective_wait_ms``'s rows of ``ranks`` only, from the records of the ops those ranks took part in (each
     op whole: its other members' records too). The comm check asks it about a few ranks. The op instances are the
     round's own (``op_instances``: built once, and the comm check's completion leads derive theirs from them); the
-    grid is summed over those ops' records only. The same sums (the same records, added in the same order); the
-    columns: the steps those ops have."""
+    grid is summed over those ranks' records of those ops only. The same sums (the same records, added in the same
+    order); the columns: the steps those ranks' records have (a missing column reads as no wait)."""
     if co.empty or not len(ranks):
         return pd.DataFrame()
     wanted = np.asarray(sorted({int(r) for r in ranks}), dtype=np.int64)
@@ -570,12 +580,16 @@ def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -
         return pd.DataFrame()
     theirs = np.zeros(ops.n_inst, dtype=bool)  # the instances with a record of theirs
     theirs[ops.inst[mine]] = True
-    grid = _wait_grid(ops, match_tol_ms, theirs)
+    grid = _wait_grid(ops, match_tol_ms, theirs, wanted)
     return grid.loc[grid.index.intersection(wanted)] if not grid.empty else grid
 
 
-def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray | None = None) -> pd.DataFrame:
-    """``collective_wait_ms`` of the records of ``ops`` (of the ``instances`` marked, a mask over them)."""
+def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray | None = None,
+               ranks: np.ndarray | None = None) -> pd.DataFrame:
+    """``collective_wait_ms`` of the records of ``ops`` (of the ``instances`` marked, a mask over them); with
+    ``ranks``, the rows of those ranks only, over the steps their records have: each op's latest arrival is that of
+    all its members, and a cell's sum is that of the same records in the same order (no grid of every rank's and
+    step's cells, 160 MB at 1,024 x 10,000, for a few rows of it)."""
     if instances is None:
         ok = ops.complete(match_tol_ms)
     else:
@@ -598,6 +612,11 @@ def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray |
     late *= take(ops.weight)
     np.nan_to_num(late, copy=False, nan=0.0)  # sums as pivot_table's: NaN values left out (0 where a cell has only those)
     rank, step = take(ops.rank), take(ops.step)
+    if ranks is not None:
+        theirs = np.isin(rank, ranks)
+        if not theirs.any():
+            return pd.DataFrame()
+        rank, step, late = rank[theirs], step[theirs], late[theirs]
     r_lo, r_hi, s_lo, s_hi = int(rank.min()), int(rank.max()), int(step.min()), int(step.max())
     n_r, n_s = r_hi - r_lo + 1, s_hi - s_lo + 1
     if n_r * n_s <= 4 * len(rank) + 1024:
