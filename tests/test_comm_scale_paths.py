@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import pandas as pd
 from test_comm_vectorized import records
 from test_links_vectorized import window
@@ -88,6 +89,27 @@ def test_counts_by_chunks_are_bincounts(monkeypatch):
         got = op_instances.counts(codes[:n], 12)
         np.testing.assert_array_equal(got, np.bincount(codes[:n], minlength=12))
         assert got.dtype == np.int64
+
+
+def test_every_row_indexes_and_searches_as_its_arange():
+    rng = np.random.default_rng(6)
+    for n in (0, 1, 9, 40):
+        every, arange = op_instances.EveryRow(n), np.arange(n, dtype=np.int32)
+        assert len(every) == n
+        np.testing.assert_array_equal(np.asarray(every), arange)
+        picks = [slice(None), slice(2, 7), slice(None, None, 3), rng.random(n) < 0.5, np.zeros(0, np.int64)]
+        if n:
+            picks += [rng.integers(0, n, 12), rng.integers(-n, n, 12).astype(np.int32), np.int64(n - 1)]
+        for at in picks:
+            got, want = every[at], arange[at]
+            np.testing.assert_array_equal(got, want)
+            assert np.asarray(got).dtype == want.dtype
+        for bad in ([n], [-n - 1], np.ones(n + 1, bool)):
+            with pytest.raises(IndexError):
+                every[np.asarray(bad)]
+        v = rng.integers(-3, n + 3, 20)
+        for side in ("left", "right"):
+            np.testing.assert_array_equal(every.searchsorted(v, side), arange.searchsorted(v, side))
 
 
 def test_gkey_numbered_from_categorical_codes_as_factorize_sorts():

@@ -103,6 +103,26 @@ def test_last_arriver_ops_by_chunks_of_records_are_the_whole_ones(monkeypatch):
         pd.testing.assert_frame_equal(got, whole)
 
 
+def test_completion_leads_of_every_record_read_through_every_row():
+    """Every record of one kind of op, all timed: the positions are an ``EveryRow``, not an arange; the leads' rows
+    and their lookup by position are the arange's."""
+    from analyzers.checks import op_instances
+
+    co = window(1, extra_kinds=False)
+    co = co[co["op"].isin(op_instances.SYMMETRIC_OPS) & co["t_done"].notna() & co["duration_ms"].notna()]
+    co = co.reset_index(drop=True)
+    op_instances.release_op_instances()
+    leads = op_instances.CompletionLeads(co, None)
+    assert isinstance(leads._arrays["rows"], op_instances.EveryRow) and not leads.empty
+    arange = op_instances.CompletionLeads(co, None)
+    arange._arrays = dict(arange._arrays, rows=np.arange(len(co), dtype=np.int32))
+    probe = np.r_[np.arange(-2, len(co) + 3), np.random.default_rng(0).integers(0, len(co), 50)]
+    np.testing.assert_array_equal(leads.at_rows(probe), arange.at_rows(probe))
+    sel = leads.positions()[::3]
+    pd.testing.assert_frame_equal(leads.frame(sel), arange.frame(sel))
+    op_instances.release_op_instances()
+
+
 def test_stable_order_is_lexsort():
     from analyzers.collectives import stable_order
     rng = np.random.default_rng(3)

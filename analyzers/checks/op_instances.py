@@ -64,8 +64,7 @@ class _OpInstances:
         codes, uniq = _factorize_sorted(co["gkey"])
         keep &= codes >= 0
         every = bool(keep.all())
-        self.rows = np.arange(len(keep), dtype=np.int32 if len(keep) < 2**31 else np.int64) if every \
-            else _narrow(np.flatnonzero(keep))
+        self.rows = EveryRow(len(keep)) if every else _narrow(np.flatnonzero(keep))
         # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
         # (read only: the frame is shared, analyzers/builder.py)
         pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
@@ -175,6 +174,40 @@ class _OpInstances:
         """``complete`` as a mask over the instances (each has a record: its count is its member count, 2 or more)."""
         tol = np.maximum(tol_ms, self.inst_dur_max) if longest else tol_ms
         return (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
+
+
+class EveryRow:
+    """The positions of every record of a frame of ``n``, what ``np.arange(n)`` holds, without the array (80 MB at
+    20 M records): indexing it gives the arange's values (in its width: int32 where n fits), ``searchsorted`` its
+    places; anything else converts it (``__array__``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.dtype = np.dtype(np.int32 if n < 2**31 else np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.arange(self.n, dtype=dtype or self.dtype)
+
+    def __getitem__(self, at):
+        if isinstance(at, slice):
+            return np.arange(*at.indices(self.n), dtype=self.dtype)
+        at = np.asarray(at)
+        if at.dtype == bool:
+            if at.shape != (self.n,):
+                raise IndexError(f"boolean index of shape {at.shape} for {self.n} rows")
+            return np.flatnonzero(at).astype(self.dtype)
+        if at.size and (int(at.min()) < -self.n or int(at.max()) >= self.n):
+            raise IndexError(f"index out of bounds for {self.n} rows")
+        at = at.astype(self.dtype) if at.ndim else self.dtype.type(at)
+        return np.where(at < 0, at + self.dtype.type(self.n), at) if at.size and (at < 0).any() else at
+
+    def searchsorted(self, v, side: str = "left") -> np.ndarray:
+        """``np.arange(n).searchsorted(v, side)`` of integers ``v``."""
+        v = np.asarray(v)
+        return np.clip(v + (1 if side == "right" else 0), 0, self.n).astype(np.intp)
 
 
 def float_values(col: pd.Series) -> np.ndarray:
@@ -476,7 +509,7 @@ class CompletionLeads:
         if self.empty or not len(rows):
             return out
         all_rows = self._arrays["rows"]  # sorted: the kept records' positions in co
-        p = np.minimum(np.searchsorted(all_rows, rows), len(all_rows) - 1)
+        p = np.minimum(all_rows.searchsorted(rows), len(all_rows) - 1)
         found = (all_rows[p] == rows) & self.complete[p]
         out[found] = self.lead_ms(p[found])
         return out
