@@ -530,3 +530,41 @@ def test_unexplained_wait_in_place_is_pandas_arithmetic():
     other = m(times, index=pd.Index([0, 1, 2, 3], name="rank"))  # other ranks: pandas' aligned arithmetic
     got2, _ = _unexplained_wait(wait, wait_ref, other, other)
     pd.testing.assert_frame_equal(got2, (wait_ref - wait) - ((other - other) * 1000.0).clip(lower=0), check_exact=True)
+
+
+@pytest.mark.parametrize("block_cells", [None, 20])
+def test_unexplained_wait_from_the_arrivals_column_statistics_is_the_reference_matrix_one(block_cells, monkeypatch):
+    from analyzers.checks import comm
+
+    if block_cells:
+        monkeypatch.setattr(comm, "WAIT_BLOCK_CELLS", block_cells)  # a few columns a block
+    rng = np.random.default_rng(21)
+    for n_rows, n_cols in ((2, 1), (3, 70), (6, 5), (7, 100), (40, 33)):
+        idx, cols = pd.Index(range(n_rows), name="rank"), pd.Index(range(3, 3 + n_cols), name="step")
+
+        def m(values):
+            return pd.DataFrame(rng.choice(values, size=(n_rows, n_cols)), index=idx, columns=cols)
+
+        wait, wait_ref = m([np.nan, -0.0, 0.0, 1.5, -2.0, 7.25, np.inf]), m([np.nan, 0.0, 1.5, 3.0, 9.5])
+        for arr in (m([100.0, 100.001, 99.998, 100.0005, 100.002]),
+                    m([100.0, 100.001, np.nan, 99.998])):  # a gap: the reference matrix's path
+            want, want_lag = comm._unexplained_wait(wait, wait_ref, arr, stats.leave_one_out_median(arr))
+            got, lag_of = comm._unexplained_wait_rows(wait, wait_ref, arr, lambda: stats.leave_one_out_median(arr))
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
+            assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
+            for r in idx:
+                pd.testing.assert_series_equal(lag_of(r), want_lag.loc[r], check_exact=True, check_names=False)
+
+
+@pytest.mark.parametrize("block_cells", [None, 64])
+def test_loo_stats_of_columns_read_by_blocks_are_the_full_reference(block_cells, monkeypatch):
+    if block_cells:
+        monkeypatch.setattr(stats, "LOO_FULL_BLOCK_CELLS", block_cells)  # blocks of 32 columns
+    rng = np.random.default_rng(22)
+    for n_rows, n_cols in ((2, 3), (5, 40), (8, 70), (33, 9)):
+        values = rng.choice([0.5, 1.0, 2.0, 3.25, 7.0], size=(n_rows, n_cols)) + rng.normal(size=(n_rows, n_cols)) * (n_rows % 2)
+        full = stats._loo_median_full(values)
+        st = stats.LooStats.of_columns(values)
+        np.testing.assert_array_equal(st.reference(values), full)
+        for c0, c1 in ((0, 1), (3, 17), (n_cols - 2, n_cols)):
+            np.testing.assert_array_equal(st.columns(c0, c1).reference(values[1:, c0:c1]), full[1:, c0:c1])

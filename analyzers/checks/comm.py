@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,12 @@ from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, 
                                            last_arriver_ops, release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
-from analyzers.stats import leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians
+from analyzers.stats import LooStats, leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians
 from ranksight.schema import Finding
 
 NAME = "comm"
 REUSE_PAGES_ROWS = 1_000_000  # step and collective records from which the check's temporaries reuse freed pages
+WAIT_BLOCK_CELLS = 1 << 17  # the wait deficit's arrival lags: this many cells at a time
 WAIT_BY_RANK = 64  # up to this many ranks asked about, their collective waits from their own ops' records only
 
 
@@ -343,9 +345,16 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
     if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
         return []
     wait_ref = view.reference("sync_wait_ms")
-    unexplained, lag = _unexplained_wait(wait, wait_ref, arr, view.reference("sync_arrival"))
-    del arr
-    view.release("sync_arrival")  # read by this signature only (the straggler check places its own spans)
+    try:
+        return _wait_deficit_of(cfg, view, skip, leads, wait, wait_ref, arr, step_ms)
+    finally:
+        view.release("sync_arrival")  # read by this signature only (the straggler check places its own spans)
+
+
+def _wait_deficit_of(cfg: CommConfig, view: StepView, skip: set[int], leads: CompletionLeads, wait: pd.DataFrame,
+                     wait_ref: pd.DataFrame, arr: pd.DataFrame, step_ms: pd.Series) -> list[dict]:
+    """``_wait_deficit`` from the matrices it reads."""
+    unexplained, lag_of = _unexplained_wait_rows(wait, wait_ref, arr, lambda: view.reference("sync_arrival"))
     step_floor = 0.10 * step_ms.reindex(unexplained.columns).fillna(0)
     if not (unexplained.to_numpy(dtype=float) >= np.maximum(cfg.min_extra_ms, step_floor.to_numpy(dtype=float))[None, :]).any():
         return []  # no cell above the floor's fixed parts: none above the floor (its noise part is not needed)
@@ -367,8 +376,42 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
                             ratio=peers_wait / max(float(np.nanmedian(wait.loc[r, s0:s1])), 1e-3), comp_ratio=float("nan"),
                             confirmed=confirmation_step(flags, s0, cfg.persist), method="wait_deficit",
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
-                            lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
+                            lag=float(np.nanmedian(lag_of(r).loc[s0:s1]))))
     return out
+
+
+def _unexplained_wait_rows(wait: pd.DataFrame, wait_ref: pd.DataFrame, arr: pd.DataFrame,
+                           arr_ref_of: Callable[[], pd.DataFrame]) -> tuple[pd.DataFrame, Callable[[int], pd.Series]]:
+    """``_unexplained_wait``'s matrix, and a rank's lag row (``lag_of(rank)``) when asked. Where the arrivals are
+    every cell's (no NaN) over the waits' cells, the arrivals' reference is read off their columns' order statistics
+    (``stats.LooStats``) a block of columns at a time, and a rank's lag from its own row: neither the reference nor
+    the lag is a matrix (80 MB each at 1,024 x 10,000, at the comm check's high-water mark). The same arithmetic cell
+    by cell. Else ``_unexplained_wait`` with ``arr_ref_of()``, the arrivals' ``leave_one_out_median``."""
+    values = arr.to_numpy()
+    n_rows, n_cols = values.shape
+    if not (wait.index.equals(arr.index) and wait.columns.equals(arr.columns) and values.dtype == np.float64
+            and n_rows >= 2 and n_cols >= 1 and not np.isnan(values).any()):
+        unexplained, lag = _unexplained_wait(wait, wait_ref, arr, arr_ref_of())
+        return unexplained, lambda r: lag.loc[r]
+    stats = LooStats.of_columns(values)
+    step = max(1, WAIT_BLOCK_CELLS // n_rows)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as pandas gives it (silently)
+        unexplained = np.subtract(wait_ref.to_numpy(), wait.to_numpy())
+        for c0 in range(0, n_cols, step):
+            block = values[:, c0:c0 + step]
+            lag = np.subtract(block, stats.columns(c0, c0 + step).reference(block))
+            lag *= 1000.0
+            out = unexplained[:, c0:c0 + step]
+            np.subtract(out, lag, out=out, where=~(lag < 0))
+
+    def lag_of(r: int) -> pd.Series:
+        row = values[arr.index.get_loc(r)][None, :]
+        with np.errstate(invalid="ignore", over="ignore"):
+            lag = np.subtract(row, stats.reference(row))
+            lag *= 1000.0
+        return pd.Series(lag[0], index=arr.columns)
+
+    return pd.DataFrame(unexplained, index=wait.index, columns=wait.columns, copy=False), lag_of
 
 
 def _unexplained_wait(wait: pd.DataFrame, wait_ref: pd.DataFrame, arr: pd.DataFrame,
