@@ -23,7 +23,7 @@ import pandas as pd
 from analyzers.collectives import name_starts_with
 from analyzers.loader import RunData
 from analyzers.matrices import RankStepCells, distinct_codes, grid_matrix, is_float, rank_step_matrix, step_grid
-from analyzers.stats import leave_one_out_median
+from analyzers.stats import LooStats, leave_one_out_median
 
 
 # --------------------------------------------------------------------------
@@ -209,6 +209,32 @@ class StepView:
         if name not in self._references:
             self._references[name] = leave_one_out_median(self.matrix(name))
         return self._references[name]
+
+    def row_reference(self, name: str) -> Callable[[int], pd.Series]:
+        """A rank's row of ``reference(name)`` (``reference(name).loc[rank]``), when asked: off the reference when it
+        is built already; else, where the matrix has a value in every cell, read off its columns' order statistics
+        (``stats.LooStats``, worked out on the first call) for that row alone, without the reference matrix (80 MB at
+        1,024 x 10,000) when a check reads a few rows of it; else the reference, built."""
+        if name in self._references:
+            ref = self._references[name]
+            return lambda r: ref.loc[r]
+        stats: list[LooStats | None] = []  # the matrix's column statistics; None: no full matrix
+
+        def row(r: int) -> pd.Series:
+            if name in self._references:
+                return self._references[name].loc[r]
+            m = self.matrix(name)
+            values = m.to_numpy()
+            if not stats:
+                full = (values.dtype == np.float64 and values.shape[0] >= 2 and values.shape[1] >= 1
+                        and not np.isnan(values).any())
+                stats.append(LooStats.of_columns(values) if full else None)
+            if stats[0] is None:
+                return self.reference(name).loc[r]
+            own = values[m.index.get_loc(r)][None, :]
+            return pd.Series(stats[0].reference(own)[0], index=m.columns, name=r)
+
+        return row
 
     def group_reference(self, name: str, members: list) -> pd.DataFrame:
         """The reference within a group of ranks (rows ``members`` of the matrix): the median of the group's other

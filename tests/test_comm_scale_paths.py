@@ -425,6 +425,35 @@ def test_compute_check_by_rows_is_the_one_of_whole_frames():
     pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio, check_exact=True)
 
 
+@pytest.mark.parametrize("gap", [False, True])
+def test_row_reference_is_the_reference_row_and_the_compute_check_reads_it(gap):
+    from analyzers.builder import StepView
+
+    rng = np.random.default_rng(15)
+    nr, ns = 7, 40
+    st = pd.DataFrame({"rank": np.tile(np.arange(nr) * 2, ns).astype(np.int32),
+                       "step": np.repeat(np.arange(ns) + 5, nr).astype(np.int32),
+                       "compute_ms": rng.choice([1.0, 2.0, 2.5, 3.0, 0.0], size=nr * ns)})
+    if gap:
+        st.loc[3, "compute_ms"] = np.nan  # a gap: the reference matrix is built and read
+    whole, rows = StepView(st), StepView(st)
+    row_of = rows.row_reference("compute_ms")
+    extra = pd.DataFrame(rng.normal(size=(nr, ns)) * 10, index=whole.matrix("compute_ms").index,
+                         columns=whole.matrix("compute_ms").columns)
+    for r in (0, 6, 12):
+        pd.testing.assert_series_equal(row_of(r), whole.reference("compute_ms").loc[r], check_exact=True)
+    assert ("compute_ms" in rows._references) == gap  # full matrix: no reference matrix built
+    assert whole.row_reference("compute_ms")(4) is not None  # built already: its row
+    by_rows = links.ComputeCheck.of_matrix(rows.matrix("compute_ms"), lambda: rows.reference("compute_ms"), extra,
+                                           rows.row_reference("compute_ms"))
+    by_ref = links.ComputeCheck.of_matrix(whole.matrix("compute_ms"), lambda: whole.reference("compute_ms"), extra)
+    for r in (0, 2, 12):
+        for s0, s1 in ((5, 44), (9, 20)):
+            np.testing.assert_equal(by_rows.compute_ratio(r, s0, s1), by_ref.compute_ratio(r, s0, s1))
+            assert by_rows.slow_computer(r, s0, s1) == by_ref.slow_computer(r, s0, s1)
+        assert by_rows.ratio_row(r).equals(by_ref.ratio_row(r))
+
+
 def test_median_rows_by_one_single_place_partition_is_numpys():
     # odd and even row lengths, ties, one column; and the robust sigmas that read it
     rng = np.random.default_rng(14)

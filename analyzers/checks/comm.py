@@ -162,7 +162,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
         ratio = pd.DataFrame(ratio_values, index=tr.index, columns=tr.columns, copy=False)
         del ref_values, ratio_values
     # the compute ratio of a suspect's row, when one is asked about (the straggler check reads the same reference)
-    compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra)
+    compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra, view.row_reference(signal))
     cands = []
     wait = view.matrix("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
     # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)

@@ -61,14 +61,17 @@ class ComputeCheck:
     def __init__(self, comp_ratio: pd.DataFrame | None, comp_extra_ms: pd.DataFrame | None,
                  transfer_extra_ms: pd.DataFrame):
         self._comp_ratio, self._comp_extra_ms, self.transfer_extra_ms = comp_ratio, comp_extra_ms, transfer_extra_ms
-        self._comp = self._reference = None
+        self._comp = self._reference = self._row_reference = None
         self._rows: dict = {}
 
     @classmethod
-    def of_matrix(cls, comp: pd.DataFrame, reference, transfer_extra_ms: pd.DataFrame) -> "ComputeCheck":
-        """From the compute matrix and ``reference()``, its leave-one-out reference (called on first need)."""
+    def of_matrix(cls, comp: pd.DataFrame, reference, transfer_extra_ms: pd.DataFrame,
+                  row_reference=None) -> "ComputeCheck":
+        """From the compute matrix and ``reference()``, its leave-one-out reference (called on first need);
+        ``row_reference(rank)``: that reference's row of one rank (``StepView.row_reference``), for the rows asked
+        about, when the whole reference is not needed."""
         out = cls(None, None, transfer_extra_ms)
-        out._comp, out._reference = comp, reference
+        out._comp, out._reference, out._row_reference = comp, reference, row_reference
         return out
 
     def _ref(self) -> pd.DataFrame:
@@ -102,7 +105,8 @@ class ComputeCheck:
             if r not in self._comp.index:
                 self._rows[which, r] = None
             else:
-                own, ref = self._comp.loc[r], self._ref().loc[r]
+                own = self._comp.loc[r]
+                ref = self._row_reference(r) if self._row_reference is not None else self._ref().loc[r]
                 with np.errstate(divide="ignore", invalid="ignore"):
                     self._rows[which, r] = own / ref.replace(0, np.nan) if which == "ratio" else own - ref
         return self._rows[which, r]
