@@ -401,8 +401,20 @@ def _from_step(st: pd.DataFrame, first: int) -> pd.DataFrame:
     are in step order (a store's steps, a live round's: (step, rank) order), else a filter."""
     step = st["step"].to_numpy()
     if len(step) > 1 and bool((step[1:] >= step[:-1]).all()):
+        # searched with the column's own integer type where ``first`` fits it (numpy otherwise widens every step to
+        # the common type first: a copy of the column)
+        if step.dtype.kind in "iu" and np.iinfo(step.dtype).min <= first <= np.iinfo(step.dtype).max:
+            first = step.dtype.type(first)
         return st.iloc[int(np.searchsorted(step, first, side="left")):]
     return st[step >= first]
+
+
+def one_value(col: pd.Series) -> bool:
+    """``col.nunique() == 1``: of an integer column, whether every value is the first (no hash of every row)."""
+    values = col.to_numpy()
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iu":
+        return len(values) > 0 and bool((values == values[0]).all())
+    return col.nunique() == 1
 
 
 @dataclass(frozen=True)
@@ -534,7 +546,7 @@ class AnalysisFrame:
         st = self.data.steps
         if st.empty:
             return []
-        if st["attempt"].nunique() == 1:
+        if one_value(st["attempt"]):
             return [self.judged(warmup)]  # the same rows: its matrices are shared with the other checks'
         step_attempt = st.groupby("step")["attempt"].max()
         out = []

@@ -263,6 +263,20 @@ def test_distinct_ranks_and_steps_from_the_grid_are_the_rows_unique_ones(shuffle
             assert v.distinct(name) is got  # kept
 
 
+def test_one_value_is_nunique_one_and_from_step_searches_in_the_column_type():
+    from analyzers.builder import _from_step, one_value
+
+    for values in ([], [3], [3, 3, 3], [3, 4], [0, 0, 1]):
+        for dtype in (np.int32, np.int64, np.float64):
+            col = pd.Series(values, dtype=dtype)
+            assert one_value(col) == (col.nunique() == 1)
+    for col in (pd.Series([np.nan, 1.0, 1.0]), pd.Series([np.nan, np.nan]), pd.Series([1, None], dtype="Int64")):
+        assert one_value(col) == (col.nunique() == 1)
+    st = pd.DataFrame({"step": np.repeat(np.arange(5, 9), 3).astype(np.int32)})
+    for first in (-2**40, 0, 6, 7, 9, 2**40):
+        pd.testing.assert_frame_equal(_from_step(st, first), st[st["step"] >= first])
+
+
 def test_no_grid_where_a_step_misses_a_rank_or_repeats_one():
     view = _view(2, False, False)
     assert StepView(view.rows.iloc[1:]).__dict__.get("_grid") is None and StepView(view.rows.iloc[1:])._grid is None
