@@ -597,3 +597,31 @@ def test_loo_stats_of_columns_read_by_blocks_are_the_full_reference(block_cells,
         np.testing.assert_array_equal(st.reference(values), full)
         for c0, c1 in ((0, 1), (3, 17), (n_cols - 2, n_cols)):
             np.testing.assert_array_equal(st.columns(c0, c1).reference(values[1:, c0:c1]), full[1:, c0:c1])
+
+
+def test_transfer_ratio_flags_in_numpy_are_the_pandas_expression():
+    from analyzers.checks import comm
+
+    rng = np.random.default_rng(23)
+    cfg = CommConfig()
+    idx, cols = pd.Index([0, 1, 2, 5, 6], name="rank"), pd.Index(range(4, 40), name="step")
+    for trial in range(12):
+        def m(values, index=idx, columns=cols):
+            return pd.DataFrame(rng.choice(values, size=(len(index), len(columns))), index=index, columns=columns)
+
+        ratio = m([np.nan, 0.5, 1.0, 1.3, 1.31, 2.0, 9.0])
+        extra = m([np.nan, -1.0, 0.0, 2.0, 1.99, 5.0, 40.0 if trial % 2 else 3.0])
+        if trial % 3 == 2:  # waits of other ranks and steps: aligned by reindexing
+            wait, wait_ref = m([np.nan, 0.0, 1.0, 3.0], idx[1:].append(pd.Index([9])), cols[2:]), \
+                m([np.nan, 0.0, 1.0, 3.0], idx[1:].append(pd.Index([9])), cols[2:])
+        else:
+            wait, wait_ref = m([np.nan, 0.0, 1.0, 3.0]), m([np.nan, 0.0, 1.0, 3.0])
+        got, floor = comm._transfer_ratio_flags(cfg, ratio, extra, wait, wait_ref)
+        w, wr = wait.reindex(index=ratio.index, columns=ratio.columns), wait_ref.reindex(index=ratio.index, columns=ratio.columns)
+        want = ((ratio >= cfg.rank_ratio) & (extra >= cfg.min_extra_ms) & ((wr >= w) | w.isna())).fillna(False)
+        want_floor = cfg.min_extra_ms
+        if want.to_numpy().any():
+            want_floor = max(cfg.min_extra_ms, cfg.mad_k * stats.temporal_sigma(extra))
+            want &= (extra >= want_floor).fillna(False)
+        pd.testing.assert_frame_equal(got, want)
+        assert floor == want_floor

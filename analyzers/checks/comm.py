@@ -164,17 +164,8 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     # the compute ratio of a suspect's row, when one is asked about (the straggler check reads the same reference)
     compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra, view.row_reference(signal))
     cands = []
-    wait = view.matrix("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
-    # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
-    wait_ref = view.reference("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
-    others_wait_more = (wait_ref >= wait) | wait.isna()
-    flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= cfg.min_extra_ms) & others_wait_more).fillna(False)
-    min_extra = cfg.min_extra_ms
-    if flag_rows.to_numpy().any():
-        # the threshold's noise (a median over every rank's row) only where a cell passes its floor: above it the
-        # flags are those cells' that pass the threshold too; none passing, no flag can (and no finding reads it)
-        min_extra = max(cfg.min_extra_ms, cfg.mad_k * temporal_sigma(extra))
-        flag_rows &= (extra >= min_extra).fillna(False)
+    flag_rows, min_extra = _transfer_ratio_flags(cfg, ratio, extra, view.matrix("sync_wait_ms"),
+                                                 view.reference("sync_wait_ms"))
     spans = []  # (rank, its flags, run): those of ranks that do not compute slowly, in the order found
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
@@ -182,7 +173,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
             if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler check owns it
             spans.append((r, flags, s0, s1, n))
-    del wait, wait_ref, others_wait_more, flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
+    del flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
     # each span's transfer figures, read now: the ratios, the transfer times and their references go before the
     # op instances are built (82 MB a matrix at 1,024 ranks x 10,000 steps; no other check reads them; the compute
     # check keeps the excess)
@@ -232,6 +223,35 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
         if c["rank"] not in used:
             out.append(_rank_link_finding(c, node_of.get(c["rank"]), min_extra))
     return out
+
+
+def _transfer_ratio_flags(cfg: CommConfig, ratio: pd.DataFrame, extra: pd.DataFrame, wait: pd.DataFrame,
+                          wait_ref: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """The transfer-ratio signature's flags (rank x step, over ``ratio``'s cells) and the excess floor they passed:
+    ``((ratio >= rank_ratio) & (extra >= floor) & ((wait_ref >= wait) | wait.isna())).fillna(False)``, the waits
+    aligned with the ratios, floor = max(min_extra_ms, mad_k x the excess's noise) where a cell passes min_extra_ms
+    (else min_extra_ms). In numpy (NaN compares False, as in pandas): no boolean frame per operand."""
+    aligned = wait.index.equals(ratio.index) and wait.columns.equals(ratio.columns)
+    if not aligned:
+        wait = wait.reindex(index=ratio.index, columns=ratio.columns)
+        wait_ref = wait_ref.reindex(index=ratio.index, columns=ratio.columns)
+    # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
+    extra_values = extra.to_numpy()
+    with np.errstate(invalid="ignore"):
+        wait_values = wait.to_numpy()
+        flag_values = wait_ref.to_numpy() >= wait_values
+        flag_values |= np.isnan(wait_values)
+        flag_values &= ratio.to_numpy() >= cfg.rank_ratio
+        flag_values &= extra_values >= cfg.min_extra_ms
+    min_extra = cfg.min_extra_ms
+    if flag_values.any():
+        # the threshold's noise (a median over every rank's row) only where a cell passes its floor: above it the
+        # flags are those cells' that pass the threshold too; none passing, no flag can (and no finding reads it)
+        min_extra = max(cfg.min_extra_ms, cfg.mad_k * temporal_sigma(extra))
+        with np.errstate(invalid="ignore"):
+            flag_values &= extra_values >= min_extra
+    flag_rows = pd.DataFrame(flag_values, index=ratio.index, columns=ratio.columns, copy=False)
+    return flag_rows, min_extra
 
 
 def _link_clause(c: dict) -> str:
