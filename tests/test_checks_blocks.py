@@ -277,6 +277,15 @@ def test_one_value_is_nunique_one_and_from_step_searches_in_the_column_type():
         pd.testing.assert_frame_equal(_from_step(st, first), st[st["step"] >= first])
 
 
+def test_release_reference_keeps_the_matrix_and_rebuilds_the_same_reference():
+    view = _view(4, False, False)
+    m, ref = view.matrix("sync_wait_ms"), view.reference("sync_wait_ms")
+    view.release_reference("sync_wait_ms")
+    assert view.matrix("sync_wait_ms") is m and "sync_wait_ms" not in view._references
+    pd.testing.assert_frame_equal(view.reference("sync_wait_ms"), ref)
+    view.release_reference("not_built")  # nothing to forget: no error
+
+
 def test_no_grid_where_a_step_misses_a_rank_or_repeats_one():
     view = _view(2, False, False)
     assert StepView(view.rows.iloc[1:]).__dict__.get("_grid") is None and StepView(view.rows.iloc[1:])._grid is None

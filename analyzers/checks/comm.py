@@ -201,6 +201,9 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
     cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
+    # the waits' reference: read by the transfer-ratio and wait-deficit signatures only (the data-stall check reads
+    # the waits' matrix, which stays)
+    view.release_reference("sync_wait_ms")
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
     release_op_instances()  # leads and last arrivers are all the rest reads of them (a GiB at 20 M records)
