@@ -143,6 +143,21 @@ def _reference_row_loo_median(mat):
     return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
 
 
+def test_leads_by_blocks_of_instances_are_the_whole_ones(monkeypatch):
+    rng = np.random.default_rng(24)
+    sizes = rng.integers(2, 6, 300)
+    inst = np.repeat(np.arange(300), sizes).astype(np.int32)
+    order = rng.permutation(len(inst))
+    inst = inst[order]
+    done = rng.choice([1.0, 1.001, 1.002, 1.0035], size=len(inst)) + rng.integers(0, 3, len(inst)) * 0.0001
+    whole = op_instances._leads_ms(inst, done, sizes)
+    for cells in (1, 5, 64):
+        monkeypatch.setattr(op_instances, "LEAD_BLOCK_CELLS", cells)
+        np.testing.assert_array_equal(op_instances._leads_ms(inst, done, sizes), whole)
+    want = (stats.group_loo_median(inst, done) - done) * 1000.0
+    np.testing.assert_allclose(whole, want, rtol=0, atol=1e-6)
+
+
 def test_row_loo_median_without_argsort_is_the_same_with_ties():
     rng = np.random.default_rng(3)
     for s in (2, 3, 4, 7, 8, 32):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analyzers.checks.links import SYMMETRIC_OPS, completion_leads, last_arriver_ops
 from analyzers.collectives import member_counts
@@ -67,7 +68,11 @@ def window(seed=0, ranks=16, steps=40, extra_kinds=True):
     return pd.DataFrame(rows).sample(frac=1.0, random_state=seed).reset_index(drop=True)
 
 
-def test_completion_leads_same_as_per_communicator_pivots():
+@pytest.mark.parametrize("block_cells", [None, 7])
+def test_completion_leads_same_as_per_communicator_pivots(block_cells, monkeypatch):
+    if block_cells:  # the members' times a few instances at a time
+        from analyzers.checks import op_instances
+        monkeypatch.setattr(op_instances, "LEAD_BLOCK_CELLS", block_cells)
     for seed in range(3):
         co = window(seed)
         for first in (None, 5):

@@ -515,6 +515,9 @@ class CompletionLeads:
         return out
 
 
+LEAD_BLOCK_CELLS = 1 << 20  # _leads_ms: the members' times of this many records at a time
+
+
 def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.ndarray:
     """For each record (of instances every member recorded, all of whose records are given): the median completion
     time of the other members of its op minus its own, in ms. ``stats.group_loo_median``'s arithmetic, on a dense
@@ -526,8 +529,14 @@ def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.n
         sel = np.flatnonzero(size == s)
         # each instance's records together (their order within it does not matter: each row is sorted next)
         at = sel[np.argsort(inst[sel], kind="quicksort")]
-        mat = done[at].reshape(-1, int(s))
-        out[at] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
+        del sel
+        # a block of instances at a time: the sorted rows and the medians' temporaries stay a block's (each is the
+        # size of every record's times otherwise: 160 MB at 20 M records); each row's medians are its own
+        rows = max(1, LEAD_BLOCK_CELLS // int(s))
+        for r0 in range(0, len(at) // int(s), rows):
+            block = at[r0 * int(s):(r0 + rows) * int(s)]
+            mat = done[block].reshape(-1, int(s))
+            out[block] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
     return out
 
 
