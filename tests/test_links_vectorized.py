@@ -93,6 +93,23 @@ def test_last_arriver_ops_same_as_groupby_idxmax():
                                       check_dtype=False)
 
 
+def test_last_arriver_ops_leave_out_a_record_before_the_first_step_of_a_complete_op():
+    """A stray record of an op (the same communicator and seq) in a step before the first one judged: left out, the
+    op keeps its members' records and stays complete; the stray's later arrival must not make it the last arriver."""
+    from analyzers.checks import op_instances
+
+    co = window(0)
+    op = co[(co["step"] == 10) & (co["gkey"] == co.loc[co["step"] == 10, "gkey"].iloc[0])]
+    stray = op.iloc[[0]].assign(step=1, t_arrive=op["t_arrive"].max() + 1.0)
+    with_stray = pd.concat([co, stray], ignore_index=True)
+    for data in (co, with_stray):
+        op_instances.release_op_instances()
+        got, want = last_arriver_ops(data, 3), reference_last(data, 3)
+        pd.testing.assert_frame_equal(got.drop(columns=["group_ranks", "ops", "gcode", "row"]),
+                                      want.drop(columns="group_ranks"), check_dtype=False)
+    op_instances.release_op_instances()
+
+
 def test_last_arriver_ops_by_chunks_of_records_are_the_whole_ones(monkeypatch):
     from analyzers.checks import op_instances
 

@@ -380,9 +380,11 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records;
     # the latest arrival of each record's instance is gathered a chunk of records at a time, not 160 MB at once).
     # Over every record, those that are not complete records sent to an extra instance past the real ones (no
-    # gathers of the complete ones' arrays)
+    # gathers of the complete ones' arrays); where every record of a complete instance is kept (records left out,
+    # the first step's, are of other instances), the instances as they are: the others' figures are never read
     m = ops.n_inst
-    inst = ops.inst if ops.keep is None and has.all() else np.where(ops.complete_mask(match_tol_ms), ops.inst, m)
+    whole = ops.keep is None or not has[ops.inst[np.flatnonzero(~ops.keep)]].any()
+    inst = ops.inst if whole else np.where(ops.complete_mask(match_tol_ms), ops.inst, m)
     t = ops.t_arrive
     n = len(inst)
     latest = np.full(m + 1, -np.inf)
