@@ -264,7 +264,8 @@ def test_distinct_ranks_and_steps_from_the_grid_are_the_rows_unique_ones(shuffle
 
 
 def test_one_value_is_nunique_one_and_from_step_searches_in_the_column_type():
-    from analyzers.builder import _from_step, one_value
+    from analyzers import builder
+    from analyzers.builder import one_value
 
     for values in ([], [3], [3, 3, 3], [3, 4], [0, 0, 1]):
         for dtype in (np.int32, np.int64, np.float64):
@@ -274,7 +275,7 @@ def test_one_value_is_nunique_one_and_from_step_searches_in_the_column_type():
         assert one_value(col) == (col.nunique() == 1)
     st = pd.DataFrame({"step": np.repeat(np.arange(5, 9), 3).astype(np.int32)})
     for first in (-2**40, 0, 6, 7, 9, 2**40):
-        pd.testing.assert_frame_equal(_from_step(st, first), st[st["step"] >= first])
+        pd.testing.assert_frame_equal(builder._from_step(st, first), st[st["step"] >= first])
 
 
 def test_release_reference_keeps_the_matrix_and_rebuilds_the_same_reference():
