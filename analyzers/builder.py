@@ -23,7 +23,7 @@ import pandas as pd
 from analyzers.collectives import name_starts_with
 from analyzers.loader import RunData
 from analyzers.matrices import RankStepCells, distinct_codes, grid_matrix, is_float, rank_step_matrix, step_grid
-from analyzers.stats import leave_one_out_median
+from analyzers.stats import LooStats, leave_one_out_median, median_rows
 
 
 # --------------------------------------------------------------------------
@@ -88,6 +88,9 @@ ROW_WISE_DERIVED = frozenset({"total_wait_ms", "data_share"})  # each row's valu
 # --------------------------------------------------------------------------
 
 
+MEDIAN_BLOCK_STEPS = 256  # StepView.per_step_median: this many steps' rows at a time
+
+
 class StepView:
     """A selection of step rows (at most one per rank and step: the judged steps of a run, one attempt's) and the
     rank x step matrices over it, each built on first use.
@@ -99,6 +102,7 @@ class StepView:
         self._derived: dict[str, pd.Series] = {}
         self._matrices: dict[str, pd.DataFrame] = {}
         self._references: dict[str, pd.DataFrame] = {}
+        self._distinct: dict[str, list[int]] = {}
 
     def column(self, name: str) -> pd.Series:
         """A column of the rows, or a derived one."""
@@ -116,6 +120,11 @@ class StepView:
         self._matrices.pop(name, None)
         self._references.pop(name, None)
         self._derived.pop(name, None)
+
+    def release_reference(self, name: str) -> None:
+        """Forget the reference of ``name`` only (its matrix stays for the checks that read it): a check done with a
+        reference no other check reads frees 80 MB at 1,024 x 10,000; one that asks again gets it rebuilt."""
+        self._references.pop(name, None)
 
     def per_step_means(self, columns: dict[str, pd.Series]) -> pd.DataFrame:
         """``pd.DataFrame({"step": rows["step"], **columns}).groupby("step").agg(<each column's mean>)``: on a grid
@@ -144,13 +153,19 @@ class StepView:
         if grid is None:
             return self.rows.groupby("step")[name].median()
         ranks, steps = grid
-        by_step = values.to_numpy(dtype=np.float64).reshape(len(steps), len(ranks))
-        if np.isnan(by_step).any():
-            med = np.full(len(steps), np.nan)
-            has = ~np.isnan(by_step).all(axis=1)
-            med[has] = np.nanmedian(by_step[has], axis=1)
-        else:
-            med = np.median(by_step, axis=1)
+        column = values.to_numpy().reshape(len(steps), len(ranks))
+        med = np.empty(len(steps))
+        # a block of steps at a time: the float64 copy numpy's median sorts in place stays a block's, not the
+        # column's (two temporaries of 80 MB at 1,024 x 10,000); each step's median is its own row's
+        for s0 in range(0, len(steps), MEDIAN_BLOCK_STEPS):
+            by_step = column[s0:s0 + MEDIAN_BLOCK_STEPS].astype(np.float64)
+            if np.isnan(by_step).any():
+                part = np.full(len(by_step), np.nan)
+                has = ~np.isnan(by_step).all(axis=1)
+                part[has] = np.nanmedian(by_step[has], axis=1)
+            else:
+                part = np.median(by_step, axis=1, overwrite_input=True)
+            med[s0:s0 + MEDIAN_BLOCK_STEPS] = part
         # in the column's own width, as pandas gives it (its median in float64, the result cast back)
         return pd.Series(med.astype(values.dtype, copy=False), index=pd.Index(steps, name="step"), name=name)
 
@@ -175,6 +190,16 @@ class StepView:
                 self._matrices[name] = rank_step_matrix(src, name)
         return self._matrices[name]
 
+    def distinct(self, name: str) -> list[int]:
+        """The distinct ranks or steps of the rows (``name``: "rank" or "step"), sorted, as ints:
+        ``sorted(int(x) for x in rows[name].unique())``, read off the grid where the rows are one (no pass over
+        10 M rows and no Python int per row), kept for the next caller."""
+        if name not in self._distinct:
+            grid = self._grid
+            values = (grid[0] if name == "rank" else grid[1]) if grid is not None else self.rows[name].unique()
+            self._distinct[name] = sorted(int(x) for x in values)
+        return self._distinct[name]
+
     @cached_property
     def _grid(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``step_grid`` of the rows: a column's matrix is then its values reshaped, with no rows to place."""
@@ -189,6 +214,32 @@ class StepView:
         if name not in self._references:
             self._references[name] = leave_one_out_median(self.matrix(name))
         return self._references[name]
+
+    def row_reference(self, name: str) -> Callable[[int], pd.Series]:
+        """A rank's row of ``reference(name)`` (``reference(name).loc[rank]``), when asked: off the reference when it
+        is built already; else, where the matrix has a value in every cell, read off its columns' order statistics
+        (``stats.LooStats``, worked out on the first call) for that row alone, without the reference matrix (80 MB at
+        1,024 x 10,000) when a check reads a few rows of it; else the reference, built."""
+        if name in self._references:
+            ref = self._references[name]
+            return lambda r: ref.loc[r]
+        stats: list[LooStats | None] = []  # the matrix's column statistics; None: no full matrix
+
+        def row(r: int) -> pd.Series:
+            if name in self._references:
+                return self._references[name].loc[r]
+            m = self.matrix(name)
+            values = m.to_numpy()
+            if not stats:
+                full = (values.dtype == np.float64 and values.shape[0] >= 2 and values.shape[1] >= 1
+                        and not np.isnan(values).any())
+                stats.append(LooStats.of_columns(values) if full else None)
+            if stats[0] is None:
+                return self.reference(name).loc[r]
+            own = values[m.index.get_loc(r)][None, :]
+            return pd.Series(stats[0].reference(own)[0], index=m.columns, name=r)
+
+        return row
 
     def group_reference(self, name: str, members: list) -> pd.DataFrame:
         """The reference within a group of ranks (rows ``members`` of the matrix): the median of the group's other
@@ -355,8 +406,29 @@ def _from_step(st: pd.DataFrame, first: int) -> pd.DataFrame:
     are in step order (a store's steps, a live round's: (step, rank) order), else a filter."""
     step = st["step"].to_numpy()
     if len(step) > 1 and bool((step[1:] >= step[:-1]).all()):
+        # searched with the column's own integer type where ``first`` fits it (numpy otherwise widens every step to
+        # the common type first: a copy of the column)
+        if step.dtype.kind in "iu" and np.iinfo(step.dtype).min <= first <= np.iinfo(step.dtype).max:
+            first = step.dtype.type(first)
         return st.iloc[int(np.searchsorted(step, first, side="left")):]
     return st[step >= first]
+
+
+def two_values(col: pd.Series) -> bool:
+    """``col.nunique() >= 2``: of an integer column, whether any value differs from the first (no hash of every
+    row)."""
+    values = col.to_numpy()
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iu":
+        return len(values) > 0 and bool((values != values[0]).any())
+    return col.nunique() >= 2
+
+
+def one_value(col: pd.Series) -> bool:
+    """``col.nunique() == 1``: of an integer column, whether every value is the first (no hash of every row)."""
+    values = col.to_numpy()
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iu":
+        return len(values) > 0 and bool((values == values[0]).all())
+    return col.nunique() == 1
 
 
 @dataclass(frozen=True)
@@ -488,7 +560,7 @@ class AnalysisFrame:
         st = self.data.steps
         if st.empty:
             return []
-        if st["attempt"].nunique() == 1:
+        if one_value(st["attempt"]):
             return [self.judged(warmup)]  # the same rows: its matrices are shared with the other checks'
         step_attempt = st.groupby("step")["attempt"].max()
         out = []
@@ -544,15 +616,21 @@ def skewed_ranks(data: RunData) -> set[int]:
     if data.clock_offset_s:
         return {int(r) for r, off in data.clock_offset_s.items() if abs(off) > CLOCK_SKEW_S}
     st = data.steps
-    if st.empty or st["node"].nunique() < 2 or st["t_end"].isna().all():
+    if st.empty or not two_values(st["node"]) or st["t_end"].isna().all():
         return set()
     ends = step_node_median(st, "t_end")
+    full = ends is not None  # a reshape: no NaN
     if ends is None:
         ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
     first = ends.columns[0]
     # each node's median offset from the first node's, all nodes in one call (a Series per node cost seconds at
-    # thousands of nodes)
-    med = ends.sub(ends[first], axis=0).median(axis=0)
+    # thousands of nodes); without NaN, numpy's median of each node's column laid out as a row (pandas' goes through
+    # a NaN-aware median along the columns: the same floats, several times slower at 2,048 nodes)
+    offsets = ends.sub(ends[first], axis=0)
+    if full and offsets.shape[0] and offsets.dtypes.eq(np.float64).all():
+        med = pd.Series(median_rows(np.ascontiguousarray(offsets.to_numpy().T)), index=offsets.columns)
+    else:
+        med = offsets.median(axis=0)
     off = {n: float(med[n]) for n in ends.columns}
     off = {n: o for n, o in off.items() if np.isfinite(o)}
     tol = max(CLOCK_SKEW_S, 2.0 * float(st["step_ms"].median()) / 1000.0)

@@ -217,6 +217,22 @@ class LooStats:
         return cls(n_rows, at)
 
     @classmethod
+    def of_columns(cls, values: np.ndarray) -> "LooStats":
+        """``of`` every column of a matrix without NaN (2 rows or more, a column or more), a block of columns at a
+        time as ``_loo_median_full`` takes them (in cache): the statistics each column's reference is read off, for
+        any of its rows or blocks (``columns``) when they are needed, without a reference matrix."""
+        n_rows, n_cols = values.shape
+        step = max(32, LOO_FULL_BLOCK_CELLS // n_rows)
+        return cls.joined(n_rows, [cls.of(np.asarray(values[:, c0:c0 + step], dtype=np.float64))
+                                   for c0 in range(0, n_cols, step)])
+
+    def columns(self, c0: int, c1: int) -> "LooStats":
+        """The statistics of columns ``c0`` to ``c1`` (excluded)."""
+        out = object.__new__(LooStats)
+        out.lo, out.hi, out.at = self.lo, self.hi, {k: v[c0:c1] for k, v in self.at.items()}
+        return out
+
+    @classmethod
     def joined(cls, n_rows: int, parts: list["LooStats"]) -> "LooStats":
         if len(parts) == 1:
             return parts[0]

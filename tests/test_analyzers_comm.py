@@ -368,3 +368,39 @@ def test_early_finishers_skip_the_leads_nobody_reads(monkeypatch):
     empty = pd.DataFrame()
     assert early_finishers(co, cfg, list(range(1, 30)), ComputeCheck(empty, empty, empty), leads) == []
     assert called == []
+
+
+def test_slow_communicators_skipped_only_where_no_window_can_fill(monkeypatch):
+    """``links.communicators_can_fill`` says no window of ``link_window`` steps can hold ``link_min_ops`` ops of one
+    communicator only where none does (no level to compare); the signature then returns what it returns when it
+    builds every transfer and finds nothing."""
+    from analyzers.checks import links
+    from analyzers.checks.comm import CommConfig
+
+    class NoSlowComputer:
+        def slow_computer(self, r, s0, s1):
+            return False
+
+        def compute_ratio(self, r, s0, s1):
+            return float("nan")
+
+    cfg = CommConfig()
+    delay = lambda r, s: 3.0 if (r == 1 and s >= 10) else 0.0  # noqa: E731
+    cases = [_with_ops(build(world=4, steps=24), TP_DP, delay, ops=1),  # one op a step: no window of 4 in 3 steps
+             _with_ops(build(world=4, steps=24), TP_DP, delay, ops=2),
+             _with_ops(build(world=4, steps=24), TP_DP, delay),
+             _with_p2p(build(world=4, steps=24), lambda r, s: 2.0 if (r == 1 and s >= 10) else 0.0)]
+    seen = set()
+    for data in cases:
+        co = data.collectives
+        steps = sorted(int(s) for s in data.steps["step"].unique())[cfg.warmup_steps:]
+        last = links.last_arriver_ops(co, steps[0], cfg.match_tol_ms)
+        can = links.communicators_can_fill([last, links.p2p_transfers(co, steps[0])], cfg.link_window, cfg.link_min_ops)
+        kinds = list(links.kind_windowed_medians(links.op_transfers(co, steps[0], cfg.match_tol_ms, last), steps, cfg))
+        assert can or not kinds
+        seen.add((can, bool(kinds)))
+        got = links.slow_communicators(co, cfg, steps, NoSlowComputer(), last)
+        with monkeypatch.context() as m:
+            m.setattr(links, "communicators_can_fill", lambda *a: True)
+            assert repr(got) == repr(links.slow_communicators(co, cfg, steps, NoSlowComputer(), last))  # (NaN fields)
+    assert seen >= {(False, False), (True, True)}

@@ -250,6 +250,98 @@ def test_grid_matrix_is_the_placed_cells_one(shuffle):
     assert 4 not in view.matrix("sync_arrival").index and 7 not in view.matrix("sync_wait_ms").columns
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_distinct_ranks_and_steps_from_the_grid_are_the_rows_unique_ones(shuffle):
+    view = _view(3, shuffle, False)
+    partial = StepView(view.rows.iloc[5:])  # a step misses ranks: no grid, the rows' own values
+    assert (view._grid is not None) == (not shuffle) and partial._grid is None
+    for v in (view, partial):
+        for name in ("rank", "step"):
+            want = sorted(int(x) for x in v.rows[name].unique())
+            got = v.distinct(name)
+            assert got == want and all(type(x) is int for x in got)
+            assert v.distinct(name) is got  # kept
+
+
+def test_one_value_is_nunique_one_and_from_step_searches_in_the_column_type():
+    from analyzers import builder
+    from analyzers.builder import one_value
+
+    for values in ([], [3], [3, 3, 3], [3, 4], [0, 0, 1]):
+        for dtype in (np.int32, np.int64, np.float64):
+            col = pd.Series(values, dtype=dtype)
+            assert one_value(col) == (col.nunique() == 1)
+    for col in (pd.Series([np.nan, 1.0, 1.0]), pd.Series([np.nan, np.nan]), pd.Series([1, None], dtype="Int64")):
+        assert one_value(col) == (col.nunique() == 1)
+    st = pd.DataFrame({"step": np.repeat(np.arange(5, 9), 3).astype(np.int32)})
+    for first in (-2**40, 0, 6, 7, 9, 2**40):
+        pd.testing.assert_frame_equal(builder._from_step(st, first), st[st["step"] >= first])
+
+
+def test_release_reference_keeps_the_matrix_and_rebuilds_the_same_reference():
+    view = _view(4, False, False)
+    m, ref = view.matrix("sync_wait_ms"), view.reference("sync_wait_ms")
+    view.release_reference("sync_wait_ms")
+    assert view.matrix("sync_wait_ms") is m and "sync_wait_ms" not in view._references
+    pd.testing.assert_frame_equal(view.reference("sync_wait_ms"), ref)
+    view.release_reference("not_built")  # nothing to forget: no error
+
+
+def _skewed_ranks_as_before(data):
+    """builder.skewed_ranks as it was (pandas' median over the columns, nunique), the reference of the shortcuts."""
+    from analyzers import builder
+
+    st = data.steps
+    if st.empty or st["node"].nunique() < 2 or st["t_end"].isna().all():
+        return set()
+    ends = builder.step_node_median(st, "t_end")
+    if ends is None:
+        ends = st.pivot_table(index="step", columns="node", values="t_end", aggfunc="median")
+    med = ends.sub(ends[ends.columns[0]], axis=0).median(axis=0)
+    off = {n: float(med[n]) for n in ends.columns if np.isfinite(float(med[n]))}
+    tol = max(builder.CLOCK_SKEW_S, 2.0 * float(st["step_ms"].median()) / 1000.0)
+    groups = []
+    for n in sorted(off, key=lambda n: off[n]):
+        if groups and off[n] - off[groups[-1][-1]] <= tol:
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    if len(groups) < 2:
+        return set()
+    ranks_of = st.groupby("node")["rank"].unique()
+    size = {i: sum(len(ranks_of.get(n, [])) for n in g) for i, g in enumerate(groups)}
+    keep = max(size, key=lambda i: (size[i], -min(groups[i])))
+    return {int(r) for i, g in enumerate(groups) if i != keep for n in g for r in ranks_of.get(n, [])}
+
+
+@pytest.mark.parametrize("layout", ["grid", "shuffled", "one_node"])
+def test_skewed_ranks_shortcuts_are_the_pandas_ones(layout):
+    import dataclasses
+
+    from analyzers.builder import skewed_ranks, two_values
+
+    rng = np.random.default_rng(25)
+    for trial in range(4):
+        data = build(world=8, nodes=4 if layout != "one_node" else 1, steps=30)
+        st = data.steps.copy()
+        skew = {0: 0.0, 1: 0.0, 2: 60.0 * (trial % 2), 3: 0.02 * trial}  # node 2 off by a minute in odd trials
+        st["t_end"] = st["t_end"] + st["node"].map(skew).fillna(0.0) + rng.normal(size=len(st)) * 1e-3
+        if layout == "shuffled":
+            st = st.sample(frac=1.0, random_state=trial).reset_index(drop=True)
+        else:  # a store's order: a step x rank grid
+            st = st.sort_values(["step", "rank"]).reset_index(drop=True)
+        got_data = dataclasses.replace(data, steps=st, clock_offset_s={})
+        assert skewed_ranks(got_data) == _skewed_ranks_as_before(got_data)
+        if layout == "grid":
+            from analyzers.builder import step_node_median
+            assert step_node_median(st, "t_end") is not None  # the reshape: numpy's medians
+            assert bool(skewed_ranks(got_data)) == bool(trial % 2)  # the skewed node found: the test can fail
+    for values in ([], [1], [1, 1], [1, 2], [2, 1, 1]):
+        for dtype in (np.int32, np.float64):
+            col = pd.Series(values, dtype=dtype)
+            assert two_values(col) == (col.nunique() >= 2)
+
+
 def test_no_grid_where_a_step_misses_a_rank_or_repeats_one():
     view = _view(2, False, False)
     assert StepView(view.rows.iloc[1:]).__dict__.get("_grid") is None and StepView(view.rows.iloc[1:])._grid is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import pandas as pd
 from test_comm_vectorized import records
 from test_links_vectorized import window
@@ -31,6 +32,84 @@ def test_instance_numbers_by_table_are_those_of_the_hashed_keys():
     want = np.unique(key, return_inverse=True)[1]
     assert m == m2 == len(np.unique(key))
     assert (narrow == want).all() and (wide == want).all()
+
+
+def test_instance_numbers_of_a_gapless_span_are_the_keys_as_numbered_by_the_hash():
+    # every (communicator, seq) of the span present (each communicator's sequence numbers without a gap, the
+    # generated stores): the keys are their own numbers, as the running count and the hashed keys number them
+    rng = np.random.default_rng(2)
+    gcode = np.repeat(np.arange(5, dtype=np.int32), 300)
+    seq = np.tile(np.arange(7, 307, dtype=np.int32), 5)
+    order = rng.permutation(len(gcode))
+    gcode, seq = np.r_[gcode[order], gcode[:40]], np.r_[seq[order], seq[:40]]  # some keys twice
+    got, m = op_instances._instance_numbers(gcode, seq)
+    hashed, m2 = op_instances._instance_numbers(gcode, seq * 1000)
+    assert m == m2 == 5 * 300
+    assert (got == hashed).all() and got.dtype == np.int32
+
+
+def test_instances_communicators_from_the_table_are_those_of_their_records():
+    rng = np.random.default_rng(5)
+    for gapless in (True, False):
+        gcode = np.repeat(np.arange(4, dtype=np.int32), 50)
+        seq = np.tile(np.arange(-3, 47, dtype=np.int32), 4)
+        if not gapless:  # some keys missing: numbered by the running count
+            kept = rng.random(len(gcode)) < 0.7
+            gcode, seq = gcode[kept], seq[kept]
+        order = rng.permutation(len(gcode))
+        inst, m, inst_gcode = op_instances._instances(gcode[order], seq[order])
+        want = np.zeros(m, np.int64)
+        want[inst] = gcode[order]
+        assert inst_gcode is not None and (inst_gcode == want).all() and inst_gcode.dtype == np.int64
+    assert op_instances._instances(gcode, seq * 100_000)[2] is None  # hashed: scattered by the caller
+
+
+def test_gkey_numbered_from_categorical_codes_with_every_category_present():
+    cats = ["tp[4,5]", "dp[0,2]", "tp[0,1]"]
+    col = pd.Series(pd.Categorical(["tp[4,5]", "dp[0,2]", "tp[0,1]", "dp[0,2]"], categories=cats))
+    codes, uniq = op_instances._factorize_sorted(col)
+    want_codes, want_uniq = pd.factorize(col, sort=True)
+    assert list(codes) == list(want_codes) and list(uniq) == list(np.asarray(want_uniq, dtype=object))
+
+
+def test_float_values_are_the_column_own_array_or_a_float64_conversion():
+    col = pd.Series([1.0, np.nan, 3.0])
+    assert np.shares_memory(op_instances.float_values(col), col.to_numpy())
+    for other in (pd.Series([1.0, None, 3.0], dtype="Float64"), pd.Series([1, 2, 3], dtype=np.int32),
+                  pd.Series([1.0, np.nan], dtype=np.float32)):
+        got = op_instances.float_values(other)
+        np.testing.assert_array_equal(got, other.to_numpy(dtype=float, na_value=np.nan))
+        assert got.dtype == np.float64
+
+
+def test_counts_by_chunks_are_bincounts(monkeypatch):
+    monkeypatch.setattr(op_instances, "RECORD_CHUNK", 7)
+    codes = np.random.default_rng(4).integers(0, 9, 100).astype(np.int32)
+    for n in (0, 5, 7, 100):
+        got = op_instances.counts(codes[:n], 12)
+        np.testing.assert_array_equal(got, np.bincount(codes[:n], minlength=12))
+        assert got.dtype == np.int64
+
+
+def test_every_row_indexes_and_searches_as_its_arange():
+    rng = np.random.default_rng(6)
+    for n in (0, 1, 9, 40):
+        every, arange = op_instances.EveryRow(n), np.arange(n, dtype=np.int32)
+        assert len(every) == n
+        np.testing.assert_array_equal(np.asarray(every), arange)
+        picks = [slice(None), slice(2, 7), slice(None, None, 3), rng.random(n) < 0.5, np.zeros(0, np.int64)]
+        if n:
+            picks += [rng.integers(0, n, 12), rng.integers(-n, n, 12).astype(np.int32), np.int64(n - 1)]
+        for at in picks:
+            got, want = every[at], arange[at]
+            np.testing.assert_array_equal(got, want)
+            assert np.asarray(got).dtype == want.dtype
+        for bad in ([n], [-n - 1], np.ones(n + 1, bool)):
+            with pytest.raises(IndexError):
+                every[np.asarray(bad)]
+        v = rng.integers(-3, n + 3, 20)
+        for side in ("left", "right"):
+            np.testing.assert_array_equal(every.searchsorted(v, side), arange.searchsorted(v, side))
 
 
 def test_gkey_numbered_from_categorical_codes_as_factorize_sorts():
@@ -62,6 +141,21 @@ def _reference_row_loo_median(mat):
     lo = np.where((m - 1) // 2 >= pos, (m - 1) // 2 + 1, (m - 1) // 2)
     hi = np.where(m // 2 >= pos, m // 2 + 1, m // 2)
     return (np.take_along_axis(srt, lo, axis=1) + np.take_along_axis(srt, hi, axis=1)) / 2.0
+
+
+def test_leads_by_blocks_of_instances_are_the_whole_ones(monkeypatch):
+    rng = np.random.default_rng(24)
+    sizes = rng.integers(2, 6, 300)
+    inst = np.repeat(np.arange(300), sizes).astype(np.int32)
+    order = rng.permutation(len(inst))
+    inst = inst[order]
+    done = rng.choice([1.0, 1.001, 1.002, 1.0035], size=len(inst)) + rng.integers(0, 3, len(inst)) * 0.0001
+    whole = op_instances._leads_ms(inst, done, sizes)
+    for cells in (1, 5, 64):
+        monkeypatch.setattr(op_instances, "LEAD_BLOCK_CELLS", cells)
+        np.testing.assert_array_equal(op_instances._leads_ms(inst, done, sizes), whole)
+    want = (stats.group_loo_median(inst, done) - done) * 1000.0
+    np.testing.assert_allclose(whole, want, rtol=0, atol=1e-6)
 
 
 def test_row_loo_median_without_argsort_is_the_same_with_ties():
@@ -309,6 +403,24 @@ def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
                                    off_grid.groupby("step")["step_ms"].median(), check_exact=True)
 
 
+def test_per_step_median_by_blocks_of_steps_is_pandas_one(monkeypatch):
+    from analyzers import builder
+
+    monkeypatch.setattr(builder, "MEDIAN_BLOCK_STEPS", 3)
+    rng = np.random.default_rng(14)
+    for trial in range(20):
+        nr, ns = int(rng.integers(1, 7)), int(rng.integers(1, 12))
+        values = rng.choice([np.nan, 1.0, 2.0, 4.5, 7.0, 0.1], size=nr * ns).astype((np.float32, np.float64)[trial % 2])
+        if trial % 3 == 0:
+            values[: nr * 2] = np.nan  # whole steps without a value
+        st = pd.DataFrame({"rank": np.tile(np.arange(nr), ns).astype(np.int32),
+                           "step": np.repeat(np.arange(ns) + 3, nr).astype(np.int32), "step_ms": values})
+        view = builder.StepView(st)
+        assert view._grid is not None
+        pd.testing.assert_series_equal(view.per_step_median("step_ms"), st.groupby("step")["step_ms"].median(),
+                                       check_index_type=False, check_exact=True)
+
+
 def test_compute_check_by_rows_is_the_one_of_whole_frames():
     rng = np.random.default_rng(13)
     comp = pd.DataFrame(rng.choice([0.0, 1.0, 2.0, 3.5, np.nan], size=(5, 12)), index=[0, 1, 2, 4, 7],
@@ -326,6 +438,35 @@ def test_compute_check_by_rows_is_the_one_of_whole_frames():
         assert (got is None) == (want is None) and (got is None or got.equals(want))
     assert asked == [1]  # the reference built once, when first needed
     pd.testing.assert_frame_equal(lazy.comp_ratio, whole.comp_ratio, check_exact=True)
+
+
+@pytest.mark.parametrize("gap", [False, True])
+def test_row_reference_is_the_reference_row_and_the_compute_check_reads_it(gap):
+    from analyzers.builder import StepView
+
+    rng = np.random.default_rng(15)
+    nr, ns = 7, 40
+    st = pd.DataFrame({"rank": np.tile(np.arange(nr) * 2, ns).astype(np.int32),
+                       "step": np.repeat(np.arange(ns) + 5, nr).astype(np.int32),
+                       "compute_ms": rng.choice([1.0, 2.0, 2.5, 3.0, 0.0], size=nr * ns)})
+    if gap:
+        st.loc[3, "compute_ms"] = np.nan  # a gap: the reference matrix is built and read
+    whole, rows = StepView(st), StepView(st)
+    row_of = rows.row_reference("compute_ms")
+    extra = pd.DataFrame(rng.normal(size=(nr, ns)) * 10, index=whole.matrix("compute_ms").index,
+                         columns=whole.matrix("compute_ms").columns)
+    for r in (0, 6, 12):
+        pd.testing.assert_series_equal(row_of(r), whole.reference("compute_ms").loc[r], check_exact=True)
+    assert ("compute_ms" in rows._references) == gap  # full matrix: no reference matrix built
+    assert whole.row_reference("compute_ms")(4) is not None  # built already: its row
+    by_rows = links.ComputeCheck.of_matrix(rows.matrix("compute_ms"), lambda: rows.reference("compute_ms"), extra,
+                                           rows.row_reference("compute_ms"))
+    by_ref = links.ComputeCheck.of_matrix(whole.matrix("compute_ms"), lambda: whole.reference("compute_ms"), extra)
+    for r in (0, 2, 12):
+        for s0, s1 in ((5, 44), (9, 20)):
+            np.testing.assert_equal(by_rows.compute_ratio(r, s0, s1), by_ref.compute_ratio(r, s0, s1))
+            assert by_rows.slow_computer(r, s0, s1) == by_ref.slow_computer(r, s0, s1)
+        assert by_rows.ratio_row(r).equals(by_ref.ratio_row(r))
 
 
 def test_median_rows_by_one_single_place_partition_is_numpys():
@@ -433,3 +574,69 @@ def test_unexplained_wait_in_place_is_pandas_arithmetic():
     other = m(times, index=pd.Index([0, 1, 2, 3], name="rank"))  # other ranks: pandas' aligned arithmetic
     got2, _ = _unexplained_wait(wait, wait_ref, other, other)
     pd.testing.assert_frame_equal(got2, (wait_ref - wait) - ((other - other) * 1000.0).clip(lower=0), check_exact=True)
+
+
+@pytest.mark.parametrize("block_cells", [None, 20])
+def test_unexplained_wait_from_the_arrivals_column_statistics_is_the_reference_matrix_one(block_cells, monkeypatch):
+    from analyzers.checks import comm
+
+    if block_cells:
+        monkeypatch.setattr(comm, "WAIT_BLOCK_CELLS", block_cells)  # a few columns a block
+    rng = np.random.default_rng(21)
+    for n_rows, n_cols in ((2, 1), (3, 70), (6, 5), (7, 100), (40, 33)):
+        idx, cols = pd.Index(range(n_rows), name="rank"), pd.Index(range(3, 3 + n_cols), name="step")
+
+        def m(values):
+            return pd.DataFrame(rng.choice(values, size=(n_rows, n_cols)), index=idx, columns=cols)
+
+        wait, wait_ref = m([np.nan, -0.0, 0.0, 1.5, -2.0, 7.25, np.inf]), m([np.nan, 0.0, 1.5, 3.0, 9.5])
+        for arr in (m([100.0, 100.001, 99.998, 100.0005, 100.002]),
+                    m([100.0, 100.001, np.nan, 99.998])):  # a gap: the reference matrix's path
+            want, want_lag = comm._unexplained_wait(wait, wait_ref, arr, stats.leave_one_out_median(arr))
+            got, lag_of = comm._unexplained_wait_rows(wait, wait_ref, arr, lambda: stats.leave_one_out_median(arr))
+            pd.testing.assert_frame_equal(got, want, check_exact=True)
+            assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
+            for r in idx:
+                pd.testing.assert_series_equal(lag_of(r), want_lag.loc[r], check_exact=True, check_names=False)
+
+
+@pytest.mark.parametrize("block_cells", [None, 64])
+def test_loo_stats_of_columns_read_by_blocks_are_the_full_reference(block_cells, monkeypatch):
+    if block_cells:
+        monkeypatch.setattr(stats, "LOO_FULL_BLOCK_CELLS", block_cells)  # blocks of 32 columns
+    rng = np.random.default_rng(22)
+    for n_rows, n_cols in ((2, 3), (5, 40), (8, 70), (33, 9)):
+        values = rng.choice([0.5, 1.0, 2.0, 3.25, 7.0], size=(n_rows, n_cols)) + rng.normal(size=(n_rows, n_cols)) * (n_rows % 2)
+        full = stats._loo_median_full(values)
+        st = stats.LooStats.of_columns(values)
+        np.testing.assert_array_equal(st.reference(values), full)
+        for c0, c1 in ((0, 1), (3, 17), (n_cols - 2, n_cols)):
+            np.testing.assert_array_equal(st.columns(c0, c1).reference(values[1:, c0:c1]), full[1:, c0:c1])
+
+
+def test_transfer_ratio_flags_in_numpy_are_the_pandas_expression():
+    from analyzers.checks import comm
+
+    rng = np.random.default_rng(23)
+    cfg = CommConfig()
+    idx, cols = pd.Index([0, 1, 2, 5, 6], name="rank"), pd.Index(range(4, 40), name="step")
+    for trial in range(12):
+        def m(values, index=idx, columns=cols):
+            return pd.DataFrame(rng.choice(values, size=(len(index), len(columns))), index=index, columns=columns)
+
+        ratio = m([np.nan, 0.5, 1.0, 1.3, 1.31, 2.0, 9.0])
+        extra = m([np.nan, -1.0, 0.0, 2.0, 1.99, 5.0, 40.0 if trial % 2 else 3.0])
+        if trial % 3 == 2:  # waits of other ranks and steps: aligned by reindexing
+            wait, wait_ref = m([np.nan, 0.0, 1.0, 3.0], idx[1:].append(pd.Index([9])), cols[2:]), \
+                m([np.nan, 0.0, 1.0, 3.0], idx[1:].append(pd.Index([9])), cols[2:])
+        else:
+            wait, wait_ref = m([np.nan, 0.0, 1.0, 3.0]), m([np.nan, 0.0, 1.0, 3.0])
+        got, floor = comm._transfer_ratio_flags(cfg, ratio, extra, wait, wait_ref)
+        w, wr = wait.reindex(index=ratio.index, columns=ratio.columns), wait_ref.reindex(index=ratio.index, columns=ratio.columns)
+        want = ((ratio >= cfg.rank_ratio) & (extra >= cfg.min_extra_ms) & ((wr >= w) | w.isna())).fillna(False)
+        want_floor = cfg.min_extra_ms
+        if want.to_numpy().any():
+            want_floor = max(cfg.min_extra_ms, cfg.mad_k * stats.temporal_sigma(extra))
+            want &= (extra >= want_floor).fillna(False)
+        pd.testing.assert_frame_equal(got, want)
+        assert floor == want_floor

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analyzers.checks.links import SYMMETRIC_OPS, completion_leads, last_arriver_ops
 from analyzers.collectives import member_counts
@@ -67,7 +68,11 @@ def window(seed=0, ranks=16, steps=40, extra_kinds=True):
     return pd.DataFrame(rows).sample(frac=1.0, random_state=seed).reset_index(drop=True)
 
 
-def test_completion_leads_same_as_per_communicator_pivots():
+@pytest.mark.parametrize("block_cells", [None, 7])
+def test_completion_leads_same_as_per_communicator_pivots(block_cells, monkeypatch):
+    if block_cells:  # the members' times a few instances at a time
+        from analyzers.checks import op_instances
+        monkeypatch.setattr(op_instances, "LEAD_BLOCK_CELLS", block_cells)
     for seed in range(3):
         co = window(seed)
         for first in (None, 5):
@@ -86,6 +91,58 @@ def test_last_arriver_ops_same_as_groupby_idxmax():
         assert (got["ops"] == 1).all()  # unfolded records: one op each
         pd.testing.assert_frame_equal(got.drop(columns=["group_ranks", "ops", "gcode", "row"]), want.drop(columns="group_ranks"),
                                       check_dtype=False)
+
+
+def test_last_arriver_ops_leave_out_a_record_before_the_first_step_of_a_complete_op():
+    """A stray record of an op (the same communicator and seq) in a step before the first one judged: left out, the
+    op keeps its members' records and stays complete; the stray's later arrival must not make it the last arriver."""
+    from analyzers.checks import op_instances
+
+    co = window(0)
+    op = co[(co["step"] == 10) & (co["gkey"] == co.loc[co["step"] == 10, "gkey"].iloc[0])]
+    stray = op.iloc[[0]].assign(step=1, t_arrive=op["t_arrive"].max() + 1.0)
+    with_stray = pd.concat([co, stray], ignore_index=True)
+    for data in (co, with_stray):
+        op_instances.release_op_instances()
+        got, want = last_arriver_ops(data, 3), reference_last(data, 3)
+        pd.testing.assert_frame_equal(got.drop(columns=["group_ranks", "ops", "gcode", "row"]),
+                                      want.drop(columns="group_ranks"), check_dtype=False)
+    op_instances.release_op_instances()
+
+
+def test_last_arriver_ops_by_chunks_of_records_are_the_whole_ones(monkeypatch):
+    from analyzers.checks import op_instances
+
+    for seed in range(3):
+        co = window(seed)
+        whole = last_arriver_ops(co, 3)
+        op_instances.release_op_instances()
+        monkeypatch.setattr(op_instances, "RECORD_CHUNK", 5)
+        got = last_arriver_ops(co, 3)
+        op_instances.release_op_instances()
+        monkeypatch.undo()
+        assert len(co) > 5 * 4 and len(got)
+        pd.testing.assert_frame_equal(got, whole)
+
+
+def test_completion_leads_of_every_record_read_through_every_row():
+    """Every record of one kind of op, all timed: the positions are an ``EveryRow``, not an arange; the leads' rows
+    and their lookup by position are the arange's."""
+    from analyzers.checks import op_instances
+
+    co = window(1, extra_kinds=False)
+    co = co[co["op"].isin(op_instances.SYMMETRIC_OPS) & co["t_done"].notna() & co["duration_ms"].notna()]
+    co = co.reset_index(drop=True)
+    op_instances.release_op_instances()
+    leads = op_instances.CompletionLeads(co, None)
+    assert isinstance(leads._arrays["rows"], op_instances.EveryRow) and not leads.empty
+    arange = op_instances.CompletionLeads(co, None)
+    arange._arrays = dict(arange._arrays, rows=np.arange(len(co), dtype=np.int32))
+    probe = np.r_[np.arange(-2, len(co) + 3), np.random.default_rng(0).integers(0, len(co), 50)]
+    np.testing.assert_array_equal(leads.at_rows(probe), arange.at_rows(probe))
+    sel = leads.positions()[::3]
+    pd.testing.assert_frame_equal(leads.frame(sel), arange.frame(sel))
+    op_instances.release_op_instances()
 
 
 def test_stable_order_is_lexsort():

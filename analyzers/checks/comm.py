@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,12 @@ from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, 
                                            last_arriver_ops, release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
-from analyzers.stats import leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians
+from analyzers.stats import LooStats, leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians
 from ranksight.schema import Finding
 
 NAME = "comm"
 REUSE_PAGES_ROWS = 1_000_000  # step and collective records from which the check's temporaries reuse freed pages
+WAIT_BLOCK_CELLS = 1 << 17  # the wait deficit's arrival lags: this many cells at a time
 WAIT_BY_RANK = 64  # up to this many ranks asked about, their collective waits from their own ops' records only
 
 
@@ -107,7 +109,7 @@ def _exposed(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> tuple[lis
         return out, pd.Series(dtype=float)
     share = per_step["transfer"] / per_step["step_ms"]
     med = float(share.median())
-    ranks = sorted(int(r) for r in st["rank"].unique())
+    ranks = view.distinct("rank")
     nodes = frame.placement.nodes_of(ranks)
     growth_found = False
     if len(share) >= cfg.baseline_steps + cfg.growth_persist:
@@ -160,19 +162,10 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
         ratio = pd.DataFrame(ratio_values, index=tr.index, columns=tr.columns, copy=False)
         del ref_values, ratio_values
     # the compute ratio of a suspect's row, when one is asked about (the straggler check reads the same reference)
-    compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra)
+    compute = ComputeCheck.of_matrix(comp, lambda: view.reference(signal), extra, view.row_reference(signal))
     cands = []
-    wait = view.matrix("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
-    # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
-    wait_ref = view.reference("sync_wait_ms").reindex(index=tr.index, columns=tr.columns)
-    others_wait_more = (wait_ref >= wait) | wait.isna()
-    flag_rows = ((ratio >= cfg.rank_ratio) & (extra >= cfg.min_extra_ms) & others_wait_more).fillna(False)
-    min_extra = cfg.min_extra_ms
-    if flag_rows.to_numpy().any():
-        # the threshold's noise (a median over every rank's row) only where a cell passes its floor: above it the
-        # flags are those cells' that pass the threshold too; none passing, no flag can (and no finding reads it)
-        min_extra = max(cfg.min_extra_ms, cfg.mad_k * temporal_sigma(extra))
-        flag_rows &= (extra >= min_extra).fillna(False)
+    flag_rows, min_extra = _transfer_ratio_flags(cfg, ratio, extra, view.matrix("sync_wait_ms"),
+                                                 view.reference("sync_wait_ms"))
     spans = []  # (rank, its flags, run): those of ranks that do not compute slowly, in the order found
     for r in rows_with_runs(flag_rows, cfg.persist):
         flags = flag_rows.loc[r]
@@ -180,7 +173,7 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
             if compute.slow_computer(r, s0, s1):
                 continue  # a slow computer, not a slow link: the straggler check owns it
             spans.append((r, flags, s0, s1, n))
-    del wait, wait_ref, others_wait_more, flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
+    del flag_rows  # before the op instances are built (82 MB a matrix at 1,024 x 10,000)
     # each span's transfer figures, read now: the ratios, the transfer times and their references go before the
     # op instances are built (82 MB a matrix at 1,024 ranks x 10,000 steps; no other check reads them; the compute
     # check keeps the excess)
@@ -208,6 +201,9 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
     # the completion leads, worked out for the records each signature reads (at 20 M records, few or none)
     leads = CompletionLeads(co, int(st["step"].min()), cfg.match_tol_ms)
     cands += _wait_deficit(cfg, view, {c["rank"] for c in cands}, leads)
+    # the waits' reference: read by the transfer-ratio and wait-deficit signatures only (the data-stall check reads
+    # the waits' matrix, which stays)
+    view.release_reference("sync_wait_ms")
     # the last arriver of every collective: the self-delay and communicators signatures both start from it
     last = last_arriver_ops(co, int(st["step"].min()), cfg.match_tol_ms)
     release_op_instances()  # leads and last arrivers are all the rest reads of them (a GiB at 20 M records)
@@ -230,6 +226,35 @@ def _slow_links(frame: AnalysisFrame, cfg: CommConfig, view: StepView) -> list[F
         if c["rank"] not in used:
             out.append(_rank_link_finding(c, node_of.get(c["rank"]), min_extra))
     return out
+
+
+def _transfer_ratio_flags(cfg: CommConfig, ratio: pd.DataFrame, extra: pd.DataFrame, wait: pd.DataFrame,
+                          wait_ref: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """The transfer-ratio signature's flags (rank x step, over ``ratio``'s cells) and the excess floor they passed:
+    ``((ratio >= rank_ratio) & (extra >= floor) & ((wait_ref >= wait) | wait.isna())).fillna(False)``, the waits
+    aligned with the ratios, floor = max(min_extra_ms, mad_k x the excess's noise) where a cell passes min_extra_ms
+    (else min_extra_ms). In numpy (NaN compares False, as in pandas): no boolean frame per operand."""
+    aligned = wait.index.equals(ratio.index) and wait.columns.equals(ratio.columns)
+    if not aligned:
+        wait = wait.reindex(index=ratio.index, columns=ratio.columns)
+        wait_ref = wait_ref.reindex(index=ratio.index, columns=ratio.columns)
+    # a slow link makes its peers wait for it: its own sync wait is not above theirs (none recorded: no objection)
+    extra_values = extra.to_numpy()
+    with np.errstate(invalid="ignore"):
+        wait_values = wait.to_numpy()
+        flag_values = wait_ref.to_numpy() >= wait_values
+        flag_values |= np.isnan(wait_values)
+        flag_values &= ratio.to_numpy() >= cfg.rank_ratio
+        flag_values &= extra_values >= cfg.min_extra_ms
+    min_extra = cfg.min_extra_ms
+    if flag_values.any():
+        # the threshold's noise (a median over every rank's row) only where a cell passes its floor: above it the
+        # flags are those cells' that pass the threshold too; none passing, no flag can (and no finding reads it)
+        min_extra = max(cfg.min_extra_ms, cfg.mad_k * temporal_sigma(extra))
+        with np.errstate(invalid="ignore"):
+            flag_values &= extra_values >= min_extra
+    flag_rows = pd.DataFrame(flag_values, index=ratio.index, columns=ratio.columns, copy=False)
+    return flag_rows, min_extra
 
 
 def _link_clause(c: dict) -> str:
@@ -343,9 +368,16 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
     if wait.shape[0] < 3 or wait.shape[1] < cfg.persist:
         return []
     wait_ref = view.reference("sync_wait_ms")
-    unexplained, lag = _unexplained_wait(wait, wait_ref, arr, view.reference("sync_arrival"))
-    del arr
-    view.release("sync_arrival")  # read by this signature only (the straggler check places its own spans)
+    try:
+        return _wait_deficit_of(cfg, view, skip, leads, wait, wait_ref, arr, step_ms)
+    finally:
+        view.release("sync_arrival")  # read by this signature only (the straggler check places its own spans)
+
+
+def _wait_deficit_of(cfg: CommConfig, view: StepView, skip: set[int], leads: CompletionLeads, wait: pd.DataFrame,
+                     wait_ref: pd.DataFrame, arr: pd.DataFrame, step_ms: pd.Series) -> list[dict]:
+    """``_wait_deficit`` from the matrices it reads."""
+    unexplained, lag_of = _unexplained_wait_rows(wait, wait_ref, arr, lambda: view.reference("sync_arrival"))
     step_floor = 0.10 * step_ms.reindex(unexplained.columns).fillna(0)
     if not (unexplained.to_numpy(dtype=float) >= np.maximum(cfg.min_extra_ms, step_floor.to_numpy(dtype=float))[None, :]).any():
         return []  # no cell above the floor's fixed parts: none above the floor (its noise part is not needed)
@@ -367,8 +399,42 @@ def _wait_deficit(cfg: CommConfig, view: StepView, skip: set[int], leads: Comple
                             ratio=peers_wait / max(float(np.nanmedian(wait.loc[r, s0:s1])), 1e-3), comp_ratio=float("nan"),
                             confirmed=confirmation_step(flags, s0, cfg.persist), method="wait_deficit",
                             unexplained=float(np.nanmedian(unexplained.loc[r, s0:s1])),
-                            lag=float(np.nanmedian(lag.loc[r, s0:s1]))))
+                            lag=float(np.nanmedian(lag_of(r).loc[s0:s1]))))
     return out
+
+
+def _unexplained_wait_rows(wait: pd.DataFrame, wait_ref: pd.DataFrame, arr: pd.DataFrame,
+                           arr_ref_of: Callable[[], pd.DataFrame]) -> tuple[pd.DataFrame, Callable[[int], pd.Series]]:
+    """``_unexplained_wait``'s matrix, and a rank's lag row (``lag_of(rank)``) when asked. Where the arrivals are
+    every cell's (no NaN) over the waits' cells, the arrivals' reference is read off their columns' order statistics
+    (``stats.LooStats``) a block of columns at a time, and a rank's lag from its own row: neither the reference nor
+    the lag is a matrix (80 MB each at 1,024 x 10,000, at the comm check's high-water mark). The same arithmetic cell
+    by cell. Else ``_unexplained_wait`` with ``arr_ref_of()``, the arrivals' ``leave_one_out_median``."""
+    values = arr.to_numpy()
+    n_rows, n_cols = values.shape
+    if not (wait.index.equals(arr.index) and wait.columns.equals(arr.columns) and values.dtype == np.float64
+            and n_rows >= 2 and n_cols >= 1 and not np.isnan(values).any()):
+        unexplained, lag = _unexplained_wait(wait, wait_ref, arr, arr_ref_of())
+        return unexplained, lambda r: lag.loc[r]
+    stats = LooStats.of_columns(values)
+    step = max(1, WAIT_BLOCK_CELLS // n_rows)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: NaN, as pandas gives it (silently)
+        unexplained = np.subtract(wait_ref.to_numpy(), wait.to_numpy())
+        for c0 in range(0, n_cols, step):
+            block = values[:, c0:c0 + step]
+            lag = np.subtract(block, stats.columns(c0, c0 + step).reference(block))
+            lag *= 1000.0
+            out = unexplained[:, c0:c0 + step]
+            np.subtract(out, lag, out=out, where=~(lag < 0))
+
+    def lag_of(r: int) -> pd.Series:
+        row = values[arr.index.get_loc(r)][None, :]
+        with np.errstate(invalid="ignore", over="ignore"):
+            lag = np.subtract(row, stats.reference(row))
+            lag *= 1000.0
+        return pd.Series(lag[0], index=arr.columns)
+
+    return pd.DataFrame(unexplained, index=wait.index, columns=wait.columns, copy=False), lag_of
 
 
 def _unexplained_wait(wait: pd.DataFrame, wait_ref: pd.DataFrame, arr: pd.DataFrame,
@@ -464,9 +530,8 @@ def _self_delay(cfg: CommConfig, view: StepView, skip: set[int], last: pd.DataFr
     after the other members (``leads``) is left out: it was waiting for a peer's late data after all."""
     if last.empty or last["rank"].nunique() < 2:
         return []
-    st = view.rows
-    steps = sorted(int(x) for x in st["step"].unique())
-    ranks = sorted(int(r) for r in st["rank"].unique())
+    steps = view.distinct("step")
+    ranks = view.distinct("rank")
     weights = last["ops"] if "ops" in last.columns else None
     last_step = last["step"].to_numpy()
     code = pd.Index(ranks).get_indexer(last["rank"].astype(int).to_numpy())

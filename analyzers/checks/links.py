@@ -61,14 +61,17 @@ class ComputeCheck:
     def __init__(self, comp_ratio: pd.DataFrame | None, comp_extra_ms: pd.DataFrame | None,
                  transfer_extra_ms: pd.DataFrame):
         self._comp_ratio, self._comp_extra_ms, self.transfer_extra_ms = comp_ratio, comp_extra_ms, transfer_extra_ms
-        self._comp = self._reference = None
+        self._comp = self._reference = self._row_reference = None
         self._rows: dict = {}
 
     @classmethod
-    def of_matrix(cls, comp: pd.DataFrame, reference, transfer_extra_ms: pd.DataFrame) -> "ComputeCheck":
-        """From the compute matrix and ``reference()``, its leave-one-out reference (called on first need)."""
+    def of_matrix(cls, comp: pd.DataFrame, reference, transfer_extra_ms: pd.DataFrame,
+                  row_reference=None) -> "ComputeCheck":
+        """From the compute matrix and ``reference()``, its leave-one-out reference (called on first need);
+        ``row_reference(rank)``: that reference's row of one rank (``StepView.row_reference``), for the rows asked
+        about, when the whole reference is not needed."""
         out = cls(None, None, transfer_extra_ms)
-        out._comp, out._reference = comp, reference
+        out._comp, out._reference, out._row_reference = comp, reference, row_reference
         return out
 
     def _ref(self) -> pd.DataFrame:
@@ -102,7 +105,8 @@ class ComputeCheck:
             if r not in self._comp.index:
                 self._rows[which, r] = None
             else:
-                own, ref = self._comp.loc[r], self._ref().loc[r]
+                own = self._comp.loc[r]
+                ref = self._row_reference(r) if self._row_reference is not None else self._ref().loc[r]
                 with np.errstate(divide="ignore", invalid="ignore"):
                     self._rows[which, r] = own / ref.replace(0, np.nan) if which == "ratio" else own - ref
         return self._rows[which, r]
@@ -220,11 +224,11 @@ def _sorted_members_by_value(values: list) -> list[tuple]:
 
 
 def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: float = 10.0,
-                 last: pd.DataFrame | None = None) -> pd.DataFrame:
+                 last: pd.DataFrame | None = None, p2p: pd.DataFrame | None = None) -> pd.DataFrame:
     """Collectives' last-arriver durations and p2p transfers, one frame: gkey, cls (the kind of communicator it is
     compared with), seq, rank (collective: the last arriver; p2p: the sender), step, transfer_ms, suspects (the
     ranks a slow transfer points at: a collective's members, a p2p link's sender). ``last``: ``last_arriver_ops`` of the
-    same arguments, when the caller has it already."""
+    same arguments, ``p2p``: their ``p2p_transfers``, when the caller has them already."""
     if last is None:
         last = last_arriver_ops(co, first_step, match_tol_ms)
     parts = []
@@ -234,7 +238,8 @@ def op_transfers(co: pd.DataFrame, first_step: int | None = None, match_tol_ms: 
             "transfer_ms": last["duration_ms"].astype(float),
             "suspects": sorted_members(last["group_ranks"]),
             "ops": last["ops"] if "ops" in last.columns else 1}))
-    p2p = p2p_transfers(co, first_step)
+    if p2p is None:
+        p2p = p2p_transfers(co, first_step)
     if not p2p.empty:
         parts.append(p2p)
     if not parts:
@@ -288,7 +293,12 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
     """
     if not steps:
         return []
-    tr = op_transfers(co, steps[0], cfg.match_tol_ms, last)
+    if last is None:
+        last = last_arriver_ops(co, steps[0], cfg.match_tol_ms)
+    p2p = p2p_transfers(co, steps[0])
+    if not communicators_can_fill([last, p2p], cfg.link_window, cfg.link_min_ops):
+        return []  # no communicator has a window of link_min_ops ops: no level to compare
+    tr = op_transfers(co, steps[0], cfg.match_tol_ms, last, p2p)
     if tr.empty:
         return []
     excess_of: dict[str, pd.Series] = {}  # communicator -> its excess per step
@@ -371,6 +381,34 @@ def slow_communicators(co: pd.DataFrame, cfg, steps: list[int], compute: Compute
         c["groups_keys"] = sorted({e["communicator"] for e in c["slow"]} | set(c["corroborating"]))
         out.append(c)
     return out
+
+
+def communicators_can_fill(parts: list[pd.DataFrame], window: int, min_ops: float) -> bool:
+    """Can any communicator have ``min_ops`` ops (their weight, where records stand for several) in ``window`` steps
+    among the transfers of ``parts`` (``op_transfers``' parts: the last arrivers, the p2p transfers)? False only where
+    a bound rules it out: the heaviest (communicator, step) of each part, summed over the parts, times the window,
+    is below ``min_ops`` (with one op per communicator and step, the generated stores, no 3-step window holds 4:
+    ``slow_communicators`` then has no level to compare, and its transfers are not built). True where steps are
+    not integers or a communicator is unnamed."""
+    heaviest = 0.0
+    for part in parts:
+        if part.empty:
+            continue
+        step = part["step"].to_numpy()
+        if step.dtype.kind not in "iu":
+            return True
+        codes = part["gcode"].to_numpy() if "gcode" in part.columns else pd.factorize(part["gkey"])[0]
+        if codes.dtype.kind not in "iu" or bool((codes < 0).any()):
+            return True
+        w = part["ops"].to_numpy(dtype=float) if "ops" in part.columns else np.ones(len(part))
+        w = np.where(np.isnan(w) | (w < 1), 1.0, w)  # a record counts at least once, however its weight reads
+        s0 = int(step.min())
+        span = int(step.max()) - s0 + 1
+        cell = codes.astype(np.int64) * span + (step.astype(np.int64) - s0)
+        if (int(codes.max()) + 1) * span > 4 * len(cell) + 1024:  # sparse cells: numbered by a hash
+            cell = pd.factorize(cell)[0]
+        heaviest += float(np.bincount(cell, weights=w).max())
+    return heaviest * max(int(window), 1) >= max(min_ops, 1)
 
 
 def latest_finish_ms(leads: pd.DataFrame, rank: int, s0: int, s1: int) -> float:

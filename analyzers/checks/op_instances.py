@@ -35,7 +35,7 @@ class _OpInstances:
     Arrow string columns, cost tens of seconds a round at 4,096 ranks.)"""
 
     def __init__(self, co: pd.DataFrame, first_step: int | None, kind: str = "symmetric"):
-        t_done = co["t_done"].to_numpy(dtype=float, na_value=np.nan)
+        t_done = float_values(co["t_done"])
         # the ops, factorized in bulk (an Arrow string column converted to Python strings costs seconds)
         op_col = co["op"]
         if isinstance(op_col.dtype, pd.CategoricalDtype):  # its own codes (-1: missing), not a recode of every row
@@ -64,8 +64,7 @@ class _OpInstances:
         codes, uniq = _factorize_sorted(co["gkey"])
         keep &= codes >= 0
         every = bool(keep.all())
-        self.rows = np.arange(len(keep), dtype=np.int32 if len(keep) < 2**31 else np.int64) if every \
-            else _narrow(np.flatnonzero(keep))
+        self.rows = EveryRow(len(keep)) if every else _narrow(np.flatnonzero(keep))
         # every record kept (one kind of op, all of it timed): the columns' arrays as they are, not copies of them
         # (read only: the frame is shared, analyzers/builder.py)
         pick = (lambda a: a) if len(self.rows) == len(co) else (lambda a: a[self.rows])  # noqa: E731
@@ -82,7 +81,7 @@ class _OpInstances:
         # a symmetric op (not_p2p: to derive the symmetric instances from these, ``symmetric_from``)
         self.symmetric = symmetric[pick(op_code)] if kind != "symmetric" else None
         del op_code
-        self.t_arrive = pick(co["t_arrive"].to_numpy(dtype=float, na_value=np.nan))
+        self.t_arrive = pick(float_values(co["t_arrive"]))
         self.weight = _op_weights(co, self.rows)  # ops per record (a node agent's fold: its ops' mean)
         n = len(self.rows)
         # each communicator's member count: its records all carry the same members (gkey names them)
@@ -93,11 +92,12 @@ class _OpInstances:
             size_of_key[key_codes] = member_counts(co["group_ranks"].iloc[self.rows[first_of_key[key_codes]]]).to_numpy()
         # op instances: (communicator, seq), numbered in (gkey, seq) order: hashed (pd.factorize), then only the
         # distinct instances sorted (np.unique sorted every record)
-        self.inst, m = _instance_numbers(self.gcode, self.seq)
+        self.inst, m, inst_gcode = _instances(self.gcode, self.seq)
         self.n_inst = m
         # per instance: its communicator, record count, member count, spread of completion times, longest duration
-        inst_gcode = np.zeros(m, np.int64)
-        inst_gcode[self.inst] = self.gcode
+        if inst_gcode is None:
+            inst_gcode = np.zeros(m, np.int64)
+            inst_gcode[self.inst] = self.gcode
         self.inst_size = size_of_key[inst_gcode]
         self._instance_figures()
 
@@ -136,7 +136,7 @@ class _OpInstances:
         t_done = self.t_done if recs is None else self.t_done[recs]
         dur = self.dur if recs is None else self.dur[recs]
         if recs is None:
-            self.inst_count = np.bincount(inst, minlength=m)
+            self.inst_count = counts(inst, m)
         tmax = np.full(m, -np.inf)
         tmin = np.full(m, np.inf)
         np.maximum.at(tmax, inst, t_done)
@@ -176,6 +176,62 @@ class _OpInstances:
         return (self.inst_count == self.inst_size) & (self.inst_size >= 2) & (self.inst_spread_ms <= tol)
 
 
+class EveryRow:
+    """The positions of every record of a frame of ``n``, what ``np.arange(n)`` holds, without the array (80 MB at
+    20 M records): indexing it gives the arange's values (in its width: int32 where n fits), ``searchsorted`` its
+    places; anything else converts it (``__array__``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.dtype = np.dtype(np.int32 if n < 2**31 else np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.arange(self.n, dtype=dtype or self.dtype)
+
+    def __getitem__(self, at):
+        if isinstance(at, slice):
+            return np.arange(*at.indices(self.n), dtype=self.dtype)
+        at = np.asarray(at)
+        if at.dtype == bool:
+            if at.shape != (self.n,):
+                raise IndexError(f"boolean index of shape {at.shape} for {self.n} rows")
+            return np.flatnonzero(at).astype(self.dtype)
+        if at.size and (int(at.min()) < -self.n or int(at.max()) >= self.n):
+            raise IndexError(f"index out of bounds for {self.n} rows")
+        at = at.astype(self.dtype) if at.ndim else self.dtype.type(at)
+        return np.where(at < 0, at + self.dtype.type(self.n), at) if at.size and (at < 0).any() else at
+
+    def searchsorted(self, v, side: str = "left") -> np.ndarray:
+        """``np.arange(n).searchsorted(v, side)`` of integers ``v``."""
+        v = np.asarray(v)
+        return np.clip(v + (1 if side == "right" else 0), 0, self.n).astype(np.intp)
+
+
+def float_values(col: pd.Series) -> np.ndarray:
+    """A column's values as float64 with NaN for a missing one: a float64 numpy column's own array (read only, as every
+    array of the op instances is; a copy of 20 M records is 160 MB), else converted."""
+    if isinstance(col.dtype, np.dtype) and col.dtype == np.float64:
+        return col.to_numpy()
+    return col.to_numpy(dtype=float, na_value=np.nan)
+
+
+RECORD_CHUNK = 1 << 22  # per-record temporaries (counts, the last arrivers' latest arrivals): this many records at a time
+
+
+def counts(codes: np.ndarray, n_codes: int) -> np.ndarray:
+    """``np.bincount(codes, minlength=n_codes)`` (codes 0 .. n_codes - 1), a chunk of records at a time: bincount
+    converts 32-bit codes to 64-bit ones first, a temporary of the chunk's size (of 20 M records: 160 MB)."""
+    if len(codes) <= RECORD_CHUNK:
+        return np.bincount(codes, minlength=n_codes)
+    out = np.zeros(n_codes, np.int64)
+    for lo in range(0, len(codes), RECORD_CHUNK):
+        out += np.bincount(codes[lo:lo + RECORD_CHUNK], minlength=n_codes)
+    return out
+
+
 FIRST_CHUNK = 1 << 20  # first_positions looks at this many records at a time
 
 
@@ -202,8 +258,11 @@ def _factorize_sorted(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         return codes, np.asarray(uniq, dtype=object)
     cat_codes = col.cat.codes.to_numpy()
     cats = col.cat.categories
-    present = np.bincount(cat_codes[cat_codes >= 0] if (cat_codes < 0).any() else cat_codes,
-                          minlength=len(cats)) > 0
+    # the categories present: marked in a table (a bincount converts every code to a 64-bit integer first); a
+    # missing value's code (-1) marks the extra last slot
+    present = np.zeros(len(cats) + 1, dtype=bool)
+    present[cat_codes] = True
+    present = present[:-1]
     if present.all():  # every category present: the codes are the numbers (no gather)
         return cat_codes.astype(np.int32 if len(cats) < 2**31 else np.int64), np.asarray(cats, dtype=object)
     number = np.full(len(cats) + 1, -1, dtype=np.int32 if len(cats) < 2**31 else np.int64)  # the last: code -1
@@ -216,6 +275,14 @@ def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, i
     Where the (communicator, seq) span is not much wider than the records (sequence numbers count a communicator's
     ops), each present key is marked in a table over the span and numbered by a running count (no hash, no sort);
     else the keys are hashed (pd.factorize) and only the distinct ones sorted."""
+    inst, m, _ = _instances(gcode, seq)
+    return inst, m
+
+
+def _instances(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """``_instance_numbers``, and each instance's communicator (its gcode) where the table numbered them: read off
+    the present keys (an instance's key is its communicator x the span + its seq), not scattered from every record;
+    None where the keys were hashed."""
     n = len(gcode)
     if n and seq.dtype.kind not in "iu":
         seq = seq - seq.min()  # (as the keys were before: a float column's values as they are)
@@ -230,17 +297,20 @@ def _instance_numbers(gcode: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, i
         key -= s_lo
         present = np.zeros(span, dtype=bool)
         present[key] = True
+        if bool(present.all()):  # every key of the span present (each communicator's sequence numbers without a
+            # gap): a key is its own number
+            return key.astype(width, copy=False), span, np.arange(span, dtype=np.int64) // s_span
         number = np.cumsum(present, dtype=np.int64 if span >= 2**31 else np.int32)
         m = int(number[-1]) if span else 0
         number -= 1
         inst = number[key]
-        return inst.astype(width, copy=False), m
+        return inst.astype(width, copy=False), m, np.flatnonzero(present).astype(np.int64) // s_span
     key = gcode.astype(np.int64) * s_span + (seq - s_lo)
     code, uniq_key = pd.factorize(key)
     order = np.argsort(uniq_key, kind="stable")
     rank_of = np.empty(len(uniq_key), width)
     rank_of[order] = np.arange(len(uniq_key))
-    return rank_of[code], len(uniq_key)  # gathered in its final width (no int64 copy of every record)
+    return rank_of[code], len(uniq_key), None  # gathered in its final width (no int64 copy of every record)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -307,16 +377,20 @@ def last_arriver_ops(co: pd.DataFrame, first_step: int | None = None, match_tol_
     if not has.any():
         return pd.DataFrame(columns=cols + ["ops"])
     # per instance, the latest arrival; of equal ones the first record (groupby idxmax): each instance's latest
-    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records).
+    # arrival, then the first of its records that has it (a lexsort of every record cost seconds at 20 M records;
+    # the latest arrival of each record's instance is gathered a chunk of records at a time, not 160 MB at once).
     # Over every record, those that are not complete records sent to an extra instance past the real ones (no
-    # gathers of the complete ones' arrays)
+    # gathers of the complete ones' arrays); where every record of a complete instance is kept (records left out,
+    # the first step's, are of other instances), the instances as they are: the others' figures are never read
     m = ops.n_inst
-    inst = ops.inst if ops.keep is None and has.all() else np.where(ops.complete_mask(match_tol_ms), ops.inst, m)
+    whole = ops.keep is None or not has[ops.inst[np.flatnonzero(~ops.keep)]].any()
+    inst = ops.inst if whole else np.where(ops.complete_mask(match_tol_ms), ops.inst, m)
     t = ops.t_arrive
     n = len(inst)
     latest = np.full(m + 1, -np.inf)
     np.fmax.at(latest, inst, t)  # NaN arrivals left out, as idxmax does
-    at_latest = np.flatnonzero(t == latest[inst])
+    at_latest = np.concatenate([lo + np.flatnonzero(t[lo:lo + RECORD_CHUNK] == latest[inst[lo:lo + RECORD_CHUNK]])
+                                for lo in range(0, len(inst), RECORD_CHUNK)] or [np.zeros(0, np.intp)])
     first = np.full(m + 1, n, np.int64)
     np.minimum.at(first, inst[at_latest], at_latest)
     first = first[:m]
@@ -437,10 +511,13 @@ class CompletionLeads:
         if self.empty or not len(rows):
             return out
         all_rows = self._arrays["rows"]  # sorted: the kept records' positions in co
-        p = np.minimum(np.searchsorted(all_rows, rows), len(all_rows) - 1)
+        p = np.minimum(all_rows.searchsorted(rows), len(all_rows) - 1)
         found = (all_rows[p] == rows) & self.complete[p]
         out[found] = self.lead_ms(p[found])
         return out
+
+
+LEAD_BLOCK_CELLS = 1 << 20  # _leads_ms: the members' times of this many records at a time
 
 
 def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.ndarray:
@@ -454,8 +531,14 @@ def _leads_ms(inst: np.ndarray, done: np.ndarray, inst_size: np.ndarray) -> np.n
         sel = np.flatnonzero(size == s)
         # each instance's records together (their order within it does not matter: each row is sorted next)
         at = sel[np.argsort(inst[sel], kind="quicksort")]
-        mat = done[at].reshape(-1, int(s))
-        out[at] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
+        del sel
+        # a block of instances at a time: the sorted rows and the medians' temporaries stay a block's (each is the
+        # size of every record's times otherwise: 160 MB at 20 M records); each row's medians are its own
+        rows = max(1, LEAD_BLOCK_CELLS // int(s))
+        for r0 in range(0, len(at) // int(s), rows):
+            block = at[r0 * int(s):(r0 + rows) * int(s)]
+            mat = done[block].reshape(-1, int(s))
+            out[block] = ((_row_loo_median(mat) - mat) * 1000.0).ravel()
     return out
 
 
@@ -530,8 +613,8 @@ def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -
     """``collective_wait_ms``'s rows of ``ranks`` only, from the records of the ops those ranks took part in (each
     op whole: its other members' records too). The comm check asks it about a few ranks. The op instances are the
     round's own (``op_instances``: built once, and the comm check's completion leads derive theirs from them); the
-    grid is summed over those ops' records only. The same sums (the same records, added in the same order); the
-    columns: the steps those ops have."""
+    grid is summed over those ranks' records of those ops only. The same sums (the same records, added in the same
+    order); the columns: the steps those ranks' records have (a missing column reads as no wait)."""
     if co.empty or not len(ranks):
         return pd.DataFrame()
     wanted = np.asarray(sorted({int(r) for r in ranks}), dtype=np.int64)
@@ -541,12 +624,16 @@ def collective_wait_ms_of(co: pd.DataFrame, ranks, match_tol_ms: float = 10.0) -
         return pd.DataFrame()
     theirs = np.zeros(ops.n_inst, dtype=bool)  # the instances with a record of theirs
     theirs[ops.inst[mine]] = True
-    grid = _wait_grid(ops, match_tol_ms, theirs)
+    grid = _wait_grid(ops, match_tol_ms, theirs, wanted)
     return grid.loc[grid.index.intersection(wanted)] if not grid.empty else grid
 
 
-def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray | None = None) -> pd.DataFrame:
-    """``collective_wait_ms`` of the records of ``ops`` (of the ``instances`` marked, a mask over them)."""
+def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray | None = None,
+               ranks: np.ndarray | None = None) -> pd.DataFrame:
+    """``collective_wait_ms`` of the records of ``ops`` (of the ``instances`` marked, a mask over them); with
+    ``ranks``, the rows of those ranks only, over the steps their records have: each op's latest arrival is that of
+    all its members, and a cell's sum is that of the same records in the same order (no grid of every rank's and
+    step's cells, 160 MB at 1,024 x 10,000, for a few rows of it)."""
     if instances is None:
         ok = ops.complete(match_tol_ms)
     else:
@@ -569,6 +656,11 @@ def _wait_grid(ops: "_OpInstances", match_tol_ms: float, instances: np.ndarray |
     late *= take(ops.weight)
     np.nan_to_num(late, copy=False, nan=0.0)  # sums as pivot_table's: NaN values left out (0 where a cell has only those)
     rank, step = take(ops.rank), take(ops.step)
+    if ranks is not None:
+        theirs = np.isin(rank, ranks)
+        if not theirs.any():
+            return pd.DataFrame()
+        rank, step, late = rank[theirs], step[theirs], late[theirs]
     r_lo, r_hi, s_lo, s_hi = int(rank.min()), int(rank.max()), int(step.min()), int(step.max())
     n_r, n_s = r_hi - r_lo + 1, s_hi - s_lo + 1
     if n_r * n_s <= 4 * len(rank) + 1024:
