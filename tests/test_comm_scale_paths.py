@@ -280,11 +280,12 @@ def test_threshold_noise_worked_out_only_where_a_cell_passes_its_floor(monkeypat
     # the slow link by transfer ratio and the one by wait deficit are still found (their noise worked out), and a
     # clean run works out neither (the medians over every rank's row are the costly part at 16,384 ranks)
     from analyzers.builder import build_frame
-    from analyzers.checks import comm
+    from analyzers.checks import comm, wait_deficit
 
     calls = []
     real = comm.temporal_sigma
-    monkeypatch.setattr(comm, "temporal_sigma", lambda m: calls.append(m.shape) or real(m))
+    for module in (comm, wait_deficit):
+        monkeypatch.setattr(module, "temporal_sigma", lambda m: calls.append(m.shape) or real(m))
     fs = comm.analyze(build_frame(build(link_delay_ms=lambda r, s: 40.0 if (r == 3 and s >= 8) else 0.0)))
     assert [(f.ranks, f.step_start) for f in fs if f.evidence.get("cause") == "slow_link"] == [([3], 8)]
     assert calls
@@ -553,9 +554,9 @@ def test_communicators_by_rank_from_distinct_pairs_are_the_groupby_sets():
 
 
 def test_unexplained_wait_in_place_is_pandas_arithmetic():
-    from analyzers.checks import comm
+    from analyzers.checks import wait_deficit
 
-    _unexplained_wait = comm._unexplained_wait
+    _unexplained_wait = wait_deficit.unexplained_wait
     rng = np.random.default_rng(20)
     idx, cols = pd.Index([0, 1, 3, 4], name="rank"), pd.Index(range(5, 35), name="step")
 
@@ -578,10 +579,10 @@ def test_unexplained_wait_in_place_is_pandas_arithmetic():
 
 @pytest.mark.parametrize("block_cells", [None, 20])
 def test_unexplained_wait_from_the_arrivals_column_statistics_is_the_reference_matrix_one(block_cells, monkeypatch):
-    from analyzers.checks import comm
+    from analyzers.checks import wait_deficit
 
     if block_cells:
-        monkeypatch.setattr(comm, "WAIT_BLOCK_CELLS", block_cells)  # a few columns a block
+        monkeypatch.setattr(wait_deficit, "WAIT_BLOCK_CELLS", block_cells)  # a few columns a block
     rng = np.random.default_rng(21)
     for n_rows, n_cols in ((2, 1), (3, 70), (6, 5), (7, 100), (40, 33)):
         idx, cols = pd.Index(range(n_rows), name="rank"), pd.Index(range(3, 3 + n_cols), name="step")
@@ -592,8 +593,8 @@ def test_unexplained_wait_from_the_arrivals_column_statistics_is_the_reference_m
         wait, wait_ref = m([np.nan, -0.0, 0.0, 1.5, -2.0, 7.25, np.inf]), m([np.nan, 0.0, 1.5, 3.0, 9.5])
         for arr in (m([100.0, 100.001, 99.998, 100.0005, 100.002]),
                     m([100.0, 100.001, np.nan, 99.998])):  # a gap: the reference matrix's path
-            want, want_lag = comm._unexplained_wait(wait, wait_ref, arr, stats.leave_one_out_median(arr))
-            got, lag_of = comm._unexplained_wait_rows(wait, wait_ref, arr, lambda: stats.leave_one_out_median(arr))
+            want, want_lag = wait_deficit.unexplained_wait(wait, wait_ref, arr, stats.leave_one_out_median(arr))
+            got, lag_of = wait_deficit.unexplained_wait_rows(wait, wait_ref, arr, lambda: stats.leave_one_out_median(arr))
             pd.testing.assert_frame_equal(got, want, check_exact=True)
             assert (np.signbit(got.to_numpy()) == np.signbit(want.to_numpy())).all()
             for r in idx:
