@@ -405,9 +405,9 @@ def test_transfer_ms_and_per_step_median_of_a_grid_are_pandas_ones():
 
 
 def test_per_step_median_by_blocks_of_steps_is_pandas_one(monkeypatch):
-    from analyzers import builder
+    from analyzers import builder, step_view
 
-    monkeypatch.setattr(builder, "MEDIAN_BLOCK_STEPS", 3)
+    monkeypatch.setattr(step_view, "MEDIAN_BLOCK_STEPS", 3)
     rng = np.random.default_rng(14)
     for trial in range(20):
         nr, ns = int(rng.integers(1, 7)), int(rng.integers(1, 12))
