@@ -346,7 +346,7 @@ def test_early_finishers_skip_the_leads_nobody_reads(monkeypatch):
     GiB of leads nobody read)."""
     import numpy as np
 
-    from analyzers.checks import op_instances
+    from analyzers.checks import completion_leads
     from analyzers.checks.links import ComputeCheck, early_finishers
     rng = np.random.default_rng(2)
     rows = []
@@ -362,8 +362,8 @@ def test_early_finishers_skip_the_leads_nobody_reads(monkeypatch):
     co = pd.DataFrame(rows)
     cfg = comm.CommConfig()
     called = []
-    monkeypatch.setattr(op_instances.CompletionLeads, "lead_ms", lambda self, sel=None: called.append(1))
-    leads = op_instances.CompletionLeads(co, 1)
+    monkeypatch.setattr(completion_leads.CompletionLeads, "lead_ms", lambda self, sel=None: called.append(1))
+    leads = completion_leads.CompletionLeads(co, 1)
     assert not leads.empty
     empty = pd.DataFrame()
     assert early_finishers(co, cfg, list(range(1, 30)), ComputeCheck(empty, empty, empty), leads) == []

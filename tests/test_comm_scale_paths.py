@@ -18,7 +18,7 @@ from test_slow_link_analysis import CROSS, warnings, with_egress_ops
 from analyzer_fixtures import build
 from analyzers import stats
 from analyzers.matrices import RankStepCells, rank_step_matrix
-from analyzers.checks import links, op_instances
+from analyzers.checks import completion_leads, links, op_instances
 from analyzers.checks.comm import CommConfig
 
 
@@ -150,10 +150,10 @@ def test_leads_by_blocks_of_instances_are_the_whole_ones(monkeypatch):
     order = rng.permutation(len(inst))
     inst = inst[order]
     done = rng.choice([1.0, 1.001, 1.002, 1.0035], size=len(inst)) + rng.integers(0, 3, len(inst)) * 0.0001
-    whole = op_instances._leads_ms(inst, done, sizes)
+    whole = completion_leads._leads_ms(inst, done, sizes)
     for cells in (1, 5, 64):
-        monkeypatch.setattr(op_instances, "LEAD_BLOCK_CELLS", cells)
-        np.testing.assert_array_equal(op_instances._leads_ms(inst, done, sizes), whole)
+        monkeypatch.setattr(completion_leads, "LEAD_BLOCK_CELLS", cells)
+        np.testing.assert_array_equal(completion_leads._leads_ms(inst, done, sizes), whole)
     want = (stats.group_loo_median(inst, done) - done) * 1000.0
     np.testing.assert_allclose(whole, want, rtol=0, atol=1e-6)
 
@@ -162,14 +162,14 @@ def test_row_loo_median_without_argsort_is_the_same_with_ties():
     rng = np.random.default_rng(3)
     for s in (2, 3, 4, 7, 8, 32):
         mat = rng.integers(0, 4, (400, s)).astype(float) * 0.25 + 1.7e9  # many ties
-        np.testing.assert_array_equal(op_instances._row_loo_median(mat), _reference_row_loo_median(mat))
+        np.testing.assert_array_equal(completion_leads._row_loo_median(mat), _reference_row_loo_median(mat))
         mat = rng.random((400, s))
-        np.testing.assert_array_equal(op_instances._row_loo_median(mat), _reference_row_loo_median(mat))
+        np.testing.assert_array_equal(completion_leads._row_loo_median(mat), _reference_row_loo_median(mat))
 
 
 def test_leads_kept_once_are_those_worked_out_per_subset():
     co = window(seed=4)
-    whole = op_instances.CompletionLeads(co, 2)
+    whole = completion_leads.CompletionLeads(co, 2)
     pos = whole.positions()
     few = pos[:10]
     got_few = whole.lead_ms(few)  # a few: their ops' only, nothing kept
@@ -178,7 +178,7 @@ def test_leads_kept_once_are_those_worked_out_per_subset():
     assert whole._lead is not None
     np.testing.assert_array_equal(got_all[:10], got_few)
     np.testing.assert_array_equal(whole.lead_ms(few), got_few)
-    fresh = op_instances.CompletionLeads(co, 2)
+    fresh = completion_leads.CompletionLeads(co, 2)
     for chunk in np.array_split(pos, 7):
         np.testing.assert_array_equal(fresh.lead_ms(chunk[::2]), got_all[np.searchsorted(pos, chunk[::2])])
     op_instances.release_op_instances()
@@ -221,7 +221,7 @@ def test_windowed_medians_of_a_categorical_column_as_of_its_strings():
 
 def _leads(co, first_step=1):
     op_instances.release_op_instances()
-    return op_instances.CompletionLeads(co, first_step)
+    return completion_leads.CompletionLeads(co, first_step)
 
 
 def test_window_can_fill_is_false_only_where_no_pair_can_fill_a_window():

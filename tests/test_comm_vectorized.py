@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzers.checks import busbw, comm, op_instances
+from analyzers.checks import busbw, comm, completion_leads
 from analyzers.checks.comm import BUSBW_FACTOR, CommConfig, busbw_gbs
 from analyzers.checks.links import P2P_OPS
 from analyzers.collectives import member_counts, op_counts
@@ -131,13 +131,13 @@ def test_name_starts_with_as_astype_str():
             assert name_starts_with(s, prefix).tolist() == s.astype(str).str.startswith(prefix).fillna(False).tolist()
 
 
-def test_rank_rows_by_mask_then_by_sort():
+def test_rank_positions_by_mask_then_by_sort():
     rng = np.random.default_rng(5)
-    frame = pd.DataFrame({"rank": rng.integers(3, 60, 5000).astype(np.int32), "x": np.arange(5000)})
-    rows = op_instances.RankRows(frame)
+    rank = rng.integers(3, 60, 5000).astype(np.int32)
+    positions = completion_leads.RankPositions(rank)
     for r in list(range(0, 64)) + [5, 40]:  # more ranks than FEW: the later ones from the sorted rows
-        pd.testing.assert_frame_equal(rows.of(r), frame[frame["rank"] == r])
-    assert rows.positions.order is not None
+        np.testing.assert_array_equal(positions.of(r), np.flatnonzero(rank == r))
+    assert positions.order is not None
 
 
 def test_collective_wait_ms_of_a_few_ranks_is_their_rows_of_the_whole():

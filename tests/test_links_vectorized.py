@@ -71,8 +71,8 @@ def window(seed=0, ranks=16, steps=40, extra_kinds=True):
 @pytest.mark.parametrize("block_cells", [None, 7])
 def test_completion_leads_same_as_per_communicator_pivots(block_cells, monkeypatch):
     if block_cells:  # the members' times a few instances at a time
-        from analyzers.checks import op_instances
-        monkeypatch.setattr(op_instances, "LEAD_BLOCK_CELLS", block_cells)
+        from analyzers.checks import completion_leads as leads_module
+        monkeypatch.setattr(leads_module, "LEAD_BLOCK_CELLS", block_cells)
     for seed in range(3):
         co = window(seed)
         for first in (None, 5):
@@ -128,15 +128,15 @@ def test_last_arriver_ops_by_chunks_of_records_are_the_whole_ones(monkeypatch):
 def test_completion_leads_of_every_record_read_through_every_row():
     """Every record of one kind of op, all timed: the positions are an ``EveryRow``, not an arange; the leads' rows
     and their lookup by position are the arange's."""
-    from analyzers.checks import op_instances
+    from analyzers.checks import completion_leads as leads_module, op_instances
 
     co = window(1, extra_kinds=False)
     co = co[co["op"].isin(op_instances.SYMMETRIC_OPS) & co["t_done"].notna() & co["duration_ms"].notna()]
     co = co.reset_index(drop=True)
     op_instances.release_op_instances()
-    leads = op_instances.CompletionLeads(co, None)
+    leads = leads_module.CompletionLeads(co, None)
     assert isinstance(leads._arrays["rows"], op_instances.EveryRow) and not leads.empty
-    arange = op_instances.CompletionLeads(co, None)
+    arange = leads_module.CompletionLeads(co, None)
     arange._arrays = dict(arange._arrays, rows=np.arange(len(co), dtype=np.int32))
     probe = np.r_[np.arange(-2, len(co) + 3), np.random.default_rng(0).integers(0, len(co), 50)]
     np.testing.assert_array_equal(leads.at_rows(probe), arange.at_rows(probe))
@@ -223,7 +223,8 @@ def test_symmetric_instances_derived_from_every_non_p2p_one_are_the_same():
 def test_completion_leads_for_a_subset_are_those_of_the_whole():
     """``CompletionLeads`` works out the leads of the records asked for (their ops' members only): the same floats
     as ``completion_leads`` of every record, looked up by position, by rank and by row of ``co``."""
-    from analyzers.checks.op_instances import CompletionLeads, release_op_instances
+    from analyzers.checks.completion_leads import CompletionLeads
+    from analyzers.checks.op_instances import release_op_instances
     for seed in (0, 1):
         co = window(seed)
         release_op_instances()

@@ -30,8 +30,9 @@ from analyzers.checks.busbw import BUSBW_FACTOR, busbw_findings, busbw_gbs  # no
 from ranksight.allocator import reuse_freed_pages
 from analyzers.checks.links import STRAGGLER_RATIO, ComputeCheck, early_finishers, slow_communicators
 from analyzers.checks.wait_deficit import wait_deficit
-from analyzers.checks.op_instances import (CompletionLeads, collective_wait_ms, collective_wait_ms_of,
-                                           last_arriver_ops, release_op_instances)
+from analyzers.checks.completion_leads import CompletionLeads
+from analyzers.checks.op_instances import (collective_wait_ms, collective_wait_ms_of, last_arriver_ops,
+                                           release_op_instances)
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import leave_one_out_median, rows_with_window_count, temporal_sigma, windowed_medians

@@ -38,7 +38,8 @@ import pandas as pd
 
 from analyzers.changepoint import refine_onset
 from analyzers.matrices import distinct_codes
-from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS, CompletionLeads, completion_leads,  # noqa: F401
+from analyzers.checks.completion_leads import CompletionLeads, completion_leads  # noqa: F401 (tests read them here)
+from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS,  # noqa: F401
                                            last_arriver_ops, op_instances, release_op_instances)
 from analyzers.collectives import name_starts_with, stable_order
 from analyzers.persistence import confirmation_step, persistent_runs

@@ -12,7 +12,7 @@ import pandas as pd
 
 from analyzers.builder import StepView
 from analyzers.checks.links import latest_finish_ms
-from analyzers.checks.op_instances import CompletionLeads
+from analyzers.checks.completion_leads import CompletionLeads
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from analyzers.stats import LooStats, temporal_sigma
 
@@ -28,7 +28,7 @@ def wait_deficit(cfg, view: StepView, skip: set[int], leads: CompletionLeads) ->
     deficit - max(arrival lag, 0). Persistent (3 of 5 steps) and above max(min_extra_ms, deficit_k sigma,
     10 % of the step) -> slow link of that rank.
     Unless the rank's own collectives end after its peers' (``links.latest_finish_ms`` over the span at least
-    ``min_extra_ms``; ``leads``: ``op_instances.CompletionLeads``): peers that waited for its data would be done after
+    ``min_extra_ms``; ``leads``: ``completion_leads.CompletionLeads``): peers that waited for its data would be done after
     it, not before. (A rank whose data leaves late, a delay before it is sent, ends with them.)
     """
     st = view.rows
