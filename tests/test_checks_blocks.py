@@ -112,6 +112,13 @@ def test_scores_with_gaps_and_a_zero_reference():
     assert [c["rank"] for c in got] == [1]
 
 
+def _scores_of(logr: np.ndarray) -> RankScores:
+    sc = RankScores.__new__(RankScores)
+    sc.logr = logr
+    sc.row_max, sc.row_min = straggler_scores.row_range(logr)
+    return sc
+
+
 def test_the_cusum_bound_keeps_every_row_that_alarms():
     rng = np.random.default_rng(7)
     n, m = 300, 400
@@ -120,8 +127,7 @@ def test_the_cusum_bound_keeps_every_row_that_alarms():
     for i in range(0, n, 17):  # slow-downs of every size and length, some right at the threshold
         s0 = int(rng.integers(0, m - 5))
         logr[i, s0:s0 + int(rng.integers(2, 60))] += rng.uniform(0.05, 0.4)
-    sc = RankScores.__new__(RankScores)
-    sc.logr = logr
+    sc = _scores_of(logr)
     k = float(np.log(1.08))
     for h in (0.05, 0.15, 0.3, 0.6):
         h_r = np.full(n, h)
@@ -133,6 +139,44 @@ def test_the_cusum_bound_keeps_every_row_that_alarms():
         assert len(rows) < n  # it does leave rows out
         got = cusum_runs_rows(x, list(range(m)), k, h_r[rows], 3, 0.6)
         assert [r for r in got if r] == [every[i] for i in rows.tolist() if every[i]]
+
+
+def _full_bound_rows(sc: RankScores, drift: float, h: np.ndarray, clip: np.ndarray) -> np.ndarray:
+    """cusum_rows' rows with no row left out by its range (``flat_rows`` finding none): the bound over every row."""
+    whole = RankScores.__new__(RankScores)
+    whole.logr = sc.logr
+    whole.row_max = np.full(len(sc.logr), np.inf)
+    whole.row_min = np.full(len(sc.logr), -np.inf)
+    return whole.cusum_rows(drift, h, clip)[0]
+
+
+@pytest.mark.parametrize("noise", [0.005, 0.03])
+def test_rows_left_out_by_their_range_are_the_bounds(noise):
+    # quiet rows (every score below the drift: left out without the bound) among noisy ones, rows with NaN, an
+    # infinite score, no finite score, scores right at the drift, and thresholds down to the margin
+    rng = np.random.default_rng(11)
+    n, m = 120, 300
+    logr = rng.normal(0.0, noise, (n, m))
+    logr[rng.random((n, m)) < 0.01] = np.nan
+    logr[5] = np.nan
+    logr[6, 10] = np.inf
+    logr[7:9] = np.minimum(logr[7:9], 0.0)
+    k = float(np.log(1.08))
+    logr[8, 3] = k  # at the drift: x is 0 there, the row still flat
+    for i in range(20, n, 9):
+        s0 = int(rng.integers(0, m - 5))
+        logr[i, s0:s0 + int(rng.integers(2, 40))] += rng.uniform(0.05, 0.3)
+    sc = _scores_of(logr)
+    flat = straggler_scores.flat_rows(sc.row_max, sc.row_min, k, np.full(n, 0.1), m)
+    assert flat[7] and flat[8] and not flat[5] and not flat[6]
+    for h in (1e-13, 1e-6, 0.05, 0.15, 0.6):
+        for drift in (k, float(np.log(1.25))):
+            h_r = np.full(n, h)
+            h_r[::4] *= 1.35
+            clip = drift + 0.5 * h_r
+            rows, x = sc.cusum_rows(drift, h_r, clip)
+            np.testing.assert_array_equal(rows, _full_bound_rows(sc, drift, h_r, clip))
+            np.testing.assert_array_equal(x, np.minimum(logr[rows], clip[rows, None]))
 
 
 def _view(seed: int, shuffle: bool, dup: bool) -> StepView:
@@ -295,6 +339,20 @@ def test_report_heat_matrix_from_the_grid_is_the_placed_one(shuffle):
     np.testing.assert_array_equal(got.ranks, cells.ranks)
     np.testing.assert_array_equal(got.steps, cells.steps)
     np.testing.assert_array_equal(got.values, cells.values(rows["step_ms"].to_numpy()[keep], np.float32))
+
+
+def test_row_range_is_nanmax_nanmin():
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 0.05, (6, 30))
+    x[1, 4] = np.nan
+    x[2] = np.nan
+    x[3, 7] = np.inf
+    hi, lo = straggler_scores.row_range(x)
+    with pytest.warns(RuntimeWarning):
+        np.testing.assert_array_equal(hi, np.nanmax(x, axis=1))
+    with pytest.warns(RuntimeWarning):
+        np.testing.assert_array_equal(lo, np.nanmin(x, axis=1))
+    assert all(np.isnan(v).all() for v in straggler_scores.row_range(np.zeros((3, 0))))
 
 
 def test_row_sigmas_are_row_robust_sigmas():

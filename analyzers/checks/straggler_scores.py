@@ -30,6 +30,10 @@ class RankScores:
         self.ranks: list = [r for m in judged for r in m]
         self.logr = np.empty((len(self.ranks), values.shape[1]))
         self.row_sigma = np.empty(len(self.ranks))
+        # each row's largest and smallest finite score (NaN for a row without any): cusum_rows leaves out the rows
+        # whose every score is at or below the drift without running the bound over them
+        self.row_max = np.empty(len(self.ranks))
+        self.row_min = np.empty(len(self.ranks))
         # per group: its own rows, its peers' reference (the rows' array, or the columns' order statistics it is read
         # off), its first row
         self._own: list[tuple[np.ndarray, Any, int]] = []
@@ -48,7 +52,9 @@ class RankScores:
                 self._own.append((own, loo_log_ratios(own, out), first))
             for b in range(0, len(members), block):
                 chunk = out[b:b + block]
-                self.row_sigma[first + b:first + b + len(chunk)] = row_sigmas(chunk)
+                at = slice(first + b, first + b + len(chunk))
+                self.row_sigma[at] = row_sigmas(chunk)
+                self.row_max[at], self.row_min[at] = row_range(chunk)
             first += len(members)
 
     def own_and_peers(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +75,21 @@ class RankScores:
         """The rows whose CUSUM (scores clipped at ``clip``, drift ``drift``) can reach its threshold ``h``, and
         their clipped scores. The CUSUM S = max(0, S + x - drift) is the cumulative sum of x - drift less its
         running minimum (and 0): a row whose largest such rise is below h (less a margin far above the rounding of
-        the sums) cannot alarm."""
-        keep: list[np.ndarray] = []
+        the sums) cannot alarm. A row whose every score is at or below the drift (``flat_rows``) never rises at all:
+        the bound is run over the others only."""
         n, n_cols = self.logr.shape
+        rows_in = np.flatnonzero(~flat_rows(self.row_max, self.row_min, drift, h, n_cols))
+        whole = len(rows_in) == n  # every row: blocks of the array itself (slices), no gathered copy
+        keep: list[np.ndarray] = []
         block = max(1, BLOCK_CELLS // max(1, n_cols))
-        for b in range(0, n, block):
-            x = np.minimum(self.logr[b:b + block], clip[b:b + block, None])
+        for b in range(0, len(rows_in), block):
+            if whole:
+                idx = slice(b, b + block)
+                x = np.minimum(self.logr[idx], clip[idx, None])
+            else:
+                idx = rows_in[b:b + block]
+                x = self.logr[idx]  # a gathered copy: clipped in place
+                np.minimum(x, clip[idx, None], out=x)
             x -= drift
             if not np.isfinite(x).all():
                 x[~np.isfinite(x)] = 0.0  # a skipped step adds nothing
@@ -88,9 +103,29 @@ class RankScores:
                 margin = 1e-9 * n_cols * np.maximum(x.max(axis=1), -x.min(axis=1)) + 1e-12
             else:
                 rise, margin = np.zeros(len(x)), 1e-12
-            keep.append(b + np.flatnonzero(rise >= h[b:b + block] - margin))
+            rows = np.arange(n)[idx] if whole else idx
+            keep.append(rows[rise >= h[idx] - margin])
         rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
         return rows, np.minimum(self.logr[rows], clip[rows, None])
+
+
+def row_range(lr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's largest and smallest score, NaN left out (NaN for a row of NaN only)."""
+    if lr.shape[1] == 0:
+        return np.full(lr.shape[0], np.nan), np.full(lr.shape[0], np.nan)
+    return np.fmax.reduce(lr, axis=1), np.fmin.reduce(lr, axis=1)
+
+
+def flat_rows(row_max: np.ndarray, row_min: np.ndarray, drift: float, h: np.ndarray, n_cols: int) -> np.ndarray:
+    """The rows ``RankScores.cusum_rows``' bound would leave out, found from each row's range alone: every finite
+    score at or below ``drift`` (clipped, less the drift, none is above 0), so the cumulative sums never rise and
+    the bound's rise is exactly 0; and h above the bound's margin for that row (its largest |x| is drift - the
+    row's smallest score; taken a little larger here, which can only keep a row). A row with an infinite score, or
+    none finite, is not among them: the bound decides."""
+    with np.errstate(invalid="ignore"):
+        low = np.isfinite(row_min) & np.isfinite(row_max) & (row_max <= drift)
+        margin = 1e-9 * n_cols * (drift - np.where(low, row_min, drift)) * (1.0 + 1e-6) + 2e-12
+        return low & (h > margin)
 
 
 def _rows(values: np.ndarray, pos: list[int]) -> np.ndarray:
@@ -147,19 +182,26 @@ def loo_log_ratios(values: np.ndarray, out: np.ndarray) -> LooStats:
     for c0 in range(0, n_cols, step):
         blk = values[:, c0:c0 + step]
         st = LooStats.of(blk)
-        log_ratio(blk, st.reference(blk), out[:, c0:c0 + step])
+        log_ratio(blk, loo_reference(st, blk), out[:, c0:c0 + step])
         parts.append(st)
     return LooStats.joined(n_rows, parts)
 
 
-def loo_median_values(values: np.ndarray) -> np.ndarray:
-    """``analyzers.stats.leave_one_out_median`` of a rank x step array without NaN (the same values)."""
-    n_rows, n_cols = values.shape
-    if n_rows < 2 or n_cols == 0:
-        return np.full((n_rows, n_cols), np.nan)
-    step = max(1, LOO_BLOCK_CELLS // n_rows)
-    return np.concatenate([LooStats.of(values[:, c0:c0 + step]).reference(values[:, c0:c0 + step])
-                           for c0 in range(0, n_cols, step)], axis=1)
+# |x| at most this: x + x is finite, and (x + x) / 2 is x again
+HALF_MAX = np.finfo(np.float64).max / 2
+
+
+def loo_reference(st: LooStats, values: np.ndarray) -> np.ndarray:
+    """``st.reference(values)``: where the others' median is one place (an even number of rows), the mean of that
+    place's value with itself is the value (no sum that overflows: every finite one within ``HALF_MAX``), so the
+    reference is the one selection without the sum and the halving (the same floats)."""
+    if st.hi != st.lo:
+        return st.reference(values)
+    a, b = st.at[st.lo], st.at[st.lo + 1]
+    with np.errstate(invalid="ignore"):
+        if not (np.abs(a[np.isfinite(a)]) <= HALF_MAX).all() or not (np.abs(b[np.isfinite(b)]) <= HALF_MAX).all():
+            return st.reference(values)
+        return np.where(a[None, :] < values, a[None, :], b[None, :])
 
 
 def with_baseline_noise(sigma: float, logr: np.ndarray, cfg: StragglerConfig) -> tuple[float, float | None]:
