@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analyzers.builder import build_frame
 from analyzers.checks.stragglers import tp_evidence, tp_wait_frame
@@ -28,8 +29,13 @@ def _run(seed: int = 0) -> RunData:
     return RunData(run_id="x", steps=steps, collectives=pd.DataFrame(rows))
 
 
-def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one():
-    frame = build_frame(_run())
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one(shuffled):
+    # collectives in step order (an episode's steps a slice of them) and shuffled (a mask over every row)
+    data = _run()
+    if shuffled:
+        data.collectives = data.collectives.sample(frac=1.0, random_state=1).reset_index(drop=True)
+    frame = build_frame(data)
     for rank, (s0, s1) in ((5, (8, 20)), (6, (0, 29)), (1, (2, 5)), (4, (20, 29))):
         full, members = tp_wait_frame(frame, s0, s1)
         got, got_members = tp_wait_frame(frame, s0, s1, rank)
@@ -38,6 +44,14 @@ def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one():
         pd.testing.assert_frame_equal(got.loc[group].fillna(0.0), full.loc[group].fillna(0.0))
         ev = tp_evidence(frame, rank, s0, s1)
         assert ev["tp_group"] == group and ev["tp_least_wait_share"] is not None
+
+
+def test_distinct_ascending_is_unique():
+    from analyzers.checks.stragglers import _distinct_ascending
+
+    for x in ([], [4], [1, 1, 2, 5, 5, 5, 9], [3, 3, 3]):
+        a = np.asarray(x, dtype=np.int32)
+        np.testing.assert_array_equal(_distinct_ascending(a), np.unique(a))
 
 
 def test_tp_evidence_of_a_rank_without_tp_ops_is_empty():

@@ -106,9 +106,9 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     (``arrival_lag_ms``), in which share of the steps it is the last (``last_arrival_share``), and the waits."""
     steps = frame.steps_from(s0)
     ev: dict = {}
-    if not steps.has_rows(group, s0, s1):
-        return ev
     arr = steps.span_matrix("sync_arrival", group, s0, s1)
+    if arr.empty and not steps.has_rows(group, s0, s1):  # a cell of the matrix is a row (the search over rows is
+        return ev  # asked only when there is none)
     if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
         own = arr.loc[rank]
         others = arr.drop(index=rank)
@@ -141,10 +141,13 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     co = frame.data.collectives
     if co.empty:
         return pd.DataFrame(), {}
-    # the TP rows with a duration (in s0..s1): a mask over the collectives, their rows taken once, only those needed
-    keep = frame.group_mask("tp") & co["duration_ms"].notna().to_numpy()
+    # the TP rows with a duration (in s0..s1): a mask over the collectives, their rows taken once, only those needed;
+    # collectives in step order (as a store leaves them): s0..s1 is a slice, and the kept rows' steps are in order
     step = co["step"].to_numpy()
-    if s0 is not None:
+    in_order = rank is not None and s0 is not None and _ascending(step)
+    lo, hi = (int(np.searchsorted(step, s0, "left")), int(np.searchsorted(step, s1, "right"))) if in_order else (0, len(co))
+    keep = frame.group_mask("tp")[lo:hi] & co["duration_ms"].iloc[lo:hi].notna().to_numpy()
+    if s0 is not None and not in_order:
         keep = keep & (step >= s0) & (step <= s1)
     if not keep.any():
         return pd.DataFrame(), {}
@@ -152,8 +155,9 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if rank is None:
         tp = co[keep]
     else:
-        rows = np.flatnonzero(keep)  # the kept rows' ranks are compared, not every collective's
-        all_steps = _distinct_steps(step[rows])  # the whole matrix's steps
+        rows = lo + np.flatnonzero(keep)  # the kept rows' ranks are compared, not every collective's
+        # the whole matrix's steps
+        all_steps = _distinct_ascending(step[rows]) if in_order else _distinct_steps(step[rows])
         kept_ranks = co["rank"].to_numpy()[rows]
         gr = co["group_ranks"].iloc[rows[kept_ranks == rank]].dropna()
         gr = gr.iloc[0] if len(gr) else None
@@ -169,6 +173,17 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if all_steps is not None and len(w.columns) != len(all_steps):
         w = w.reindex(columns=pd.Index(all_steps, name="step"))
     return w, members
+
+
+def _ascending(x: np.ndarray) -> bool:
+    return len(x) < 2 or bool((x[1:] >= x[:-1]).all())
+
+
+def _distinct_ascending(x: np.ndarray) -> np.ndarray:
+    """The distinct values of an ascending array (``np.unique``'s, without its sort)."""
+    if len(x) == 0:
+        return x.copy()
+    return x[np.concatenate(([0], np.flatnonzero(x[1:] != x[:-1]) + 1))]
 
 
 def _distinct_steps(step: np.ndarray) -> np.ndarray:
@@ -325,6 +340,8 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     out = []
     for g, members in groups.items():
         flags = (rel.loc[g] >= thr).fillna(False)
+        if not flags.any():
+            continue  # no step of the group above the others' drift: no run (the ranks' own flags are not needed)
         # every rank of the group must be slow against its own baseline
         with np.errstate(invalid="ignore"):
             every = pd.Series((norm[rows_of[g]] >= thr).all(axis=0), index=comp.columns)
@@ -371,13 +388,24 @@ def _severity(ratio: float, cfg: StragglerConfig) -> str:
 def analyze(frame: AnalysisFrame, cfg: StragglerConfig | None = None) -> list[Finding]:
     cfg = cfg or StragglerConfig()
     st = frame.data.steps
-    if st.empty or st["rank"].nunique() < cfg.min_ranks:
+    if st.empty or not has_ranks(st["rank"], cfg.min_ranks):
         return []
     findings: list[Finding] = []
     for steps in frame.attempts(cfg.warmup_steps, cfg.restart_warmup_steps):
-        if steps.rows["rank"].nunique() >= cfg.min_ranks:
+        if has_ranks(steps.rows["rank"], cfg.min_ranks):
             findings += _analyze_attempt(frame, cfg, steps)
     return findings
+
+
+def has_ranks(rank: pd.Series, n: int) -> bool:
+    """``rank.nunique() >= n``; for n <= 2 of integer ranks, whether any differs from the first (no hash table of
+    every row's rank)."""
+    v = rank.to_numpy()
+    if n > 2 or v.dtype.kind not in "iu":
+        return rank.nunique() >= n
+    if n <= 0:
+        return True
+    return len(v) > 0 and (n == 1 or bool((v != v[0]).any()))
 
 
 def _analyze_attempt(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView) -> list[Finding]:
