@@ -99,3 +99,14 @@ def test_windowed_medians_same_with_the_network_and_numpys_sort(monkeypatch):
             for w in (1, 2, 3) for q in (0.5, 0.9)]
     for a, b in zip(got, want):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_search_in_the_arrays_own_type_is_searchsorted():
+    from analyzers.checks.stragglers import _search
+
+    x = np.array([-5, 0, 0, 3, 3, 3, 7, 2**31 - 1], dtype=np.int32)
+    for v in (-(2**40), -(2**31), -6, -5, 0, 1, 3, 7, 8, 2**31 - 1, 2**31, 2**40):
+        for side in ("left", "right"):
+            assert _search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
+    f = np.array([0.5, 1.0, 2.0])
+    assert _search(f, 1, "right") == 2

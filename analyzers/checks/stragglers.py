@@ -145,7 +145,7 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     # collectives in step order (as a store leaves them): s0..s1 is a slice, and the kept rows' steps are in order
     step = co["step"].to_numpy()
     in_order = rank is not None and s0 is not None and _ascending(step)
-    lo, hi = (int(np.searchsorted(step, s0, "left")), int(np.searchsorted(step, s1, "right"))) if in_order else (0, len(co))
+    lo, hi = (_search(step, s0, "left"), _search(step, s1, "right")) if in_order else (0, len(co))
     keep = frame.group_mask("tp")[lo:hi] & co["duration_ms"].iloc[lo:hi].notna().to_numpy()
     if s0 is not None and not in_order:
         keep = keep & (step >= s0) & (step <= s1)
@@ -177,6 +177,19 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
 
 def _ascending(x: np.ndarray) -> bool:
     return len(x) < 2 or bool((x[1:] >= x[:-1]).all())
+
+
+def _search(x: np.ndarray, v: int, side: str) -> int:
+    """``np.searchsorted(x, v, side)`` of an integer array, ``v`` in the array's own type where it fits (numpy would
+    first convert the whole array to the type both fit in)."""
+    if x.dtype.kind in "iu":
+        info = np.iinfo(x.dtype)
+        if v < info.min:
+            return 0
+        if v > info.max:
+            return len(x)
+        return int(np.searchsorted(x, x.dtype.type(v), side))
+    return int(np.searchsorted(x, v, side))
 
 
 def _distinct_ascending(x: np.ndarray) -> np.ndarray:
