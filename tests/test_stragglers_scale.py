@@ -110,3 +110,17 @@ def test_search_in_the_arrays_own_type_is_searchsorted():
             assert _search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
     f = np.array([0.5, 1.0, 2.0])
     assert _search(f, 1, "right") == 2
+
+
+def test_steps_with_kept_rows_are_the_kept_rows_distinct_steps():
+    from analyzers.checks.stragglers import _steps_with
+
+    rng = np.random.default_rng(4)
+    for step in (np.repeat(np.arange(3, 40, dtype=np.int32), rng.integers(1, 6, 37)),  # dense, gaps of a step or two
+                 np.array([2, 2, 5, 9, 9, 9, 30], dtype=np.int32), np.array([7], dtype=np.int64),
+                 np.array([0, 10**6], dtype=np.int32), np.zeros(0, dtype=np.int32)):
+        step = np.sort(step)
+        step = step[(step % 7) != 4] if len(step) > 8 else step  # a few steps missing altogether
+        for share in (0.0, 0.1, 0.5, 1.0):
+            keep = rng.random(len(step)) < share
+            np.testing.assert_array_equal(_steps_with(step, keep), np.unique(step[keep]))

@@ -155,14 +155,13 @@ def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = 
     if rank is None:
         tp = co[keep]
     else:
-        rows = lo + np.flatnonzero(keep)  # the kept rows' ranks are compared, not every collective's
-        # the whole matrix's steps
-        all_steps = _distinct_ascending(step[rows]) if in_order else _distinct_steps(step[rows])
-        kept_ranks = co["rank"].to_numpy()[rows]
-        gr = co["group_ranks"].iloc[rows[kept_ranks == rank]].dropna()
+        # the whole matrix's steps: those with a kept row
+        all_steps = _steps_with(step[lo:hi], keep) if in_order else _distinct_steps(step[lo:hi][keep])
+        ranks_in = co["rank"].to_numpy()[lo:hi]
+        gr = co["group_ranks"].iloc[lo + np.flatnonzero(keep & (ranks_in == rank))].dropna()
         gr = gr.iloc[0] if len(gr) else None
         group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
-        tp = co.iloc[rows[np.isin(kept_ranks, np.asarray(group, dtype=np.int64))]]
+        tp = co.iloc[lo + np.flatnonzero(keep & np.isin(ranks_in, np.asarray(group, dtype=np.int64)))]
     members: dict[int, list[int]] = {}
     for r, gr in tp.groupby("rank")["group_ranks"].first().items():
         if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
@@ -190,6 +189,19 @@ def _search(x: np.ndarray, v: int, side: str) -> int:
             return len(x)
         return int(np.searchsorted(x, x.dtype.type(v), side))
     return int(np.searchsorted(x, v, side))
+
+
+def _steps_with(step: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The distinct steps of the rows ``keep`` marks, ``step`` ascending: each step's rows found by bisection and
+    asked whether any is kept (no gather of the kept rows' steps), where the steps are not much sparser than the
+    rows."""
+    if len(step) == 0 or step.dtype.kind not in "iu" or int(step[-1]) - int(step[0]) + 1 > len(step):
+        return _distinct_ascending(step[keep])
+    cand = np.arange(int(step[0]), int(step[-1]) + 1, dtype=step.dtype)
+    starts = np.searchsorted(step, cand, "left")
+    present = np.searchsorted(step, cand, "right") > starts
+    cand, starts = cand[present], starts[present]
+    return cand[np.logical_or.reduceat(keep, starts)]
 
 
 def _distinct_ascending(x: np.ndarray) -> np.ndarray:
