@@ -366,3 +366,30 @@ def test_row_sigmas_are_row_robust_sigmas():
             x[1, 0] = np.nan
             x[2, -1] = -np.inf
             np.testing.assert_array_equal(straggler_scores.row_sigmas(x), row_robust_sigmas(x))
+
+
+def _rank_grid_by_codes(st):
+    """memory_pressure._rank_grid as it was (distinct_codes of every row's rank)."""
+    from analyzers.matrices import distinct_codes
+
+    rank = st["rank"].to_numpy()
+    ranks, code = distinct_codes(rank)
+    n = len(ranks)
+    if n == 0 or len(rank) % n or not np.array_equal(code.reshape(-1, n), np.broadcast_to(np.arange(n), (len(rank) // n, n))):
+        return None
+    return ranks, st["mem_bytes"].to_numpy().reshape(-1, n)
+
+
+def test_rank_grid_by_the_first_steps_ranks_is_by_codes():
+    grid = pd.DataFrame({"rank": np.tile(np.array([0, 2, 3, 7], dtype=np.int32), 6), "mem_bytes": np.arange(24.0)})
+    cases = {"grid": grid, "rank after rank": grid.sort_values("rank", kind="stable"), "shuffled": grid.sample(frac=1.0, random_state=0),
+             "a repeated rank": grid.assign(rank=np.tile(np.array([0, 2, 2, 7], dtype=np.int32), 6)),
+             "a row missing": grid.iloc[1:], "one rank": grid[grid["rank"] == 3], "one step": grid.iloc[:4],
+             "one row": grid.iloc[:1], "a step in another order": grid.assign(rank=np.r_[np.tile([0, 2, 3, 7], 5), [0, 3, 2, 7]].astype(np.int32))}
+    for name, st in cases.items():
+        got, want = memory_pressure._rank_grid(st), _rank_grid_by_codes(st)
+        assert (got is None) == (want is None), name
+        if got is not None:
+            np.testing.assert_array_equal(got[0], want[0])
+            assert got[0].dtype == want[0].dtype
+            np.testing.assert_array_equal(got[1], want[1])
