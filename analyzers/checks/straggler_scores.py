@@ -39,15 +39,21 @@ class RankScores:
         self._own: list[tuple[np.ndarray, Any, int]] = []
         block = max(1, BLOCK_CELLS // max(1, values.shape[1]))
         first = 0
+        full = not np.isnan(values).any()  # every group's rows without NaN: each group's reference from its columns
         for members in judged:
-            own = values if members == index else _rows(values, [pos_of[r] for r in members])
             out = self.logr[first:first + len(members)]
-            if members == index or np.isnan(own).any():
+            if members == index or not full:
+                own = values if members == index else _rows(values, [pos_of[r] for r in members])
+            if members == index or (not full and np.isnan(own).any()):
                 # the whole world's reference is the view's, shared with the checks that ask for it (comm)
                 ref = steps.group_reference(signal, members).to_numpy(dtype=float)
                 for b in range(0, len(members), block):
                     log_ratio(own[b:b + block], ref[b:b + block].copy(), out[b:b + block])
                 self._own.append((own, ref, first))
+            elif full:
+                # a group's rows are read a block of columns at a time where they are needed, not gathered whole first
+                own = PickedRows(values, [pos_of[r] for r in members])
+                self._own.append((own, loo_log_ratios(values, out, own.rows), first))
             else:
                 self._own.append((own, loo_log_ratios(own, out), first))
             for b in range(0, len(members), block):
@@ -128,6 +134,19 @@ def flat_rows(row_max: np.ndarray, row_min: np.ndarray, drift: float, h: np.ndar
         return low & (h > margin)
 
 
+class PickedRows:
+    """Rows ``pos`` of ``values`` (a slice where they are consecutive), one at a time, without a copy of them all."""
+
+    def __init__(self, values: np.ndarray, pos: list[int]):
+        self.values = values
+        consecutive = bool(pos) and pos == list(range(pos[0], pos[0] + len(pos)))
+        self.rows: slice | np.ndarray = slice(pos[0], pos[0] + len(pos)) if consecutive else np.asarray(pos, np.intp)
+        self._pos = pos
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.values[self._pos[k]]
+
+
 def _rows(values: np.ndarray, pos: list[int]) -> np.ndarray:
     """``values[pos]``: a view where the rows are a run of consecutive ones (a pipeline stage's ranks, as placed
     most often), else a copy."""
@@ -172,15 +191,17 @@ def log_ratio(own: np.ndarray, ref: np.ndarray, out: np.ndarray) -> None:
 LOO_BLOCK_CELLS = 1 << 20
 
 
-def loo_log_ratios(values: np.ndarray, out: np.ndarray) -> LooStats:
+def loo_log_ratios(values: np.ndarray, out: np.ndarray, rows: slice | np.ndarray | None = None) -> LooStats:
     """``out`` = log(values / their leave-one-out column medians) (``log_ratio``) of a group's rows without NaN (at
     least 2), a block of columns at a time; returns the columns' ``LooStats`` (a row's reference is read off them
-    again when it is needed, instead of holding the group's whole reference)."""
-    n_rows, n_cols = values.shape
+    again when it is needed, instead of holding the group's whole reference). ``rows``: the group's rows of
+    ``values`` (default: all), taken a block at a time."""
+    rows = slice(None) if rows is None else rows
+    n_rows, n_cols = out.shape
     step = max(1, LOO_BLOCK_CELLS // max(1, n_rows))
     parts = []
     for c0 in range(0, n_cols, step):
-        blk = values[:, c0:c0 + step]
+        blk = values[rows, c0:c0 + step]
         st = LooStats.of(blk)
         log_ratio(blk, loo_reference(st, blk), out[:, c0:c0 + step])
         parts.append(st)
