@@ -123,3 +123,22 @@ def test_step_rows_are_the_records_distinct_ranks_and_nodes():
             np.testing.assert_array_equal(got.grid[1], want[1])
             m, given = rank_step_matrix(st.assign(v=1.5), "v"), rank_step_matrix(st.assign(v=1.5), "v", grid=got.grid)
             np.testing.assert_array_equal(m.values, given.values)
+
+
+def test_the_json_report_does_not_make_the_heat_matrix(monkeypatch):
+    from analyzer_fixtures import build
+
+    from analyzers.report import model
+    from analyzers.report.render_json import render_json
+
+    data = build(world=8, steps=20)
+    report = build_report(data, [], [], [])
+    want = rank_step_matrix(data.steps, data.compute_signal())
+    monkeypatch.setattr(model, "rank_step_matrix", lambda *a, **k: pytest.fail("the heat matrix was made"))
+    lazy = build_report(data, [], [], [])
+    assert render_json(lazy) == render_json(report)
+    monkeypatch.undo()
+    got = build_report(data, [], [], []).cells
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(got.ranks, want.ranks)
+    assert report.cells is report.cells  # made once

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Callable, TypedDict
 
 import msgspec
 import numpy as np
@@ -80,10 +80,19 @@ class DiagnoseReport:
     summary: Summary
     platform: str | None  # "backend/device" from the manifest (None without one)
     compute_label: str  # what ``compute`` measures, as the heat map's title says it
-    cells: RankStepMatrix  # rank x step: each rank's compute signal per step (``compute`` as a frame)
+    # rank x step: each rank's compute signal per step (``cells``; ``compute`` as a frame), made on first use: the text
+    # and HTML reports draw it, the JSON one does not (a copy of every step record's signal on a big run)
+    cells_of: Callable[[], RankStepMatrix]
     over_time: pd.DataFrame  # per step: step_ms, tflops, mfu (analyzers.checks.mfu.series)
     plots: PlotData = field(default_factory=PlotData)  # the other plots' series and the events (analyzers.report.series)
     rank_node: dict[int, int] = field(default_factory=dict)  # each rank's node (the placement), for "rank 3 (node 1)"
+    _cells: RankStepMatrix | None = field(default=None, init=False, repr=False)
+
+    @property
+    def cells(self) -> RankStepMatrix:
+        if self._cells is None:
+            self._cells = self.cells_of()
+        return self._cells
 
     @property
     def compute(self) -> pd.DataFrame:
@@ -203,7 +212,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     return DiagnoseReport(
         summary=summary, platform=f"{m.backend}/{m.device}" if m is not None else None,
         compute_label=data.device_time_label() if signal == "device_ms" else "compute time",
-        cells=rank_step_matrix(data.steps, signal, grid=rows.grid), over_time=ser, plots=plots, rank_node=dict(placement.rank_node))
+        cells_of=lambda: rank_step_matrix(data.steps, signal, grid=rows.grid), over_time=ser, plots=plots, rank_node=dict(placement.rank_node))
 
 
 def _builtin(x: Any) -> Any:
