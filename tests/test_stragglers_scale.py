@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from analyzers.builder import build_frame
+from analyzers.checks import stragglers
 from analyzers.checks.stragglers import tp_evidence, tp_wait_frame
 from analyzers.loader import RunData
 
@@ -47,11 +48,9 @@ def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one(shuffled):
 
 
 def test_distinct_ascending_is_unique():
-    from analyzers.checks.stragglers import _distinct_ascending
-
     for x in ([], [4], [1, 1, 2, 5, 5, 5, 9], [3, 3, 3]):
         a = np.asarray(x, dtype=np.int32)
-        np.testing.assert_array_equal(_distinct_ascending(a), np.unique(a))
+        np.testing.assert_array_equal(stragglers._distinct_ascending(a), np.unique(a))
 
 
 def test_tp_evidence_of_a_rank_without_tp_ops_is_empty():
@@ -102,19 +101,15 @@ def test_windowed_medians_same_with_the_network_and_numpys_sort(monkeypatch):
 
 
 def test_search_in_the_arrays_own_type_is_searchsorted():
-    from analyzers.checks.stragglers import _search
-
     x = np.array([-5, 0, 0, 3, 3, 3, 7, 2**31 - 1], dtype=np.int32)
     for v in (-(2**40), -(2**31), -6, -5, 0, 1, 3, 7, 8, 2**31 - 1, 2**31, 2**40):
         for side in ("left", "right"):
-            assert _search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
+            assert stragglers._search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
     f = np.array([0.5, 1.0, 2.0])
-    assert _search(f, 1, "right") == 2
+    assert stragglers._search(f, 1, "right") == 2
 
 
 def test_steps_with_kept_rows_are_the_kept_rows_distinct_steps():
-    from analyzers.checks.stragglers import _steps_with
-
     rng = np.random.default_rng(4)
     for step in (np.repeat(np.arange(3, 40, dtype=np.int32), rng.integers(1, 6, 37)),  # dense, gaps of a step or two
                  np.array([2, 2, 5, 9, 9, 9, 30], dtype=np.int32), np.array([7], dtype=np.int64),
@@ -123,4 +118,4 @@ def test_steps_with_kept_rows_are_the_kept_rows_distinct_steps():
         step = step[(step % 7) != 4] if len(step) > 8 else step  # a few steps missing altogether
         for share in (0.0, 0.1, 0.5, 1.0):
             keep = rng.random(len(step)) < share
-            np.testing.assert_array_equal(_steps_with(step, keep), np.unique(step[keep]))
+            np.testing.assert_array_equal(stragglers._steps_with(step, keep), np.unique(step[keep]))
