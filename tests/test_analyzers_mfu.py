@@ -105,3 +105,22 @@ def test_per_step_max_and_mean_are_pandas_groupbys():
                 assert got is None
             else:
                 pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_flops_per_s_is_the_pandas_expression():
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    for ms_dtype in (np.float32, np.float64, "Float64"):
+        for fl_dtype in (np.float64, np.float32):
+            ms = pd.Series(rng.random(200) * 1000, dtype=ms_dtype)
+            ms.iloc[[3, 9]] = 0.0
+            ms.iloc[5] = -1.0
+            if ms_dtype != "Float64":
+                ms.iloc[7] = np.nan
+            fl = pd.Series(rng.random(200) * 3e14, dtype=fl_dtype)
+            want = np.where(ms > 0, fl / (ms.where(ms > 0, 1) / 1000.0), np.nan)
+            got = mfu.flops_per_s(ms, fl)
+            assert got.dtype == np.asarray(want).dtype
+            np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))

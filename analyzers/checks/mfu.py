@@ -61,7 +61,7 @@ def series(data: RunData) -> pd.DataFrame:
 
 
 def _series(data: RunData, st: pd.DataFrame) -> pd.DataFrame:
-    fps = np.where(st["step_ms"] > 0, st["flops"] / (st["step_ms"].where(st["step_ms"] > 0, 1) / 1000.0), np.nan)
+    fps = flops_per_s(st["step_ms"], st["flops"])
     out = _per_step_max_mean(st["step"], st["step_ms"], fps)
     if out is None:
         g = st.assign(fps=fps)
@@ -70,6 +70,18 @@ def _series(data: RunData, st: pd.DataFrame) -> pd.DataFrame:
     out["tflops"] = out["fps"] / 1e12
     out["mfu"] = out["fps"] / peak if peak > 0 else np.nan
     return out.drop(columns="fps")
+
+
+def flops_per_s(step_ms: pd.Series, flops: pd.Series) -> np.ndarray:
+    """Each row's FLOP/s, ``flops / (step_ms / 1000)``, NaN where the step time is not positive: on numpy float
+    columns the same operations in the same widths on their arrays (a float32 step time divided by 1000 stays
+    float32, as pandas keeps it), without a Series per operation."""
+    ms, fl = step_ms.to_numpy(), flops.to_numpy()
+    if not (isinstance(step_ms.dtype, np.dtype) and isinstance(flops.dtype, np.dtype) and ms.dtype.kind == "f"
+            and fl.dtype.kind == "f"):
+        return np.where(step_ms > 0, flops / (step_ms.where(step_ms > 0, 1) / 1000.0), np.nan)
+    pos = ms > 0
+    return np.where(pos, fl / (np.where(pos, ms, ms.dtype.type(1)) / 1000.0), np.nan)
 
 
 def _per_step_max_mean(step: pd.Series, step_ms: pd.Series, fps: np.ndarray) -> pd.DataFrame | None:
