@@ -393,3 +393,22 @@ def test_rank_grid_by_the_first_steps_ranks_is_by_codes():
             np.testing.assert_array_equal(got[0], want[0])
             assert got[0].dtype == want[0].dtype
             np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_a_groups_normed_median_is_the_normed_matrixs():
+    # against the normalised matrix of every rank, a group's rows taken from it (the stage drift's old path)
+    import warnings
+
+    rng = np.random.default_rng(14)
+    values = rng.normal(100.0, 5.0, (12, 30))
+    values[4, 7] = np.nan  # a NaN in one group
+    base = np.nanmedian(values[:, :5], axis=1)
+    base[9] = 0.0  # a zero baseline: NaN
+    base = np.where(base == 0, np.nan, base)
+    norm = values / base[:, None]
+    for rows in (slice(0, 4), np.array([4, 5, 6, 7]), np.array([8, 10, 9, 11]), slice(3, 3)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an empty group: NaN either way
+            got = stragglers._normed_median_down(values, rows, base)
+            want = stragglers._median_rows_down(norm[rows])
+        np.testing.assert_array_equal(got, want)

@@ -40,7 +40,7 @@ from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.checks.straggler_scores import RankScores, median_finite, with_baseline_noise
-from analyzers.stats import leave_one_out_median, temporal_sigma
+from analyzers.stats import leave_one_out_median, median_rows, temporal_sigma
 from ranksight.schema import Finding
 
 NAME = "stragglers"
@@ -353,9 +353,9 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a rank or step without any value: NaN, as pandas gives
         base = np.nanmedian(values[:, : cfg.baseline_steps], axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            norm = values / np.where(base == 0, np.nan, base)[:, None]  # each rank against its own baseline
-        gser = pd.DataFrame(np.stack([_median_rows_down(norm[rows_of[g]]) for g in groups]),
+        base = np.where(base == 0, np.nan, base)
+        # each rank against its own baseline, a group's rows at a time: their median per step
+        gser = pd.DataFrame(np.stack([_normed_median_down(values, rows_of[g], base) for g in groups]),
                             index=list(groups), columns=comp.columns)
     ref = leave_one_out_median(gser)
     rel = gser / ref.replace(0, np.nan)
@@ -368,8 +368,9 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
         if not flags.any():
             continue  # no step of the group above the others' drift: no run (the ranks' own flags are not needed)
         # every rank of the group must be slow against its own baseline
-        with np.errstate(invalid="ignore"):
-            every = pd.Series((norm[rows_of[g]] >= thr).all(axis=0), index=comp.columns)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            norm = values[rows_of[g]] / base[rows_of[g]][:, None]
+            every = pd.Series((norm >= thr).all(axis=0), index=comp.columns)
         flags = flags & every.reindex(flags.index, fill_value=False)
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if s0 <= base_cols[-1]:
@@ -383,6 +384,18 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
                             peers_ms=float(np.nanmedian(comp.loc[others, s0:s1].to_numpy(dtype=float))) if others else None,
                             threshold=thr, confirmed_at=confirmation_step(flags, s0, cfg.persist)))
     return out
+
+
+def _normed_median_down(values: np.ndarray, rows: slice | np.ndarray, base: np.ndarray) -> np.ndarray:
+    """``_median_rows_down(values[rows] / base[rows][:, None])``: the division written straight into the transposed
+    layout the median partitions (no normalised matrix of every rank, no second copy of the group's)."""
+    own = values[rows]
+    out = np.empty((own.shape[1], own.shape[0]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.divide(own.T, base[rows][None, :], out=out)
+    if out.shape[0] == 0 or out.shape[1] == 0 or np.isnan(out).any():
+        return np.nanmedian(out.T, axis=0)
+    return median_rows(out, overwrite_input=True)
 
 
 def _row_picker(pos: list[int]) -> slice | np.ndarray:
