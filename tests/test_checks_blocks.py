@@ -412,3 +412,20 @@ def test_a_groups_normed_median_is_the_normed_matrixs():
             got = stragglers._normed_median_down(values, rows, base)
             want = stragglers._median_rows_down(norm[rows])
         np.testing.assert_array_equal(got, want)
+
+
+def test_scores_in_a_scratch_array_left_with_other_values():
+    # the second signal's scores written over the first's array (every cell written): the same candidates as fresh
+    data = build(world=8, steps=40, noise=0.02, compute_factor=lambda r, s: 1.25 if (r == 1 and s >= 15) else 1.0)
+    st = data.steps
+    data.steps = st[~((st["rank"] == 4) & st["step"].between(20, 24))].reset_index(drop=True)  # NaN cells too
+    frame = build_frame(data)
+    cfg = StragglerConfig()
+    steps = frame.judged(cfg.warmup_steps)
+    fresh = stragglers._rank_findings(frame, cfg, steps, "compute_ms")
+    shape = steps.matrix("compute_ms").shape
+    for junk in (np.full(shape, np.nan), np.full(shape, 7.0), np.full((3, 3), 1.0)):
+        scratch = {"logr": junk}
+        assert stragglers._rank_findings(frame, cfg, steps, "compute_ms", scratch) == fresh
+        assert scratch["logr"].shape == shape
+    assert [c["rank"] for c in fresh] == [1]

@@ -23,12 +23,13 @@ class RankScores:
     """The judged ranks' scores, log(own / peers' leave-one-out median), one row per rank (group after group, in
     each group's order), worked out a block of rows at a time; and what the CUSUMs need of them."""
 
-    def __init__(self, steps: StepView, signal: str, comp: pd.DataFrame, judged: list[list[int]]):
+    def __init__(self, steps: StepView, signal: str, comp: pd.DataFrame, judged: list[list[int]],
+                 scratch: dict | None = None):
         values = comp.to_numpy(dtype=float)
         index = comp.index.tolist()
         pos_of = {r: i for i, r in enumerate(index)}
         self.ranks: list = [r for m in judged for r in m]
-        self.logr = np.empty((len(self.ranks), values.shape[1]))
+        self.logr = _scores_array(scratch, (len(self.ranks), values.shape[1]))
         self.row_sigma = np.empty(len(self.ranks))
         # each row's largest and smallest finite score (NaN for a row without any): cusum_rows leaves out the rows
         # whose every score is at or below the drift without running the bound over them
@@ -132,6 +133,17 @@ def flat_rows(row_max: np.ndarray, row_min: np.ndarray, drift: float, h: np.ndar
         low = np.isfinite(row_min) & np.isfinite(row_max) & (row_max <= drift)
         margin = 1e-9 * n_cols * (drift - np.where(low, row_min, drift)) * (1.0 + 1e-6) + 2e-12
         return low & (h > margin)
+
+
+def _scores_array(scratch: dict | None, shape: tuple[int, int]) -> np.ndarray:
+    """The scores' array (every cell is written): the one in ``scratch`` (an attempt's second signal takes its first
+    one's, whose scores are no longer read: its pages are already in memory), else a new one, left there."""
+    got = scratch.get("logr") if scratch is not None else None
+    if got is None or got.shape != shape:
+        got = np.empty(shape)
+        if scratch is not None:
+            scratch["logr"] = got
+    return got
 
 
 class PickedRows:

@@ -257,7 +257,8 @@ def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s
                 peers_wait_minus_own_ms=fnum((others - own).median(), 1))
 
 
-def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, signal: str) -> list[dict]:
+def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, signal: str,
+                   scratch: dict | None = None) -> list[dict]:
     """Per-rank candidates from the ``signal`` column of ``steps``: dicts with rank, onset, end, counts, medians.
 
     Each step, a rank's score is log(its compute / the leave-one-out median of its peers). A one-sided
@@ -273,7 +274,7 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     judged = [m for m in groups.values() if len(m) >= cfg.min_ranks]
     if not judged:
         return out
-    scores = RankScores(steps, signal, comp, judged)
+    scores = RankScores(steps, signal, comp, judged, scratch)  # scratch: an array the candidates keep nothing of
     sigma, base_sigma = scores.noise_sigma(cfg)
     k = float(np.log(cfg.min_ratio))
     detectors = []  # (drift, threshold): slow (small, steady slow-downs) and fast (large ones, in min_steps)
@@ -453,12 +454,13 @@ def _analyze_attempt(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView
     if comp.shape[1] < cfg.persist:
         return []
     place = frame.placement
-    cands = [dict(c, signal=signal) for c in _rank_findings(frame, cfg, steps, signal)]
+    scratch: dict = {}  # the scores' array, the second signal's taking the first's
+    cands = [dict(c, signal=signal) for c in _rank_findings(frame, cfg, steps, signal, scratch)]
     if signal == "device_ms":
         # The device is not the only place a rank can be slow: a starved host (CPU contention, a slow launch
         # path) stretches the wall-clock compute while the device's own time stays normal. Those episodes come
         # from the wall-clock signal, kept only where the device signal did not already explain the rank.
-        for c in _rank_findings(frame, cfg, steps, "compute_ms"):
+        for c in _rank_findings(frame, cfg, steps, "compute_ms", scratch):
             if not any(d["rank"] == c["rank"] and d["onset"] <= c["end"] and c["onset"] <= d["end"] for d in cands):
                 cands.append(dict(c, signal="compute_ms"))
     pipelined = len(set(place.rank_stage.get(r, 0) for r in comp.index)) > 1
