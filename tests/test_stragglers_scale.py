@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from analyzers.builder import build_frame
-from analyzers.checks import stragglers
+from analyzers.checks import straggler_tp
 from analyzers.checks.stragglers import tp_evidence, tp_wait_frame
 from analyzers.loader import RunData
 
@@ -50,7 +50,7 @@ def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one(shuffled):
 def test_distinct_ascending_is_unique():
     for x in ([], [4], [1, 1, 2, 5, 5, 5, 9], [3, 3, 3]):
         a = np.asarray(x, dtype=np.int32)
-        np.testing.assert_array_equal(stragglers._distinct_ascending(a), np.unique(a))
+        np.testing.assert_array_equal(straggler_tp._distinct_ascending(a), np.unique(a))
 
 
 def test_tp_evidence_of_a_rank_without_tp_ops_is_empty():
@@ -104,9 +104,9 @@ def test_search_in_the_arrays_own_type_is_searchsorted():
     x = np.array([-5, 0, 0, 3, 3, 3, 7, 2**31 - 1], dtype=np.int32)
     for v in (-(2**40), -(2**31), -6, -5, 0, 1, 3, 7, 8, 2**31 - 1, 2**31, 2**40):
         for side in ("left", "right"):
-            assert stragglers._search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
+            assert straggler_tp._search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
     f = np.array([0.5, 1.0, 2.0])
-    assert stragglers._search(f, 1, "right") == 2
+    assert straggler_tp._search(f, 1, "right") == 2
 
 
 def test_steps_with_kept_rows_are_the_kept_rows_distinct_steps():
@@ -118,4 +118,4 @@ def test_steps_with_kept_rows_are_the_kept_rows_distinct_steps():
         step = step[(step % 7) != 4] if len(step) > 8 else step  # a few steps missing altogether
         for share in (0.0, 0.1, 0.5, 1.0):
             keep = rng.random(len(step)) < share
-            np.testing.assert_array_equal(stragglers._steps_with(step, keep), np.unique(step[keep]))
+            np.testing.assert_array_equal(straggler_tp._steps_with(step, keep), np.unique(step[keep]))
