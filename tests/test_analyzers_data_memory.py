@@ -4,6 +4,7 @@ from analyzer_fixtures import build, with_records
 
 from analyzers.builder import build_frame
 from analyzers.checks import data_stall, memory_pressure
+from analyzers.persistence import rows_with_runs
 from ranksight.schema import HostSample
 
 GiB = 1024**3
@@ -26,6 +27,26 @@ def test_every_rank_waits_for_data():
 
 def test_clean_data():
     assert data_stall.analyze(build_frame(build())) == []
+
+
+def test_a_run_without_persistent_stalled_rows_is_judged_without_the_matrices():
+    # _may_stall (by rows) against the matrices' flags: a run it passes over has no row rows_with_runs would walk
+    cfg = data_stall.DataStallConfig()
+    cases = [lambda r, s: 0.0, lambda r, s: 60.0 if (r == 2 and s in (8, 12)) else 0.0,
+             lambda r, s: 60.0 if (r == 2 and s in (8, 12, 19)) else 0.0, lambda r, s: 4.0 if r == 1 else 0.0,
+             lambda r, s: 60.0 if (r == 3 and s >= 1) else 0.0, lambda r, s: 150.0 if s >= 5 else 0.0]
+    for extra in cases:
+        data = build(data_extra_ms=extra)
+        for gap in (False, True):
+            if gap:  # a rank missing steps, a step without a step time (its share 0)
+                st = data.steps
+                data.steps = st[~((st["rank"] == 2) & (st["step"] == 12))].reset_index(drop=True)
+                data.steps.loc[data.steps["step"] == 19, "step_ms"] = 0.0
+            judged = build_frame(data).judged(cfg.warmup_steps)
+            flags = ((judged.matrix("data_share") >= cfg.share) & (judged.matrix("data_ms") >= cfg.min_ms)).fillna(False)
+            assert data_stall._may_stall(judged, cfg) == bool(rows_with_runs(flags, cfg.persist))
+            if not data_stall._may_stall(judged, cfg):
+                assert data_stall.analyze(build_frame(data), cfg) == []
 
 
 def test_memory_growth_projects_when_full():

@@ -59,3 +59,17 @@ def test_steps_skipped_for_a_nan_loss_are_not_also_overflow():
     data.steps.loc[data.steps["step"] >= 10, "skipped"] = True
     (f,) = fp16.analyze(build_frame(data))
     assert f.evidence["cause"] == "nonfinite_loss" and f.ranks == [2]
+
+
+def test_a_run_without_overflow_records_skips_the_per_step_pass_with_the_same_findings():
+    # no overflow or skipped record at all: analyze returns before the per-step pass; the same run with one skipped
+    # record on a step whose loss is non-finite (not an overflow: the pass finds nothing more) goes through it
+    for nonfinite in (lambda r, s: False, lambda r, s: r == 1 and s >= 12):
+        data = build(fp16=True, nonfinite=nonfinite)
+        short = fp16.analyze(build_frame(data))
+        forced = build(fp16=True, nonfinite=lambda r, s: nonfinite(r, s) or (r == 3 and s == 25))
+        forced.steps.loc[(forced.steps["rank"] == 3) & (forced.steps["step"] == 25), "skipped"] = True
+        through = [f for f in fp16.analyze(build_frame(forced))]
+        assert not data.steps["overflow"].any() and not data.steps["skipped"].any()
+        assert [(f.kind, f.ranks, f.step_start) for f in short] == [
+            (f.kind, [r for r in f.ranks if r != 3], f.step_start) for f in through if f.ranks != [3]]

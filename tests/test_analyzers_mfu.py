@@ -81,3 +81,46 @@ def test_drop_with_device_time_unchanged_is_host_contention():
     # the same drop with the devices slower too is a compute slowdown
     (g,) = mfu.analyze(build_frame(build(device_time=True, compute_factor=lambda r, s: 1.6 if s >= 10 else 1.0)))
     assert g.evidence["cause"] == "compute_slowdown"
+
+
+def test_per_step_max_and_mean_are_pandas_groupbys():
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(6)
+    n_r, n_s = 37, 50
+    for dtype in (np.float32, np.float64):
+        st = pd.DataFrame({"step": np.repeat(np.arange(3, 3 + n_s, dtype=np.int32), n_r),
+                           "step_ms": (rng.random(n_r * n_s) * 100 + 900).astype(dtype),
+                           "flops": rng.random(n_r * n_s) * 3e14})
+        gappy = st[rng.random(len(st)) > 0.2]  # steps of different sizes
+        zero = st.copy()
+        zero.loc[5, "step_ms"] = 0.0  # its fps NaN: pandas' groupby
+        for frame in (st, gappy, zero, st.sample(frac=1.0, random_state=1)):
+            fps = np.where(frame["step_ms"] > 0,
+                           frame["flops"] / (frame["step_ms"].where(frame["step_ms"] > 0, 1) / 1000.0), np.nan)
+            want = frame.assign(fps=fps).groupby("step").agg(step_ms=("step_ms", "max"), fps=("fps", "mean"))
+            got = mfu._per_step_max_mean(frame["step"], frame["step_ms"], fps)
+            if frame is zero or not frame["step"].is_monotonic_increasing:
+                assert got is None
+            else:
+                pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_flops_per_s_is_the_pandas_expression():
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    for ms_dtype in (np.float32, np.float64, "Float64"):
+        for fl_dtype in (np.float64, np.float32):
+            ms = pd.Series(rng.random(200) * 1000, dtype=ms_dtype)
+            ms.iloc[[3, 9]] = 0.0
+            ms.iloc[5] = -1.0
+            if ms_dtype != "Float64":
+                ms.iloc[7] = np.nan
+            fl = pd.Series(rng.random(200) * 3e14, dtype=fl_dtype)
+            want = np.where(ms > 0, fl / (ms.where(ms > 0, 1) / 1000.0), np.nan)
+            got = mfu.flops_per_s(ms, fl)
+            assert got.dtype == np.asarray(want).dtype
+            np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype))

@@ -1,6 +1,7 @@
 """Stragglers on constructed runs: the culprit is named, its victims are not."""
 
 import numpy as np
+import pandas as pd
 from analyzer_fixtures import build
 
 from analyzers.builder import build_frame
@@ -330,3 +331,15 @@ def test_a_node_slow_on_the_host_only_is_info_not_an_eviction_candidate():
     device = build(world=4, nodes=2, steps=30, device_time=True, compute_factor=lambda r, s: 1.4 if (r >= 2 and s >= 10) else 1.0)
     (g,) = stragglers.analyze(build_frame(device))
     assert g.evidence["scope"] == "node" and g.severity == "warning" and g.evidence["signal"] == "device_ms"
+
+
+def test_has_ranks_is_nunique():
+    from analyzers.checks.stragglers import has_ranks
+
+    for values in ([], [3], [3, 3, 3], [3, 3, 4], [5, 1], [1.0, np.nan], [np.nan, np.nan], [2.0, 2.0, 7.0]):
+        for dtype in (None, np.int32, np.int64):
+            if dtype is not None and any(isinstance(v, float) for v in values):
+                continue
+            s = pd.Series(values, dtype=dtype if dtype is not None else (float if values else np.int64))
+            for n in (0, 1, 2, 3):
+                assert has_ranks(s, n) == (s.nunique() >= n), (values, dtype, n)

@@ -112,6 +112,13 @@ def test_scores_with_gaps_and_a_zero_reference():
     assert [c["rank"] for c in got] == [1]
 
 
+def _scores_of(logr: np.ndarray) -> RankScores:
+    sc = RankScores.__new__(RankScores)
+    sc.logr = logr
+    sc.row_max, sc.row_min = straggler_scores.row_range(logr)
+    return sc
+
+
 def test_the_cusum_bound_keeps_every_row_that_alarms():
     rng = np.random.default_rng(7)
     n, m = 300, 400
@@ -120,8 +127,7 @@ def test_the_cusum_bound_keeps_every_row_that_alarms():
     for i in range(0, n, 17):  # slow-downs of every size and length, some right at the threshold
         s0 = int(rng.integers(0, m - 5))
         logr[i, s0:s0 + int(rng.integers(2, 60))] += rng.uniform(0.05, 0.4)
-    sc = RankScores.__new__(RankScores)
-    sc.logr = logr
+    sc = _scores_of(logr)
     k = float(np.log(1.08))
     for h in (0.05, 0.15, 0.3, 0.6):
         h_r = np.full(n, h)
@@ -133,6 +139,44 @@ def test_the_cusum_bound_keeps_every_row_that_alarms():
         assert len(rows) < n  # it does leave rows out
         got = cusum_runs_rows(x, list(range(m)), k, h_r[rows], 3, 0.6)
         assert [r for r in got if r] == [every[i] for i in rows.tolist() if every[i]]
+
+
+def _full_bound_rows(sc: RankScores, drift: float, h: np.ndarray, clip: np.ndarray) -> np.ndarray:
+    """cusum_rows' rows with no row left out by its range (``flat_rows`` finding none): the bound over every row."""
+    whole = RankScores.__new__(RankScores)
+    whole.logr = sc.logr
+    whole.row_max = np.full(len(sc.logr), np.inf)
+    whole.row_min = np.full(len(sc.logr), -np.inf)
+    return whole.cusum_rows(drift, h, clip)[0]
+
+
+@pytest.mark.parametrize("noise", [0.005, 0.03])
+def test_rows_left_out_by_their_range_are_the_bounds(noise):
+    # quiet rows (every score below the drift: left out without the bound) among noisy ones, rows with NaN, an
+    # infinite score, no finite score, scores right at the drift, and thresholds down to the margin
+    rng = np.random.default_rng(11)
+    n, m = 120, 300
+    logr = rng.normal(0.0, noise, (n, m))
+    logr[rng.random((n, m)) < 0.01] = np.nan
+    logr[5] = np.nan
+    logr[6, 10] = np.inf
+    logr[7:9] = np.minimum(logr[7:9], 0.0)
+    k = float(np.log(1.08))
+    logr[8, 3] = k  # at the drift: x is 0 there, the row still flat
+    for i in range(20, n, 9):
+        s0 = int(rng.integers(0, m - 5))
+        logr[i, s0:s0 + int(rng.integers(2, 40))] += rng.uniform(0.05, 0.3)
+    sc = _scores_of(logr)
+    flat = straggler_scores.flat_rows(sc.row_max, sc.row_min, k, np.full(n, 0.1), m)
+    assert flat[7] and flat[8] and not flat[5] and not flat[6]
+    for h in (1e-13, 1e-6, 0.05, 0.15, 0.6):
+        for drift in (k, float(np.log(1.25))):
+            h_r = np.full(n, h)
+            h_r[::4] *= 1.35
+            clip = drift + 0.5 * h_r
+            rows, x = sc.cusum_rows(drift, h_r, clip)
+            np.testing.assert_array_equal(rows, _full_bound_rows(sc, drift, h_r, clip))
+            np.testing.assert_array_equal(x, np.minimum(logr[rows], clip[rows, None]))
 
 
 def _view(seed: int, shuffle: bool, dup: bool) -> StepView:
@@ -389,6 +433,20 @@ def test_report_heat_matrix_from_the_grid_is_the_placed_one(shuffle):
     np.testing.assert_array_equal(got.values, cells.values(rows["step_ms"].to_numpy()[keep], np.float32))
 
 
+def test_row_range_is_nanmax_nanmin():
+    rng = np.random.default_rng(9)
+    x = rng.normal(0, 0.05, (6, 30))
+    x[1, 4] = np.nan
+    x[2] = np.nan
+    x[3, 7] = np.inf
+    hi, lo = straggler_scores.row_range(x)
+    with pytest.warns(RuntimeWarning):
+        np.testing.assert_array_equal(hi, np.nanmax(x, axis=1))
+    with pytest.warns(RuntimeWarning):
+        np.testing.assert_array_equal(lo, np.nanmin(x, axis=1))
+    assert all(np.isnan(v).all() for v in straggler_scores.row_range(np.zeros((3, 0))))
+
+
 def test_row_sigmas_are_row_robust_sigmas():
     from analyzers.stats import row_robust_sigmas
 
@@ -400,3 +458,66 @@ def test_row_sigmas_are_row_robust_sigmas():
             x[1, 0] = np.nan
             x[2, -1] = -np.inf
             np.testing.assert_array_equal(straggler_scores.row_sigmas(x), row_robust_sigmas(x))
+
+
+def _rank_grid_by_codes(st):
+    """memory_pressure._rank_grid as it was (distinct_codes of every row's rank)."""
+    from analyzers.matrices import distinct_codes
+
+    rank = st["rank"].to_numpy()
+    ranks, code = distinct_codes(rank)
+    n = len(ranks)
+    if n == 0 or len(rank) % n or not np.array_equal(code.reshape(-1, n), np.broadcast_to(np.arange(n), (len(rank) // n, n))):
+        return None
+    return ranks, st["mem_bytes"].to_numpy().reshape(-1, n)
+
+
+def test_rank_grid_by_the_first_steps_ranks_is_by_codes():
+    grid = pd.DataFrame({"rank": np.tile(np.array([0, 2, 3, 7], dtype=np.int32), 6), "mem_bytes": np.arange(24.0)})
+    cases = {"grid": grid, "rank after rank": grid.sort_values("rank", kind="stable"), "shuffled": grid.sample(frac=1.0, random_state=0),
+             "a repeated rank": grid.assign(rank=np.tile(np.array([0, 2, 2, 7], dtype=np.int32), 6)),
+             "a row missing": grid.iloc[1:], "one rank": grid[grid["rank"] == 3], "one step": grid.iloc[:4],
+             "one row": grid.iloc[:1], "a step in another order": grid.assign(rank=np.r_[np.tile([0, 2, 3, 7], 5), [0, 3, 2, 7]].astype(np.int32))}
+    for name, st in cases.items():
+        got, want = memory_pressure._rank_grid(st), _rank_grid_by_codes(st)
+        assert (got is None) == (want is None), name
+        if got is not None:
+            np.testing.assert_array_equal(got[0], want[0])
+            assert got[0].dtype == want[0].dtype
+            np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_a_groups_normed_median_is_the_normed_matrixs():
+    # against the normalised matrix of every rank, a group's rows taken from it (the stage drift's old path)
+    import warnings
+
+    rng = np.random.default_rng(14)
+    values = rng.normal(100.0, 5.0, (12, 30))
+    values[4, 7] = np.nan  # a NaN in one group
+    base = np.nanmedian(values[:, :5], axis=1)
+    base[9] = 0.0  # a zero baseline: NaN
+    base = np.where(base == 0, np.nan, base)
+    norm = values / base[:, None]
+    for rows in (slice(0, 4), np.array([4, 5, 6, 7]), np.array([8, 10, 9, 11]), slice(3, 3)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an empty group: NaN either way
+            got = stragglers._normed_median_down(values, rows, base)
+            want = stragglers._median_rows_down(norm[rows])
+        np.testing.assert_array_equal(got, want)
+
+
+def test_scores_in_a_scratch_array_left_with_other_values():
+    # the second signal's scores written over the first's array (every cell written): the same candidates as fresh
+    data = build(world=8, steps=40, noise=0.02, compute_factor=lambda r, s: 1.25 if (r == 1 and s >= 15) else 1.0)
+    st = data.steps
+    data.steps = st[~((st["rank"] == 4) & st["step"].between(20, 24))].reset_index(drop=True)  # NaN cells too
+    frame = build_frame(data)
+    cfg = StragglerConfig()
+    steps = frame.judged(cfg.warmup_steps)
+    fresh = stragglers._rank_findings(frame, cfg, steps, "compute_ms")
+    shape = steps.matrix("compute_ms").shape
+    for junk in (np.full(shape, np.nan), np.full(shape, 7.0), np.full((3, 3), 1.0)):
+        scratch = {"logr": junk}
+        assert stragglers._rank_findings(frame, cfg, steps, "compute_ms", scratch) == fresh
+        assert scratch["logr"].shape == shape
+    assert [c["rank"] for c in fresh] == [1]

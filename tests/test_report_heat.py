@@ -98,3 +98,47 @@ def test_the_report_builds_no_pivot(monkeypatch):
     report = build_report(data, [], [], None, with_plots=False)
     heat, _ = report.heat_map(48)
     np.testing.assert_array_equal(heat.to_numpy(), ref.to_numpy(dtype=float))
+
+
+def test_step_rows_are_the_records_distinct_ranks_and_nodes():
+    # a grid (its ranks the first step's), a grid where a rank moves node, shuffled rows (not a grid), gaps, empty
+    from analyzers.matrices import step_grid
+    from analyzers.report.model import StepRows
+
+    ranks, steps = np.arange(12, dtype=np.int32), np.arange(5, dtype=np.int32)
+    base = pd.DataFrame({"rank": np.tile(ranks, len(steps)), "step": np.repeat(steps, len(ranks)),
+                         "node": np.tile(ranks // 4, len(steps)).astype(np.int64)})
+    moved = base.copy()
+    moved.loc[(moved["rank"] == 5) & (moved["step"] == 3), "node"] = 7
+    shuffled = base.sample(frac=1.0, random_state=2)
+    gap = base[~((base["rank"] == 11) & (base["step"] == 2))]
+    for st in (base, moved, shuffled, gap, base.iloc[:0]):
+        got = StepRows.of(st)
+        assert got.ranks == sorted(int(r) for r in st["rank"].unique())
+        assert got.nodes == sorted(int(n) for n in st["node"].unique())
+        want = step_grid(st["rank"].to_numpy(), st["step"].to_numpy()) if len(st) else None
+        assert (got.grid is None) == (want is None)
+        if want is not None:
+            np.testing.assert_array_equal(got.grid[0], want[0])
+            np.testing.assert_array_equal(got.grid[1], want[1])
+            m, given = rank_step_matrix(st.assign(v=1.5), "v"), rank_step_matrix(st.assign(v=1.5), "v", grid=got.grid)
+            np.testing.assert_array_equal(m.values, given.values)
+
+
+def test_the_json_report_does_not_make_the_heat_matrix(monkeypatch):
+    from analyzer_fixtures import build
+
+    from analyzers.report import model
+    from analyzers.report.render_json import render_json
+
+    data = build(world=8, steps=20)
+    report = build_report(data, [], [], [])
+    want = rank_step_matrix(data.steps, data.compute_signal())
+    monkeypatch.setattr(model, "rank_step_matrix", lambda *a, **k: pytest.fail("the heat matrix was made"))
+    lazy = build_report(data, [], [], [])
+    assert render_json(lazy) == render_json(report)
+    monkeypatch.undo()
+    got = build_report(data, [], [], []).cells
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(got.ranks, want.ranks)
+    assert report.cells is report.cells  # made once

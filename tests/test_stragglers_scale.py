@@ -2,8 +2,10 @@
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analyzers.builder import build_frame
+from analyzers.checks import straggler_tp
 from analyzers.checks.stragglers import tp_evidence, tp_wait_frame
 from analyzers.loader import RunData
 
@@ -28,8 +30,13 @@ def _run(seed: int = 0) -> RunData:
     return RunData(run_id="x", steps=steps, collectives=pd.DataFrame(rows))
 
 
-def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one():
-    frame = build_frame(_run())
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one(shuffled):
+    # collectives in step order (an episode's steps a slice of them) and shuffled (a mask over every row)
+    data = _run()
+    if shuffled:
+        data.collectives = data.collectives.sample(frac=1.0, random_state=1).reset_index(drop=True)
+    frame = build_frame(data)
     for rank, (s0, s1) in ((5, (8, 20)), (6, (0, 29)), (1, (2, 5)), (4, (20, 29))):
         full, members = tp_wait_frame(frame, s0, s1)
         got, got_members = tp_wait_frame(frame, s0, s1, rank)
@@ -38,6 +45,12 @@ def test_one_ranks_tp_wait_frame_is_its_groups_rows_of_the_whole_one():
         pd.testing.assert_frame_equal(got.loc[group].fillna(0.0), full.loc[group].fillna(0.0))
         ev = tp_evidence(frame, rank, s0, s1)
         assert ev["tp_group"] == group and ev["tp_least_wait_share"] is not None
+
+
+def test_distinct_ascending_is_unique():
+    for x in ([], [4], [1, 1, 2, 5, 5, 5, 9], [3, 3, 3]):
+        a = np.asarray(x, dtype=np.int32)
+        np.testing.assert_array_equal(straggler_tp._distinct_ascending(a), np.unique(a))
 
 
 def test_tp_evidence_of_a_rank_without_tp_ops_is_empty():
@@ -85,3 +98,24 @@ def test_windowed_medians_same_with_the_network_and_numpys_sort(monkeypatch):
             for w in (1, 2, 3) for q in (0.5, 0.9)]
     for a, b in zip(got, want):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_search_in_the_arrays_own_type_is_searchsorted():
+    x = np.array([-5, 0, 0, 3, 3, 3, 7, 2**31 - 1], dtype=np.int32)
+    for v in (-(2**40), -(2**31), -6, -5, 0, 1, 3, 7, 8, 2**31 - 1, 2**31, 2**40):
+        for side in ("left", "right"):
+            assert straggler_tp._search(x, v, side) == int(np.searchsorted(x.astype(np.int64), v, side)), (v, side)
+    f = np.array([0.5, 1.0, 2.0])
+    assert straggler_tp._search(f, 1, "right") == 2
+
+
+def test_steps_with_kept_rows_are_the_kept_rows_distinct_steps():
+    rng = np.random.default_rng(4)
+    for step in (np.repeat(np.arange(3, 40, dtype=np.int32), rng.integers(1, 6, 37)),  # dense, gaps of a step or two
+                 np.array([2, 2, 5, 9, 9, 9, 30], dtype=np.int32), np.array([7], dtype=np.int64),
+                 np.array([0, 10**6], dtype=np.int32), np.zeros(0, dtype=np.int32)):
+        step = np.sort(step)
+        step = step[(step % 7) != 4] if len(step) > 8 else step  # a few steps missing altogether
+        for share in (0.0, 0.1, 0.5, 1.0):
+            keep = rng.random(len(step)) < share
+            np.testing.assert_array_equal(straggler_tp._steps_with(step, keep), np.unique(step[keep]))

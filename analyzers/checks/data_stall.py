@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzers.builder import AnalysisFrame, Coverage
+from analyzers.builder import AnalysisFrame, Coverage, StepView
 from analyzers.evidence import fnum
 from analyzers.persistence import confirmation_step, persistent_runs, rows_with_runs
 from ranksight.schema import Finding
@@ -38,12 +38,26 @@ def coverage(frame: AnalysisFrame, cfg: DataStallConfig | None = None) -> Covera
     return Coverage(NAME, "ran")
 
 
+def _may_stall(judged: StepView, cfg: DataStallConfig) -> bool:
+    """Whether some rank has ``persist`` stalled step rows (the matrices' flags, by row: a view holds at most one row a
+    rank and step, and a cell without a row is not flagged), so that a run with none is judged without building the
+    three rank x step matrices. Compared in float64, as the matrices hold the values."""
+    share = judged.column("data_share").to_numpy(dtype=np.float64)
+    ms = judged.column("data_ms").to_numpy(dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        flagged = (share >= cfg.share) & (ms >= cfg.min_ms)
+    if not flagged.any():
+        return False
+    _, counts = np.unique(judged.rows["rank"].to_numpy()[flagged], return_counts=True)
+    return bool((counts >= max(cfg.persist, 1)).any())
+
+
 def analyze(frame: AnalysisFrame, cfg: DataStallConfig | None = None) -> list[Finding]:
     cfg = cfg or DataStallConfig()
     if frame.data.steps.empty:
         return []
     judged = frame.judged(cfg.warmup_steps)
-    if judged.rows.empty:
+    if judged.rows.empty or not _may_stall(judged, cfg):
         return []
     share = judged.matrix("data_share")
     ms = judged.matrix("data_ms")

@@ -78,7 +78,10 @@ def analyze(frame: AnalysisFrame, cfg: Fp16Config | None = None) -> list[Finding
             summary=f"non-finite (NaN/inf) loss on rank(s) {fmt_ranks(ranks)} since step {s0} ({nf['step'].nunique()} step(s))",
             recommendation="Lower the learning rate or add warm-up, clip gradients (max_norm 1.0), and prefer bf16 over fp16; check the data of that step.",
         ))
-    # Overflow / skipped steps: GradScaler is synchronised, so look at the world per step
+    # Overflow / skipped steps: GradScaler is synchronised, so look at the world per step. A run without a single
+    # overflow or skipped record has none to find (no per-step pass over every record)
+    if not (st["overflow"].any() or st["skipped"].any()):
+        return out
     per_step = st.groupby("step").agg(overflow=("overflow", "any"), skipped=("skipped", "any"), scale=("loss_scale", "min"),
                                       nonfinite=("loss_nonfinite", "any"))
     # steps skipped because the loss itself was NaN/inf are the non-finite finding's, not overflow

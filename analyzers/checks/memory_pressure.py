@@ -141,6 +141,12 @@ def _rank_grid(st: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
     if "mem_bytes" not in st.columns or st["mem_bytes"].dtype.kind not in "fiu":
         return None
     rank = st["rank"].to_numpy()
+    if rank.dtype.kind in "iu" and len(rank):
+        # integer ranks: the first step's are the rows up to the first that does not rise; a grid repeats them
+        n = int(np.argmax(rank[1:] <= rank[:-1])) + 1 if len(rank) > 1 and bool((rank[1:] <= rank[:-1]).any()) else len(rank)
+        if len(rank) % n or not bool((rank.reshape(-1, n) == rank[:n]).all()):
+            return None
+        return rank[:n].copy(), st["mem_bytes"].to_numpy().reshape(-1, n)
     ranks, code = distinct_codes(rank)
     n = len(ranks)
     if n == 0 or len(rank) % n or not np.array_equal(code.reshape(-1, n), np.broadcast_to(np.arange(n), (len(rank) // n, n))):

@@ -61,12 +61,43 @@ def series(data: RunData) -> pd.DataFrame:
 
 
 def _series(data: RunData, st: pd.DataFrame) -> pd.DataFrame:
-    g = st.assign(fps=np.where(st["step_ms"] > 0, st["flops"] / (st["step_ms"].where(st["step_ms"] > 0, 1) / 1000.0), np.nan))
-    out = g.groupby("step").agg(step_ms=("step_ms", "max"), fps=("fps", "mean"))
+    fps = flops_per_s(st["step_ms"], st["flops"])
+    out = _per_step_max_mean(st["step"], st["step_ms"], fps)
+    if out is None:
+        g = st.assign(fps=fps)
+        out = g.groupby("step").agg(step_ms=("step_ms", "max"), fps=("fps", "mean"))
     peak = data.peak.flops
     out["tflops"] = out["fps"] / 1e12
     out["mfu"] = out["fps"] / peak if peak > 0 else np.nan
     return out.drop(columns="fps")
+
+
+def flops_per_s(step_ms: pd.Series, flops: pd.Series) -> np.ndarray:
+    """Each row's FLOP/s, ``flops / (step_ms / 1000)``, NaN where the step time is not positive: on numpy float
+    columns the same operations in the same widths on their arrays (a float32 step time divided by 1000 stays
+    float32, as pandas keeps it), without a Series per operation."""
+    ms, fl = step_ms.to_numpy(), flops.to_numpy()
+    if not (isinstance(step_ms.dtype, np.dtype) and isinstance(flops.dtype, np.dtype) and ms.dtype.kind == "f"
+            and fl.dtype.kind == "f"):
+        return np.where(step_ms > 0, flops / (step_ms.where(step_ms > 0, 1) / 1000.0), np.nan)
+    pos = ms > 0
+    return np.where(pos, fl / (np.where(pos, ms, ms.dtype.type(1)) / 1000.0), np.nan)
+
+
+def _per_step_max_mean(step: pd.Series, step_ms: pd.Series, fps: np.ndarray) -> pd.DataFrame | None:
+    """``groupby("step").agg(step_ms=max, fps=mean)`` where the rows are in step order and neither column has NaN:
+    each step's rows are one segment, and pandas takes such a group's max and mean as ``np.maximum.reduceat`` and
+    ``np.add.reduceat`` over the segments (the mean: the sum over the segment's size): the same calls here, without
+    numbering 16 M rows' groups. None where that does not hold (pandas' groupby then)."""
+    s = step.to_numpy()
+    ms = step_ms.to_numpy()
+    if (len(s) == 0 or s.dtype.kind not in "iu" or ms.dtype.kind != "f" or fps.dtype != np.float64
+            or not bool((s[1:] >= s[:-1]).all()) or np.isnan(ms).any() or np.isnan(fps).any()):
+        return None
+    starts = np.concatenate(([0], np.flatnonzero(s[1:] != s[:-1]) + 1))
+    sizes = np.diff(np.append(starts, len(s))).astype(np.float64)
+    return pd.DataFrame({"step_ms": np.maximum.reduceat(ms, starts), "fps": np.add.reduceat(fps, starts) / sizes},
+                        index=pd.Index(s[starts], name="step"))
 
 
 def peak_label(data: RunData) -> tuple[str, bool]:

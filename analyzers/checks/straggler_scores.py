@@ -23,32 +23,45 @@ class RankScores:
     """The judged ranks' scores, log(own / peers' leave-one-out median), one row per rank (group after group, in
     each group's order), worked out a block of rows at a time; and what the CUSUMs need of them."""
 
-    def __init__(self, steps: StepView, signal: str, comp: pd.DataFrame, judged: list[list[int]]):
+    def __init__(self, steps: StepView, signal: str, comp: pd.DataFrame, judged: list[list[int]],
+                 scratch: dict | None = None):
         values = comp.to_numpy(dtype=float)
         index = comp.index.tolist()
         pos_of = {r: i for i, r in enumerate(index)}
         self.ranks: list = [r for m in judged for r in m]
-        self.logr = np.empty((len(self.ranks), values.shape[1]))
+        self.logr = _scores_array(scratch, (len(self.ranks), values.shape[1]))
         self.row_sigma = np.empty(len(self.ranks))
+        # each row's largest and smallest finite score (NaN for a row without any): cusum_rows leaves out the rows
+        # whose every score is at or below the drift without running the bound over them
+        self.row_max = np.empty(len(self.ranks))
+        self.row_min = np.empty(len(self.ranks))
         # per group: its own rows, its peers' reference (the rows' array, or the columns' order statistics it is read
         # off), its first row
         self._own: list[tuple[np.ndarray, Any, int]] = []
         block = max(1, BLOCK_CELLS // max(1, values.shape[1]))
         first = 0
+        full = not np.isnan(values).any()  # every group's rows without NaN: each group's reference from its columns
         for members in judged:
-            own = values if members == index else _rows(values, [pos_of[r] for r in members])
             out = self.logr[first:first + len(members)]
-            if members == index or np.isnan(own).any():
+            if members == index or not full:
+                own = values if members == index else _rows(values, [pos_of[r] for r in members])
+            if members == index or (not full and np.isnan(own).any()):
                 # the whole world's reference is the view's, shared with the checks that ask for it (comm)
                 ref = steps.group_reference(signal, members).to_numpy(dtype=float)
                 for b in range(0, len(members), block):
                     log_ratio(own[b:b + block], ref[b:b + block].copy(), out[b:b + block])
                 self._own.append((own, ref, first))
+            elif full:
+                # a group's rows are read a block of columns at a time where they are needed, not gathered whole first
+                own = PickedRows(values, [pos_of[r] for r in members])
+                self._own.append((own, loo_log_ratios(values, out, own.rows), first))
             else:
                 self._own.append((own, loo_log_ratios(own, out), first))
             for b in range(0, len(members), block):
                 chunk = out[b:b + block]
-                self.row_sigma[first + b:first + b + len(chunk)] = row_sigmas(chunk)
+                at = slice(first + b, first + b + len(chunk))
+                self.row_sigma[at] = row_sigmas(chunk)
+                self.row_max[at], self.row_min[at] = row_range(chunk)
             first += len(members)
 
     def own_and_peers(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,12 +82,21 @@ class RankScores:
         """The rows whose CUSUM (scores clipped at ``clip``, drift ``drift``) can reach its threshold ``h``, and
         their clipped scores. The CUSUM S = max(0, S + x - drift) is the cumulative sum of x - drift less its
         running minimum (and 0): a row whose largest such rise is below h (less a margin far above the rounding of
-        the sums) cannot alarm."""
-        keep: list[np.ndarray] = []
+        the sums) cannot alarm. A row whose every score is at or below the drift (``flat_rows``) never rises at all:
+        the bound is run over the others only."""
         n, n_cols = self.logr.shape
+        rows_in = np.flatnonzero(~flat_rows(self.row_max, self.row_min, drift, h, n_cols))
+        whole = len(rows_in) == n  # every row: blocks of the array itself (slices), no gathered copy
+        keep: list[np.ndarray] = []
         block = max(1, BLOCK_CELLS // max(1, n_cols))
-        for b in range(0, n, block):
-            x = np.minimum(self.logr[b:b + block], clip[b:b + block, None])
+        for b in range(0, len(rows_in), block):
+            if whole:
+                idx = slice(b, b + block)
+                x = np.minimum(self.logr[idx], clip[idx, None])
+            else:
+                idx = rows_in[b:b + block]
+                x = self.logr[idx]  # a gathered copy: clipped in place
+                np.minimum(x, clip[idx, None], out=x)
             x -= drift
             if not np.isfinite(x).all():
                 x[~np.isfinite(x)] = 0.0  # a skipped step adds nothing
@@ -88,9 +110,53 @@ class RankScores:
                 margin = 1e-9 * n_cols * np.maximum(x.max(axis=1), -x.min(axis=1)) + 1e-12
             else:
                 rise, margin = np.zeros(len(x)), 1e-12
-            keep.append(b + np.flatnonzero(rise >= h[b:b + block] - margin))
+            rows = np.arange(n)[idx] if whole else idx
+            keep.append(rows[rise >= h[idx] - margin])
         rows = np.concatenate(keep) if keep else np.zeros(0, np.int64)
         return rows, np.minimum(self.logr[rows], clip[rows, None])
+
+
+def row_range(lr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's largest and smallest score, NaN left out (NaN for a row of NaN only)."""
+    if lr.shape[1] == 0:
+        return np.full(lr.shape[0], np.nan), np.full(lr.shape[0], np.nan)
+    return np.fmax.reduce(lr, axis=1), np.fmin.reduce(lr, axis=1)
+
+
+def flat_rows(row_max: np.ndarray, row_min: np.ndarray, drift: float, h: np.ndarray, n_cols: int) -> np.ndarray:
+    """The rows ``RankScores.cusum_rows``' bound would leave out, found from each row's range alone: every finite
+    score at or below ``drift`` (clipped, less the drift, none is above 0), so the cumulative sums never rise and
+    the bound's rise is exactly 0; and h above the bound's margin for that row (its largest |x| is drift - the
+    row's smallest score; taken a little larger here, which can only keep a row). A row with an infinite score, or
+    none finite, is not among them: the bound decides."""
+    with np.errstate(invalid="ignore"):
+        low = np.isfinite(row_min) & np.isfinite(row_max) & (row_max <= drift)
+        margin = 1e-9 * n_cols * (drift - np.where(low, row_min, drift)) * (1.0 + 1e-6) + 2e-12
+        return low & (h > margin)
+
+
+def _scores_array(scratch: dict | None, shape: tuple[int, int]) -> np.ndarray:
+    """The scores' array (every cell is written): the one in ``scratch`` (an attempt's second signal takes its first
+    one's, whose scores are no longer read: its pages are already in memory), else a new one, left there."""
+    got = scratch.get("logr") if scratch is not None else None
+    if got is None or got.shape != shape:
+        got = np.empty(shape)
+        if scratch is not None:
+            scratch["logr"] = got
+    return got
+
+
+class PickedRows:
+    """Rows ``pos`` of ``values`` (a slice where they are consecutive), one at a time, without a copy of them all."""
+
+    def __init__(self, values: np.ndarray, pos: list[int]):
+        self.values = values
+        consecutive = bool(pos) and pos == list(range(pos[0], pos[0] + len(pos)))
+        self.rows: slice | np.ndarray = slice(pos[0], pos[0] + len(pos)) if consecutive else np.asarray(pos, np.intp)
+        self._pos = pos
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.values[self._pos[k]]
 
 
 def _rows(values: np.ndarray, pos: list[int]) -> np.ndarray:
@@ -137,29 +203,38 @@ def log_ratio(own: np.ndarray, ref: np.ndarray, out: np.ndarray) -> None:
 LOO_BLOCK_CELLS = 1 << 20
 
 
-def loo_log_ratios(values: np.ndarray, out: np.ndarray) -> LooStats:
+def loo_log_ratios(values: np.ndarray, out: np.ndarray, rows: slice | np.ndarray | None = None) -> LooStats:
     """``out`` = log(values / their leave-one-out column medians) (``log_ratio``) of a group's rows without NaN (at
     least 2), a block of columns at a time; returns the columns' ``LooStats`` (a row's reference is read off them
-    again when it is needed, instead of holding the group's whole reference)."""
-    n_rows, n_cols = values.shape
+    again when it is needed, instead of holding the group's whole reference). ``rows``: the group's rows of
+    ``values`` (default: all), taken a block at a time."""
+    rows = slice(None) if rows is None else rows
+    n_rows, n_cols = out.shape
     step = max(1, LOO_BLOCK_CELLS // max(1, n_rows))
     parts = []
     for c0 in range(0, n_cols, step):
-        blk = values[:, c0:c0 + step]
+        blk = values[rows, c0:c0 + step]
         st = LooStats.of(blk)
-        log_ratio(blk, st.reference(blk), out[:, c0:c0 + step])
+        log_ratio(blk, loo_reference(st, blk), out[:, c0:c0 + step])
         parts.append(st)
     return LooStats.joined(n_rows, parts)
 
 
-def loo_median_values(values: np.ndarray) -> np.ndarray:
-    """``analyzers.stats.leave_one_out_median`` of a rank x step array without NaN (the same values)."""
-    n_rows, n_cols = values.shape
-    if n_rows < 2 or n_cols == 0:
-        return np.full((n_rows, n_cols), np.nan)
-    step = max(1, LOO_BLOCK_CELLS // n_rows)
-    return np.concatenate([LooStats.of(values[:, c0:c0 + step]).reference(values[:, c0:c0 + step])
-                           for c0 in range(0, n_cols, step)], axis=1)
+# |x| at most this: x + x is finite, and (x + x) / 2 is x again
+HALF_MAX = np.finfo(np.float64).max / 2
+
+
+def loo_reference(st: LooStats, values: np.ndarray) -> np.ndarray:
+    """``st.reference(values)``: where the others' median is one place (an even number of rows), the mean of that
+    place's value with itself is the value (no sum that overflows: every finite one within ``HALF_MAX``), so the
+    reference is the one selection without the sum and the halving (the same floats)."""
+    if st.hi != st.lo:
+        return st.reference(values)
+    a, b = st.at[st.lo], st.at[st.lo + 1]
+    with np.errstate(invalid="ignore"):
+        if not (np.abs(a[np.isfinite(a)]) <= HALF_MAX).all() or not (np.abs(b[np.isfinite(b)]) <= HALF_MAX).all():
+            return st.reference(values)
+        return np.where(a[None, :] < values, a[None, :], b[None, :])
 
 
 def with_baseline_noise(sigma: float, logr: np.ndarray, cfg: StragglerConfig) -> tuple[float, float | None]:

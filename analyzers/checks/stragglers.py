@@ -34,13 +34,12 @@ import numpy as np
 import pandas as pd
 
 from analyzers.builder import AnalysisFrame, Coverage, StepView
-from analyzers.matrices import distinct_codes
 from analyzers.changepoint import cusum_runs_rows, refine_onset
-from analyzers.collectives import op_counts
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
 from analyzers.checks.straggler_scores import RankScores, median_finite, with_baseline_noise
-from analyzers.stats import leave_one_out_median, temporal_sigma
+from analyzers.checks.straggler_tp import tp_evidence, tp_wait_frame  # noqa: F401 (tp_wait_frame re-exported)
+from analyzers.stats import leave_one_out_median, median_rows, temporal_sigma
 from ranksight.schema import Finding
 
 NAME = "stragglers"
@@ -106,9 +105,9 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     (``arrival_lag_ms``), in which share of the steps it is the last (``last_arrival_share``), and the waits."""
     steps = frame.steps_from(s0)
     ev: dict = {}
-    if not steps.has_rows(group, s0, s1):
-        return ev
     arr = steps.span_matrix("sync_arrival", group, s0, s1)
+    if arr.empty and not steps.has_rows(group, s0, s1):  # a cell of the matrix is a row (the search over rows is
+        return ev  # asked only when there is none)
     if rank in arr.index and arr.notna().values.any() and len(arr.index) > 1:
         own = arr.loc[rank]
         others = arr.drop(index=rank)
@@ -131,72 +130,6 @@ def _arrival_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int
     return ev
 
 
-def tp_wait_frame(frame: AnalysisFrame, s0: int | None = None, s1: int | None = None,
-                  rank: int | None = None) -> tuple[pd.DataFrame, dict[int, list[int]]]:
-    """Time each rank spent blocked in tensor-parallel collectives per step (rank x step, ms), and each rank's TP
-    group. Summed per step rather than matched by sequence number: a rank may record an async TP op its partner
-    does not, so sequence numbers need not line up across a TP group. ``rank``: only that rank's TP group (its rows
-    of the matrix, over the same steps: every step any rank's TP ops ran in), and only its members; the matrix of
-    every rank is ranks x steps (10,000 steps post-mortem) where one group's is a few rows."""
-    co = frame.data.collectives
-    if co.empty:
-        return pd.DataFrame(), {}
-    # the TP rows with a duration (in s0..s1): a mask over the collectives, their rows taken once, only those needed
-    keep = frame.group_mask("tp") & co["duration_ms"].notna().to_numpy()
-    step = co["step"].to_numpy()
-    if s0 is not None:
-        keep = keep & (step >= s0) & (step <= s1)
-    if not keep.any():
-        return pd.DataFrame(), {}
-    all_steps = None
-    if rank is None:
-        tp = co[keep]
-    else:
-        rows = np.flatnonzero(keep)  # the kept rows' ranks are compared, not every collective's
-        all_steps = _distinct_steps(step[rows])  # the whole matrix's steps
-        kept_ranks = co["rank"].to_numpy()[rows]
-        gr = co["group_ranks"].iloc[rows[kept_ranks == rank]].dropna()
-        gr = gr.iloc[0] if len(gr) else None
-        group = sorted({int(x) for x in gr} | {int(rank)}) if isinstance(gr, (list, tuple, np.ndarray)) else [int(rank)]
-        tp = co.iloc[rows[np.isin(kept_ranks, np.asarray(group, dtype=np.int64))]]
-    members: dict[int, list[int]] = {}
-    for r, gr in tp.groupby("rank")["group_ranks"].first().items():
-        if isinstance(gr, (list, tuple, np.ndarray)) and len(gr) > 1:
-            members[int(r)] = sorted(int(x) for x in gr)
-    # a folded record's duration is its ops' mean: it blocks once per op it stands for
-    blocked = tp.assign(blocked_ms=tp["duration_ms"] * op_counts(tp))
-    w = blocked.pivot_table(index="rank", columns="step", values="blocked_ms", aggfunc="sum")
-    if all_steps is not None and len(w.columns) != len(all_steps):
-        w = w.reindex(columns=pd.Index(all_steps, name="step"))
-    return w, members
-
-
-def _distinct_steps(step: np.ndarray) -> np.ndarray:
-    """``distinct_codes(step)[0]`` (the distinct steps, sorted) without the codes."""
-    if len(step) == 0 or step.dtype.kind not in "iu":
-        return distinct_codes(step)[0]
-    lo = int(step.min())
-    if int(step.max()) - lo > 4 * len(step) + 1024:
-        return distinct_codes(step)[0]
-    off = (step - np.asarray(lo, dtype=step.dtype)).astype(np.intp, copy=False)
-    return (np.flatnonzero(np.bincount(off) > 0) + lo).astype(step.dtype)
-
-
-def tp_evidence(frame: AnalysisFrame, rank: int, s0: int, s1: int) -> dict:
-    """Culprit vs its TP partners: the partners block in the TP all-reduces for the rank that computes longer,
-    so the culprit is the member of its TP group that waits least there, by about its extra compute."""
-    w, members = tp_wait_frame(frame, s0, s1, rank)
-    group = [r for r in members.get(rank, []) if r in w.index]
-    if rank not in group or len(group) < 2:
-        return {}
-    sub = w.loc[group].fillna(0.0)
-    partners = sub.drop(index=rank)
-    return dict(tp_group=group, tp_own_wait_ms=fnum(sub.loc[rank].median(), 1),
-                tp_partners_wait_ms=fnum(partners.median().median(), 1),
-                tp_partners_wait_minus_own_ms=fnum((partners.median() - sub.loc[rank]).median(), 1),
-                tp_least_wait_share=fnum((sub.idxmin() == rank).mean(), 2))
-
-
 def _data_extra_ms(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s1: int) -> float | None:
     """Median over [s0, s1] of the rank's data wait minus its peers' median data wait, per step."""
     d = frame.steps_from(s0).span_matrix("data_ms", group, s0, s1)  # data_ms is never NaN: a cell for every row
@@ -217,7 +150,8 @@ def _wait_evidence(frame: AnalysisFrame, rank: int, group: list[int], s0: int, s
                 peers_wait_minus_own_ms=fnum((others - own).median(), 1))
 
 
-def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, signal: str) -> list[dict]:
+def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, signal: str,
+                   scratch: dict | None = None) -> list[dict]:
     """Per-rank candidates from the ``signal`` column of ``steps``: dicts with rank, onset, end, counts, medians.
 
     Each step, a rank's score is log(its compute / the leave-one-out median of its peers). A one-sided
@@ -233,7 +167,7 @@ def _rank_findings(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView, 
     judged = [m for m in groups.values() if len(m) >= cfg.min_ranks]
     if not judged:
         return out
-    scores = RankScores(steps, signal, comp, judged)
+    scores = RankScores(steps, signal, comp, judged, scratch)  # scratch: an array the candidates keep nothing of
     sigma, base_sigma = scores.noise_sigma(cfg)
     k = float(np.log(cfg.min_ratio))
     detectors = []  # (drift, threshold): slow (small, steady slow-downs) and fast (large ones, in min_steps)
@@ -313,9 +247,9 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a rank or step without any value: NaN, as pandas gives
         base = np.nanmedian(values[:, : cfg.baseline_steps], axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            norm = values / np.where(base == 0, np.nan, base)[:, None]  # each rank against its own baseline
-        gser = pd.DataFrame(np.stack([_median_rows_down(norm[rows_of[g]]) for g in groups]),
+        base = np.where(base == 0, np.nan, base)
+        # each rank against its own baseline, a group's rows at a time: their median per step
+        gser = pd.DataFrame(np.stack([_normed_median_down(values, rows_of[g], base) for g in groups]),
                             index=list(groups), columns=comp.columns)
     ref = leave_one_out_median(gser)
     rel = gser / ref.replace(0, np.nan)
@@ -325,9 +259,12 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
     out = []
     for g, members in groups.items():
         flags = (rel.loc[g] >= thr).fillna(False)
+        if not flags.any():
+            continue  # no step of the group above the others' drift: no run (the ranks' own flags are not needed)
         # every rank of the group must be slow against its own baseline
-        with np.errstate(invalid="ignore"):
-            every = pd.Series((norm[rows_of[g]] >= thr).all(axis=0), index=comp.columns)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            norm = values[rows_of[g]] / base[rows_of[g]][:, None]
+            every = pd.Series((norm >= thr).all(axis=0), index=comp.columns)
         flags = flags & every.reindex(flags.index, fill_value=False)
         for s0, s1, n in persistent_runs(flags, cfg.persist, cfg.window):
             if s0 <= base_cols[-1]:
@@ -341,6 +278,18 @@ def _drift_candidates(cfg: StragglerConfig, comp: pd.DataFrame, key: dict[int, i
                             peers_ms=float(np.nanmedian(comp.loc[others, s0:s1].to_numpy(dtype=float))) if others else None,
                             threshold=thr, confirmed_at=confirmation_step(flags, s0, cfg.persist)))
     return out
+
+
+def _normed_median_down(values: np.ndarray, rows: slice | np.ndarray, base: np.ndarray) -> np.ndarray:
+    """``_median_rows_down(values[rows] / base[rows][:, None])``: the division written straight into the transposed
+    layout the median partitions (no normalised matrix of every rank, no second copy of the group's)."""
+    own = values[rows]
+    out = np.empty((own.shape[1], own.shape[0]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.divide(own.T, base[rows][None, :], out=out)
+    if out.shape[0] == 0 or out.shape[1] == 0 or np.isnan(out).any():
+        return np.nanmedian(out.T, axis=0)
+    return median_rows(out, overwrite_input=True)
 
 
 def _row_picker(pos: list[int]) -> slice | np.ndarray:
@@ -371,13 +320,24 @@ def _severity(ratio: float, cfg: StragglerConfig) -> str:
 def analyze(frame: AnalysisFrame, cfg: StragglerConfig | None = None) -> list[Finding]:
     cfg = cfg or StragglerConfig()
     st = frame.data.steps
-    if st.empty or st["rank"].nunique() < cfg.min_ranks:
+    if st.empty or not has_ranks(st["rank"], cfg.min_ranks):
         return []
     findings: list[Finding] = []
     for steps in frame.attempts(cfg.warmup_steps, cfg.restart_warmup_steps):
-        if steps.rows["rank"].nunique() >= cfg.min_ranks:
+        if has_ranks(steps.rows["rank"], cfg.min_ranks):
             findings += _analyze_attempt(frame, cfg, steps)
     return findings
+
+
+def has_ranks(rank: pd.Series, n: int) -> bool:
+    """``rank.nunique() >= n``; for n <= 2 of integer ranks, whether any differs from the first (no hash table of
+    every row's rank)."""
+    v = rank.to_numpy()
+    if n > 2 or v.dtype.kind not in "iu":
+        return rank.nunique() >= n
+    if n <= 0:
+        return True
+    return len(v) > 0 and (n == 1 or bool((v != v[0]).any()))
 
 
 def _analyze_attempt(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView) -> list[Finding]:
@@ -387,12 +347,13 @@ def _analyze_attempt(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView
     if comp.shape[1] < cfg.persist:
         return []
     place = frame.placement
-    cands = [dict(c, signal=signal) for c in _rank_findings(frame, cfg, steps, signal)]
+    scratch: dict = {}  # the scores' array, the second signal's taking the first's
+    cands = [dict(c, signal=signal) for c in _rank_findings(frame, cfg, steps, signal, scratch)]
     if signal == "device_ms":
         # The device is not the only place a rank can be slow: a starved host (CPU contention, a slow launch
         # path) stretches the wall-clock compute while the device's own time stays normal. Those episodes come
         # from the wall-clock signal, kept only where the device signal did not already explain the rank.
-        for c in _rank_findings(frame, cfg, steps, "compute_ms"):
+        for c in _rank_findings(frame, cfg, steps, "compute_ms", scratch):
             if not any(d["rank"] == c["rank"] and d["onset"] <= c["end"] and c["onset"] <= d["end"] for d in cands):
                 cands.append(dict(c, signal="compute_ms"))
     pipelined = len(set(place.rank_stage.get(r, 0) for r in comp.index)) > 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -54,15 +55,20 @@ class RankStepMatrix:
                             columns=pd.Index([self.steps[i] for i in starts])), spans
 
 
-def rank_step_matrix(frame: pd.DataFrame, col: str) -> RankStepMatrix:
+NOT_GIVEN = object()
+
+
+def rank_step_matrix(frame: pd.DataFrame, col: str, grid: Any = NOT_GIVEN) -> RankStepMatrix:
     """``frame[col]`` per rank and step: the last record's non-missing value of each (rank, step) (the builder's
-    ``RankStepCells``, in the column's own float width)."""
+    ``RankStepCells``, in the column's own float width). ``grid``: the rows' ``step_grid``, where the caller has it
+    (None: they are not one)."""
     if frame.empty or col not in frame.columns:
         return RankStepMatrix.empty()
     # float32 stays float32 (a store's *_ms columns are): the pivot kept it, and its medians were float32 ones
     kind = np.float32 if str(frame[col].dtype).lower() == "float32" else np.float64
     v = frame[col].to_numpy(dtype=kind, na_value=np.nan)
-    grid = step_grid(frame["rank"].to_numpy(), frame["step"].to_numpy())
+    if grid is NOT_GIVEN:
+        grid = step_grid(frame["rank"].to_numpy(), frame["step"].to_numpy())
     if grid is not None:  # a store's rows: the matrix is the column reshaped (no rows to place)
         ranks, steps = grid
         values = np.empty((len(ranks), len(steps)), dtype=kind)

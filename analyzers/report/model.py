@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Callable, TypedDict
 
 import msgspec
+import numpy as np
 import pandas as pd
 
 from analyzers import check_coverage
 from analyzers.builder import Coverage, Placement
 from analyzers.checks.mfu import peak_label, series
 from analyzers.loader import RunData
+from analyzers.matrices import step_grid
 from analyzers.report.heat import RankStepMatrix, rank_step_matrix
 from analyzers.report.series import Event, PlotData, band, events, focus, plot_data
 from analyzers.score import detection_step, matches
@@ -78,10 +80,19 @@ class DiagnoseReport:
     summary: Summary
     platform: str | None  # "backend/device" from the manifest (None without one)
     compute_label: str  # what ``compute`` measures, as the heat map's title says it
-    cells: RankStepMatrix  # rank x step: each rank's compute signal per step (``compute`` as a frame)
+    # rank x step: each rank's compute signal per step (``cells``; ``compute`` as a frame), made on first use: the text
+    # and HTML reports draw it, the JSON one does not (a copy of every step record's signal on a big run)
+    cells_of: Callable[[], RankStepMatrix]
     over_time: pd.DataFrame  # per step: step_ms, tflops, mfu (analyzers.checks.mfu.series)
     plots: PlotData = field(default_factory=PlotData)  # the other plots' series and the events (analyzers.report.series)
     rank_node: dict[int, int] = field(default_factory=dict)  # each rank's node (the placement), for "rank 3 (node 1)"
+    _cells: RankStepMatrix | None = field(default=None, init=False, repr=False)
+
+    @property
+    def cells(self) -> RankStepMatrix:
+        if self._cells is None:
+            self._cells = self.cells_of()
+        return self._cells
 
     @property
     def compute(self) -> pd.DataFrame:
@@ -124,6 +135,30 @@ class HeatView:
     others: int
 
 
+@dataclass
+class StepRows:
+    """What the report reads off every step record, worked out once: the step x rank grid (``step_grid``; None where
+    the records are not one), the distinct ranks and nodes, sorted."""
+
+    grid: tuple[np.ndarray, np.ndarray] | None
+    ranks: list[int]
+    nodes: list[int]
+
+    @classmethod
+    def of(cls, st: pd.DataFrame) -> "StepRows":
+        grid = step_grid(st["rank"].to_numpy(), st["step"].to_numpy()) if not st.empty else None
+        if grid is None:
+            return cls(None, sorted(int(r) for r in st["rank"].unique()), sorted(int(n) for n in st["node"].unique()))
+        ranks = grid[0]  # ascending, each once: the ranks of every step
+        node = st["node"].to_numpy()
+        n = len(ranks)
+        if node.dtype.kind in "iu" and bool((node.reshape(-1, n) == node[:n]).all()):
+            nodes = sorted({int(x) for x in node[:n].tolist()})  # each rank on the same node in every step
+        else:
+            nodes = sorted(int(x) for x in st["node"].unique())
+        return cls(grid, [int(r) for r in ranks.tolist()], nodes)
+
+
 def build_report(data: RunData, findings: list[Finding], errors: list[str] | None = None,
                  coverage: list[Coverage] | None = None, with_plots: bool = True) -> DiagnoseReport:
     """The report of ``data`` with the checks' ``findings``, ``errors`` and ``coverage`` (``analyzers.run_all``'s;
@@ -139,16 +174,17 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     m = data.manifest
     hist = history(data)
     placement = Placement(data)  # its rank -> node map is a pass over the step records: build it once
+    rows = StepRows.of(data.steps)  # the step records' grid, ranks and nodes, worked out once for the report
     plots = (plot_data(data, findings, hist, fault_events(data)) if with_plots else
              PlotData(events=events(findings, hist, fault_events(data))))  # the marks only: the summary lists them
     what_happened = history_line(hist)
     summary: Summary = {
         "run_id": data.run_id,
-        "verdict": verdict(data, findings, coverage) + (f". {what_happened}" if what_happened else ""),
+        "verdict": verdict(data, findings, coverage, nranks=len(rows.ranks)) + (f". {what_happened}" if what_happened else ""),
         "findings": [finding_dict(f) for f in findings],
         "coverage": [c.to_dict() for c in coverage],
         "checks_not_run": not_run,
-        "faults": fault_rows(data, findings),
+        "faults": fault_rows(data, findings, placement.rank_node),
         "history": hist,
         "traces": grouped(trace_windows(data.trace_summaries.itertuples(index=False), placement.rank_node.get,
                                         windows=TRACE_WINDOWS)),
@@ -156,8 +192,8 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
         "worst_severity": w,
         "exit_code": EXIT_INCOMPLETE if EXIT[w] == EXIT_HEALTHY and not_run else EXIT[w],
         "steps": [int(data.steps["step"].min()), int(data.steps["step"].max())],
-        "ranks": sorted(int(r) for r in data.steps["rank"].unique()),
-        "nodes": sorted(int(n) for n in data.steps["node"].unique()),
+        "ranks": rows.ranks,
+        "nodes": rows.nodes,
         "world_size": world_size(data),
         # the layout the run started with (a re-formed job's later world sizes are in history.attempts); without a
         # manifest, what the step records imply
@@ -176,7 +212,7 @@ def build_report(data: RunData, findings: list[Finding], errors: list[str] | Non
     return DiagnoseReport(
         summary=summary, platform=f"{m.backend}/{m.device}" if m is not None else None,
         compute_label=data.device_time_label() if signal == "device_ms" else "compute time",
-        cells=rank_step_matrix(data.steps, signal), over_time=ser, plots=plots, rank_node=dict(placement.rank_node))
+        cells_of=lambda: rank_step_matrix(data.steps, signal, grid=rows.grid), over_time=ser, plots=plots, rank_node=dict(placement.rank_node))
 
 
 def _builtin(x: Any) -> Any:
@@ -199,12 +235,14 @@ def worst_severity(findings: list[Finding]) -> str | None:
     return w
 
 
-def verdict(data: RunData, findings: list[Finding], coverage: list[Coverage] | None = None) -> str:
+def verdict(data: RunData, findings: list[Finding], coverage: list[Coverage] | None = None,
+            nranks: int | None = None) -> str:
     """One sentence: HEALTHY when every check that applies ran and found nothing worse than info; INCOMPLETE when
     nothing was found but some checks could not run (a problem they look for would not have been seen); else the
-    worst finding. Either way it says how many checks could not run."""
+    worst finding. Either way it says how many checks could not run. ``nranks``: the step records' distinct ranks,
+    where the caller has them."""
     w = worst_severity(findings)
-    nranks = data.steps["rank"].nunique()
+    nranks = data.steps["rank"].nunique() if nranks is None else nranks
     s0, s1 = int(data.steps["step"].min()), int(data.steps["step"].max())
     not_run = [c.check for c in coverage or [] if c.status in NOT_RUN]
     gap = (f"{len(not_run)} of {len(coverage or [])} checks could not run ({', '.join(not_run)})" if not_run else "")
@@ -231,12 +269,13 @@ def world_size(data: RunData) -> int:
     return int(data.inferred_layout().get("world") or data.steps["rank"].nunique())
 
 
-def fault_rows(data: RunData, findings: list[Finding]) -> list[dict[str, Any]]:
+def fault_rows(data: RunData, findings: list[Finding], rank_node: dict[int, int] | None = None) -> list[dict[str, Any]]:
     """Each injected fault of the manifest: whether a warning-or-worse finding of its kind names it, which one
-    (the earliest confirmed), and how many steps after the fault's start."""
+    (the earliest confirmed), and how many steps after the fault's start. ``rank_node``: the placement's, where the
+    caller has it."""
     if data.manifest is None:
         return []
-    rank_node = Placement(data).rank_node
+    rank_node = Placement(data).rank_node if rank_node is None else rank_node
     rows = []
     for fault in data.manifest.faults:
         hits = [f for f in findings if SEVERITY_ORDER[f.severity] >= 1 and matches(f, fault, rank_node, primary_only=True)]
