@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analyzers.builder import AnalysisFrame, Coverage, StepView
+from analyzers.builder import AnalysisFrame, Coverage, StepView, two_values
 from analyzers.changepoint import cusum_runs_rows, refine_onset
 from analyzers.evidence import fmt_ranks, fnum
 from analyzers.persistence import confirmation_step, persistent_runs
@@ -330,14 +330,15 @@ def analyze(frame: AnalysisFrame, cfg: StragglerConfig | None = None) -> list[Fi
 
 
 def has_ranks(rank: pd.Series, n: int) -> bool:
-    """``rank.nunique() >= n``; for n <= 2 of integer ranks, whether any differs from the first (no hash table of
-    every row's rank)."""
-    v = rank.to_numpy()
-    if n > 2 or v.dtype.kind not in "iu":
-        return rank.nunique() >= n
+    """``rank.nunique() >= n``, without a hash table of every row's rank where n <= 2 and the ranks are integers
+    (n = 2: ``builder.two_values``, any rank unlike the first)."""
     if n <= 0:
         return True
-    return len(v) > 0 and (n == 1 or bool((v != v[0]).any()))
+    if n == 2:
+        return two_values(rank)
+    if n == 1 and isinstance(rank.dtype, np.dtype) and rank.dtype.kind in "iu":
+        return len(rank) > 0
+    return rank.nunique() >= n
 
 
 def _analyze_attempt(frame: AnalysisFrame, cfg: StragglerConfig, steps: StepView) -> list[Finding]:
