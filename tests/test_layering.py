@@ -169,7 +169,7 @@ def test_no_private_name_is_imported_from_another_package():
 # the report); the diagnose CLI last.
 ANALYZER_STAGES = [
     ("analyzers.stats", "analyzers.persistence", "analyzers.changepoint", "analyzers.evidence", "analyzers.trace_windows"),
-    ("analyzers.loader", "analyzers.columnar", "analyzers.footer_stats", "analyzers.collectives"),
+    ("analyzers.loader", "analyzers.columnar", "analyzers.row_order", "analyzers.footer_stats", "analyzers.collectives"),
     ("analyzers.builder", "analyzers.step_view", "analyzers.matrices"),
     ("analyzers.checks",),
     ("analyzers", "analyzers.policy", "analyzers.score", "analyzers.report"),

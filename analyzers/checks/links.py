@@ -38,7 +38,8 @@ import pandas as pd
 
 from analyzers.changepoint import refine_onset
 from analyzers.matrices import distinct_codes
-from analyzers.checks.completion_leads import CompletionLeads, completion_leads  # noqa: F401 (tests read them here)
+from analyzers.checks.completion_leads import (CompletionLeads, completion_leads,  # noqa: F401 (tests read them here)
+                                               most_in_cell_in_order, window_can_fill)
 from analyzers.checks.op_instances import (P2P_OPS, SYMMETRIC_OPS,  # noqa: F401
                                            last_arriver_ops, op_instances, release_op_instances)
 from analyzers.collectives import name_starts_with, stable_order
@@ -521,95 +522,6 @@ def early_finishers(co: pd.DataFrame, cfg, steps: list[int], compute: ComputeChe
                             threshold=float(thresholds.loc[slow].median()),
                             ops=int(len(ops)), groups_keys=keys))
     return out
-
-
-def window_can_fill(leads: CompletionLeads, window: int, min_ops: float, chunk: int = 1 << 22,
-                    cheaper_only: bool = True) -> bool:
-    """Can any (rank, communicator) have ``min_ops`` complete ops (their weight, where records stand for several) in
-    ``window`` steps? False only where a bound rules it out, cheaper than pairing every record with its rank and
-    communicator: a pair's records in one step are at most those of its (rank, step) cell, and one where no cell
-    holds two records of one communicator; each weighs at most the heaviest record. With one op per communicator
-    and step (the generated scale stores) no 3-step window holds 4, and ``early_finishers`` has nothing to judge.
-    Two records of one communicator in a cell of two are told apart by their codes' sum (a + b = 2a only if b = a);
-    a cell of three or more is not looked into (the bound is then its record count). Records in (step, rank) order
-    (``most_in_cell_in_order``): the same bound from neighbouring records, always. Otherwise worked out only where
-    the ranks x communicators table the pairing needs is larger than the ranks x steps one this needs (16,384 ranks
-    in 2,080 communicators), unless ``cheaper_only`` is False; else True."""
-    complete = leads.complete
-    rank, step, gcode = leads.rank, leads.step, leads.gcode
-    if not len(rank) or step.dtype.kind not in "iu" or rank.dtype.kind not in "iu":
-        return True
-    weights = leads.weight
-    heaviest = max(float(np.nanmax(weights)) if len(weights) else 1.0, 1.0)
-    every = bool(complete.all())
-    if every:
-        most = most_in_cell_in_order(rank, step, gcode)
-    else:  # the complete records; where they are one stretch (the first step's left out), a slice of each array
-        lo = int(np.argmax(complete))
-        hi = len(complete) - int(np.argmax(complete[::-1]))
-        at = slice(lo, hi) if bool(complete[lo:hi].all()) else complete
-        most = most_in_cell_in_order(rank[at], step[at], gcode[at])
-    if most is not None:  # records in (step, rank) order: the bound from neighbours, one pass
-        return most * heaviest * max(int(window), 1) >= max(min_ops, 1)
-    r0, s0 = int(rank.min()), int(step.min())
-    n_s = int(step.max()) - s0 + 1
-    n_cells = (int(rank.max()) - r0 + 1) * n_s
-    if n_cells > 4 * len(rank) + 1024 or len(leads.gkeys) >= 2**26:
-        return True
-    if cheaper_only and (int(rank.max()) - r0 + 1) * len(leads.gkeys) <= n_cells:
-        return True  # pairing the records (a table over ranks x communicators) costs no more than this bound
-    wide = np.int64 if n_cells >= 2**31 else np.int32
-
-    def cells(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (rank, step) cells of the complete records in [lo, hi), and where those records are."""
-        at = slice(lo, hi) if every else lo + np.flatnonzero(complete[lo:hi])
-        cell = rank[at].astype(wide)
-        cell -= r0
-        cell *= n_s
-        cell += step[at]
-        cell -= s0
-        return cell, at
-
-    count = np.zeros(n_cells, np.int64)
-    total = np.zeros(n_cells)  # the communicators' codes summed per cell
-    for lo in range(0, len(rank), chunk):  # a chunk of records at a time: no per-record temporaries of them all
-        cell, at = cells(lo, lo + chunk)
-        count += np.bincount(cell, minlength=n_cells)
-        total += np.bincount(cell, weights=gcode[at], minlength=n_cells)
-    most = int(count.max()) if n_cells else 0
-    if most == 2:
-        same = False
-        for lo in range(0, len(rank), chunk):
-            cell, at = cells(lo, lo + chunk)
-            same = same or bool(((count[cell] == 2) & (2.0 * gcode[at] == total[cell])).any())
-        most = 2 if same else 1
-    return most * heaviest * max(int(window), 1) >= max(min_ops, 1)
-
-
-def most_in_cell_in_order(rank: np.ndarray, step: np.ndarray, gcode: np.ndarray) -> int | None:
-    """For records in (step, rank) order (a store compacted in key order holds them so): an upper bound on the records
-    one (rank, communicator) has in one step, from neighbouring records only (a (rank, step) cell's records are
-    adjacent): 1 where no cell holds two records of one communicator, 2 where a cell of two does, and a cell's
-    length where one holds three or more. None where the records are not in that order (``window_can_fill`` then
-    counts the cells)."""
-    n = len(rank)
-    if n < 2:
-        return n
-    same_step = step[1:] == step[:-1]
-    if not bool((same_step | (step[1:] > step[:-1])).all()):
-        return None
-    same_rank = rank[1:] == rank[:-1]
-    if not bool((~same_step | same_rank | (rank[1:] > rank[:-1])).all()):
-        return None
-    same_rank &= same_step  # record i + 1 is in record i's cell
-    if not bool(same_rank.any()):
-        return 1
-    if not bool((same_rank[1:] & same_rank[:-1]).any()):  # no cell of three: cells of two, told apart by neighbours
-        same_rank &= gcode[1:] == gcode[:-1]
-        return 2 if bool(same_rank.any()) else 1
-    at = np.flatnonzero(same_rank)
-    breaks = np.flatnonzero(np.diff(at) != 1)
-    return int(np.diff(np.r_[-1, breaks, len(at) - 1]).max()) + 1  # records in the longest cell
 
 
 CHUNK_ROWS = 1 << 22  # records per windowed_medians call: bounds its working arrays (~10 per record)
