@@ -51,9 +51,16 @@ $(SIMNVML_LIB): $(SIMNVML_SRC)
 	  gcc -O2 -shared -fPIC -Wall -o $@ $< && echo "built $@ (simulated NVML)"; \
 	else echo "NOTE: no gcc: the agent will use the pure-Python GPU simulator"; fi
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (the CPU count, at least 2 and at most 4), one test file per
+# worker at a time (--dist loadfile: a file's module fixtures are built once). Most tests wait on real processes
+# (torchrun, agents, a head, Prometheus), so a second worker fills the core the first leaves idle.
+# `make test TEST_WORKERS=0` runs it in one process; PYTEST_ARGS adds pytest options (e.g. -k, -x).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # pytest exits 5 when it collected no tests: that is a failure of the suite, say so.
 test: setup
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 demo: setup

@@ -57,9 +57,11 @@ def _kill(p: subprocess.Popen) -> None:
 
 
 def _agent_args(tmp_path, metrics_port: int) -> list[str]:
-    # The head is not there: the agent keeps its batches in the outbox and goes on running.
+    # The head is not there: the agent keeps its batches in the outbox and goes on running. At stop it does not
+    # retry delivering them (--drain-timeout 0: the default 15 s of retries would only slow this test down).
     return ["agent", "--store", str(tmp_path / "runs"), "--run-id", "r1", "--node", "0",
-            "--head", f"http://127.0.0.1:{free_port()}", "--metrics-port", str(metrics_port), "--sim-gpu", "off"]
+            "--head", f"http://127.0.0.1:{free_port()}", "--metrics-port", str(metrics_port), "--sim-gpu", "off",
+            "--drain-timeout", "0"]
 
 
 def test_agent_command_puts_every_thread_at_sched_idle_on_request(tmp_path):

@@ -24,9 +24,15 @@ def diagnose_json(store, run_id, *extra):
 
 def check_slow_rank(code, obj, rank, start):
     assert code in (EXIT_WARNING, EXIT_CRITICAL), obj["verdict"]  # warning, or critical for a slow-down of 2x or more
-    stragglers = [f for f in obj["findings"] if f["kind"] == "straggler"]
+    stragglers = [f for f in obj["findings"] if f["kind"] == "straggler" and f["severity"] != "info"]
     assert len(stragglers) == 1, obj["findings"]
     f = stragglers[0]
+    # Under a busy suite (another test's processes on the same 2 cores) a second rank is sometimes measurably slower
+    # for a few steps. diagnose may say so, but only as info, unconfirmed: its wall-clock arrival order does not
+    # confirm it, so it accuses no one.
+    for g in obj["findings"]:
+        if g["kind"] == "straggler" and g is not f:
+            assert g["severity"] == "info" and not g["evidence"]["arrival_corroborated"], g
     assert f["ranks"] == [rank]  # that rank and no other
     assert abs(f["step_start"] - start) <= 3
     assert f["evidence"]["ratio"] > 1.2
