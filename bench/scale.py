@@ -235,14 +235,16 @@ def ingest_by_kind(fleet: Fleet, seconds: int = 4) -> dict[str, float]:
     return out
 
 
-def ingest_in_process(seconds: list[list[bytes]], warmup: int, encoding: str, tree: Path) -> dict:
-    """``bench/scale_inproc.py`` on these bodies, in a child whose head code comes from ``tree``."""
+def ingest_in_process(seconds: list[list[bytes]], warmup: int, encoding: str, tree: Path, parts_every: int = 1) -> dict:
+    """``bench/scale_inproc.py`` on these bodies, in a child whose head code comes from ``tree``; part files every
+    ``parts_every`` seconds (the queue processed every second)."""
     with tempfile.TemporaryDirectory(prefix="ranksight-scale-bodies-") as d:
         path = Path(d) / "bodies.pickle"
         path.write_bytes(pickle_dumps(seconds))
         env = dict(os.environ, PYTHONPATH=str(tree))
         p = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "scale_inproc.py"), str(path),
-                            str(warmup), encoding], env=env, cwd=tree, capture_output=True, text=True, timeout=3600)
+                            str(warmup), encoding, str(parts_every)],
+                           env=env, cwd=tree, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"in-process ingest failed:\n{p.stdout}{p.stderr}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -442,6 +444,9 @@ def main() -> None:
                     help="instead of the HTTP run: the head's ingest and flush of the same bodies in one process, one "
                          "core, no HTTP (bench/scale_inproc.py, the head from --head-tree), as ms of CPU per second "
                          "of the fleet after --warmup seconds")
+    ap.add_argument("--parts-every", type=int, default=1, metavar="N",
+                    help="with --in-process: the queue processed every second, part files written every N seconds "
+                         "(a head writing parts less often than it feeds its live window)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     if a.warmup >= a.seconds:
@@ -485,10 +490,11 @@ def main() -> None:
         print(flush=True)
 
     if a.in_process:
-        got = ingest_in_process(seconds, a.warmup, a.encoding, a.head_tree.resolve())
+        got = ingest_in_process(seconds, a.warmup, a.encoding, a.head_tree.resolve(), a.parts_every)
         print(f"head in-process (one core, no HTTP; {got['seconds']} s after {a.warmup} s of warm-up), CPU per second "
               f"of the fleet: ingest {got['ingest_ms']:.1f} ms, flush {got['flush_ms']:.1f} ms, total "
-              f"{got['total_ms']:.1f} ms ({got['total_ms'] / 10:.1f} % of one core); {got['accepted']} records "
+              f"{got['total_ms']:.1f} ms ({got['total_ms'] / 10:.1f} % of one core; part files every {a.parts_every} s: "
+              f"{got.get('parts_ms', got['flush_ms']):.1f} ms of the flush); {got['accepted']} records "
               f"accepted, {got['rejected']} log records rejected; load average {os.getloadavg()[0]:.1f}")
         if a.json:
             a.json.write_text(json.dumps(dict(ranks=a.ranks, agents_per_request=a.agents_per_request,

@@ -56,3 +56,20 @@ def test_scale_bench_in_process(tmp_path):
     assert got["ingest_ms"] > 0 and got["flush_ms"] > 0
     assert abs(got["total_ms"] - got["ingest_ms"] - got["flush_ms"]) < 1e-6
     assert "head in-process" in p.stdout
+
+
+def test_scale_bench_in_process_parts_every(tmp_path):
+    """--parts-every 2: the queue processed every second, parts every 2 s: the same records taken as with a part a
+    second, and the seconds that wrote parts are a share of the flush's CPU."""
+    got = {}
+    for every in (1, 2):
+        out = tmp_path / f"scale-{every}.json"
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py"), "--ranks", "64", "--pp", "2", "--seconds",
+                            "6", "--warmup", "2", "--agents-per-request", "4", "--in-process", "--parts-every",
+                            str(every), "--json", str(out)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        got[every] = json.loads(out.read_text())["in_process"]
+        assert f"part files every {every} s" in p.stdout
+    assert got[1]["accepted"] == got[2]["accepted"] > 64 * 6 and got[2]["rejected"] == 0
+    assert got[2]["parts_every"] == 2 and 0 < got[2]["parts_ms"] < got[2]["flush_ms"]
+    assert got[1]["parts_ms"] == got[1]["flush_ms"]
