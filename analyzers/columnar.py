@@ -9,7 +9,8 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
   XID count 0, a loss scale never set) made from the footers, not decoded (``footer_constants``); zeros as zeroed
   memory the system hands out on first write, so a column no one writes to costs no memory;
 - the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
-  once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
+  once at their full length, a chunk's columns converted by a thread per CPU (``read_columns``); a damaged or
+  foreign file skipped and counted as before;
 - strings dictionary-encoded (pandas Categoricals with their categories in sorted order, so a sort by them is the
   sort by the string), the collectives' ``op`` and ``group`` too (a byte per row instead of an Arrow string's ~14;
   code that needs them as strings uses ``.str`` or the categories, never a per-row ``.astype(str)``);
