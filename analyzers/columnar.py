@@ -9,7 +9,8 @@ millions of rows at 1,024 ranks x 10,000 steps) this module gives the same frame
   XID count 0, a loss scale never set) made from the footers, not decoded (``footer_constants``); zeros as zeroed
   memory the system hands out on first write, so a column no one writes to costs no memory;
 - the part files read by one pyarrow dataset scan on all cores, page checksums verified, into columns allocated
-  once at their full length (``read_columns``); a damaged or foreign file skipped and counted as before;
+  once at their full length, a chunk's columns converted by a thread per CPU (``read_columns``); a damaged or
+  foreign file skipped and counted as before;
 - strings dictionary-encoded (pandas Categoricals with their categories in sorted order, so a sort by them is the
   sort by the string), the collectives' ``op`` and ``group`` too (a byte per row instead of an Arrow string's ~14;
   code that needs them as strings uses ``.str`` or the categories, never a per-row ``.astype(str)``);
@@ -385,50 +386,88 @@ def read_columns(table: str, files: list[Path], on_file: Callable[[Path], None] 
     """The part files of ``table`` as columns (numpy arrays, Categoricals, ``MemberLists``), None when no row, and
     how many files could not be read. Each column is allocated once at its full length and filled batch by batch
     as the files are decoded: the peak holds the columns and the batches in flight, not the table twice."""
+    workers = conversion_workers()
     try:
-        return fill_columns(table, *_batches(table, files, on_file, None)), 0
+        return fill_columns(table, *_batches(table, files, on_file, None), workers=workers,
+                            release_each_chunk=RELEASE_EACH_CHUNK), 0
     except (pa.ArrowException, OSError, ValueError, TypeError):  # a damaged or foreign file: one by one
         bad = [0]
-        return fill_columns(table, *_batches(table, files, on_file, bad)), bad[0]
+        return fill_columns(table, *_batches(table, files, on_file, bad), workers=workers,
+                            release_each_chunk=RELEASE_EACH_CHUNK), bad[0]
+
+
+# diagnose's load: Arrow's freed pages are reused chunk after chunk within a table and given back after each table
+# (``read_tables``). The load's peak is then ~0.35 GiB higher, still ~0.5 GiB under the run's (the collective checks
+# on the loaded frames), for ~1-2 s less kernel time at 1,024 x 10,000.
+RELEASE_EACH_CHUNK = False
+
+
+def conversion_workers() -> int:
+    """Threads that convert a chunk's columns side by side (``fill_columns``): the CPUs this process may use, at
+    most 4. The conversion is numpy copies and casts and Arrow kernels, which run without the GIL; one thread left
+    a second core idle while the load's main thread converted and Arrow's threads waited for it."""
+    from analyzers.forked import available_cpus
+
+    return min(4, available_cpus())
 
 
 CHUNK_ROWS = 1 << 18  # batches (a part file's each) gathered into this many rows before they are converted
 
 
-def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch], constants: dict[str, object] | None = None
-                 ) -> dict[str, object] | None:
+def fill_columns(table: str, n: int, batches: Iterator[pa.RecordBatch], constants: dict[str, object] | None = None,
+                 workers: int = 1, release_each_chunk: bool = True) -> dict[str, object] | None:
     """``n`` rows of ``table`` from ``batches`` (a store's part files, or the head's live window) into the columns
     the analyzers read (``wanted_columns``), each converted once into a preallocated numpy/Categorical column; None
-    when there is no row. ``constants``: columns not in the batches, one value in every row (``footer_constants``)."""
+    when there is no row. ``constants``: columns not in the batches, one value in every row (``footer_constants``).
+    ``workers`` > 1: a chunk's columns are converted by that many threads side by side (each column by one thread,
+    into its own part of its own array: the values are the same whichever thread converts which).
+    ``release_each_chunk``: Arrow's freed pages go back to the system after each chunk (a lower peak), else the next
+    chunk's decoding reuses them (less kernel time: fresh pages are faulted in and zeroed)."""
     constants = constants or {}
     fields = _read_schema(table, wanted_columns(table))
     sinks = {f.name: _sink(table, f, n) for f in fields if f.name not in constants} if n else {}
     at = 0
     buf: list[pa.RecordBatch] = []
     rows = 0
+    pool = None
+    if workers > 1 and len(sinks) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ranksight-convert")
 
     def flush() -> None:
         nonlocal at, rows
         if rows > n - at:
             raise ValueError("more rows than the part files' footers said")  # read again, one by one
-        for name, sink in sinks.items():
-            sink.put(pa.chunked_array([b.column(name) for b in buf], type=buf[0].schema.field(name).type), at)
+        def put(name: str, start: int) -> None:
+            sinks[name].put(pa.chunked_array([b.column(name) for b in buf], type=buf[0].schema.field(name).type),
+                            start)
+
+        if pool is None:
+            for name in sinks:
+                put(name, at)
+        else:  # list(): waits for every column, and raises the first error a column's conversion raised
+            list(pool.map(put, list(sinks), [at] * len(sinks)))
         at += rows
         buf.clear()
         rows = 0
-        # the converted batches are freed: their pages go back to the system now, not when the allocator gets round
-        # to it (on a big run its cached pages were a good part of the load's peak: kept per chunk, the peak RSS
-        # was ~0.3 GiB higher at 1,024 x 10,000)
-        pa.default_memory_pool().release_unused()
+        if release_each_chunk:
+            # the converted batches are freed: their pages go back to the system now, not when the allocator gets
+            # round to it (kept per chunk, a load's peak RSS is ~0.3 GiB higher at 1,024 x 10,000)
+            pa.default_memory_pool().release_unused()
 
-    for b in batches:  # (consumed even without rows: it calls the progress back)
-        if b.num_rows:
-            buf.append(b)
-            rows += b.num_rows
-            if rows >= CHUNK_ROWS:  # one conversion per column for many small part files
-                flush()
-    if buf:
-        flush()
+    try:
+        for b in batches:  # (consumed even without rows: it calls the progress back)
+            if b.num_rows:
+                buf.append(b)
+                rows += b.num_rows
+                if rows >= CHUNK_ROWS:  # one conversion per column for many small part files
+                    flush()
+        if buf:
+            flush()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     if not at:
         return None
     return {f.name: constant_column(table, f, constants[f.name], at) if f.name in constants else sinks[f.name].done(at)

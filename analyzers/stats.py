@@ -513,3 +513,26 @@ def _windowed_medians_by_label(code: np.ndarray, step: np.ndarray, vals: np.ndar
             else:
                 out[seg_code, ok] = [float(np.quantile(dur[lo[j]:hi[j]], q)) for j in ok]
     return pd.DataFrame(out, index=index, columns=steps)
+
+
+def few_group_medians(key: pd.Series, columns: dict[str, pd.Series]) -> pd.DataFrame:
+    """``DataFrame(columns).groupby(key).agg(median)``, the same values and dtypes, for a key of few distinct values
+    (a run's pipeline stages) over many rows: per group a mask and one selection per column instead of pandas'
+    sort of every row by group. NaN left out as pandas does (a group of NaN only: NaN); the median of an even count is
+    the mean of the two middle values in float64, as pandas' (then cast to the column's float type: float32 stays
+    float32; integers give float64)."""
+    k = key.to_numpy()
+    groups = np.unique(k)
+    if groups.dtype.kind == "f":
+        groups = groups[~np.isnan(groups)]  # rows without a key are in no group (groupby's dropna)
+    out = {}
+    for name, col in columns.items():
+        v = col.to_numpy()
+        res = np.full(len(groups), np.nan)
+        for i, g in enumerate(groups):
+            x = v[k == g].astype(np.float64)
+            x = x[~np.isnan(x)]
+            if len(x):
+                res[i] = np.median(x, overwrite_input=True)
+        out[name] = res.astype(v.dtype) if v.dtype.kind == "f" else res
+    return pd.DataFrame(out, index=pd.Index(groups, name=key.name))
