@@ -27,6 +27,8 @@ import struct
 import sys
 from typing import Any, Callable
 
+from analyzers.cpus import available_cpus
+
 # Longest first (the scheduling that finishes soonest when one check dominates): the checks' relative cost on big
 # runs, measured with bench/scale_diagnose.py's time split and bench/checks_scale.py (since the non-collective
 # checks' array paths, data_stall builds its own matrices and gpu_health's per-sample tests are cheap). Checks not
@@ -36,14 +38,6 @@ LONGEST_FIRST = ("comm", "stragglers", "pipeline", "data_stall", "memory_pressur
 
 # Runs below this many step + collective rows are done in-process: a fork per check costs more than it saves there.
 MIN_ROWS = 500_000
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, a container's cpuset), not the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def idle_cpus() -> int:

@@ -168,8 +168,9 @@ def test_no_private_name_is_imported_from_another_package():
 # Shared statistics first; then loader -> builder -> checks; then what uses findings (run_all, policy, scoring,
 # the report); the diagnose CLI last.
 ANALYZER_STAGES = [
-    ("analyzers.stats", "analyzers.persistence", "analyzers.changepoint", "analyzers.evidence", "analyzers.trace_windows"),
-    ("analyzers.loader", "analyzers.columnar", "analyzers.row_order", "analyzers.footer_stats", "analyzers.collectives"),
+    ("analyzers.stats", "analyzers.cpus", "analyzers.persistence", "analyzers.changepoint", "analyzers.evidence", "analyzers.trace_windows"),
+    ("analyzers.loader", "analyzers.columnar", "analyzers.row_order", "analyzers.footer_stats", "analyzers.collectives",
+     "analyzers.column_sinks"),
     ("analyzers.builder", "analyzers.step_view", "analyzers.matrices"),
     ("analyzers.checks",),
     ("analyzers", "analyzers.policy", "analyzers.score", "analyzers.report"),
