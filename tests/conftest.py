@@ -26,5 +26,4 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), order[id(item)]))
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: ties keep collection order
