@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analyzers.loader import RunData
+from analyzers.stats import few_group_medians
 from ranksight.schema import SEVERITY_ORDER, Finding
 
 # the per-rank time split, as the step records book it (StepRecord's fields), in the order the bars stack
@@ -254,7 +255,9 @@ def _pipeline(data: RunData, out: PlotData) -> None:
     out.microbatches = max(1, m)
     out.virtual_stages = int(lay.get("virtual_stages") or 1)
     out.pipeline_schedule = str(lay.get("pp_schedule") or "1f1b")
-    med = st.groupby("pp_stage")[["forward_ms", "backward_ms", "compute_ms", "pipeline_wait_ms"]].median()
+    # per stage (a few) over every row: groupby(pp_stage).median()'s values without its sort of every row by stage
+    med = few_group_medians(st["pp_stage"], {c: st[c] for c in ("forward_ms", "backward_ms", "compute_ms",
+                                                                "pipeline_wait_ms")})
     for s in stages:
         row = med.loc[s]
         fwd, bwd = float(row["forward_ms"]), float(row["backward_ms"])
